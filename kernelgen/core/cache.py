@@ -1,0 +1,416 @@
+"""The on-disk kernel cache: keyed, verified, locked, atomically published, layered, size-capped.
+
+Layout of one layer (see README "Cache layout"):
+
+    <layer>/v1/<key[:2]>/<key>/kernel.cubin     the binary
+                              /manifest.json    key parts, cubin sha256+size, symbols, log, times
+                              /source.cu        rendered source (KERNELGEN_KEEP_SOURCE=1)
+    <layer>/v1/locks/<key>.lock                 one filelock per key (writable layer only)
+    <layer>/v1/tmp/                             private build folders, renamed into place
+
+The key is sha256 of the canonical JSON of `manifest_parts()`: it names everything that can change
+the binary and nothing that depends on where the cache lives, so a moved cache still hits.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import filelock
+
+from .. import knobs
+from .._version import __version__
+from ..errors import CacheError, CacheLockTimeout
+from .config import KernelConfig
+from .render import Rendered
+
+SCHEMA_VERSION = 1
+_LAYOUT = f"v{SCHEMA_VERSION}"
+CUBIN = "kernel.cubin"
+MANIFEST = "manifest.json"
+SOURCE = "source.cu"
+
+
+def manifest_parts(config: KernelConfig, rendered: Rendered, nvrtc: str, options: list[str]) -> dict:
+    """Everything the binary depends on. Stable across machines and cache locations."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "package_version": __version__,
+        "family": config.family,
+        "config": config.as_dict(),
+        "arch": config.arch,
+        "source_sha256": rendered.source_digest(),
+        "headers": rendered.header_digests(),
+        "nvrtc": nvrtc,
+        "options": list(options),
+    }
+
+
+def key_of(parts: dict) -> str:
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+@dataclass
+class Entry:
+    key: str
+    path: Path  # the entry folder
+    manifest: dict
+    readonly: bool
+
+    @property
+    def cubin_path(self) -> Path:
+        return self.path / CUBIN
+
+    @property
+    def size(self) -> int:
+        return int(self.manifest.get("cubin_size", 0))
+
+    @property
+    def last_used(self) -> float:
+        try:
+            return self.path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def config_dict(self) -> dict:
+        return self.manifest.get("parts", {}).get("config", {})
+
+
+class DiskCache:
+    """One writable layer (may turn out unwritable) behind zero or more read-only layers."""
+
+    def __init__(
+        self,
+        root: Path | str | None = None,
+        readonly: list[Path] | None = None,
+        max_bytes: int | None = None,
+    ):
+        self.root = Path(root) if root is not None else knobs.cache_dir()
+        self.readonly_roots = [Path(p) for p in (readonly if readonly is not None else knobs.readonly_cache_dirs())]
+        self.max_bytes = knobs.cache_max_bytes() if max_bytes is None else max_bytes
+        self._writable: bool | None = None
+        self._warned = False
+        self._touched: set[str] = set()
+        self._since_gc = 0
+
+    # -- layout ------------------------------------------------------------------------------
+    @staticmethod
+    def _base(root: Path) -> Path:
+        return root / _LAYOUT
+
+    def entry_path(self, key: str, root: Path | None = None) -> Path:
+        return self._base(root or self.root) / key[:2] / key
+
+    def lock_path(self, key: str) -> Path:
+        return self._base(self.root) / "locks" / f"{key}.lock"
+
+    def layers(self) -> list[tuple[Path, bool]]:
+        """(root, readonly) in lookup order: read-only layers first, the writable one last."""
+        return [(p, True) for p in self.readonly_roots] + [(self.root, False)]
+
+    # -- writability -------------------------------------------------------------------------
+    @property
+    def writable(self) -> bool:
+        if self._writable is None:
+            try:
+                base = self._base(self.root)
+                for sub in ("tmp", "locks"):
+                    (base / sub).mkdir(parents=True, exist_ok=True)
+                with tempfile.NamedTemporaryFile(dir=base / "tmp", prefix="probe-"):
+                    pass
+                self._writable = True
+            except OSError as e:
+                self._writable = False
+                self._warn(f"cache directory {self.root} is not writable ({e}); kernels will be "
+                           f"compiled and kept in memory only. Set KERNELGEN_CACHE_DIR to a "
+                           f"writable folder to keep them across runs.")
+        return self._writable
+
+    def _warn(self, msg: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"kernelgen: {msg}", RuntimeWarning, stacklevel=3)
+
+    # -- read --------------------------------------------------------------------------------
+    def _read_entry(self, path: Path, readonly: bool) -> Entry | None:
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except (OSError, ValueError):
+            return None
+        return Entry(path.name, path, manifest, readonly)
+
+    def load(self, key: str) -> tuple[Entry, bytes] | None:
+        """Find `key` in the layers, verify size and sha256, return the entry and the cubin.
+
+        A corrupt or partial entry in the writable layer is removed (and so rebuilt by the
+        caller); one in a read-only layer is skipped with a warning.
+        """
+        for root, ro in self.layers():
+            path = self.entry_path(key, root)
+            if not path.is_dir():
+                continue
+            entry = self._read_entry(path, ro)
+            cubin = None
+            if entry is not None:
+                try:
+                    cubin = entry.cubin_path.read_bytes()
+                except OSError:
+                    cubin = None
+            if (
+                entry is None
+                or cubin is None
+                or len(cubin) != entry.size
+                or hashlib.sha256(cubin).hexdigest() != entry.manifest.get("cubin_sha256")
+            ):
+                if ro:
+                    self._warn(f"corrupt entry {path} in read-only layer skipped")
+                else:
+                    self._discard(path)
+                continue
+            if not ro and key not in self._touched:
+                self._touched.add(key)
+                try:  # last-used time for LRU eviction: the folder's mtime, once per process
+                    os.utime(path)
+                except OSError:
+                    pass
+            return entry, cubin
+        return None
+
+    def _discard(self, path: Path) -> None:
+        """Remove an entry folder: rename aside first so no reader sees half of it."""
+        trash = self._base(self.root) / "tmp" / f"trash-{path.name}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.rename(path, trash)
+        except OSError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    # -- write -------------------------------------------------------------------------------
+    def publish(self, key: str, parts: dict, cubin: bytes, *, symbols: list[str], log: str,
+                seconds: float, source: str | None) -> Entry | None:
+        """Write into a private temp folder, fsync, rename into place. None if not writable."""
+        if not self.writable:
+            return None
+        final = self.entry_path(key)
+        now = time.time()
+        manifest = {
+            "key": key,
+            "parts": parts,
+            "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
+            "cubin_size": len(cubin),
+            "symbols": symbols,
+            "compile_seconds": round(seconds, 4),
+            "created": now,
+            "compile_log": log.strip(),
+            "python": sys.version.split()[0],
+        }
+        tmp = None
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f"{key[:12]}-", dir=self._base(self.root) / "tmp"))
+            _write_synced(tmp / CUBIN, cubin)
+            if source is not None and knobs.keep_source():
+                _write_synced(tmp / SOURCE, source.encode())
+            _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+            _fsync_dir(tmp)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(tmp, final)
+                tmp = None
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                # Lost a race to another writer of the same key: theirs is as good as ours.
+            _fsync_dir(final.parent)
+        except OSError as e:
+            self._warn(f"could not write to cache {self.root} ({e}); continuing from memory")
+            return None
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        self._since_gc += 1
+        if self.max_bytes > 0 and self._since_gc >= 16:
+            self._since_gc = 0
+            self.gc(self.max_bytes)
+        return Entry(key, final, manifest, False)
+
+    def get_or_build(
+        self, key: str, build: Callable[[], tuple[bytes, dict]], describe: str = ""
+    ) -> tuple[Entry | None, bytes, bool]:
+        """Double-checked: look, lock, look again, build + publish. Returns (entry, cubin, built).
+
+        `build()` returns (cubin, publish kwargs). N processes asking at once build once.
+        """
+        hit = self.load(key)
+        if hit is not None:
+            return hit[0], hit[1], False
+        if not self.writable:
+            cubin, meta = build()
+            return None, cubin, True
+        lock = filelock.FileLock(str(self.lock_path(key)), timeout=knobs.lock_timeout())
+        try:
+            with lock:
+                hit = self.load(key)
+                if hit is not None:
+                    return hit[0], hit[1], False
+                cubin, meta = build()
+                entry = self.publish(key, cubin=cubin, **meta)
+                return entry, cubin, True
+        except filelock.Timeout:
+            raise CacheLockTimeout(
+                f"waited {knobs.lock_timeout():.0f}s for {self.lock_path(key)}, held by another "
+                f"process compiling {describe or key}. If no kernelgen process is alive the lock "
+                f"is on a filesystem without working flock (NFS?): point KERNELGEN_CACHE_DIR at "
+                f"local disk, or raise KERNELGEN_LOCK_TIMEOUT for very slow compiles."
+            ) from None
+
+    # -- enumerate / maintain ----------------------------------------------------------------
+    def entries(self, include_readonly: bool = True) -> Iterator[Entry]:
+        for root, ro in self.layers():
+            if ro and not include_readonly:
+                continue
+            base = self._base(root)
+            if not base.is_dir():
+                continue
+            for fan in sorted(base.iterdir()):
+                if len(fan.name) != 2 or not fan.is_dir():
+                    continue
+                for path in sorted(fan.iterdir()):
+                    entry = self._read_entry(path, ro)
+                    if entry is None:
+                        entry = Entry(path.name, path, {}, ro)  # broken: shown by verify
+                    yield entry
+
+    def remove(self, entry: Entry) -> None:
+        if entry.readonly:
+            raise CacheError(f"{entry.path} is in a read-only layer")
+        self._discard(entry.path)
+
+    def verify(self, fix: bool = False) -> list[tuple[Entry, str]]:
+        """(entry, problem) for every entry whose files do not match its manifest."""
+        bad = []
+        for entry in self.entries():
+            problem = _check_entry(entry)
+            if problem:
+                bad.append((entry, problem))
+                if fix and not entry.readonly:
+                    self._discard(entry.path)
+        return bad
+
+    def total_bytes(self) -> int:
+        return sum(_dir_bytes(e.path) for e in self.entries(include_readonly=False))
+
+    def gc(self, max_bytes: int) -> list[Entry]:
+        """Evict least-recently-used entries of the writable layer until it fits `max_bytes`."""
+        entries = [(e, _dir_bytes(e.path)) for e in self.entries(include_readonly=False)]
+        total = sum(s for _, s in entries)
+        removed = []
+        for entry, size in sorted(entries, key=lambda es: es[0].last_used):
+            if total <= max_bytes:
+                break
+            self._discard(entry.path)
+            total -= size
+            removed.append(entry)
+        self._clean_stale()
+        return removed
+
+    def _clean_stale(self, older_than: float = 3600.0) -> None:
+        """Drop build folders of dead processes and lock files of absent entries."""
+        base = self._base(self.root)
+        now = time.time()
+        for p in (base / "tmp").glob("*"):
+            try:
+                if now - p.stat().st_mtime > older_than:
+                    shutil.rmtree(p, ignore_errors=True)
+            except OSError:
+                pass
+        for p in (base / "locks").glob("*.lock"):
+            key = p.name[: -len(".lock")]
+            try:
+                if not self.entry_path(key).exists() and now - p.stat().st_mtime > older_than:
+                    p.unlink()
+            except OSError:
+                pass
+
+
+def _check_entry(entry: Entry) -> str:
+    if not entry.manifest:
+        return "manifest missing or unreadable"
+    try:
+        data = entry.cubin_path.read_bytes()
+    except OSError:
+        return "cubin missing"
+    if len(data) != entry.size:
+        return f"cubin is {len(data)} B, manifest says {entry.size} B"
+    if hashlib.sha256(data).hexdigest() != entry.manifest.get("cubin_sha256"):
+        return "cubin sha256 differs from the manifest"
+    if key_of(entry.manifest.get("parts", {})) != entry.key:
+        return "folder name is not the key of the manifest's parts"
+    return ""
+
+
+def _dir_bytes(path: Path) -> int:
+    try:
+        return sum(f.stat().st_size for f in path.iterdir())
+    except OSError:
+        return 0
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def describe_miss(cache: DiskCache, parts: dict) -> list[str]:
+    """Why `parts` misses: compare with entries of the same config that do exist."""
+    key = key_of(parts)
+    if cache.load(key) is not None:
+        return [f"hit: {key}"]
+    reasons = []
+    same_cfg = [e for e in cache.entries() if e.config_dict() == parts["config"]]
+    if not same_cfg:
+        same_fam = sum(1 for e in cache.entries() if e.manifest.get("parts", {}).get("family") == parts["family"])
+        return [f"miss: no entry for this config in any layer ({same_fam} entries of family "
+                f"{parts['family']!r} exist); run `kernelgen prewarm` for it"]
+    for e in same_cfg:
+        other = e.manifest.get("parts", {})
+        diffs = []
+        for field in sorted(set(parts) | set(other)):
+            a, b = parts.get(field), other.get(field)
+            if a == b:
+                continue
+            if field == "headers":
+                for h in sorted(set(a or {}) | set(b or {})):
+                    if (a or {}).get(h) != (b or {}).get(h):
+                        diffs.append(f"header {h} changed")
+            else:
+                diffs.append(f"{field}: wanted {a!r}, entry has {b!r}")
+        reasons.append(f"entry {e.key[:16]} ({'read-only' if e.readonly else 'writable'}) differs: "
+                       + "; ".join(diffs))
+    return ["miss: " + key] + reasons

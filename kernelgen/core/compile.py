@@ -1,0 +1,105 @@
+"""NVRTC: rendered source -> cubin for an explicit target. Needs no GPU and no driver.
+
+Options are built here and only here. Project headers travel in memory (see render.py); the CUDA
+toolkit headers come from the pip `cuda-toolkit` wheels (or a local toolkit), located with
+`cuda.pathfinder`. The options that change code generation are part of the cache key; include
+paths are not (they are absolute and machine-specific).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CompileError, KernelgenError
+from .config import KernelConfig
+from .render import Rendered
+
+# Options that affect the generated code. Changing this tuple changes every cache key.
+BASE_OPTIONS: tuple[str, ...] = (
+    "-std=c++17",
+    "-lineinfo",  # source lines in SASS for ncu; no effect on speed
+    "--ptxas-options=-v",  # resource report (registers, spills, smem) into the log
+    "-DKERNELGEN_JIT=1",
+)
+
+
+def codegen_options(arch: str) -> list[str]:
+    """The options that define the binary; these enter the cache key."""
+    return [*BASE_OPTIONS, f"--gpu-architecture={arch}"]
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_include_dir() -> Path:
+    """Directory holding cuda_fp16.h / cuda_bf16.h / cuda_runtime.h."""
+    errors = []
+    try:
+        import cuda.pathfinder as pf
+
+        found = pf.find_nvidia_header_directory("cudart")
+        if found and (Path(found) / "cuda_fp16.h").is_file():
+            return Path(found)
+        home = pf.get_cuda_path_or_home()
+        if home and (Path(home) / "include" / "cuda_fp16.h").is_file():
+            return Path(home) / "include"
+    except Exception as e:  # pathfinder missing or too old
+        errors.append(str(e))
+    raise KernelgenError(
+        "CUDA headers (cuda_fp16.h) not found. Install them with "
+        "`pip install \"cuda-toolkit[nvrtc,cudart]==13.*\"` or set CUDA_PATH to a toolkit. "
+        + "; ".join(errors)
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> str:
+    from cupy_backends.cuda.libs import nvrtc
+
+    major, minor = nvrtc.getVersion()
+    return f"{major}.{minor}"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    cubin: bytes
+    log: str
+    seconds: float
+
+
+_RESOURCE = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def resource_summary(log: str) -> dict[str, int]:
+    """Registers and spill bytes (max over kernels) from the ptxas -v report."""
+    regs = [int(m) for m in _RESOURCE.findall(log)]
+    spills = [int(a) + int(b) for a, b in _SPILL.findall(log)]
+    return {"registers": max(regs, default=0), "spill_bytes": max(spills, default=0)}
+
+
+def compile_cubin(config: KernelConfig, rendered: Rendered) -> Compiled:
+    """Compile `rendered` for `config.arch`. Raises CompileError with the log and source."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    options = [*codegen_options(config.arch), f"-I{cuda_include_dir()}"]
+    names = [n for n, _ in rendered.headers]
+    texts = [t for _, t in rendered.headers]
+    t0 = time.perf_counter()
+    prog = nvrtc.createProgram(
+        rendered.source, rendered.name, [t.encode() for t in texts], [n.encode() for n in names]
+    )
+    try:
+        try:
+            nvrtc.compileProgram(prog, options)
+        except nvrtc.NVRTCError:
+            raise CompileError(
+                config, nvrtc.getProgramLog(prog).rstrip("\x00"), rendered.source, options
+            ) from None
+        log = nvrtc.getProgramLog(prog).rstrip("\x00")
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    return Compiled(cubin=bytes(cubin), log=log, seconds=time.perf_counter() - t0)

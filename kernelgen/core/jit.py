@@ -1,0 +1,146 @@
+"""The pipeline for one config: memory -> disk -> render -> compile -> publish -> load.
+
+`build()` needs no GPU (prewarm uses it); `get_kernel()` loads onto the current device and is
+what ops call on every launch: after the first call it is one dict lookup.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .. import knobs
+from ..errors import GraphCaptureError, JitDisabledError
+from .cache import DiskCache, Entry, key_of, manifest_parts
+from .compile import codegen_options, compile_cubin, nvrtc_version, resource_summary
+from .config import KernelConfig
+from .render import render
+
+_lock = threading.Lock()
+_cache: DiskCache | None = None
+_cache_env: tuple | None = None
+
+
+def default_cache() -> DiskCache:
+    """The process-wide cache, rebuilt if the KERNELGEN_CACHE_* variables changed."""
+    global _cache, _cache_env
+    env = (knobs.cache_dir(), tuple(knobs.readonly_cache_dirs()), knobs.cache_max_bytes())
+    if _cache is None or env != _cache_env:
+        _cache, _cache_env = DiskCache(env[0], list(env[1]), env[2]), env
+    return _cache
+
+
+def key_parts(config: KernelConfig) -> tuple[dict, Any]:
+    rendered = render(config)
+    return manifest_parts(config, rendered, nvrtc_version(), codegen_options(config.arch)), rendered
+
+
+@dataclass
+class BuildResult:
+    config: KernelConfig
+    key: str
+    cubin: bytes
+    entry: Entry | None
+    compiled: bool  # False: came from a cache layer
+
+
+def build(config: KernelConfig, cache: DiskCache | None = None, before_compile=None) -> BuildResult:
+    """Return the cubin of `config`, compiling (once across processes) on a miss. No GPU needed."""
+    cache = cache or default_cache()
+    parts, rendered = key_parts(config)
+    key = key_of(parts)
+
+    def _build():
+        if knobs.disable_jit():
+            raise JitDisabledError(
+                f"KERNELGEN_DISABLE_JIT=1 and {config.short()} (key {key[:16]}) is in no cache "
+                f"layer. Build it ahead with `kernelgen prewarm --family {config.family} "
+                f"--arch {config.arch} ...` (or unset KERNELGEN_DISABLE_JIT)."
+            )
+        if before_compile is not None:
+            before_compile(config)
+        out = compile_cubin(config, rendered)
+        if knobs.verbose():
+            res = resource_summary(out.log)
+            print(f"[kernelgen] compiled {config.short()} in {out.seconds:.2f}s {res}", file=sys.stderr)
+        return out.cubin, {
+            "parts": parts,
+            "symbols": list(config.symbols()),
+            "log": out.log,
+            "seconds": out.seconds,
+            "source": rendered.source,
+        }
+
+    entry, cubin, compiled = cache.get_or_build(key, _build, describe=config.short())
+    return BuildResult(config, key, cubin, entry, compiled)
+
+
+class Kernel:
+    """A loaded module: `kernel.fn(symbol)` gives a cupy Function on the device it was loaded on."""
+
+    __slots__ = ("config", "key", "device", "module", "functions")
+
+    def __init__(self, config: KernelConfig, key: str, device: int, cubin: bytes):
+        import cupy
+
+        self.config, self.key, self.device = config, key, device
+        self.module = cupy.cuda.function.Module()
+        self.module.load(cubin)
+        self.functions = {}
+        smem = config.smem_bytes()
+        for sym in config.symbols():
+            fn = self.module.get_function(sym)
+            if smem > 48 * 1024:  # opt in to more than the default 48 KB of dynamic smem
+                cupy.cuda.driver.funcSetAttribute(
+                    fn.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem
+                )
+            self.functions[sym] = fn
+
+    def fn(self, symbol: str):
+        return self.functions[symbol]
+
+
+_loaded: dict[tuple[KernelConfig, int], Kernel] = {}
+
+
+def _refuse_in_capture(config: KernelConfig) -> None:
+    import cupy
+
+    capturing = False
+    try:
+        capturing = cupy.cuda.get_current_stream().is_capturing()
+    except Exception:
+        pass
+    if not capturing and "torch" in sys.modules:
+        try:
+            import torch
+
+            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        except Exception:
+            pass
+    if capturing:
+        raise GraphCaptureError(
+            f"{config.short()} is not compiled yet and the current stream is capturing a CUDA "
+            f"graph; compiling now would break the capture. Call the op once before capture "
+            f"(warm-up), or run `kernelgen prewarm` at startup."
+        )
+
+
+def get_kernel(config: KernelConfig, device: int) -> Kernel:
+    """The loaded kernel for `config` on `device`; memory hit costs one dict lookup."""
+    k = _loaded.get((config, device))
+    if k is not None:
+        return k
+    with _lock:
+        k = _loaded.get((config, device))
+        if k is None:
+            res = build(config, before_compile=_refuse_in_capture)
+            k = Kernel(config, res.key, device, res.cubin)
+            _loaded[(config, device)] = k
+    return k
+
+
+def clear_memory_cache() -> None:
+    _loaded.clear()

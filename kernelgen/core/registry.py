@@ -1,0 +1,45 @@
+"""Kernel families register themselves here so the CLI can enumerate and rebuild their configs.
+
+A family provides: its Config classes, and `prewarm_configs(archs, spec)` which yields exactly
+the configs its selector can choose for the shapes in `spec` (the same tables the dispatch uses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .config import KernelConfig
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    config_classes: tuple[type[KernelConfig], ...]
+    # (archs, spec) -> configs; spec is a dict from a profile file or CLI flags (may be empty)
+    prewarm_configs: Callable[[Iterable[str], dict[str, Any]], Iterable[KernelConfig]]
+    description: str = ""
+
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    _FAMILIES[family.name] = family
+    return family
+
+
+def families() -> dict[str, Family]:
+    _load_builtin()
+    return dict(_FAMILIES)
+
+
+def config_classes() -> dict[str, type[KernelConfig]]:
+    _load_builtin()
+    return {c.__name__: c for f in _FAMILIES.values() for c in f.config_classes}
+
+
+def _load_builtin() -> None:
+    # Importing a family package registers it. One line per family.
+    from .. import kbit  # noqa: F401

@@ -1,0 +1,31 @@
+// E4M4 absmax scale: 4 exponent bits (bias 11), 4 mantissa bits, subnormals, no sign/NaN/Inf.
+//   e > 0:  2^(e-11) * (1 + m/16)     range [2^-10, 31]
+//   e == 0: 2^-14 * m                 (subnormal; 0x00 is zero)
+// Encode rounds to nearest even and saturates to 31 (0xFF); zero, negative and NaN encode to 0.
+#pragma once
+#include "common/dtypes.cuh"
+
+namespace kg {
+
+__device__ __forceinline__ float e4m4_decode(uint32_t raw) {
+  const uint32_t e = (raw >> 4) & 0xF, m = raw & 0xF;
+  if (e == 0) return (float)m * (1.0f / 16384.0f);            // exact: m * 2^-14
+  return __uint_as_float(((e - 11u + 127u) << 23) | (m << 19));  // build the IEEE bits
+}
+
+__device__ __forceinline__ uint8_t e4m4_encode(float x) {
+  if (!(x > 0.0f)) return 0;        // zero, negative, NaN
+  if (x >= 31.0f) return 0xFF;      // saturate (also +Inf)
+  const uint32_t b = __float_as_uint(x);
+  const int e = (int)(b >> 23) - 127 + 11;  // biased E4M4 exponent
+  if (e >= 1) {
+    // Keep the exponent and 23-bit mantissa together so a mantissa carry bumps the exponent;
+    // drop 19 bits with round-to-nearest-even.
+    const uint32_t v = ((uint32_t)e << 23) | (b & 0x7FFFFFu);
+    const uint32_t r = (v + 0x3FFFFu + ((v >> 19) & 1u)) >> 19;
+    return r > 0xFFu ? 0xFF : (uint8_t)r;
+  }
+  return (uint8_t)rintf(x * 16384.0f);  // subnormal: exact scale, rintf is RNE; 16 -> 0x10 ok
+}
+
+}  // namespace kg
