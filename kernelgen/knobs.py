@@ -55,6 +55,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("KERNELGEN_LOCK_TIMEOUT", "600", "seconds to wait for another process's compile"),
     Knob("KERNELGEN_KEEP_SOURCE", "1", "0: do not store the rendered source in cache entries"),
     Knob("KERNELGEN_VERBOSE", "0", "1: log compiles and cache events to stderr"),
+    Knob("KERNELGEN_POISON", "0", "1: fill every output kernelgen allocates with 0xFF (tests)"),
     Knob("KERNELGEN_TEMPLATES_DIR", "(shipped)", "render from this templates/ folder (template work)"),
 )
 
@@ -100,3 +101,7 @@ def verbose() -> bool:
 def templates_dir() -> Path | None:
     raw = os.environ.get("KERNELGEN_TEMPLATES_DIR", "").strip()
     return Path(raw).expanduser() if raw else None
+
+
+def poison() -> bool:
+    return os.environ.get("KERNELGEN_POISON", "") == "1"

@@ -3,17 +3,20 @@
 CuPy has no bfloat16 dtype: bf16 data in CuPy is a uint16 array of bf16 bit patterns, and ops
 take a `dtype="bfloat16"` hint for such input. torch bf16 tensors are viewed the same way
 without a copy. Every check here runs before any launch and raises ValueError naming the
-argument and the rule.
+argument and the rule. This is the per-call hot path: keep it to attribute reads and dict hits.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
 
-# logical dtype name -> (numpy storage dtype, element bytes)
+from .. import knobs
+
+# logical dtype name -> numpy storage dtype
 STORAGE = {
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(np.uint16),
@@ -25,15 +28,22 @@ STORAGE = {
     "uint32": np.dtype(np.uint32),
     "int64": np.dtype(np.int64),
 }
-_TORCH_NAMES = {
-    "float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64",
-    "uint8": "uint8", "int32": "int32", "int64": "int64", "int16": "int16",
-    "uint16": "uint16", "uint32": "uint32",
-}
+_NAME_OF = {dt: name for name, dt in STORAGE.items() if name != "bfloat16"}
+
+_cp: Any = None  # the cupy module, imported on first use
+
+
+def _cupy() -> Any:
+    global _cp
+    if _cp is None:
+        import cupy
+
+        _cp = cupy
+    return _cp
 
 
 def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and "torch" in sys.modules
+    return "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor)
 
 
 class Ctx:
@@ -46,16 +56,22 @@ class Ctx:
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> tuple[Any, Any]:
         """A new array of the caller's kind, and its cupy view for the launch."""
-        import cupy
-
+        cupy = _cupy()
         if self.kind == "torch":
             import torch
 
-            t = torch.empty(shape, dtype=getattr(torch, _TORCH_NAMES[dtype]), device=f"cuda:{self.device}")
-            return t, _torch_to_cupy(t)
-        with cupy.cuda.Device(self.device):
-            a = cupy.empty(shape, dtype=STORAGE[dtype])
-        return a, a
+            t = torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{self.device}")
+            native, view = t, _torch_to_cupy(t)
+        else:
+            if cupy.cuda.runtime.getDevice() == self.device:
+                native = view = cupy.empty(shape, dtype=STORAGE[dtype])
+            else:
+                with cupy.cuda.Device(self.device):
+                    native = view = cupy.empty(shape, dtype=STORAGE[dtype])
+        if knobs.poison():  # unwritten elements then show as NaN / 0xFF in tests
+            with self.stream:
+                view.view(np.uint8).fill(0xFF)
+        return native, view
 
 
 _streams: dict[int, Any] = {}
@@ -63,10 +79,13 @@ _streams: dict[int, Any] = {}
 
 def context_of(x: Any, name: str) -> Ctx:
     """The call context from the first device argument."""
-    import cupy
-
-    if isinstance(x, cupy.ndarray):
-        return Ctx("cupy", x.device.id, cupy.cuda.get_current_stream(x.device.id))
+    cupy = _cupy()
+    if type(x) is cupy.ndarray or isinstance(x, cupy.ndarray):
+        dev = x.data.device_id
+        stream = cupy.cuda.get_current_stream()
+        if cupy.cuda.runtime.getDevice() != dev:
+            stream = cupy.cuda.get_current_stream(dev)
+        return Ctx("cupy", dev, stream)
     if _is_torch(x):
         import torch
 
@@ -76,7 +95,9 @@ def context_of(x: Any, name: str) -> Ctx:
         handle = torch.cuda.current_stream(dev).cuda_stream
         stream = _streams.get(handle)
         if stream is None:
-            stream = _streams[handle] = cupy.cuda.ExternalStream(handle, dev)
+            with warnings.catch_warnings():  # ExternalStream is the handle-based form we need
+                warnings.simplefilter("ignore", DeprecationWarning)
+                stream = _streams[handle] = cupy.cuda.ExternalStream(handle, dev)
         return Ctx("torch", dev, stream)
     raise ValueError(
         f"{name}: expected a cupy.ndarray or a CUDA torch.Tensor, got {type(x).__module__}."
@@ -87,63 +108,51 @@ def context_of(x: Any, name: str) -> Ctx:
 
 def _torch_to_cupy(t: Any) -> Any:
     """Zero-copy cupy view of a contiguous torch CUDA tensor (bf16 -> uint16 bits)."""
-    import cupy
     import torch
 
+    cupy = _cupy()
     if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-        dt = np.uint16
+        dt = STORAGE["bfloat16"]
     else:
-        dt = np.dtype(str(t.dtype).replace("torch.", ""))
+        dt = STORAGE[str(t.dtype)[6:]]  # "torch.float16" -> "float16"
     nbytes = t.numel() * t.element_size()
     mem = cupy.cuda.UnownedMemory(t.data_ptr(), nbytes, t, t.device.index)
     return cupy.ndarray(tuple(t.shape), dt, cupy.cuda.MemoryPointer(mem, 0))
 
 
-def logical_dtype(x: Any, hint: str | None = None) -> str:
-    if _is_torch(x):
-        return str(x.dtype).replace("torch.", "")
-    name = x.dtype.name
-    if name == "uint16" and hint == "bfloat16":
-        return "bfloat16"
-    return name
-
-
 def device_array(x: Any, name: str, ctx: Ctx, dtypes: tuple[str, ...], hint: str | None = None,
                  ndim: int | None = None) -> tuple[Any, str]:
     """Validate `x` and return (cupy view, logical dtype). Raises ValueError naming the rule."""
-    import cupy
-
-    if isinstance(x, cupy.ndarray):
+    cupy = _cupy()
+    if type(x) is cupy.ndarray or isinstance(x, cupy.ndarray):
         if ctx.kind != "cupy":
             raise ValueError(f"{name}: a cupy array mixed with torch tensors; pass one kind")
+        dev = x.data.device_id
+        dt = _NAME_OF.get(x.dtype) or str(x.dtype)
+        if dt == "uint16" and hint == "bfloat16":
+            dt = "bfloat16"
+        contiguous = x.flags.c_contiguous
         arr = x
     elif _is_torch(x):
         if ctx.kind != "torch":
             raise ValueError(f"{name}: a torch tensor mixed with cupy arrays; pass one kind")
         if not x.is_cuda:
             raise ValueError(f"{name}: a torch tensor on {x.device}; kernelgen needs a CUDA tensor")
-        if not x.is_contiguous():
-            raise ValueError(f"{name}: must be contiguous (row-major); call .contiguous() first")
+        dev = x.device.index
+        dt = str(x.dtype)[6:]
+        contiguous = x.is_contiguous()
         arr = None
     else:
         context_of(x, name)  # raises the type error
         raise AssertionError("unreachable")
-    dev = x.device.index if arr is None else arr.device.id
     if dev != ctx.device:
         raise ValueError(f"{name}: on device {dev}, other arguments are on device {ctx.device}")
-    dt = logical_dtype(x, hint)
     if dt not in dtypes:
         extra = " (bf16 from CuPy: a uint16 array with dtype='bfloat16')" if "bfloat16" in dtypes else ""
         raise ValueError(f"{name}: dtype {dt} not supported; expected one of {', '.join(dtypes)}{extra}")
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(x.shape)}")
-    if arr is None:
-        arr = _torch_to_cupy(x)
-    elif not arr.flags.c_contiguous:
-        raise ValueError(f"{name}: must be C-contiguous; call cupy.ascontiguousarray first")
-    return arr, dt
-
-
-def returned(native: Any) -> Any:
-    return native
+    if not contiguous:
+        raise ValueError(f"{name}: must be contiguous (row-major); call "
+                         f"{'.contiguous()' if arr is None else 'cupy.ascontiguousarray'} first")
+    return (arr if arr is not None else _torch_to_cupy(x)), dt

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,11 +45,30 @@ class KbitTensor:
     bits: int
     dtype: str  # dtype of the tensor that was quantized (default dequantize dtype)
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
-    @property
+    def _views(self, ctx: Ctx) -> tuple[Any, Any, Any]:
+        """Validated cupy views of (packed, absmax, codebook), checked once and then cached."""
+        cached = self.__dict__.get("_cached_views")
+        if cached is not None and cached[0] == ctx.kind:
+            return cached[1]
+        packed, _ = device_array(self.packed, "q.packed", ctx, ("uint32",), ndim=1)
+        if packed.size != self.n_blocks * self.bits:
+            raise ValueError(f"q.packed: {packed.size} words, shape {self.shape} at {self.bits} "
+                             f"bits needs {self.n_blocks * self.bits}")
+        absmax, _ = device_array(self.absmax, "q.absmax", ctx, ("uint8",), ndim=1)
+        if absmax.size != self.n_blocks:
+            raise ValueError(f"q.absmax: {absmax.size} scales, {self.n_blocks} blocks need one each")
+        cb, _ = device_array(self.codebook, "q.codebook", ctx, ("float32",), ndim=1)
+        if cb.size != 1 << self.bits:
+            raise ValueError(f"q.codebook: has {cb.size} entries; bits={self.bits} needs {1 << self.bits}")
+        views = (packed, absmax, cb)
+        object.__setattr__(self, "_cached_views", (ctx.kind, views))
+        return views
+
+    @functools.cached_property
     def n_blocks(self) -> int:
         return -(-self.numel // 32)
 
@@ -106,14 +126,6 @@ def _dequantize_config(arch: str, bits: int, dtype: str, absmax: str) -> KbitDeq
     return KbitDequantizeConfig(arch=arch, bits=bits, dtype=dtype, absmax_dtype=absmax)
 
 
-def _view(native: Any, ctx: Ctx) -> Any:
-    """cupy view of an array/tensor of our context (validated already)."""
-    return device_array(native, "(internal)", ctx, tuple(_ALL))[0]
-
-
-_ALL = ("float16", "bfloat16", "float32", "uint8", "uint32", "int32", "uint16")
-
-
 def quantize_kbit(x: Any, bits: int = 4, *, codebook: Any = None, dtype: str | None = None) -> KbitTensor:
     """Quantize `x` (fp16 / bf16 / fp32, any shape, contiguous) blockwise with `bits` bits.
 
@@ -135,9 +147,12 @@ def quantize_kbit(x: Any, bits: int = 4, *, codebook: Any = None, dtype: str | N
     cfg = _quantize_config(device_info(ctx.device).arch.name, bits, dt)
     fn = get_kernel(cfg, ctx.device).fn("kbit_quantize")
     n_warps = -(-nb // (32 // bits))
-    fn(_grid(n_warps), (THREADS, 1, 1), (xa, _view(cb, ctx), packed_v, amax_v, amax8_v, np.int64(n)),
+    cb_v, _ = device_array(cb, "codebook", ctx, ("float32",))
+    fn(_grid(n_warps), (THREADS, 1, 1), (xa, cb_v, packed_v, amax_v, amax8_v, np.int64(n)),
        stream=ctx.stream)
-    return KbitTensor(packed, amax8, amax, cb, tuple(int(s) for s in x.shape), bits, dt)
+    q = KbitTensor(packed, amax8, amax, cb, tuple(int(s) for s in x.shape), bits, dt)
+    object.__setattr__(q, "_cached_views", (ctx.kind, (packed_v, amax8_v, cb_v)))
+    return q
 
 
 def dequantize_kbit(q: KbitTensor, dtype: str | None = None, *, absmax: Any = None,
@@ -153,25 +168,24 @@ def dequantize_kbit(q: KbitTensor, dtype: str | None = None, *, absmax: Any = No
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"dtype={dtype!r}: expected one of {FLOAT_DTYPES}")
     ctx = context_of(q.packed, "q.packed")
-    packed, _ = device_array(q.packed, "q.packed", ctx, ("uint32",), ndim=1)
-    if packed.size != q.n_blocks * q.bits:
-        raise ValueError(f"q.packed: {packed.size} words, shape {q.shape} at {q.bits} bits needs "
-                         f"{q.n_blocks * q.bits}")
-    scales = q.absmax if absmax is None else absmax
-    sa, sdt = device_array(scales, "absmax", ctx, ("uint8", "float16", "float32"), ndim=1)
-    if sa.size != q.n_blocks:
-        raise ValueError(f"absmax: {sa.size} scales, {q.n_blocks} blocks need one each")
+    packed, absmax8, cb = q._views(ctx)
+    if absmax is None:
+        sa, sdt = absmax8, "uint8"
+    else:
+        sa, sdt = device_array(absmax, "absmax", ctx, ("uint8", "float16", "float32"), ndim=1)
+        if sa.size != q.n_blocks:
+            raise ValueError(f"absmax: {sa.size} scales, {q.n_blocks} blocks need one each")
     if out is None:
         out, out_v = ctx.empty(q.shape, dtype)
     else:
-        out_v, odt = device_array(out, "out", ctx, (dtype,), hint=dtype)
+        out_v, _ = device_array(out, "out", ctx, (dtype,), hint=dtype)
         if out_v.size != q.numel:
             raise ValueError(f"out: has {out_v.size} elements, q has {q.numel}")
     cfg = _dequantize_config(device_info(ctx.device).arch.name, q.bits, dtype, _ABSMAX_OF_STORAGE[sdt])
     fn = get_kernel(cfg, ctx.device).fn("kbit_dequantize")
     n_warps = -(-q.n_blocks // (32 // q.bits))
     fn(_grid(n_warps), (THREADS, 1, 1),
-       (packed, sa, _view(q.codebook, ctx), out_v, np.int64(q.numel)), stream=ctx.stream)
+       (packed, sa, cb, out_v, np.int64(q.numel)), stream=ctx.stream)
     return out
 
 
@@ -206,8 +220,7 @@ def repack_kbit(q: KbitTensor, tile_n: int = 128, tile_k: int = 64) -> KbitTiled
         raise ValueError(f"q: shape {q.shape}: N must be a multiple of tile_n={tile_n} and K of "
                          f"tile_k={tile_k}")
     ctx = context_of(q.packed, "q.packed")
-    packed, _ = device_array(q.packed, "q.packed", ctx, ("uint32",), ndim=1)
-    sa, _ = device_array(q.absmax, "q.absmax", ctx, ("uint8",), ndim=1)
+    packed, sa, _ = q._views(ctx)
     cfg = KbitRepackConfig(arch=device_info(ctx.device).arch.name, bits=q.bits, tile_n=tile_n,
                            tile_k=tile_k)
     pt, pt_v = ctx.empty((packed.size,), "uint32")

@@ -27,7 +27,7 @@ def _nf_codebook(bits: int) -> tuple[float, ...]:
         return 0.0 if math.isinf(z) else math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
 
     # E[Z | a < Z < b] = (pdf(a) - pdf(b)) / P(a < Z < b), and P = 1/levels for every bin.
-    means = [(pdf(a) - pdf(b)) * levels for a, b in zip(edges[:-1], edges[1:])]
+    means = [(pdf(a) - pdf(b)) * levels for a, b in zip(edges[:-1], edges[1:], strict=True)]
     top = max(abs(m) for m in means)
     return tuple(m / top for m in means)
 
