@@ -87,6 +87,11 @@ class Entry:
     def config_dict(self) -> dict:
         return self.manifest.get("parts", {}).get("config", {})
 
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of every file in the entry folder: what removing it frees."""
+        return _dir_bytes(self.path)
+
 
 class DiskCache:
     """One writable layer (may turn out unwritable) behind zero or more read-only layers."""
@@ -115,6 +120,11 @@ class DiskCache:
 
     def lock_path(self, key: str) -> Path:
         return self._base(self.root) / "locks" / f"{key}.lock"
+
+    @property
+    def tmp_dir(self) -> Path:
+        """Private work folders of the writable layer: same filesystem, so a rename publishes."""
+        return self._base(self.root) / "tmp"
 
     def layers(self) -> list[tuple[Path, bool]]:
         """(root, readonly) in lookup order: read-only layers first, the writable one last."""
@@ -311,18 +321,23 @@ class DiskCache:
     def total_bytes(self) -> int:
         return sum(_dir_bytes(e.path) for e in self.entries(include_readonly=False))
 
-    def gc(self, max_bytes: int) -> list[Entry]:
-        """Evict least-recently-used entries of the writable layer until it fits `max_bytes`."""
+    def gc(self, max_bytes: int, dry_run: bool = False) -> list[Entry]:
+        """Evict least-recently-used entries of the writable layer until it fits `max_bytes`.
+
+        `dry_run`: only return what would be evicted.
+        """
         entries = [(e, _dir_bytes(e.path)) for e in self.entries(include_readonly=False)]
         total = sum(s for _, s in entries)
         removed = []
         for entry, size in sorted(entries, key=lambda es: es[0].last_used):
             if total <= max_bytes:
                 break
-            self._discard(entry.path)
+            if not dry_run:
+                self._discard(entry.path)
             total -= size
             removed.append(entry)
-        self._clean_stale()
+        if not dry_run:
+            self._clean_stale()
         return removed
 
     def _clean_stale(self, older_than: float = 3600.0) -> None:

@@ -1,0 +1,241 @@
+"""`kernelgen prewarm`: build ahead of time every config the selectors can pick.
+
+The configs come only from each registered family's `prewarm_configs(archs, spec)`, the tables
+the dispatch uses, so a prewarmed cache covers exactly what the ops can launch. Builds go through
+`kernelgen.core.jit.build` (the cache's per-key file lock makes parallel builds, and several
+prewarms at once, safe) in a pool of worker processes. `--check` compiles nothing: it reports the
+configs missing from every cache layer (exit 1 if any), for CI and container builds.
+
+Specs: `--bits` / `--dtypes` (and a profile file, see profile.py) narrow what each family yields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kernelgen.core.config import KernelConfig
+from kernelgen.core.registry import Family, families
+
+from . import UsageError, profile, values
+from .table import err, print_json
+
+ERROR_LINES = 8  # lines of a failure's message shown in the summary
+
+
+@dataclass(frozen=True)
+class Plan:
+    archs: list[str]
+    specs: dict[str, dict[str, Any]]  # family name -> spec handed to its prewarm_configs
+    configs: list[KernelConfig]
+
+
+@dataclass
+class Result:
+    config: dict[str, Any]  # KernelConfig.as_dict()
+    short: str
+    status: str  # "compiled" | "cached" | "failed"
+    seconds: float
+    key: str = ""
+    error: str = ""
+
+
+# -- what to build ----------------------------------------------------------------------------
+def make_plan(args: argparse.Namespace) -> Plan:
+    prof = profile.load(args.profile) if args.profile else profile.Profile()
+    arch_tokens = values.split_list(args.arch) or prof.archs or [values.default_arch()]
+    archs = values.resolve_archs(arch_tokens)
+    if not archs:
+        raise UsageError("no target arch given; use --arch sm_90a (or all, native)")
+    fams = values.resolve_families(
+        values.split_list(args.family) or list(prof.families) or sorted(families()))
+    specs = {}
+    for name in fams:
+        spec = dict(prof.families.get(name, {}))
+        if args.bits:
+            spec["bits"] = values.int_list("--bits", args.bits)
+        if args.dtypes:
+            spec["dtypes"] = values.split_list(args.dtypes)
+        specs[name] = spec
+    return Plan(archs, specs, collect(fams, archs, specs))
+
+
+def collect(fams: dict[str, Family], archs: list[str], specs: dict[str, dict[str, Any]]) -> list[KernelConfig]:
+    """Every family's configs for `archs`, deduplicated, in the order the families yield them.
+
+    A bad spec value (e.g. --bits 9) raises UnsupportedConfigError from the Config itself.
+    """
+    configs: dict[KernelConfig, None] = {}
+    for name, fam in fams.items():
+        for cfg in fam.prewarm_configs(list(archs), specs[name]):
+            configs.setdefault(cfg)
+    return list(configs)
+
+
+# -- building ---------------------------------------------------------------------------------
+def _sync_env(env: dict[str, str]) -> None:
+    """Worker initializer: take the parent's KERNELGEN_* variables as they are now (a forkserver
+    started earlier would otherwise keep the ones of its own start)."""
+    for name in [n for n in os.environ if n.startswith("KERNELGEN_")]:
+        if name not in env:
+            del os.environ[name]
+    os.environ.update(env)
+
+
+def build_one(config: dict[str, Any]) -> Result:
+    """Build one config (in a worker process): never raises, failures become a Result."""
+    from kernelgen.core.config import config_from_dict
+    from kernelgen.core.jit import build
+    from kernelgen.errors import CompileError
+
+    t0 = time.perf_counter()
+    short = str(config)
+    try:
+        cfg = config_from_dict(config)
+        short = cfg.short()
+        res = build(cfg)
+        status, key, error = ("compiled" if res.compiled else "cached"), res.key, ""
+    except CompileError as e:
+        status, key, error = "failed", "", e.log.strip() or str(e)
+    except Exception as e:  # a worker must report, not die: the summary lists it
+        status, key, error = "failed", "", f"{type(e).__name__}: {e}"
+    return Result(config, short, status, time.perf_counter() - t0, key, error)
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    # fork is unsafe once CUDA or threads are around; forkserver starts workers cheaply.
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def build_all(configs: list[KernelConfig], jobs: int, on_done: Callable[[Result], None]) -> list[Result]:
+    """Build `configs` with up to `jobs` processes (in this one if jobs == 1), in finish order."""
+    dicts = [c.as_dict() for c in configs]
+    results: list[Result] = []
+
+    def done(r: Result) -> None:
+        results.append(r)
+        on_done(r)
+
+    if jobs <= 1 or len(dicts) <= 1:
+        for d in dicts:
+            done(build_one(d))
+        return results
+    env = {k: v for k, v in os.environ.items() if k.startswith("KERNELGEN_")}
+    with ProcessPoolExecutor(max_workers=min(jobs, len(dicts)), mp_context=_pool_context(),
+                             initializer=_sync_env, initargs=(env,)) as pool:
+        futures = {pool.submit(build_one, d): c for d, c in zip(dicts, configs, strict=True)}
+        try:
+            for fut in as_completed(futures):
+                try:
+                    done(fut.result())
+                except Exception as e:  # the worker process died (BrokenProcessPool, ...)
+                    cfg = futures[fut]
+                    done(Result(cfg.as_dict(), cfg.short(), "failed", 0.0, "", f"{type(e).__name__}: {e}"))
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return results
+
+
+class Progress:
+    """`[ 12/53] compiled  0.21s  eta 4s  KbitQuantizeConfig(...)` on stderr per finished config."""
+
+    def __init__(self, total: int, workers: int, quiet: bool):
+        self.total, self.workers, self.quiet = total, max(1, workers), quiet
+        self.done = 0
+        self.busy = 0.0  # sum of per-config seconds
+
+    def __call__(self, r: Result) -> None:
+        self.done += 1
+        self.busy += r.seconds
+        if self.quiet:
+            return
+        left = self.total - self.done
+        eta = self.busy / self.done * left / min(self.workers, max(left, 1))
+        width = len(str(self.total))
+        err(f"[{self.done:>{width}}/{self.total}] {r.status:<8} {r.seconds:5.2f}s  "
+            f"eta {eta:3.0f}s  {r.short}")
+
+
+# -- the command ------------------------------------------------------------------------------
+def missing(configs: Iterable[KernelConfig]) -> list[KernelConfig]:
+    """Configs in no cache layer. Renders (to compute the key) but never compiles."""
+    from kernelgen.core.cache import key_of
+    from kernelgen.core.jit import default_cache, key_parts
+
+    cache = default_cache()
+    return [c for c in configs if cache.load(key_of(key_parts(c)[0])) is None]
+
+
+def run_check(plan: Plan, args: argparse.Namespace) -> int:
+    absent = missing(plan.configs)
+    if args.json:
+        print_json({"archs": plan.archs, "families": list(plan.specs), "total": len(plan.configs),
+                    "present": len(plan.configs) - len(absent),
+                    "missing": [c.as_dict() for c in absent]})
+    else:
+        for c in absent:
+            print(f"missing  {c.short()}")
+        print(f"check: {len(plan.configs)} configs for {','.join(plan.archs)} "
+              f"({','.join(plan.specs)}): {len(plan.configs) - len(absent)} cached, "
+              f"{len(absent)} missing")
+    return 1 if absent else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = make_plan(args)
+    if args.check:
+        return run_check(plan, args)
+    jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
+    if jobs < 1:
+        raise UsageError(f"-j {jobs}: expected at least 1 worker")
+    workers = min(jobs, max(1, len(plan.configs)))
+    if not args.quiet:
+        err(f"prewarm: {len(plan.configs)} configs for {','.join(plan.archs)} "
+            f"({','.join(plan.specs)}) with {workers} worker(s)")
+    t0 = time.perf_counter()
+    results = build_all(plan.configs, jobs, Progress(len(plan.configs), workers, args.quiet))
+    seconds = time.perf_counter() - t0
+    counts = {s: sum(r.status == s for r in results) for s in ("compiled", "cached", "failed")}
+    for r in results:
+        if r.status == "failed":
+            err(f"FAILED {r.short}")
+            for line in [ln for ln in r.error.splitlines() if ln.strip()][:ERROR_LINES]:
+                err(f"    {line}")
+    if args.json:
+        print_json({"archs": plan.archs, "families": list(plan.specs), "total": len(results),
+                    **counts, "seconds": round(seconds, 3), "results": [asdict(r) for r in results]})
+    else:
+        print(f"prewarm: {counts['compiled']} compiled, {counts['cached']} already cached, "
+              f"{counts['failed']} failed in {seconds:.1f}s")
+    return 1 if counts["failed"] else 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prewarm", help="compile ahead every config the dispatch can pick",
+        description=__doc__, epilog=profile.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--arch", action="append", metavar="LIST",
+                   help="targets, comma-separated: sm_80,sm_90a,... or all or native "
+                        "(default: native with a GPU, else sm_90a)")
+    p.add_argument("--family", action="append", metavar="LIST",
+                   help="families to build, comma-separated (default: all registered)")
+    p.add_argument("--profile", metavar="FILE.json", help="archs/families/specs file (format below)")
+    p.add_argument("--bits", action="append", metavar="LIST", help="bit widths, e.g. 2,4")
+    p.add_argument("--dtypes", action="append", metavar="LIST", help="e.g. float16,bfloat16")
+    p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                   help="parallel compile processes (default: CPU count)")
+    p.add_argument("--check", action="store_true",
+                   help="compile nothing; list configs missing from every cache layer, exit 1 if any")
+    p.add_argument("--json", action="store_true", help="JSON summary on stdout")
+    p.add_argument("--quiet", action="store_true", help="no per-config progress lines")
+    p.set_defaults(func=run)

@@ -1,0 +1,55 @@
+"""Prewarm profile files: which archs, families and per-family specs to build.
+
+Format (JSON; every key optional):
+
+    {
+      "archs": ["sm_90a"],
+      "families": {
+        "kbit": {"bits": [4], "dtypes": ["float16"]}
+      }
+    }
+
+"archs" takes the same names as --arch (including "all" and "native"); --arch overrides it.
+"families" names the families to build (--family narrows it) and holds one spec object per
+family, handed untouched to that family's `prewarm_configs(archs, spec)`: each family reads its
+own keys (kbit: "bits", "dtypes"; GEMM families: "shapes": [[M, N, K], ...]).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import UsageError
+
+KEYS = ("archs", "families")
+
+
+@dataclass(frozen=True)
+class Profile:
+    archs: list[str] | None = None
+    families: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def load(path: str | Path) -> Profile:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise UsageError(f"--profile {path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:
+        raise UsageError(f"--profile {path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--profile {path}: expected a JSON object with keys {KEYS}")
+    unknown = sorted(set(data) - set(KEYS))
+    if unknown:
+        raise UsageError(f"--profile {path}: unknown keys {unknown}; expected {KEYS}")
+    archs = data.get("archs")
+    if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
+        raise UsageError(f"--profile {path}: \"archs\" must be a list of names such as [\"sm_90a\"]")
+    fams = data.get("families", {})
+    if not isinstance(fams, dict) or not all(isinstance(s, dict) for s in fams.values()):
+        raise UsageError(f"--profile {path}: \"families\" must map a family name to a spec "
+                         f"object, e.g. {{\"kbit\": {{\"bits\": [4]}}}}")
+    return Profile(archs=archs, families=fams)

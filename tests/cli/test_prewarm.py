@@ -1,0 +1,113 @@
+"""`kernelgen prewarm`: builds exactly the family tables, reports cached on a rerun, --check,
+profile files, parallel workers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernelgen.core import registry
+from kernelgen.core.registry import Family
+from kernelgen.kbit import E4M4Config
+
+from .conftest import PREWARM_ARGS, PREWARM_CONFIGS, run_module
+
+N = len(PREWARM_CONFIGS)
+
+
+def test_prewarm_compiles_then_reports_cached(cache_dir, cli):
+    rc, out, err = cli("prewarm", *PREWARM_ARGS, "-j", "1")
+    assert rc == 0, err
+    assert f"{N} compiled, 0 already cached, 0 failed" in out
+    assert f"[{N}/{N}] " in err and "eta" in err  # one progress line per config
+    rc, out, err = cli("prewarm", *PREWARM_ARGS, "-j", "1", "--json", "--quiet")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert (summary["compiled"], summary["cached"], summary["failed"]) == (0, N, 0)
+    assert {json.dumps(r["config"], sort_keys=True) for r in summary["results"]} == {
+        json.dumps(c.as_dict(), sort_keys=True) for c in PREWARM_CONFIGS}
+    assert err == ""  # --quiet: no progress lines
+
+
+def test_prewarm_parallel_and_check_exit_codes(cache_dir):
+    before = run_module("prewarm", *PREWARM_ARGS, "--check")
+    assert before.returncode == 1, before.stderr
+    assert before.stdout.count("missing  ") == N
+    built = run_module("prewarm", *PREWARM_ARGS, "-j", "2")
+    assert built.returncode == 0, built.stderr
+    assert f"{N} compiled" in built.stdout
+    assert "with 2 worker(s)" in built.stderr
+    after = run_module("prewarm", *PREWARM_ARGS, "--check", "--json")
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["missing"] == []
+
+
+def test_prewarm_profile_file(cache_dir, cli, tmp_path):
+    prof = tmp_path / "model.json"
+    prof.write_text(json.dumps({"archs": ["sm_80"], "families": {"kbit": {"bits": [3], "dtypes": ["bfloat16"]}}}))
+    rc, out, err = cli("prewarm", "--profile", prof, "-j", "1", "--json", "--quiet")
+    assert rc == 0, err
+    configs = [r["config"] for r in json.loads(out)["results"]]
+    assert configs and all(c["arch"] == "sm_80" for c in configs)
+    assert all(c.get("bits", 3) == 3 and c.get("dtype", "bfloat16") == "bfloat16" for c in configs)
+    assert cli("prewarm", "--profile", prof, "--check")[0] == 0
+    # flags win over the file: another arch is missing
+    assert cli("prewarm", "--profile", prof, "--check", "--arch", "sm_90a")[0] == 1
+
+
+def test_profile_spec_reaches_the_family_untouched(cache_dir, cli, tmp_path, monkeypatch):
+    seen = []
+
+    def configs(archs, spec):
+        seen.append((list(archs), spec))
+        return [E4M4Config(arch=a) for a in archs]
+
+    monkeypatch.setitem(registry._FAMILIES, "fake", Family("fake", (E4M4Config,), configs))
+    spec = {"shapes": [[1, 4096, 4096], [64, 14336, 4096]], "bits": [4]}
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"archs": ["sm_90a", "sm_80"], "families": {"fake": spec}}))
+    rc, out, _ = cli("prewarm", "--profile", prof, "--check", "--json")
+    assert rc == 1 and len(json.loads(out)["missing"]) == 2
+    assert seen == [(["sm_90a", "sm_80"], spec)]
+
+
+def test_prewarm_deduplicates(cache_dir, cli, monkeypatch):
+    twice = lambda archs, spec: [E4M4Config(arch=a) for a in archs for _ in range(3)]  # noqa: E731
+    monkeypatch.setitem(registry._FAMILIES, "dup", Family("dup", (E4M4Config,), twice))
+    rc, out, _ = cli("prewarm", "--family", "dup", "--arch", "sm_90a,sm_90a", "--check", "--json")
+    assert rc == 1 and json.loads(out)["total"] == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--family", "nope"], "--family 'nope': unknown"),
+    (["--arch", "sm_70"], "--arch 'sm_70': not a kernelgen target"),
+    (["--bits", "9", "--arch", "sm_90a"], "bits=9"),
+    (["--bits", "four", "--arch", "sm_90a"], "--bits four: expected integers"),
+    (["-j", "0", "--arch", "sm_90a"], "-j 0"),
+])
+def test_prewarm_usage_errors(cache_dir, cli, args, message):
+    rc, out, err = cli("prewarm", *args)
+    assert rc == 2
+    assert err.startswith("kernelgen: error: ") and message in err, err
+
+
+def test_bad_profile_is_a_usage_error(cache_dir, cli, tmp_path):
+    bad = tmp_path / "bad.json"
+    for text, message in [("{", "not valid JSON"), ('{"arch": ["sm_90a"]}', "unknown keys"),
+                          ('{"families": {"kbit": [4]}}', "spec object")]:
+        bad.write_text(text)
+        rc, _, err = cli("prewarm", "--profile", bad)
+        assert rc == 2 and message in err, err
+    rc, _, err = cli("prewarm", "--profile", tmp_path / "absent.json")
+    assert rc == 2 and "cannot read" in err
+
+
+def test_prewarm_reports_compile_failures(cache_dir, cli, templates_copy):
+    tpl = templates_copy / "kbit" / "quantize.cu.jinja"
+    tpl.write_text(tpl.read_text() + '\n#error "deliberately broken for the test"\n')
+    rc, out, err = cli("prewarm", *PREWARM_ARGS, "-j", "1")
+    assert rc == 1
+    assert f"{N - 1} compiled, 0 already cached, 1 failed" in out
+    assert "FAILED KbitQuantizeConfig(arch=sm_90a, bits=2, dtype=float16)" in err
+    assert "deliberately broken" in err  # the NVRTC log's first lines
