@@ -27,7 +27,7 @@ from kernelgen.core.cache import DiskCache, Entry
 from kernelgen.core.jit import default_cache
 
 from . import UsageError, entries
-from .table import human_bytes, print_json
+from .table import err, human_bytes, print_json
 from .values import parse_size
 
 
@@ -36,30 +36,32 @@ def _describe(e: Entry) -> str:
             f"({entries.fields_text(e.config_dict())}) {entries.arch(e)}")
 
 
-def report(cache: DiskCache, removed: Iterable[tuple[Entry, int]], dry_run: bool, json_out: bool,
-           what: str) -> int:
+def report(cache: DiskCache, removed: list[tuple[Entry, int]], dry_run: bool, json_out: bool,
+           what: str) -> None:
     """Print what was (or would be) removed and the bytes freed."""
-    removed = list(removed)
     freed = sum(n for _, n in removed)
     verb = "would remove" if dry_run else "removed"
     if json_out:
         print_json({"dry_run": dry_run, "removed": [{"key": e.key, "path": str(e.path), "bytes": n}
                                                     for e, n in removed],
                     "freed_bytes": freed, "remaining_bytes": cache.total_bytes()})
-        return 0
+        return
     for e, n in removed:
         print(f"{verb}  {_describe(e)}  {human_bytes(n)}")
     print(f"{what}: {verb} {len(removed)} entries, {human_bytes(freed)}"
           f"{'' if dry_run else ' freed'}; writable layer holds {human_bytes(cache.total_bytes())}")
-    return 0
 
 
 def remove(cache: DiskCache, victims: Iterable[Entry], dry_run: bool) -> list[tuple[Entry, int]]:
+    """Remove entries of the writable layer; (entry, bytes) of those gone (all, on a dry run)."""
     out = []
     for e in victims:
         n = e.disk_bytes
         if not dry_run:
             cache.remove(e)
+            if e.path.exists():  # the cache swallows OSError (permissions, busy filesystem)
+                err(f"kernelgen: could not remove {e.path}")
+                continue
         out.append((e, n))
     return out
 
@@ -68,7 +70,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     cache = default_cache()
     total = sum(1 for _ in cache.entries())
     bad = cache.verify(fix=args.fix)
-    fixed = [args.fix and not e.readonly for e, _ in bad]
+    fixed = [args.fix and not e.readonly and not e.path.exists() for e, _ in bad]
     if args.json:
         print_json({"entries": total, "bad": [{"key": e.key, "path": str(e.path), "problem": p,
                                               "removed": f} for (e, p), f in zip(bad, fixed, strict=True)]})
@@ -84,16 +86,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     cache = default_cache()
     flt = entries.make_filter(args, cache)
-    removed = []
+    removed, victims = [], []
     if not flt.empty:
-        removed = remove(cache, entries.select(cache, flt, include_readonly=False), args.dry_run)
+        victims = list(entries.select(cache, flt, include_readonly=False))
+        removed = remove(cache, victims, args.dry_run)
     if args.max_bytes is not None or flt.empty:
         cap = parse_size(args.max_bytes) if args.max_bytes is not None else cache.max_bytes
         sizes = {e.key: e.disk_bytes for e in cache.entries(include_readonly=False)}
         gone = {e.key for e, _ in removed}  # a dry run's filter step left them in place
         removed += [(e, sizes.get(e.key, 0)) for e in cache.gc(cap, dry_run=args.dry_run)
                     if e.key not in gone]
-    return report(cache, removed, args.dry_run, args.json, "gc")
+    report(cache, removed, args.dry_run, args.json, "gc")
+    return 1 if len(removed) < len(victims) else 0  # some could not be removed
 
 
 def cmd_purge(args: argparse.Namespace) -> int:
@@ -118,7 +122,9 @@ def cmd_purge(args: argparse.Namespace) -> int:
     ro = sum(1 for e in entries.select(cache, flt) if e.readonly)
     if ro and not args.json:
         print(f"purge: {ro} matching entries are in read-only layers and stay", file=sys.stderr)
-    return report(cache, remove(cache, victims, args.dry_run), args.dry_run, args.json, "purge")
+    removed = remove(cache, victims, args.dry_run)
+    report(cache, removed, args.dry_run, args.json, "purge")
+    return 1 if len(removed) < len(victims) else 0  # some could not be removed
 
 
 def add_parsers(csub: argparse._SubParsersAction) -> None:

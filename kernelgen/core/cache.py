@@ -202,6 +202,7 @@ class DiskCache:
         """Remove an entry folder: rename aside first so no reader sees half of it."""
         trash = self._base(self.root) / "tmp" / f"trash-{path.name}-{os.getpid()}-{time.monotonic_ns()}"
         try:
+            trash.parent.mkdir(parents=True, exist_ok=True)  # a layer unpacked by hand has no tmp/
             os.rename(path, trash)
         except OSError:
             return

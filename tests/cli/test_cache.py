@@ -184,3 +184,19 @@ def test_gc_without_flags_applies_the_configured_cap(warm_cache, cli, monkeypatc
     monkeypatch.setenv("KERNELGEN_CACHE_MAX_BYTES", "1K")
     rc, out, _ = cli("cache", "gc")
     assert rc == 0 and f"removed {N} entries" in out and keys_in(warm_cache) == set()
+
+
+def test_removal_works_in_a_layer_without_tmp(warm_cache, cli):
+    """A layer unpacked by hand (entry folders only, no tmp/ or locks/) must still be fixable:
+    removal renames an entry into tmp/ first, so tmp/ has to be created on demand."""
+    import shutil
+
+    for sub in ("tmp", "locks"):
+        shutil.rmtree(warm_cache / "v1" / sub, ignore_errors=True)
+    key = sorted(keys_in(warm_cache))[0]
+    (warm_cache / "v1" / key[:2] / key / "kernel.cubin").write_bytes(b"garbage")
+    assert cli("cache", "verify", "--fix")[0] == 0
+    assert key not in keys_in(warm_cache) and cli("cache", "verify")[0] == 0
+    shutil.rmtree(warm_cache / "v1" / "tmp")
+    assert cli("cache", "purge", "--arch", "sm_80")[0] == 0
+    assert {r["arch"] for r in ls_json(cli)} == {"sm_90a"}
