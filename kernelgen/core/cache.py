@@ -159,6 +159,8 @@ class DiskCache:
             manifest = json.loads((path / MANIFEST).read_text())
         except (OSError, ValueError):
             return None
+        if not isinstance(manifest, dict):  # valid JSON, but not a manifest: corrupt
+            return None
         return Entry(path.name, path, manifest, readonly)
 
     def load(self, key: str) -> tuple[Entry, bytes] | None:

@@ -1,0 +1,147 @@
+"""KernelConfig: validation names the field, JSON is canonical, as_dict round-trips."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+from kernelgen.arch import ALL_ARCHS, ARCHS
+from kernelgen.core.config import KernelConfig, config_from_dict
+from kernelgen.core.registry import families
+from kernelgen.errors import UnsupportedConfigError
+from kernelgen.kbit.config import (
+    E4M4Config,
+    KbitDequantizeConfig,
+    KbitQuantizeConfig,
+    KbitRepackConfig,
+)
+
+PREWARM = list(families()["kbit"].prewarm_configs(["sm_90a"], {}))
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, field",
+    [
+        (E4M4Config, {"arch": "sm_75"}, "arch"),
+        (KbitQuantizeConfig, {"arch": "sm_90"}, "arch"),  # sm_90 is not sm_90a
+        (KbitQuantizeConfig, {"arch": "sm_90a", "bits": 1}, "bits"),
+        (KbitQuantizeConfig, {"arch": "sm_90a", "bits": 6}, "bits"),
+        (KbitDequantizeConfig, {"arch": "sm_80", "bits": 8}, "bits"),
+        (KbitRepackConfig, {"arch": "sm_80", "bits": 0}, "bits"),
+        (KbitQuantizeConfig, {"arch": "sm_90a", "dtype": "float64"}, "dtype"),
+        (KbitQuantizeConfig, {"arch": "sm_90a", "dtype": "int8"}, "dtype"),
+        (KbitDequantizeConfig, {"arch": "sm_90a", "dtype": "half"}, "dtype"),
+        (KbitDequantizeConfig, {"arch": "sm_90a", "absmax_dtype": "bfloat16"}, "absmax_dtype"),
+        (KbitRepackConfig, {"arch": "sm_90a", "tile_n": 96}, "tile_n"),
+        (KbitRepackConfig, {"arch": "sm_90a", "tile_k": 16}, "tile_k"),
+    ],
+)
+def test_validate_rejects_and_names_the_field(cls, kwargs, field):
+    with pytest.raises(UnsupportedConfigError) as exc:
+        cls(**kwargs)
+    msg = str(exc.value)
+    assert f"{field}=" in msg, f"{cls.__name__}({kwargs}): message does not name {field}: {msg}"
+    assert repr(kwargs[field]) in msg or str(kwargs[field]) in msg, (
+        f"{cls.__name__}({kwargs}): message does not give the value: {msg}")
+
+
+def test_validate_rejects_on_replace():
+    """A config cannot become invalid through replace(): validation runs on every construction."""
+    cfg = KbitQuantizeConfig(arch="sm_90a", bits=4)
+    with pytest.raises(UnsupportedConfigError, match="bits=7"):
+        cfg.replace(bits=7)
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+def test_valid_configs_construct(arch, bits):
+    cfg = KbitQuantizeConfig(arch=arch, bits=bits, dtype="bfloat16")
+    assert (cfg.arch, cfg.bits, cfg.dtype) == (arch, bits, "bfloat16"), cfg
+
+
+@pytest.mark.parametrize("cfg", PREWARM, ids=lambda c: c.short())
+def test_to_json_canonical(cfg):
+    twin = type(cfg)(**{k: v for k, v in cfg.as_dict().items() if k not in ("family", "kind")})
+    assert twin == cfg and twin is not cfg
+    assert twin.to_json() == cfg.to_json(), cfg
+    text = cfg.to_json()
+    assert " " not in text and "\n" not in text, f"{cfg}: not compact: {text}"
+    keys = list(json.loads(text))
+    assert keys == sorted(keys), f"{cfg}: keys not sorted: {keys}"
+    assert json.loads(text) == cfg.as_dict(), cfg
+
+
+def test_to_json_distinguishes_configs():
+    texts = [c.to_json() for c in PREWARM]
+    assert len(set(texts)) == len(texts) == len(set(PREWARM)), "two prewarm configs share a JSON"
+
+
+def test_to_json_names_kind_and_family():
+    # Two classes with the same fields must not collide (E4M4Config has only `arch`).
+    d = json.loads(E4M4Config(arch="sm_80").to_json())
+    assert d == {"arch": "sm_80", "family": "kbit", "kind": "E4M4Config"}
+
+
+@pytest.mark.parametrize("cfg", PREWARM, ids=lambda c: c.short())
+def test_config_from_dict_round_trip(cfg):
+    back = config_from_dict(cfg.as_dict())
+    assert back == cfg and type(back) is type(cfg), f"{cfg} -> {back}"
+    assert back.to_json() == cfg.to_json(), cfg
+    # and through JSON text, as the cache CLI reads manifests
+    assert config_from_dict(json.loads(cfg.to_json())) == cfg, cfg
+
+
+def test_config_from_dict_unknown_kind():
+    with pytest.raises(UnsupportedConfigError, match="NoSuchConfig"):
+        config_from_dict({"family": "kbit", "kind": "NoSuchConfig", "arch": "sm_90a"})
+
+
+def test_config_from_dict_validates():
+    d = KbitQuantizeConfig(arch="sm_90a").as_dict() | {"bits": 9}
+    with pytest.raises(UnsupportedConfigError, match="bits=9"):
+        config_from_dict(d)
+
+
+@dataclass(frozen=True)
+class _SmemConfig(KernelConfig):
+    """Test-only family: asks for `smem` bytes of dynamic shared memory."""
+
+    family: ClassVar[str] = "test"
+    template: ClassVar[str] = "test/none.cu.jinja"
+    smem: int = 0
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("k",)
+
+    def smem_bytes(self) -> int:
+        return self.smem
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+def test_smem_limit(arch):
+    limit = ARCHS[arch].smem_optin
+    ok = _SmemConfig(arch=arch, smem=limit)  # exactly the limit is allowed
+    assert ok.smem_bytes() == limit
+    with pytest.raises(UnsupportedConfigError) as exc:
+        _SmemConfig(arch=arch, smem=limit + 1)
+    msg = str(exc.value)
+    assert str(limit + 1) in msg and str(limit) in msg and arch in msg, f"{arch}: {msg}"
+
+
+def test_smem_limit_is_per_arch():
+    # 128 KiB fits sm_90a (227 KiB) but not sm_120a (99 KiB)
+    _SmemConfig(arch="sm_90a", smem=128 * 1024)
+    with pytest.raises(UnsupportedConfigError, match="sm_120a"):
+        _SmemConfig(arch="sm_120a", smem=128 * 1024)
+
+
+@pytest.mark.parametrize("cfg", PREWARM, ids=lambda c: c.short())
+def test_short_names_every_field(cfg):
+    s = cfg.short()
+    assert s.startswith(type(cfg).__name__ + "("), s
+    for k, v in cfg.as_dict().items():
+        if k not in ("family", "kind"):
+            assert f"{k}={v}" in s, f"{cfg}: short() lacks {k}: {s}"
