@@ -68,7 +68,8 @@ def check_compile() -> Check:
     out = compile_cubin(cfg, render(cfg))
     regs = resource_summary(out.log)["registers"]
     return Check("test compile", True, f"{cfg.short()}: {time.perf_counter() - t0:.2f}s, "
-                                       f"{human_bytes(len(out.cubin))} cubin, {regs} registers")
+                                       f"{human_bytes(len(out.cubin))} cubin, "
+                                       f"{regs if regs is not None else 'no ptxas report'} registers")
 
 
 def check_gpu() -> Check:

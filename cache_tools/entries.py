@@ -69,7 +69,7 @@ def table_row(r: dict[str, Any], now: float) -> list[Any]:
     secs = r["compile_seconds"]
     return [
         r["key"][:12], r["family"], r["kind"], fields_text(r["config"]), r["arch"],
-        human_bytes(r["cubin_size"]), r["registers"], r["spill_bytes"],
+        human_bytes(r["cubin_size"]), _or_dash(r["registers"]), _or_dash(r["spill_bytes"]),
         "-" if secs is None else f"{secs:.2f}s", human_age(r["last_used"], now), r["layer"],
     ]
 
@@ -166,3 +166,8 @@ def make_filter(args: argparse.Namespace, cache: DiskCache, **extra: Any) -> Fil
     )
     check_names(cache, flt, families(), ALL_ARCHS)
     return flt
+
+
+def _or_dash(v: Any) -> Any:
+    """'-' where the ptxas report was missing (None), the value otherwise."""
+    return "-" if v is None else v

@@ -171,7 +171,7 @@ def missing(configs: Iterable[KernelConfig]) -> list[KernelConfig]:
     from kernelgen.core.jit import default_cache, key_parts
 
     cache = default_cache()
-    return [c for c in configs if cache.load(key_of(key_parts(c)[0])) is None]
+    return [c for c in configs if cache.load(key_of(key_parts(c)[0]), peek=True) is None]
 
 
 def run_check(plan: Plan, args: argparse.Namespace) -> int:

@@ -106,7 +106,7 @@ class DiskCache:
         self.readonly_roots = [Path(p) for p in (readonly if readonly is not None else knobs.readonly_cache_dirs())]
         self.max_bytes = knobs.cache_max_bytes() if max_bytes is None else max_bytes
         self._writable: bool | None = None
-        self._warned = False
+        self._warned: set[str] = set()
         self._touched: set[str] = set()
         self._since_gc = 0
 
@@ -145,12 +145,13 @@ class DiskCache:
                 self._writable = False
                 self._warn(f"cache directory {self.root} is not writable ({e}); kernels will be "
                            f"compiled and kept in memory only. Set KERNELGEN_CACHE_DIR to a "
-                           f"writable folder to keep them across runs.")
+                           f"writable folder to keep them across runs.", "unwritable")
         return self._writable
 
-    def _warn(self, msg: str) -> None:
-        if not self._warned:
-            self._warned = True
+    def _warn(self, msg: str, kind: str) -> None:
+        """Warn once per kind of trouble (unwritable, write failed, corrupt read-only entry)."""
+        if kind not in self._warned:
+            self._warned.add(kind)
             warnings.warn(f"kernelgen: {msg}", RuntimeWarning, stacklevel=3)
 
     # -- read --------------------------------------------------------------------------------
@@ -163,11 +164,12 @@ class DiskCache:
             return None
         return Entry(path.name, path, manifest, readonly)
 
-    def load(self, key: str) -> tuple[Entry, bytes] | None:
+    def load(self, key: str, *, peek: bool = False) -> tuple[Entry, bytes] | None:
         """Find `key` in the layers, verify size and sha256, return the entry and the cubin.
 
         A corrupt or partial entry in the writable layer is removed (and so rebuilt by the
-        caller); one in a read-only layer is skipped with a warning.
+        caller); one in a read-only layer is skipped with a warning. `peek`: change nothing
+        (no last-used update, no removal) — for `explain` and `prewarm --check`.
         """
         for root, ro in self.layers():
             path = self.entry_path(key, root)
@@ -187,11 +189,11 @@ class DiskCache:
                 or hashlib.sha256(cubin).hexdigest() != entry.manifest.get("cubin_sha256")
             ):
                 if ro:
-                    self._warn(f"corrupt entry {path} in read-only layer skipped")
-                else:
+                    self._warn(f"corrupt entry {path} in read-only layer skipped", "ro-corrupt")
+                elif not peek:
                     self._discard(path)
                 continue
-            if not ro and key not in self._touched:
+            if not ro and not peek and key not in self._touched:
                 self._touched.add(key)
                 try:  # last-used time for LRU eviction: the folder's mtime, once per process
                     os.utime(path)
@@ -247,7 +249,7 @@ class DiskCache:
                 # Lost a race to another writer of the same key: theirs is as good as ours.
             _fsync_dir(final.parent)
         except OSError as e:
-            self._warn(f"could not write to cache {self.root} ({e}); continuing from memory")
+            self._warn(f"could not write to cache {self.root} ({e}); continuing from memory", "write")
             return None
         finally:
             if tmp is not None:
@@ -408,7 +410,7 @@ def _fsync_dir(path: Path) -> None:
 def describe_miss(cache: DiskCache, parts: dict) -> list[str]:
     """Why `parts` misses: compare with entries of the same config that do exist."""
     key = key_of(parts)
-    if cache.load(key) is not None:
+    if cache.load(key, peek=True) is not None:
         return [f"hit: {key}"]
     reasons = []
     same_cfg = [e for e in cache.entries() if e.config_dict() == parts["config"]]

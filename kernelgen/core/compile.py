@@ -73,11 +73,17 @@ _RESOURCE = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-def resource_summary(log: str) -> dict[str, int]:
-    """Registers and spill bytes (max over kernels) from the ptxas -v report."""
+def resource_summary(log: str) -> dict[str, int | None]:
+    """Registers and spill bytes (max over kernels) from the ptxas -v report.
+
+    None when the log holds no report: NVRTC 13.0 was seen to drop it, and "no report" must
+    not read as "no spills".
+    """
     regs = [int(m) for m in _RESOURCE.findall(log)]
     spills = [int(a) + int(b) for a, b in _SPILL.findall(log)]
-    return {"registers": max(regs, default=0), "spill_bytes": max(spills, default=0)}
+    if not regs:
+        return {"registers": None, "spill_bytes": None}
+    return {"registers": max(regs), "spill_bytes": max(spills, default=0)}
 
 
 def compile_cubin(config: KernelConfig, rendered: Rendered) -> Compiled:

@@ -148,4 +148,4 @@ def test_resource_summary_parse():
         "ptxas info    : Used 255 registers, used 0 barriers\n"
     )
     assert resource_summary(log) == {"registers": 255, "spill_bytes": 32}
-    assert resource_summary("") == {"registers": 0, "spill_bytes": 0}
+    assert resource_summary("") == {"registers": None, "spill_bytes": None}

@@ -30,9 +30,9 @@ def test_compiles_without_spills(cfg):
     out = compile_cubin(cfg, render(cfg))
     assert out.cubin[:4] == b"\x7fELF", f"{cfg}: not an ELF cubin"
     res = resource_summary(out.log)
-    assert res["spill_bytes"] == 0, f"{cfg}: spills {res}\n{out.log}"
     # no report is not "no spills": NVRTC 13.0 was seen to drop the ptxas -v log
-    assert res["registers"] > 0, f"{cfg}: no ptxas report from NVRTC {nvrtc_version()}\n{out.log}"
+    assert res["registers"], f"{cfg}: no ptxas report from NVRTC {nvrtc_version()}\n{out.log}"
+    assert res["spill_bytes"] == 0, f"{cfg}: spills {res}\n{out.log}"
     assert f"for '{cfg.arch}'" in out.log, f"{cfg}: compiled for another arch\n{out.log}"
     for sym in cfg.symbols():
         assert f"entry function '{sym}'" in out.log, f"{cfg}: {sym} missing\n{out.log}"
