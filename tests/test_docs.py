@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from kernelgen import knobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,3 +20,16 @@ def test_ci_runs_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     cmd = 'pip install -e ".[test]" && python -m pytest -q'
     assert cmd in readme and cmd in ci
+
+
+def test_every_package_is_packaged():
+    """pyproject lists packages explicitly: a new family folder must be added there too."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for top in ("kernelgen", "cache_tools")
+        for p in (ROOT / top).rglob("__init__.py")
+    }
+    assert found <= listed, f"add to pyproject [tool.setuptools] packages: {sorted(found - listed)}"
