@@ -1,7 +1,7 @@
 """Benchmark of issue 2 §7: compile and cache timings, host overhead, quantize / dequantize
 throughput against the device-copy bandwidth of the same run.
 
-    python examples/bench_kbit_format.py [--elements 67108864] [--json out.json]
+    python examples/bench_kbit_format.py [--elements 67108864] [--json out.json] [--only throughput]
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--elements", type=int, default=1 << 26)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", choices=("compile", "host", "throughput"), default=None,
+                    help="run one section (1. compile/cache, 2. host overhead, 3. throughput)")
     args = ap.parse_args()
 
     import cupy
@@ -59,81 +61,90 @@ def main() -> None:
     os.environ["KERNELGEN_CACHE_DIR"] = cache_dir
 
     # 1. cold compile per kernel, then a warm disk hit (load from disk + cuModuleLoad)
-    cold, warm = {}, {}
-    for bits in (2, 3, 4, 5):
-        for cfg in (KbitQuantizeConfig(arch=dev.arch.name, bits=bits, dtype="float16"),
-                    KbitDequantizeConfig(arch=dev.arch.name, bits=bits, dtype="float16")):
-            t = time.perf_counter()
-            jit.get_kernel(cfg, dev.index)
-            cold[cfg.short()] = time.perf_counter() - t
-            jit.clear_memory_cache()
-            t = time.perf_counter()
-            jit.get_kernel(cfg, dev.index)
-            warm[cfg.short()] = time.perf_counter() - t
-    res["cold_compile_s"] = cold
-    res["warm_disk_hit_s"] = warm
-    res["fresh_process"] = fresh_process_first_call(cache_dir)
+    if args.only in (None, "compile"):
+        cold, warm = {}, {}
+        for bits in (2, 3, 4, 5):
+            for cfg in (KbitQuantizeConfig(arch=dev.arch.name, bits=bits, dtype="float16"),
+                        KbitDequantizeConfig(arch=dev.arch.name, bits=bits, dtype="float16")):
+                t = time.perf_counter()
+                jit.get_kernel(cfg, dev.index)
+                cold[cfg.short()] = time.perf_counter() - t
+                jit.clear_memory_cache()
+                t = time.perf_counter()
+                jit.get_kernel(cfg, dev.index)
+                warm[cfg.short()] = time.perf_counter() - t
+        res["cold_compile_s"] = cold
+        res["warm_disk_hit_s"] = warm
+        res["fresh_process"] = fresh_process_first_call(cache_dir)
 
     # 2. host overhead per call: kbit dequantize of one block vs a bare RawKernel launch
-    x = cupy.random.standard_normal(32, dtype=cupy.float32).astype(cupy.float16)
-    q = kg.quantize_kbit(x, 4)
-    out = cupy.empty(32, cupy.float16)
-    raw = cupy.RawKernel(r'''extern "C" __global__ void k(const unsigned* p, const unsigned char* a,
-        const float* c, unsigned short* o, long long n) { if (threadIdx.x == 0 && n < 0) o[0] = (unsigned short)c[0]; }''', "k")
-    args_raw = (q.packed, q.absmax, q.codebook, out, np.int64(32))
-    raw((1,), (256,), args_raw)
-    kg.dequantize_kbit(q, out=out)
-    cupy.cuda.Device().synchronize()
-    n_calls = 20000
+    if args.only in (None, "host"):
+        x = cupy.random.standard_normal(32, dtype=cupy.float32).astype(cupy.float16)
+        q = kg.quantize_kbit(x, 4)
+        out = cupy.empty(32, cupy.float16)
+        raw = cupy.RawKernel(r'''extern "C" __global__ void k(const unsigned* p, const unsigned char* a,
+            const float* c, unsigned short* o, long long n) { if (threadIdx.x == 0 && n < 0) o[0] = (unsigned short)c[0]; }''', "k")
+        args_raw = (q.packed, q.absmax, q.codebook, out, np.int64(32))
+        raw((1,), (256,), args_raw)
+        kg.dequantize_kbit(q, out=out)
+        cupy.cuda.Device().synchronize()
+        n_calls = 20000
 
-    def host_time(f):
-        best = 1e9
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(n_calls):
-                f()
-            best = min(best, (time.perf_counter() - t) / n_calls)
-            cupy.cuda.Device().synchronize()
-        return best
+        def host_time(f):
+            best = 1e9
+            for _ in range(5):
+                t = time.perf_counter()
+                for _ in range(n_calls):
+                    f()
+                best = min(best, (time.perf_counter() - t) / n_calls)
+                cupy.cuda.Device().synchronize()
+            return best
 
-    t_raw = host_time(lambda: raw((1,), (256,), args_raw))
-    t_kg = host_time(lambda: kg.dequantize_kbit(q, out=out))
-    t_kg_alloc = host_time(lambda: kg.dequantize_kbit(q))
-    res["host_overhead_us"] = {"cupy_rawkernel": t_raw * 1e6, "dequantize_out": t_kg * 1e6,
-                               "dequantize_alloc": t_kg_alloc * 1e6, "ratio_out": t_kg / t_raw}
+        t_raw = host_time(lambda: raw((1,), (256,), args_raw))
+        t_kg = host_time(lambda: kg.dequantize_kbit(q, out=out))
+        t_kg_alloc = host_time(lambda: kg.dequantize_kbit(q))
+        res["host_overhead_us"] = {"cupy_rawkernel": t_raw * 1e6, "dequantize_out": t_kg * 1e6,
+                                   "dequantize_alloc": t_kg_alloc * 1e6, "ratio_out": t_kg / t_raw}
 
     # 3. throughput at >= 64M elements, inputs rotated past L2
-    bw = copy_bandwidth()
-    res["copy_GBps"] = bw / 1e9
-    n = args.elements
-    thr = {}
-    for dtype in ("float16", "bfloat16", "float32"):
-        esize = 4 if dtype == "float32" else 2
-        for bits in (2, 3, 4, 5):
-            def make_x():
-                v = cupy.random.standard_normal(n, dtype=cupy.float32)
-                if dtype == "float16":
-                    return v.astype(cupy.float16)
-                if dtype == "bfloat16":
-                    return (v.view(cupy.uint32) >> 16).astype(cupy.uint16)
-                return v
-            xs = rotation(make_x, n * esize, dev.l2_bytes, factor=2)  # each is >= 128 MB already
-            hint = "bfloat16" if dtype == "bfloat16" else None
-            qs = [kg.quantize_kbit(xi, bits, dtype=hint) for xi in xs]
-            t_q = time_gpu(lambda i: kg.quantize_kbit(xs[i % len(xs)], bits, dtype=hint), iters=10)
-            outs = [cupy.empty(n, cupy.float32 if dtype == "float32" else cupy.uint16 if dtype == "bfloat16" else cupy.float16) for _ in qs]
-            t_d = time_gpu(lambda i: kg.dequantize_kbit(qs[i % len(qs)], dtype, out=outs[i % len(outs)]), iters=10)
-            nb = n // 32
-            q_bytes = n * esize + nb * bits * 4 + nb * 5  # x in; planes, fp32 + e4m4 scales out
-            d_bytes = nb * bits * 4 + nb + n * esize  # planes + e4m4 in; values out
-            thr[f"{dtype}/k{bits}"] = {
-                "quantize_us": t_q * 1e6, "quantize_frac_copy": q_bytes / t_q / bw,
-                "dequantize_us": t_d * 1e6, "dequantize_frac_copy": d_bytes / t_d / bw,
-            }
-            del xs, qs, outs
-    res["throughput"] = thr
+    if args.only in (None, "throughput"):
+        bw = copy_bandwidth()
+        res["copy_GBps"] = bw / 1e9
+        n = args.elements
+        thr = {}
+        for dtype in ("float16", "bfloat16", "float32"):
+            esize = 4 if dtype == "float32" else 2
+            for bits in (2, 3, 4, 5):
+                def make_x():
+                    v = cupy.random.standard_normal(n, dtype=cupy.float32)
+                    if dtype == "float16":
+                        return v.astype(cupy.float16)
+                    if dtype == "bfloat16":
+                        return (v.view(cupy.uint32) >> 16).astype(cupy.uint16)
+                    return v
+                xs = rotation(make_x, n * esize, dev.l2_bytes, factor=2)  # each is >= 128 MB already
+                hint = "bfloat16" if dtype == "bfloat16" else None
+                qs = [kg.quantize_kbit(xi, bits, dtype=hint) for xi in xs]
+                t_q = time_gpu(lambda i: kg.quantize_kbit(xs[i % len(xs)], bits, dtype=hint), iters=10)
+                outs = [cupy.empty(n, cupy.float32 if dtype == "float32" else cupy.uint16 if dtype == "bfloat16" else cupy.float16) for _ in qs]
+                t_d = time_gpu(lambda i: kg.dequantize_kbit(qs[i % len(qs)], dtype, out=outs[i % len(outs)]), iters=10)
+                nb = n // 32
+                q_bytes = n * esize + nb * bits * 4 + nb * 5  # x in; planes, fp32 + e4m4 scales out
+                d_bytes = nb * bits * 4 + nb + n * esize  # planes + e4m4 in; values out
+                thr[f"{dtype}/k{bits}"] = {
+                    "quantize_us": t_q * 1e6, "quantize_frac_copy": q_bytes / t_q / bw,
+                    "dequantize_us": t_d * 1e6, "dequantize_frac_copy": d_bytes / t_d / bw,
+                }
+                del xs, qs, outs
+        res["throughput"] = thr
     text = json.dumps(res, indent=1)
     print(text)
+    if "throughput" in res:  # short table last: us and fraction of the copy bandwidth
+        print(f"copy {res['copy_GBps']:.0f} GB/s; n={args.elements}")
+        print(f"{'dtype/bits':14s} {'quant us':>9s} {'frac':>5s} {'dequant us':>10s} {'frac':>5s}")
+        for k, v in res["throughput"].items():
+            print(f"{k:14s} {v['quantize_us']:9.1f} {v['quantize_frac_copy']:5.2f} "
+                  f"{v['dequantize_us']:10.1f} {v['dequantize_frac_copy']:5.2f}")
     if args.json:
         with open(args.json, "w") as f:
             f.write(text)

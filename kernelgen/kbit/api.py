@@ -146,7 +146,7 @@ def quantize_kbit(x: Any, bits: int = 4, *, codebook: Any = None, dtype: str | N
     amax8, amax8_v = ctx.empty((nb,), "uint8")
     cfg = _quantize_config(device_info(ctx.device).arch.name, bits, dt)
     fn = get_kernel(cfg, ctx.device).fn("kbit_quantize")
-    n_warps = -(-nb // (32 // bits))
+    n_warps = min(-(-nb // 8), device_info(ctx.device).sm_count * 48)  # grid-stride, 6 CTAs/SM
     cb_v, _ = device_array(cb, "codebook", ctx, ("float32",))
     fn(_grid(n_warps), (THREADS, 1, 1), (xa, cb_v, packed_v, amax_v, amax8_v, np.int64(n)),
        stream=ctx.stream)
@@ -183,7 +183,7 @@ def dequantize_kbit(q: KbitTensor, dtype: str | None = None, *, absmax: Any = No
             raise ValueError(f"out: has {out_v.size} elements, q has {q.numel}")
     cfg = _dequantize_config(device_info(ctx.device).arch.name, q.bits, dtype, _ABSMAX_OF_STORAGE[sdt])
     fn = get_kernel(cfg, ctx.device).fn("kbit_dequantize")
-    n_warps = -(-q.n_blocks // (32 // q.bits))
+    n_warps = -(-q.n_blocks // 8)  # 8 blocks per warp step; one step per warp (full grid)
     fn(_grid(n_warps), (THREADS, 1, 1),
        (packed, sa, cb, out_v, np.int64(q.numel)), stream=ctx.stream)
     return out

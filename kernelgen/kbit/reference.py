@@ -103,8 +103,12 @@ def quantize(x: np.ndarray, bits: int, codebook: np.ndarray, dtype: str | None =
     blocks[:n] = v
     blocks = blocks.reshape(nb, BLOCK)
     amax = np.fmax.reduce(np.abs(blocks), axis=1).astype(np.float32)  # NaN-dropping like fmaxf
-    with np.errstate(invalid="ignore", divide="ignore"):
-        q = blocks / np.fmax(amax, np.float32(1e-8))[:, None]
+    # Normalized value: one fp32 reciprocal per block (round to nearest), then one fp32 multiply
+    # per element (round to nearest): q = RN(x * RN(1 / max(amax, 1e-8))). Within 1 ulp of
+    # x / amax; the index is the count of midpoints strictly below q (ties low, NaN -> 0).
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        recip = (np.float32(1.0) / np.fmax(amax, np.float32(1e-8))).astype(np.float32)
+        q = (blocks * recip[:, None]).astype(np.float32)
     idx = np.searchsorted(midpoints(codebook), q, side="left").astype(np.uint32)
     idx[np.isnan(q)] = 0
     lanes = np.arange(BLOCK, dtype=np.uint64)

@@ -13,6 +13,14 @@ __device__ __forceinline__ float e4m4_decode(uint32_t raw) {
   return __uint_as_float(((e - 11u + 127u) << 23) | (m << 19));  // build the IEEE bits
 }
 
+// Same values as e4m4_decode without a branch: for e == 0 build 2^-10 * (1 + m/16) and subtract
+// 2^-10 (exact: the difference m * 2^-14 is representable).
+__device__ __forceinline__ float e4m4_decode_nobranch(uint32_t raw) {
+  const uint32_t e = (raw >> 4) & 0xF, m = raw & 0xF;
+  const float v = __uint_as_float(((max(e, 1u) + 116u) << 23) | (m << 19));
+  return e ? v : __fsub_rn(v, 0.0009765625f);
+}
+
 __device__ __forceinline__ uint8_t e4m4_encode(float x) {
   if (!(x > 0.0f)) return 0;        // zero, negative, NaN
   if (x >= 31.0f) return 0xFF;      // saturate (also +Inf)
@@ -26,6 +34,17 @@ __device__ __forceinline__ uint8_t e4m4_encode(float x) {
     return r > 0xFFu ? 0xFF : (uint8_t)r;
   }
   return (uint8_t)rintf(x * 16384.0f);  // subnormal: exact scale, rintf is RNE; 16 -> 0x10 ok
+}
+
+// Same bytes as e4m4_encode, without branches (both paths computed, then selected).
+__device__ __forceinline__ uint32_t e4m4_encode_nobranch(float x) {
+  const uint32_t b = __float_as_uint(x);
+  const uint32_t v = b - (116u << 23);  // (e << 23) | mantissa for e = exponent - 127 + 11 >= 1
+  const uint32_t rn = min((v + 0x3FFFFu + ((v >> 19) & 1u)) >> 19, 0xFFu);
+  // Subnormal (x < 2^-10): rint(x * 2^14) < 16, rounded to nearest even by adding 1.5 * 2^23.
+  const uint32_t rs = __float_as_uint(__fmaf_rn(x, 16384.0f, 12582912.0f)) - 0x4B400000u;
+  const uint32_t r = x >= 31.0f ? 0xFFu : (b >= 0x3A800000u ? rn : rs);
+  return x > 0.0f ? r : 0u;  // zero, negative, NaN -> 0
 }
 
 }  // namespace kg

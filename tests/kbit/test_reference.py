@@ -74,7 +74,8 @@ def test_indices_are_nearest(bits):
     cb = R.create_normal_float_codebook(bits)
     packed, amax, _ = R.quantize(x, bits, cb)
     idx = R.unpack_indices(packed, bits).reshape(-1)
-    q = (x.reshape(-1, 32) / amax[:, None]).reshape(-1)
+    # The format's normalized value: RN(x * RN(1 / amax)) (within 1 ulp of x / amax).
+    q = (x.reshape(-1, 32) * (np.float32(1) / amax)[:, None]).reshape(-1)
     brute = np.argmin(np.abs(q[:, None] - cb[None, :]), axis=1)
     # Midpoint search and brute force agree except on exact ties (none for random data).
     np.testing.assert_array_equal(idx, brute)
