@@ -10,41 +10,6 @@
 
 namespace kg::kbit {
 
-template <int BITS> struct Fmt {
-  static_assert(BITS >= 2 && BITS <= 5, "kbit supports 2..5 bits");
-  static constexpr int LEVELS = 1 << BITS;
-  static constexpr int BPW = 32 / BITS;  // blocks whose BITS words fill one warp word-per-lane
-};
-
-// Nearest codebook index of v by binary search over the midpoints of the sorted codebook.
-// `mid` holds midpoint[lane] = (cb[lane] + cb[lane+1]) / 2 in fp32 (lanes < LEVELS-1).
-// Result = number of midpoints strictly below v (ties go to the lower index; NaN -> 0).
-template <int BITS>
-__device__ __forceinline__ uint32_t nearest_index(float v, float mid) {
-  uint32_t pos = 0;
-#pragma unroll
-  for (int s = 1 << (BITS - 1); s >= 1; s >>= 1) {
-    const float t = __shfl_sync(0xffffffffu, mid, pos + s - 1);
-    if (v > t) pos += s;
-  }
-  return pos;
-}
-
-// Bit b of every lane's index into one word (lane j -> bit j).
-template <int BITS>
-__device__ __forceinline__ void ballot_planes(uint32_t idx, uint32_t (&planes)[BITS]) {
-#pragma unroll
-  for (int b = 0; b < BITS; ++b) planes[b] = __ballot_sync(0xffffffffu, (idx >> b) & 1u);
-}
-
-template <int BITS>
-__device__ __forceinline__ uint32_t lane_index(const uint32_t (&planes)[BITS], int lane) {
-  uint32_t idx = 0;
-#pragma unroll
-  for (int b = 0; b < BITS; ++b) idx |= ((planes[b] >> lane) & 1u) << b;
-  return idx;
-}
-
 template <typename A> __device__ __forceinline__ float load_absmax(const A* p, long long i);
 template <> __device__ __forceinline__ float load_absmax<uint8_t>(const uint8_t* p, long long i) {
   return e4m4_decode(p[i]);
