@@ -92,7 +92,8 @@ def context_of(x: Any, name: str) -> Ctx:
         if not x.is_cuda:
             raise ValueError(f"{name}: a torch tensor on {x.device}; kernelgen needs a CUDA tensor")
         dev = x.device.index
-        handle = torch.cuda.current_stream(dev).cuda_stream
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # a handle, no Stream object
+        handle = raw(dev) if raw is not None else torch.cuda.current_stream(dev).cuda_stream
         stream = _streams.get(handle)
         if stream is None:
             with warnings.catch_warnings():  # ExternalStream is the handle-based form we need
