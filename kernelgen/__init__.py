@@ -24,10 +24,11 @@ from .kbit import (
     quantize_kbit,
     repack_kbit,
 )
+from .kbit_gemm import KbitLinear, gemm, quantize_weight
 
 __all__ = [
     "CacheError", "CacheLockTimeout", "CompileError", "DeviceError", "GraphCaptureError",
-    "JitDisabledError", "KbitTensor", "KernelgenError", "UnsupportedConfigError", "__version__",
-    "create_normal_float_codebook", "decode_e4m4", "dequantize_kbit", "encode_e4m4",
-    "quantize_kbit", "repack_kbit",
+    "JitDisabledError", "KbitLinear", "KbitTensor", "KernelgenError", "UnsupportedConfigError", "__version__",
+    "create_normal_float_codebook", "decode_e4m4", "dequantize_kbit", "encode_e4m4", "gemm",
+    "quantize_kbit", "quantize_weight", "repack_kbit",
 ]

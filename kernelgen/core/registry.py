@@ -42,4 +42,5 @@ def config_classes() -> dict[str, type[KernelConfig]]:
 
 def _load_builtin() -> None:
     # Importing a family package registers it. One line per family.
-    from .. import kbit  # noqa: F401
+    from .. import kbit  # noqa: F401, I001
+    from .. import kbit_gemm  # noqa: F401, I001

@@ -1,0 +1,143 @@
+"""Public kbit GEMM API: quantize a weight once, then C = A . W^T (+ bias). CuPy or torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..arch import device_info
+from ..core.interop import Ctx, context_of, device_array
+from ..core.jit import get_kernel
+from ..kbit.api import KbitTensor, dequantize_kbit, quantize_kbit
+from .config import BITS, DTYPES, TILE_ROWS
+from .select import check_shape, plan_gemv, select_gemv
+
+
+@dataclass(frozen=True)
+class KbitLinear:
+    """A weight W [N, K] quantized for `gemm`: the flat kbit layout, as quantize_kbit makes it
+    (no repack: row n is K/32 consecutive blocks, which the GEMV streams as it is).
+
+    Call it like a layer: `lin(A, bias=None, out=None)` is `gemm(A, lin, bias, out=out)`.
+    """
+
+    q: KbitTensor
+    n: int
+    k: int
+
+    @property
+    def bits(self) -> int:
+        return self.q.bits
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.k)
+
+    @classmethod
+    def from_kbit(cls, q: KbitTensor) -> KbitLinear:
+        """Wrap an already quantized 2-D weight (checks the GEMM's shape rule)."""
+        if not isinstance(q, KbitTensor):
+            raise ValueError(f"q: expected a KbitTensor from quantize_kbit, got {type(q).__name__}")
+        if len(q.shape) != 2:
+            raise ValueError(f"q: the kbit GEMM needs a 2-D weight [N, K], got shape {q.shape}")
+        check_shape(*q.shape, name="q")
+        return cls(q, int(q.shape[0]), int(q.shape[1]))
+
+    def dequantize(self, dtype: str | None = None) -> Any:
+        return dequantize_kbit(self.q, dtype)
+
+    def __call__(self, A: Any, bias: Any = None, *, out: Any = None, dtype: str | None = None) -> Any:
+        return gemm(A, self, bias, out=out, dtype=dtype)
+
+
+def quantize_weight(w: Any, bits: int = 4, *, codebook: Any = None, dtype: str | None = None) -> KbitLinear:
+    """Quantize a weight W [N, K] (fp16 / bf16 / fp32, CuPy or torch) once for `gemm`.
+
+    K must be a multiple of 128. `codebook` and `dtype` as in quantize_kbit (CuPy bf16: a uint16
+    array with dtype="bfloat16").
+    """
+    if bits not in BITS:
+        raise ValueError(f"bits={bits!r}: kbit supports bits in 2..5")
+    shape = tuple(getattr(w, "shape", ()))
+    if len(shape) != 2:
+        raise ValueError(f"w: the kbit GEMM needs a 2-D weight [N, K], got shape {shape}")
+    check_shape(int(shape[0]), int(shape[1]), name="w")
+    return KbitLinear(quantize_kbit(w, bits, codebook=codebook, dtype=dtype), int(shape[0]), int(shape[1]))
+
+
+# (device, stream handle) -> (fp32 workspace, u32 counters): split-K scratch, reused in stream
+# order; the counters are zero between launches (the kernel resets the ones it used).
+_scratch: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def _split_scratch(ctx: Ctx, ws_elems: int, n_counters: int) -> tuple[Any, Any]:
+    import cupy
+
+    key = (ctx.device, int(ctx.stream.ptr))
+    cur = _scratch.get(key)
+    if cur is not None and cur[0].size >= ws_elems and cur[1].size >= n_counters:
+        return cur
+    with cupy.cuda.Device(ctx.device), ctx.stream:
+        ws_size = max(ws_elems, cur[0].size if cur is not None else 0)
+        cnt_size = max(n_counters, cur[1].size if cur is not None else 0)
+        cur = (cupy.empty(ws_size, cupy.float32), cupy.zeros(cnt_size, cupy.uint32))
+    _scratch[key] = cur
+    return cur
+
+
+def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str | None = None,
+         split_k: int | None = None) -> Any:
+    """C = A . W^T (+ bias): A [..., K] fp16 / bf16 (contiguous, 16-byte aligned), W a KbitLinear
+    [N, K], bias [N] and C [..., N] in A's dtype; fp32 accumulation, C rounded to nearest.
+
+    `out` receives C (A's dtype, shape [..., N], contiguous). `dtype="bfloat16"` marks CuPy
+    uint16 data as bf16. `split_k` forces the number of K splits (None: the selector's choice).
+    Runs on the caller's current stream; results come back as the caller's array kind.
+    """
+    if not isinstance(W, KbitLinear):
+        raise ValueError(f"W: expected a KbitLinear from quantize_weight, got {type(W).__name__}")
+    ctx = context_of(A, "A")
+    a, dt = device_array(A, "A", ctx, DTYPES, hint=dtype)
+    if a.ndim < 2:
+        raise ValueError(f"A: expected [M, K] (or [..., K]), got shape {tuple(a.shape)}")
+    k, n = int(a.shape[-1]), W.n
+    if k != W.k:
+        raise ValueError(f"A: K={k} does not match the weight's K={W.k} (W is [{W.n}, {W.k}])")
+    if a.data.ptr % 16:
+        raise ValueError("A: data pointer must be 16-byte aligned (a fresh or sliced-by-rows "
+                         "array of K % 128 == 0 columns is)")
+    m = int(a.size // k)
+    out_shape = tuple(int(s) for s in a.shape[:-1]) + (n,)
+    packed, absmax, cb = W.q._views(ctx)
+    if bias is not None:
+        b, _ = device_array(bias, "bias", ctx, (dt,), hint=dt, ndim=1)
+        if b.shape[0] != n:
+            raise ValueError(f"bias: has {b.shape[0]} elements, W has N={n} rows")
+    else:
+        b = a
+    if out is None:
+        out, c = ctx.empty(out_shape, dt)
+    else:
+        c, _ = device_array(out, "out", ctx, (dt,), hint=dt)
+        if tuple(c.shape) != out_shape:
+            raise ValueError(f"out: shape {tuple(c.shape)}; expected {out_shape} (A {tuple(a.shape)}, "
+                             f"W [{n}, {k}])")
+    if m == 0:
+        return out
+    info = device_info(ctx.device)
+    if split_k is None:
+        plan = select_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count)
+    else:
+        plan = plan_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count, int(split_k))
+    if plan.config.split_k:
+        ws, counters = _split_scratch(ctx, plan.split * m * n, plan.m_tiles * -(-n // TILE_ROWS))
+    else:
+        ws = counters = c
+    fn = get_kernel(plan.config, ctx.device).fn("kbit_gemv")
+    fn(plan.grid, plan.block,
+       (packed, absmax, cb, a, b, np.int32(bias is not None), c, ws, counters, np.int32(m),
+        np.int32(n), np.int32(k), np.int32(plan.gps)),
+       stream=ctx.stream, shared_mem=plan.smem)
+    return out

@@ -1,0 +1,185 @@
+"""Host-side selector of the kbit GEMM bandwidth path, as data plus one pure function.
+
+(arch, M, N, K, bits, dtype, SM count) -> GemvPlan: the kernel config (m_tile, warps, split_k
+flag) and the launch (K splits, grid, shared memory). No GPU work; memoised and printable
+(KERNELGEN_PRINT_CONFIGS=1) through `kernelgen.core.select.selector`. `prewarm_configs` walks the
+same function over the shapes of a spec, so prewarm builds exactly what dispatch can pick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..arch import get_arch
+from ..core.select import selector
+from ..errors import UnsupportedConfigError
+from .config import BITS, DTYPES, GROUP_K, LAUNCH, M_TILES, TILE_ROWS, KbitGemvConfig, lut_bytes
+
+# (largest M, m_tile): tokens a CTA pass covers. M above the last row runs ceil(M/16) passes
+# over grid.z (W is read once per pass) until the tensor-core path takes large M.
+M_TILE_TABLE: tuple[tuple[int, int], ...] = ((8, 8), (1 << 31, 16))
+# The grid is persistent (every CTA resident at once); a warp works through its 16-row tiles
+# one after the other, so the time is about rounds x (quad steps of a tile + overhead), with
+# rounds = ceil(work items / resident warps). The K split (grid.y) is the one that minimises it:
+# more splits give more, shorter items (better balance, more warps busy) but each item pays
+# exposed latency, and with split-K a fenced fp32 partial + counter (measured on H100 at M=1:
+# 14336x4096 fastest unsplit, 4096x14336 and 4096x4096 with 4 splits).
+ITEM_OVERHEAD_STEPS = 1.0
+SPLIT_ITEM_OVERHEAD_STEPS = 2.5
+# ... and a split keeps at least this many groups of 128 k (two quad steps of a warp).
+MIN_GROUPS_PER_SPLIT = 8
+# shared memory of an SM (bytes) that resident CTAs share, per target
+SMEM_PER_SM: dict[str, int] = {"sm_80": 164 * 1024, "sm_90a": 228 * 1024, "sm_100a": 228 * 1024,
+                               "sm_120a": 100 * 1024}
+# SM counts of the parts each target runs on, for prewarm of a spec with shapes (a spec's
+# "sm_counts" overrides): A100 / A10 / L40S / 4090; H100 SXM, H200 / H100 PCIe / H20;
+# B200; RTX 5090 / RTX PRO 6000 / 5080.
+SM_COUNTS: dict[str, tuple[int, ...]] = {
+    "sm_80": (108, 72, 142, 128),
+    "sm_90a": (132, 114, 78),
+    "sm_100a": (148,),
+    "sm_120a": (170, 188, 84),
+}
+
+
+@dataclass(frozen=True)
+class GemvPlan:
+    """One launch: config, K splits (grid.y), groups of 128 k per split, grid.x, grid.z, smem."""
+
+    config: KbitGemvConfig
+    split: int
+    gps: int
+    ctas: int
+    m_tiles: int
+    smem: int
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.ctas, self.split, self.m_tiles)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.config.warps * 32, 1, 1)
+
+    def short(self) -> str:
+        return (f"{self.config.short()} split={self.split} k_per_split={self.gps * GROUP_K} "
+                f"grid={self.grid} smem={self.smem}")
+
+
+def check_shape(n: int, k: int, name: str = "W") -> None:
+    """The rule the kernel needs: K a multiple of 128 (a lane loads 4 blocks of 32 as 16-byte
+    aligned vectors), N >= 1, K >= 128."""
+    if n < 1 or k < GROUP_K or k % GROUP_K:
+        raise ValueError(f"{name}: shape [N={n}, K={k}]; the kbit GEMM needs N >= 1 and K a "
+                         f"positive multiple of {GROUP_K} (4 blocks of 32, 16-byte aligned)")
+
+
+def m_tile_for(m: int) -> int:
+    for max_m, tile in M_TILE_TABLE:
+        if m <= max_m:
+            return tile
+    raise AssertionError("unreachable: the last row takes every M")
+
+
+def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
+              split: int | None = None) -> GemvPlan:
+    """Pure planner. `split` forces the number of K splits (tests, tuning); None picks it."""
+    check_shape(n, k)
+    if m < 1:
+        raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
+    m_tile = m_tile_for(m)
+    warps, min_blocks, cap = LAUNCH[(m_tile, bits)]
+    rows = min(m, m_tile)
+    m_tiles = -(-m // m_tile)
+    tiles = -(-n // TILE_ROWS)
+    groups = k // GROUP_K
+    max_gps = (cap - lut_bytes(bits)) // (rows * GROUP_K * 2)  # the A slice fits shared memory
+
+    def resident(gps: int) -> int:  # CTAs an SM holds: launch bounds, then shared memory
+        smem = lut_bytes(bits) + rows * gps * GROUP_K * 2
+        return max(1, min(min_blocks, SMEM_PER_SM[arch] // (smem + 1024)))
+
+    def cost(s: int) -> float:
+        gps = -(-groups // s)
+        warps_resident = sm_count * resident(gps) * warps
+        rounds = -(-(tiles * m_tiles * s) // warps_resident)
+        return rounds * (-(-gps // 4) + (SPLIT_ITEM_OVERHEAD_STEPS if s > 1 else ITEM_OVERHEAD_STEPS))
+
+    if split is None:
+        lo = -(-groups // max_gps)  # fewest splits whose A slice fits
+        hi = max(lo, groups // MIN_GROUPS_PER_SPLIT)
+        split = min(range(lo, hi + 1), key=lambda s: (cost(s), s))
+        gps = -(-groups // split)
+        gps4 = -(-gps // 4) * 4  # whole quad steps when that costs no more splits
+        if gps4 <= max_gps and -(-groups // gps4) == split:
+            gps = min(gps4, groups)
+    else:
+        if not 1 <= split <= groups:
+            raise ValueError(f"split_k={split}: must be in 1..{groups} (K/{GROUP_K}) for K={k}")
+        gps = -(-groups // split)
+        if gps > max_gps:
+            need = -(-groups // max_gps)
+            raise ValueError(f"split_k={split}: M={m} x K/{split} of A does not fit shared memory "
+                             f"({rows} rows x {gps * GROUP_K} k); use split_k >= {need}")
+    split = -(-groups // gps)
+    # persistent grid: no more CTAs along N than stay resident beside the other splits / passes
+    ctas = min(-(-tiles // warps), max(1, sm_count * resident(gps) // (split * m_tiles)))
+    cfg = KbitGemvConfig(arch=arch, bits=bits, dtype=dtype, m_tile=m_tile, warps=warps,
+                         min_blocks=min_blocks, split_k=split > 1)
+    smem = lut_bytes(bits) + rows * gps * GROUP_K * 2
+    return GemvPlan(cfg, split, gps, ctas, m_tiles, smem)
+
+
+@selector
+def select_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int) -> GemvPlan:
+    """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1)."""
+    return plan_gemv(arch, m, n, k, bits, dtype, sm_count)
+
+
+def _shapes(spec: dict[str, Any]) -> list[tuple[int | None, int, int]]:
+    out = []
+    for s in spec.get("shapes") or ():
+        if not isinstance(s, (list, tuple)) or len(s) not in (2, 3):
+            raise UnsupportedConfigError(f"kbit_gemm spec shapes: {s!r}; expected [N, K] or [M, N, K]")
+        m, n, k = (None, *s) if len(s) == 2 else s
+        try:
+            check_shape(int(n), int(k), name=f"spec shape {list(s)}")
+        except ValueError as e:
+            raise UnsupportedConfigError(str(e)) from None
+        out.append((m, int(n), int(k)))
+    return out
+
+
+def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KbitGemvConfig]:
+    """Configs the selector can return. spec: "bits", "dtypes" (others are skipped: this family
+    takes fp16/bf16 activations), "shapes" ([N, K]: every M; [M, N, K]: that M), "sm_counts"
+    (default: SM_COUNTS of the arch). Without shapes: every config of the table."""
+    bits_list = tuple(spec.get("bits") or BITS)
+    dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
+    shapes = _shapes(spec)
+    seen: set[KbitGemvConfig] = set()
+    for arch in archs:
+        get_arch(arch)
+        for bits in bits_list:
+            for dtype in dtypes:
+                if not shapes:
+                    for m_tile in M_TILES:
+                        warps, min_blocks, _ = LAUNCH[(m_tile, bits)]
+                        for split_k in (False, True):
+                            yield KbitGemvConfig(arch=arch, bits=bits, dtype=dtype, m_tile=m_tile,
+                                                 warps=warps, min_blocks=min_blocks,
+                                                 split_k=split_k)
+                    continue
+                for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
+                    for m, n, k in shapes:
+                        # past m_hi there is at least one work item per resident warp without a
+                        # split (m passes alone fill the GPU), so the split is 1 from there on
+                        tiles = -(-n // TILE_ROWS)
+                        m_hi = 16 * (4 * sms * 4 // tiles + 2)
+                        for mm in (m,) if m is not None else range(1, m_hi + 1):
+                            cfg = plan_gemv(arch, mm, n, k, bits, dtype, sms).config
+                            if cfg not in seen:
+                                seen.add(cfg)
+                                yield cfg

@@ -1,0 +1,513 @@
+// kbit GEMM, bandwidth path (decode, small M):  C[M, N] = A[M, K] . W[N, K]^T (+ bias[N])
+//
+//   A     [M, K]  T = half | bf16, row-major, 16-byte aligned rows (K % 128 == 0)
+//   W     flat kbit layout of [N, K]: row n = K/32 consecutive blocks of 32 elements;
+//         packed[(n*K/32 + kb)*BITS + b] = bit plane b of block kb (lane j -> bit j),
+//         absmax[n*K/32 + kb] = E4M4 scale byte, codebook[2^BITS] fp32
+//   C     [M, N]  T, written with round-to-nearest; fp32 accumulation throughout
+//   ws    [split, M, N] fp32 partial sums, counters [m_tiles, N/16] u32 (split-K only)
+//
+// Work split. A warp owns 16 rows of W (one m16n8k16 "M" tile; the tokens are the mma's N=8
+// columns, so the small M dimension costs no wasted weight bytes) and streams them over the
+// CTA's K range. The 4 lanes of a quad (lanes 4g..4g+3) each take one *group* of 4 consecutive
+// blocks (16*BITS bytes: 16-byte aligned for every BITS, loaded as BITS uint4) of rows g and
+// g+8, so a warp step covers 16 rows x 512 k with 2*BITS 16-byte loads + 2 scale words a lane,
+// and every byte it loads is a byte it decodes (no shuffles). The grid is persistent (one wave);
+// a warp runs flat over (its tiles x quad steps), and each uint4 slot is reloaded with the next
+// step's data (the next tile's too) as soon as its block is decoded: one step in flight, one
+// register buffer.
+//
+// k order. The sum over k does not care in which order k is visited, so the mma's 16 k-slots
+// are mapped to whatever the lane can decode cheaply: lane (g, t) feeds k-slots {2t, 2t+1,
+// 2t+8, 2t+9} of mma step s of block j from elements {4s, 4s+1, 4s+2, 4s+3} of its own block j.
+// A (the mma's B operand) is staged once per CTA in shared memory and read in the same order:
+// one 8-byte load per mma for those 4 consecutive k.
+//
+// Decode. Two elements at a time through a shared-memory table indexed by a "pair code": the
+// 2*BITS bits {plane b bit e, plane b bit e+1}_b, which a few bit-select ops build for 4 pairs
+// per 32-bit word. Each table entry holds the half2/bf16x2 (cb[i_e], cb[i_e+1]), replicated per
+// lane (32 copies; 16 for BITS=5) so that random codes never collide in a bank. The table
+// holds unscaled codebook values; the 4 lanes of a quad feed 4 different blocks into one mma,
+// so each W pair is multiplied by its block's E4M4 scale in T (exact scale, one rounding) before
+// the mma, and the fp32 accumulators are kept per block index j (4 independent mma chains).
+//
+// Split-K (grid.y > 1): each CTA covers a K range; partial sums go to ws, and the last warp to
+// finish a tile (a per-tile counter) adds the partials in split order (deterministic), adds
+// the bias, writes C and resets the counter for the next launch.
+#pragma once
+#include "common/dtypes.cuh"
+#include "common/e4m4.cuh"
+
+namespace kg::kbit_gemm {
+
+constexpr int TILE_ROWS = 16;     // W rows per warp tile (mma M)
+constexpr int GROUP_BLOCKS = 4;   // blocks per lane per step
+constexpr int GROUP_K = 32 * GROUP_BLOCKS;  // 128: k per group; K % 128 == 0
+constexpr uint32_t FULL = 0xffffffffu;
+
+// -- pair-code table ------------------------------------------------------------------------
+// Entry c (code of 2*BITS bits, bit 2b+i = plane b of element i) = pair (cb[i0], cb[i1]),
+// replicated COPIES times, lane l reading copy l % COPIES at byte c*STRIDE + 4*(l % COPIES).
+// STRIDE = 256 for BITS <= 3 lets one prmt build the address (code in byte 1, lane*4 in byte 0).
+template <int BITS> struct Lut {
+  static_assert(BITS >= 2 && BITS <= 5, "kbit supports 2..5 bits");
+  static constexpr int ENTRIES = 1 << (2 * BITS);
+  static constexpr int COPIES = BITS == 5 ? 16 : 32;
+  static constexpr int STRIDE = BITS <= 3 ? 256 : 4 * COPIES;
+  static constexpr int BYTES = ENTRIES * STRIDE;  // 4K, 16K, 32K, 64K
+};
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// The CTA writes the table with 16-byte stores (4 copies of one entry each), consecutive lanes
+// on consecutive 16 bytes; the codebook sits in registers (lane l holds cb[l mod 2^BITS]) and
+// the trip count is a constant, so the loop unrolls and no shuffle waits on another.
+template <typename T, int BITS, int THREADS>
+__device__ __forceinline__ void fill_lut(unsigned char* lut, const float* __restrict__ codebook) {
+  using L = Lut<BITS>;
+  constexpr int VEC = L::COPIES / 4;          // 16-byte stores per entry
+  constexpr int TOTAL = L::ENTRIES * VEC;     // a multiple of 32
+  const int lane = threadIdx.x & 31;
+  const float cb = __ldg(codebook + (lane & ((1 << BITS) - 1)));
+#pragma unroll 8
+  for (int i = threadIdx.x; i < (TOTAL + THREADS - 1) / THREADS * THREADS; i += THREADS) {
+    const int c = min(i, TOTAL - 1) / VEC;    // warp-uniform bound: every lane shuffles
+    int i0 = 0, i1 = 0;
+#pragma unroll
+    for (int b = 0; b < BITS; ++b) {
+      i0 |= ((c >> (2 * b)) & 1) << b;
+      i1 |= ((c >> (2 * b + 1)) & 1) << b;
+    }
+    const uint32_t p = pack2<T>(__shfl_sync(FULL, cb, i0), __shfl_sync(FULL, cb, i1));
+    if (i < TOTAL)
+      *reinterpret_cast<uint4*>(lut + c * L::STRIDE + (i % VEC) * 16) = make_uint4(p, p, p, p);
+  }
+}
+
+// -- small PTX helpers --------------------------------------------------------------------------
+
+// A block's E4M4 scale as a pair of T (exact: E4M4 values fit fp16 and bf16).
+template <typename T> __device__ __forceinline__ uint32_t scale2(float s);
+template <> __device__ __forceinline__ uint32_t scale2<half>(float s) {
+  const __half2 h = __float2half2_rn(s);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t scale2<__nv_bfloat16>(float s) {
+  const __nv_bfloat162 h = __float2bfloat162_rn(s);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// a * s for two T at once, rounded to nearest (fma with -0: exact products stay exact, and
+// bf16x2 fma exists on sm_80 where bf16x2 mul does not).
+template <typename T> __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t s);
+template <> __device__ __forceinline__ uint32_t hmul2<half>(uint32_t a, uint32_t s) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
+  return r;
+}
+template <> __device__ __forceinline__ uint32_t hmul2<__nv_bfloat16>(uint32_t a, uint32_t s) {
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
+  return r;
+}
+// prmt with the sign-replicate mode (selector nibble bit 3) that __byte_perm does not promise.
+template <uint32_t SEL> __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "n"(SEL));
+  return r;
+}
+// (a & m) | (b & ~m): one LOP3.
+__device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) {
+  return (a & m) | (b & ~m);
+}
+__device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint32_t ld_nc_u32(const void* p) {
+  uint32_t r;
+  asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(r) : "l"(p));
+  return r;
+}
+// Shared loads by 32-bit shared address. volatile: a non-volatile asm reads no memory as far
+// as the compiler knows, and may be hoisted above the barrier that publishes the table.
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t r;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(addr));
+  return r;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 r;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(addr));
+  return r;
+}
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
+// D[16x8] += A[16x16] . B[16x8]: fp16 or bf16 operands, fp32 accumulators.
+template <typename T> struct Mma;
+template <> struct Mma<half> {
+  static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+
+// -- pair codes of one block ----------------------------------------------------------------------
+// From the BITS plane words of a block: byte r of
+//   le = code of elements (8r, 8r+1)     lo = (8r+4, 8r+5)
+//   he = code of elements (8r+2, 8r+3)   ho = (8r+6, 8r+7)
+// (planes 0..3: 2 bits per plane per pair, bit 2b+i = plane b of element i), and for BITS = 5
+// the plane-4 bits of the same pairs in bits 0..1 of the bytes of le4/lo4/he4/ho4.
+// mma step s uses the pairs starting at 4s (le/lo) and 4s+2 (he/ho): byte s/2 of the even word
+// for even s, of the odd word for odd s.
+template <int BITS> struct Codes {
+  uint32_t le, lo, he, ho;
+  uint32_t le4, lo4, he4, ho4;
+};
+
+template <int BITS>
+__device__ __forceinline__ Codes<BITS> make_codes(const uint32_t* w) {
+  constexpr uint32_t M2 = 0x33333333u, M4 = 0x0F0F0F0Fu;
+  Codes<BITS> c;
+  // nibble q of l01 / h01: planes 0,1 of the pair at 4q / 4q+2.
+  const uint32_t l01 = bitsel(M2, w[0], w[1] << 2);
+  const uint32_t h01 = bitsel(M2, w[0] >> 2, w[1]);
+  if constexpr (BITS == 2) {
+    c.le = l01 & M4;
+    c.lo = (l01 >> 4) & M4;
+    c.he = h01 & M4;
+    c.ho = (h01 >> 4) & M4;
+  } else {
+    const uint32_t l23 = BITS == 3 ? (w[2] & M2) : bitsel(M2, w[2], w[3] << 2);
+    const uint32_t h23 = BITS == 3 ? ((w[2] >> 2) & M2) : bitsel(M2, w[2] >> 2, w[3]);
+    c.le = bitsel(M4, l01, l23 << 4);
+    c.lo = bitsel(M4, l01 >> 4, l23);
+    c.he = bitsel(M4, h01, h23 << 4);
+    c.ho = bitsel(M4, h01 >> 4, h23);
+  }
+  if constexpr (BITS == 5) {
+    const uint32_t l4 = w[4] & M2, h4 = (w[4] >> 2) & M2;
+    c.le4 = l4 & M4;
+    c.lo4 = (l4 >> 4) & M4;
+    c.he4 = h4 & M4;
+    c.ho4 = (h4 >> 4) & M4;
+  }
+  return c;
+}
+
+// Shared address of the table entry of one pair. lane_addr = table base + this lane's copy
+// offset (BITS <= 3: only the copy offset, below 256; the base is added by the caller).
+template <int BITS, int S, bool HI>
+__device__ __forceinline__ uint32_t pair_addr(const Codes<BITS>& c, uint32_t lane_addr,
+                                              uint32_t lut_base) {
+  constexpr uint32_t R = S >> 1;
+  const uint32_t w = HI ? ((S & 1) ? c.ho : c.he) : ((S & 1) ? c.lo : c.le);
+  if constexpr (BITS <= 3) {
+    // byte 0 = lane*4 (b byte 0), byte 1 = code (a byte R), bytes 2,3 = 0 (b byte 1)
+    return lut_base + __byte_perm(w, lane_addr, 0x5504u | (R << 4));
+  } else if constexpr (BITS == 4) {
+    return lane_addr + (__byte_perm(w, 0u, 0x4440u | R) << 7);
+  } else {
+    const uint32_t w4 = HI ? ((S & 1) ? c.ho4 : c.he4) : ((S & 1) ? c.lo4 : c.le4);
+    // bits 0..7 = code of planes 0..3, bits 8..9 = plane 4 (bytes 2,3: sign of w4's byte 0,
+    // which is 0 since w4's bytes are at most 3)
+    const uint32_t code = prmt<R | ((4u + R) << 4) | 0xCC00u>(w, w4);
+    return lane_addr + (code << 6);
+  }
+}
+
+// One mma step S (compile-time: the pair selectors become immediates) of block j: rows g, g+8
+// of W from the table, scaled by the rows' block scales, and the 4 k of lane t from A in shared
+// memory, for NT n8 tiles. The 4 lanes of a quad feed 4 different groups (blocks) into one mma,
+// so the scale cannot wait for the fp32 sum: it multiplies the W pairs (one rounding in T).
+template <typename T, int BITS, int NT, int S>
+__device__ __forceinline__ void mma_step(const Codes<BITS>& ca, const Codes<BITS>& cb,
+                                         uint32_t lane_addr, uint32_t lut_base,
+                                         const uint32_t (&arow)[NT], const bool (&b_ok)[NT],
+                                         uint32_t kbase, int j, uint32_t s0, uint32_t s1,
+                                         float (&acc)[NT][4]) {
+  // A operand (W): reg0 row g k(2t,2t+1) = pair 4S, reg1 row g+8, reg2/3 pair 4S+2.
+  const uint32_t a0 = hmul2<T>(lds32(pair_addr<BITS, S, false>(ca, lane_addr, lut_base)), s0);
+  const uint32_t a1 = hmul2<T>(lds32(pair_addr<BITS, S, false>(cb, lane_addr, lut_base)), s1);
+  const uint32_t a2 = hmul2<T>(lds32(pair_addr<BITS, S, true>(ca, lane_addr, lut_base)), s0);
+  const uint32_t a3 = hmul2<T>(lds32(pair_addr<BITS, S, true>(cb, lane_addr, lut_base)), s1);
+  // B operand (A^T): the 4 k of lane t, block j, step S = 8-byte chunk (j&1)*8 + S of the
+  // 128-byte line j>>1 (swizzled with x_a, which arow already holds).
+  const uint32_t line = kbase + 128u * (uint32_t)(j >> 1);
+  const uint32_t chunk = 8u * (uint32_t)((j & 1) * 8 + S);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    uint2 bfrag = make_uint2(0u, 0u);
+    if (b_ok[nt]) bfrag = lds64((arow[nt] + line) ^ chunk);
+    Mma<T>::run(acc[nt], a0, a1, a2, a3, bfrag.x, bfrag.y);
+  }
+}
+
+// -- A staging -----------------------------------------------------------------------------------
+// As[m][k] (k relative to the CTA's K range, kr columns) with the 8-byte chunks of each
+// 128-byte line XOR-swizzled by (k / 128 mod 4, m mod 4): the 16 lanes of a half warp read 16
+// different chunk positions, i.e. all 32 banks once (see mma_step).
+__device__ __forceinline__ uint32_t a_swizzle(int m, int k) {
+  const int x = (((k >> 7) & 3) << 2) | (m & 3);
+  return (uint32_t)((k & ~63) | ((((k >> 2) & 15) ^ x) << 2));
+}
+
+template <typename T>
+__device__ __forceinline__ void stage_a(uint32_t as_base, const T* __restrict__ A, int rows,
+                                        int kr, int K) {
+  const int chunks = kr >> 2;  // 8-byte chunks per row
+  for (int m = 0; m < rows; ++m)
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const int k = c << 2;
+      cp_async8(as_base + 2u * ((uint32_t)(m * kr) + a_swizzle(m, k)), A + (size_t)m * K + k);
+    }
+}
+
+// -- epilogue of one warp tile ------------------------------------------------------------------
+// Fragment (nt, 2h + e) = C[m0 + 8nt + 2t + e, 16*tile + g + 8h]. Without split-K: + bias, round,
+// store. With split-K: store the fp32 partial to ws[blockIdx.y]; the warp that brings the tile's
+// counter to gridDim.y adds all partials in split order (deterministic), adds the bias, writes
+// C and resets the counter for the next launch (stream order).
+template <typename T, int M_TILE, bool SPLIT>
+__device__ __forceinline__ void store_tile(const float (&acc)[M_TILE / 8][4], int tile, int m0,
+                                           int lane, const T* __restrict__ bias, int has_bias,
+                                           T* __restrict__ C, float* __restrict__ ws,
+                                           unsigned* __restrict__ counters, int M, int N,
+                                           int n_tiles) {
+  constexpr int NT = M_TILE / 8;
+  const int g = lane >> 2, t = lane & 3;
+  if constexpr (!SPLIT) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = tile * TILE_ROWS + g + 8 * h;
+      if (n >= N) continue;
+      const float bv = has_bias ? to_float(bias[n]) : 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int m = m0 + 8 * nt + 2 * t + e;
+          if (m < M) C[(size_t)m * N + n] = from_float<T>(acc[nt][2 * h + e] + bv);
+        }
+    }
+  } else {
+    float* wsy = ws + (size_t)blockIdx.y * M * N;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = tile * TILE_ROWS + g + 8 * h;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int m = m0 + 8 * nt + 2 * t + e;
+          if (n < N && m < M) __stcg(wsy + (size_t)m * N + n, acc[nt][2 * h + e]);
+        }
+    }
+    __threadfence();  // this lane's partials are visible before the count moves
+    __syncwarp();
+    unsigned* cnt = counters + (size_t)blockIdx.z * n_tiles + tile;
+    unsigned prev = 0;
+    if (lane == 0) prev = atomicAdd(cnt, 1u);
+    prev = __shfl_sync(FULL, prev, 0);
+    if (prev == gridDim.y - 1) {
+      __threadfence();
+      // lanes walk the tile's (token, row) outputs, rows fastest; rolled loops keep this rare
+      // path's registers away from the main loop's budget
+#pragma unroll 1
+      for (int p = lane; p < M_TILE * TILE_ROWS; p += 32) {
+        const int m = m0 + p / TILE_ROWS, n = tile * TILE_ROWS + p % TILE_ROWS;
+        if (m >= M || n >= N) continue;
+        const float* src = ws + (size_t)m * N + n;
+        const size_t stride = (size_t)M * N;
+        float v = 0.0f;
+#pragma unroll 1
+        for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + y * stride);
+        C[(size_t)m * N + n] = from_float<T>(v + (has_bias ? to_float(bias[n]) : 0.0f));
+      }
+      __syncwarp();
+      if (lane == 0) *cnt = 0u;
+    }
+  }
+}
+
+// -- the kernel body -------------------------------------------------------------------------------
+// grid (ctas_x, split, m_tiles), WARPS warps a CTA; dynamic smem = Lut::BYTES + rows*kr*2.
+// gps = groups (of 128 k) per split; every split is non-empty (the host guarantees it).
+template <typename T, int BITS, int M_TILE, int WARPS, bool SPLIT>
+__device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
+                                     const uint8_t* __restrict__ absmax,
+                                     const float* __restrict__ codebook, const T* __restrict__ A,
+                                     const T* __restrict__ bias, int has_bias, T* __restrict__ C,
+                                     float* __restrict__ ws, unsigned* __restrict__ counters,
+                                     int M, int N, int K, int gps) {
+  static_assert(M_TILE == 8 || M_TILE == 16, "m_tile is 8 or 16 tokens");
+  constexpr int NT = M_TILE / 8;  // mma n8 tiles
+  using L = Lut<BITS>;
+  extern __shared__ __align__(128) unsigned char smem[];  // 128: the A swizzle XORs address bits
+  const uint32_t lut_base = (uint32_t)__cvta_generic_to_shared(smem);
+  const uint32_t as_base = lut_base + L::BYTES;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.z * M_TILE;
+  const int rows = min(M_TILE, M - m0);
+  const int G = K / GROUP_K;                 // groups per row
+  const int g0 = blockIdx.y * gps;
+  const int g1 = min(G, g0 + gps);
+  const int kr = (g1 - g0) * GROUP_K;        // this CTA's K range
+
+  stage_a<T>(as_base, A + (size_t)m0 * K + (size_t)g0 * GROUP_K, rows, kr, K);
+  fill_lut<T, BITS, WARPS * 32>(smem, codebook);
+  cp_async_wait_all();
+  __syncthreads();
+
+  const uint32_t lane_addr = BITS <= 3 ? (uint32_t)lane * 4u
+                                       : lut_base + (uint32_t)(lane % L::COPIES) * 4u;
+  // A fragment rows: token g (+8 for the second n8 tile); rows past M read as zero. Every
+  // chunk this lane reads has swizzle x_a = (t, g mod 4), and rows start 128-byte aligned, so
+  // the address of chunk c of a line is (line start + 8*x_a) ^ 8c: one XOR a load.
+  const uint32_t x_a = (uint32_t)((t << 2) | (g & 3));
+  uint32_t arow[NT];
+  bool a_ok[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int m = g + 8 * nt;
+    a_ok[nt] = m < rows;
+    arow[nt] = as_base + 2u * (uint32_t)(min(m, rows - 1) * kr + t * GROUP_K) + 8u * x_a;
+  }
+
+  const int n_it = (g1 - g0 + 3) >> 2;       // quad steps (4 groups each) of a tile
+  const int n_tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
+  const uint32_t row_u4 = (uint32_t)(G * BITS);  // uint4 per W row
+  const uint4* w4 = reinterpret_cast<const uint4*>(packed);
+
+  // This warp's tiles: tile0, tile0 + tstride, ... (the grid is persistent: at most one wave).
+  // Steps run flat over (tile, quad step) so the next step's loads, also those of the next
+  // tile, are always in flight while the current step is decoded.
+  const int tile0 = blockIdx.x * WARPS + warp, tstride = gridDim.x * WARPS;
+  const int n_steps = tile0 < n_tiles ? ((n_tiles - 1 - tile0) / tstride + 1) * n_it : 0;
+
+  // 32-bit element offsets of rows r0 = 16*tile + g and r1 = r0 + 8 (W below 64 GB): uint4
+  // of the planes, bytes of the scales; rows past N re-read row N-1 (nothing is stored).
+  struct Rows { uint32_t w0, w1, s0, s1; };
+  const auto rows_of = [&](int tile) {
+    const uint32_t r0 = (uint32_t)min(tile * TILE_ROWS + g, N - 1);
+    const uint32_t r1 = (uint32_t)min(tile * TILE_ROWS + g + 8, N - 1);
+    return Rows{r0 * row_u4, r1 * row_u4, r0 * (uint32_t)(K / 32), r1 * (uint32_t)(K / 32)};
+  };
+  // a lane past the K range re-reads a valid group (its A operand is zeroed instead)
+  const auto group_of = [&](int it) { return min(g0 + it * 4 + t, g1 - 1); };
+
+  // wa/wb: rows r0/r1, the group's 4 blocks x BITS plane words (block j at [j*BITS, (j+1)*BITS)),
+  // loaded as BITS uint4 "slots". Rolling prefetch: as soon as block j's codes are built, the
+  // slots whose last word belongs to block j are reloaded with the next step's data, so one
+  // step of loads is in flight with a single register buffer.
+  uint32_t wa[4 * BITS], wb[4 * BITS];
+  const auto load_slot = [&](const Rows& r, int grp, int b) {
+    const uint4 u = ld_nc_v4(w4 + (r.w0 + (uint32_t)(grp * BITS + b)));
+    const uint4 v = ld_nc_v4(w4 + (r.w1 + (uint32_t)(grp * BITS + b)));
+    wa[4 * b] = u.x; wa[4 * b + 1] = u.y; wa[4 * b + 2] = u.z; wa[4 * b + 3] = u.w;
+    wb[4 * b] = v.x; wb[4 * b + 1] = v.y; wb[4 * b + 2] = v.z; wb[4 * b + 3] = v.w;
+  };
+
+  int tile = tile0, it = 0;
+  Rows cur = rows_of(tile0);
+  uint32_t sa = 0, sb = 0;
+  if (n_steps > 0) {
+    const int grp = group_of(0);
+#pragma unroll
+    for (int b = 0; b < BITS; ++b) load_slot(cur, grp, b);
+    sa = ld_nc_u32(absmax + (cur.s0 + 4u * grp));
+    sb = ld_nc_u32(absmax + (cur.s1 + 4u * grp));
+  }
+  float acc[GROUP_BLOCKS][NT][4];  // per block j of a group: independent mma chains
+#pragma unroll
+  for (int j = 0; j < GROUP_BLOCKS; ++j)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[j][nt][0] = acc[j][nt][1] = acc[j][nt][2] = acc[j][nt][3] = 0.0f;
+
+  for (int step = 0; step < n_steps; ++step) {
+    const bool more = step + 1 < n_steps;
+    const bool last_of_tile = it + 1 == n_it;
+    const int it_next = last_of_tile ? 0 : it + 1;
+    const int tile_next = last_of_tile ? tile + tstride : tile;
+    const Rows nxt = last_of_tile ? rows_of(tile_next) : cur;
+    const int grp_next = group_of(it_next);
+    uint32_t nsa = 0, nsb = 0;
+    if (more) {
+      nsa = ld_nc_u32(absmax + (nxt.s0 + 4u * grp_next));
+      nsb = ld_nc_u32(absmax + (nxt.s1 + 4u * grp_next));
+    }
+    const bool k_ok = g0 + it * 4 + t < g1;
+    const uint32_t kbase = 2u * (uint32_t)(it * 4 * GROUP_K);  // bytes into the A row
+    bool b_ok[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) b_ok[nt] = a_ok[nt] && k_ok;
+#pragma unroll
+    for (int j = 0; j < GROUP_BLOCKS; ++j) {
+      const Codes<BITS> ca = make_codes<BITS>(wa + j * BITS);
+      const Codes<BITS> cb = make_codes<BITS>(wb + j * BITS);
+      if (more) {
+#pragma unroll
+        for (int b = 0; b < BITS; ++b)
+          if ((4 * b + 3) / BITS == j) load_slot(nxt, grp_next, b);  // slot b's last block is j
+      }
+      const uint32_t s0 = scale2<T>(e4m4_decode((sa >> (8 * j)) & 0xFFu));
+      const uint32_t s1 = scale2<T>(e4m4_decode((sb >> (8 * j)) & 0xFFu));
+      // one accumulator set per block j: 4 independent mma chains instead of one
+      mma_step<T, BITS, NT, 0>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 1>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 2>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 3>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 4>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 5>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 6>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 7>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
+    }
+    sa = nsa;
+    sb = nsb;
+    if (last_of_tile) {
+      float sum[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          sum[nt][i] = (acc[0][nt][i] + acc[1][nt][i]) + (acc[2][nt][i] + acc[3][nt][i]);
+          acc[0][nt][i] = acc[1][nt][i] = acc[2][nt][i] = acc[3][nt][i] = 0.0f;
+        }
+      store_tile<T, M_TILE, SPLIT>(sum, tile, m0, lane, bias, has_bias, C, ws, counters, M, N,
+                                   n_tiles);
+    }
+    tile = tile_next;
+    it = it_next;
+    cur = nxt;
+  }
+}
+
+}  // namespace kg::kbit_gemm

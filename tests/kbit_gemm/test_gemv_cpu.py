@@ -1,0 +1,199 @@
+"""kbit GEMM checks that need no GPU: the selector table, prewarm = dispatch, input rules
+enforced before any launch, and the NumPy reference against an independent computation."""
+
+import numpy as np
+import pytest
+
+import kernelgen as kg
+from kernelgen.errors import UnsupportedConfigError
+from kernelgen.kbit import reference as R
+from kernelgen.kbit_gemm import reference as GR
+from kernelgen.kbit_gemm.config import LAUNCH, KbitGemvConfig, lut_bytes
+from kernelgen.kbit_gemm.select import (
+    MIN_GROUPS_PER_SPLIT,
+    SM_COUNTS,
+    plan_gemv,
+    prewarm_configs,
+    select_gemv,
+)
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+SHAPES = [(14336, 4096), (4096, 14336), (4096, 4096), (200, 384), (1000, 4224), (16, 128)]
+MS = [1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100]
+
+
+@pytest.mark.parametrize("bits", (2, 3, 4, 5))
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_plans_are_consistent(n, k, bits):
+    groups = k // 128
+    for m in MS:
+        for sms in (132, 114, 20):
+            p = select_gemv("sm_90a", m, n, k, bits, "float16", sms)
+            ctx = f"{m=} {n=} {k=} {bits=} {sms=} {p.short()}"
+            cfg = p.config
+            assert cfg.m_tile == (8 if m <= 8 else 16), ctx
+            assert (cfg.warps, cfg.min_blocks) == LAUNCH[(cfg.m_tile, bits)][:2], ctx
+            # every split non-empty, together they cover K exactly
+            assert (p.split - 1) * p.gps < groups <= p.split * p.gps, ctx
+            assert cfg.split_k == (p.split > 1), ctx
+            # A slice + table fit the config's shared-memory cap, and the cap the arch allows
+            rows = min(m, cfg.m_tile)
+            assert p.smem == lut_bytes(bits) + rows * p.gps * 128 * 2, ctx
+            assert p.smem <= cfg.smem_bytes(), ctx
+            assert p.grid[1:] == (p.split, _cdiv(m, cfg.m_tile)), ctx
+            assert 1 <= p.ctas <= _cdiv(_cdiv(n, 16), cfg.warps), ctx
+            # persistent: every CTA resident at once
+            assert p.ctas * p.split * p.m_tiles <= max(sms * cfg.min_blocks, p.split * p.m_tiles), ctx
+            # a split keeps >= MIN_GROUPS_PER_SPLIT groups unless the A slice forces it smaller
+            max_gps = (cfg.smem_bytes() - lut_bytes(bits)) // (rows * 128 * 2)
+            if p.split > 1:
+                assert p.gps >= MIN_GROUPS_PER_SPLIT or p.gps == max_gps, ctx
+
+
+def test_decode_shapes_fill_the_gpu():
+    # the issue shapes at M=1 on an H100: one wave of CTAs that keeps most SMs' warps busy
+    for n, k in ((14336, 4096), (4096, 14336)):
+        p = select_gemv("sm_90a", 1, n, k, 4, "float16", 132)
+        cfg = p.config
+        assert p.ctas * p.split * p.m_tiles <= 132 * cfg.min_blocks, p.short()
+        assert -(-n // 16) * p.split >= 132 * cfg.warps, p.short()  # >= a CTA's warps per SM
+        assert p.gps % 4 == 0, p.short()  # whole quad steps: no idle lanes
+
+
+def test_plan_printable_and_memoised():
+    a = select_gemv("sm_90a", 1, 4096, 4096, 4, "bfloat16", 132)
+    assert a is select_gemv("sm_90a", 1, 4096, 4096, 4, "bfloat16", 132)
+    s = a.short()
+    assert "KbitGemvConfig(" in s and "split=" in s and "grid=" in s
+
+
+def test_forced_split_rules():
+    p = plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, split=1)
+    assert p.split == 1 and not p.config.split_k
+    p = plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, split=5)
+    assert p.split == 5 and p.config.split_k
+    with pytest.raises(ValueError, match=r"split_k=33: must be in 1\.\.32"):
+        plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, split=33)
+    with pytest.raises(ValueError, match="does not fit shared memory"):
+        plan_gemv("sm_90a", 16, 4096, 14336, 4, "float16", 132, split=1)
+
+
+@pytest.mark.parametrize("n,k", [(100, 96), (100, 0), (0, 128), (64, 4160)])
+def test_shape_rule(n, k):
+    with pytest.raises(ValueError, match="multiple of 128"):
+        plan_gemv("sm_90a", 1, n, k, 4, "float16", 132)
+
+
+def test_prewarm_table_is_modest_and_compilable():
+    for arch in SM_COUNTS:
+        cfgs = list(prewarm_configs([arch], {}))
+        assert 0 < len(cfgs) <= 40 and len(set(cfgs)) == len(cfgs)
+        assert all(c.smem_bytes() <= 99 * 1024 for c in cfgs)
+
+
+@pytest.mark.parametrize("arch", list(SM_COUNTS))
+def test_prewarm_equals_dispatch(arch):
+    """Every choice dispatch makes for a spec's shapes is in prewarm, and prewarm builds nothing
+    dispatch never picks."""
+    spec = {"shapes": [[14336, 4096], [4096, 14336], [3, 200, 384]], "bits": [3, 4],
+            "dtypes": ["bfloat16", "float32"]}
+    pre = set(prewarm_configs([arch], spec))
+    picked = set()
+    for sms in SM_COUNTS[arch]:
+        for bits in (3, 4):
+            for m in list(range(1, 200)) + [1000, 5000]:
+                for n, k in ((14336, 4096), (4096, 14336)):
+                    picked.add(select_gemv(arch, m, n, k, bits, "bfloat16", sms).config)
+            picked.add(select_gemv(arch, 3, 200, 384, bits, "bfloat16", sms).config)
+    assert picked == pre
+    assert all(c.dtype == "bfloat16" for c in pre)  # float32 is not this family's dtype
+    assert pre <= set(prewarm_configs([arch], {}))
+
+
+def test_prewarm_rejects_bad_shapes():
+    with pytest.raises(UnsupportedConfigError, match="multiple of 128"):
+        list(prewarm_configs(["sm_90a"], {"shapes": [[4096, 100]]}))
+    with pytest.raises(UnsupportedConfigError, match=r"expected \[N, K\]"):
+        list(prewarm_configs(["sm_90a"], {"shapes": [[1, 2, 3, 4]]}))
+
+
+@pytest.mark.parametrize("field,value", [("bits", 6), ("dtype", "float32"), ("m_tile", 12),
+                                         ("warps", 3), ("min_blocks", 0), ("split_k", 1)])
+def test_config_check_names_field(field, value):
+    kw = dict(arch="sm_90a", bits=4, dtype="float16", m_tile=8, warps=8, split_k=False)
+    kw[field] = value
+    with pytest.raises(UnsupportedConfigError, match=f"{field}={value!r}"):
+        KbitGemvConfig(**kw)
+
+
+# -- rejected before any launch (no GPU needed) ----------------------------------------------
+def test_quantize_weight_rules():
+    with pytest.raises(ValueError, match=r"bits=6: kbit supports bits in 2\.\.5"):
+        kg.quantize_weight(np.ones((16, 128), np.float16), 6)
+    with pytest.raises(ValueError, match=r"w: shape \[N=16, K=100\].*multiple of 128"):
+        kg.quantize_weight(np.ones((16, 100), np.float16), 4)
+    with pytest.raises(ValueError, match="2-D weight"):
+        kg.quantize_weight(np.ones(128, np.float16), 4)
+    with pytest.raises(ValueError, match="NumPy arrays live on the host"):
+        kg.quantize_weight(np.ones((16, 128), np.float16), 4)
+
+
+def test_gemm_rules_before_launch():
+    with pytest.raises(ValueError, match="W: expected a KbitLinear"):
+        kg.gemm(np.ones((1, 128), np.float16), object())
+    fake = kg.KbitLinear(q=None, n=16, k=128)
+    with pytest.raises(ValueError, match="NumPy arrays live on the host"):
+        kg.gemm(np.ones((1, 128), np.float16), fake)
+    with pytest.raises(ValueError, match="expected a KbitTensor"):
+        kg.KbitLinear.from_kbit(np.ones(4))
+
+
+# -- the reference ------------------------------------------------------------------------------
+def _quantized(rng, n, k, bits):
+    w = (rng.standard_normal((n, k)) * rng.uniform(0.05, 2, (n, 1))).astype(np.float32)
+    cb = R.create_normal_float_codebook(bits)
+    packed, _, a8 = R.quantize(w, bits, cb)
+    return w, packed, a8, cb
+
+
+@pytest.mark.parametrize("bits", (2, 3, 4, 5))
+def test_reference_against_loops(bits):
+    rng = np.random.default_rng(bits)
+    n, k, m = 5, 128, 3
+    w, packed, a8, cb = _quantized(rng, n, k, bits)
+    wd = GR.dequantize_weight(packed, a8, cb, bits, n, k)
+    # independent dequant: element by element from the bit planes
+    planes = packed.reshape(-1, bits)
+    for r in range(n):
+        for c in range(k):
+            blk = r * (k // 32) + c // 32
+            idx = sum(((int(planes[blk, b]) >> (c % 32)) & 1) << b for b in range(bits))
+            assert wd[r, c] == np.float64(cb[idx]) * np.float64(R.e4m4_decode(a8[blk : blk + 1])[0])
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    bias = rng.standard_normal(n).astype(np.float16)
+    c = GR.gemm(a, wd, bias)
+    for i in range(m):
+        for j in range(n):
+            want = sum(float(a[i, q]) * wd[j, q] for q in range(k)) + float(bias[j])
+            assert abs(c[i, j] - want) <= 1e-9 * max(1.0, abs(want))
+
+
+@pytest.mark.parametrize("bits", (2, 3, 4, 5))
+def test_reference_close_to_unquantized(bits):
+    rng = np.random.default_rng(10 + bits)
+    n, k = 64, 512
+    w, packed, a8, cb = _quantized(rng, n, k, bits)
+    a = R.f32_to_bf16(rng.standard_normal((4, k)).astype(np.float32))
+    c = GR.gemm(a, GR.dequantize_weight(packed, a8, cb, bits, n, k), dtype="bfloat16")
+    exact = R.bf16_to_f32(a).astype(np.float64) @ w.astype(np.float64).T
+    # the quantization error of W, not of the GEMM: loose, shrinking with bits
+    assert GR.rel_error(c, exact) < {2: 0.6, 3: 0.35, 4: 0.2, 5: 0.1}[bits]
+
+
+def test_rel_error_sees_nan():
+    assert np.isnan(GR.rel_error(np.array([np.nan, 1.0]), np.array([1.0, 1.0])))
+    assert GR.rel_error(np.array([1.0, 1.0]), np.array([1.0, 1.0])) == 0.0
