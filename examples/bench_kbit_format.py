@@ -39,6 +39,36 @@ print(json.dumps({"import_s": t1 - t0, "first_quantize_s": t2 - t1, "first_dequa
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def throughput(dtype: str, bits: int, n: int, bw: float, l2_bytes: int) -> dict:
+    """Quantize and dequantize of n elements, inputs rotated past L2, as fractions of `bw`."""
+    import cupy
+
+    import kernelgen as kg
+    from kernelgen.bench import rotation, time_gpu
+
+    esize = 4 if dtype == "float32" else 2
+    storage = {"float16": cupy.float16, "bfloat16": cupy.uint16, "float32": cupy.float32}[dtype]
+
+    def make_x():
+        v = cupy.random.standard_normal(n, dtype=cupy.float32)
+        if dtype == "bfloat16":
+            return (v.view(cupy.uint32) >> 16).astype(cupy.uint16)
+        return v.astype(storage)
+
+    xs = rotation(make_x, n * esize, l2_bytes, factor=2)  # each is >= 128 MB already
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    qs = [kg.quantize_kbit(xi, bits, dtype=hint) for xi in xs]
+    outs = [cupy.empty(n, storage) for _ in qs]
+    t_q = time_gpu(lambda i: kg.quantize_kbit(xs[i % len(xs)], bits, dtype=hint), iters=10)
+    t_d = time_gpu(lambda i: kg.dequantize_kbit(qs[i % len(qs)], dtype, out=outs[i % len(outs)]),
+                   iters=10)
+    nb = n // 32
+    q_bytes = n * esize + nb * bits * 4 + nb * 5  # x in; planes, fp32 + e4m4 scales out
+    d_bytes = nb * bits * 4 + nb + n * esize  # planes + e4m4 in; values out
+    return {"quantize_us": t_q * 1e6, "quantize_frac_copy": q_bytes / t_q / bw,
+            "dequantize_us": t_d * 1e6, "dequantize_frac_copy": d_bytes / t_d / bw}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--elements", type=int, default=1 << 26)
@@ -51,7 +81,7 @@ def main() -> None:
 
     import kernelgen as kg
     from kernelgen.arch import device_info
-    from kernelgen.bench import copy_bandwidth, rotation, time_gpu
+    from kernelgen.bench import copy_bandwidth
     from kernelgen.core import jit
     from kernelgen.kbit.config import KbitDequantizeConfig, KbitQuantizeConfig
 
@@ -111,31 +141,8 @@ def main() -> None:
         bw = copy_bandwidth()
         res["copy_GBps"] = bw / 1e9
         n = args.elements
-        thr = {}
-        for dtype in ("float16", "bfloat16", "float32"):
-            esize = 4 if dtype == "float32" else 2
-            for bits in (2, 3, 4, 5):
-                def make_x():
-                    v = cupy.random.standard_normal(n, dtype=cupy.float32)
-                    if dtype == "float16":
-                        return v.astype(cupy.float16)
-                    if dtype == "bfloat16":
-                        return (v.view(cupy.uint32) >> 16).astype(cupy.uint16)
-                    return v
-                xs = rotation(make_x, n * esize, dev.l2_bytes, factor=2)  # each is >= 128 MB already
-                hint = "bfloat16" if dtype == "bfloat16" else None
-                qs = [kg.quantize_kbit(xi, bits, dtype=hint) for xi in xs]
-                t_q = time_gpu(lambda i: kg.quantize_kbit(xs[i % len(xs)], bits, dtype=hint), iters=10)
-                outs = [cupy.empty(n, cupy.float32 if dtype == "float32" else cupy.uint16 if dtype == "bfloat16" else cupy.float16) for _ in qs]
-                t_d = time_gpu(lambda i: kg.dequantize_kbit(qs[i % len(qs)], dtype, out=outs[i % len(outs)]), iters=10)
-                nb = n // 32
-                q_bytes = n * esize + nb * bits * 4 + nb * 5  # x in; planes, fp32 + e4m4 scales out
-                d_bytes = nb * bits * 4 + nb + n * esize  # planes + e4m4 in; values out
-                thr[f"{dtype}/k{bits}"] = {
-                    "quantize_us": t_q * 1e6, "quantize_frac_copy": q_bytes / t_q / bw,
-                    "dequantize_us": t_d * 1e6, "dequantize_frac_copy": d_bytes / t_d / bw,
-                }
-                del xs, qs, outs
+        thr = {f"{dt}/k{bits}": throughput(dt, bits, n, bw, dev.l2_bytes)
+               for dt in ("float16", "bfloat16", "float32") for bits in (2, 3, 4, 5)}
         res["throughput"] = thr
     text = json.dumps(res, indent=1)
     print(text)

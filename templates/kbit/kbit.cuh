@@ -7,6 +7,7 @@
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/e4m4.cuh"
+#include "common/ptx.cuh"
 
 namespace kg::kbit {
 
@@ -41,24 +42,6 @@ __device__ __forceinline__ uint32_t planes_nibbles_swap(uint32_t x) {
   t = ((x >> 14) ^ x) & 0x0000CCCCu;
   x ^= t ^ (t << 14);
   return x;
-}
-
-// 16-byte global accesses, spelled out: NVVM splits a uint4 store through a reinterpret_cast
-// of a 2-byte-aligned pointer into four 4-byte stores.
-__device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint2 ld_nc_v2(const void* p) {
-  uint2 r;
-  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ void st_v4(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(a), "r"(b), "r"(c), "r"(d)
-               : "memory");
 }
 
 // 8 fp32 values -> T with round to nearest even (as from_float), 16-byte stores.
@@ -208,13 +191,6 @@ template <> struct Raw8<float> {
   }
 };
 
-// 8-byte shared load from a 32-bit shared-window address (lets one IMAD form the address).
-__device__ __forceinline__ uint2 lds_v2(uint32_t addr) {
-  uint2 r;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(addr));
-  return r;
-}
-
 template <typename T, int BITS, bool MULTI>
 __device__ __forceinline__ void quantize_step(const QTable& tab, const Raw8<T>& raw, uint32_t step,
                                               uint32_t aoff, uint32_t* __restrict__ packed,
@@ -248,7 +224,7 @@ __device__ __forceinline__ void quantize_step(const QTable& tab, const Raw8<T>& 
       for (int i = 0; i < (1 << BITS) - 1; ++i) k += q > tab.mid[i];
       y += k << sh;
     } else {
-      const uint2 e = lds_v2(bkt_bits(q) * (QCOPIES * 8u) + aoff);
+      const uint2 e = lds64(bkt_bits(q) * (QCOPIES * 8u) + aoff);
       y += e.y << sh;
       if (q > __uint_as_float(e.x)) y += 1u << sh;  // fields don't overlap: + is |
     }

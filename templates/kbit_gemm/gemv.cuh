@@ -37,6 +37,7 @@
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/e4m4.cuh"
+#include "common/ptx.cuh"
 
 namespace kg::kbit_gemm {
 
@@ -117,46 +118,10 @@ template <> __device__ __forceinline__ uint32_t hmul2<__nv_bfloat16>(uint32_t a,
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
   return r;
 }
-// prmt with the sign-replicate mode (selector nibble bit 3) that __byte_perm does not promise.
-template <uint32_t SEL> __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "n"(SEL));
-  return r;
-}
 // (a & m) | (b & ~m): one LOP3.
 __device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) {
   return (a & m) | (b & ~m);
 }
-__device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint32_t ld_nc_u32(const void* p) {
-  uint32_t r;
-  asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(r) : "l"(p));
-  return r;
-}
-// Shared loads by 32-bit shared address. volatile: a non-volatile asm reads no memory as far
-// as the compiler knows, and may be hoisted above the barrier that publishes the table.
-__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
-  uint32_t r;
-  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(addr));
-  return r;
-}
-__device__ __forceinline__ uint2 lds64(uint32_t addr) {
-  uint2 r;
-  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(addr));
-  return r;
-}
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-}
-
 // D[16x8] += A[16x16] . B[16x8]: fp16 or bf16 operands, fp32 accumulators.
 template <typename T> struct Mma;
 template <> struct Mma<half> {

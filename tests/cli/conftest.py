@@ -19,7 +19,7 @@ from kernelgen.core.registry import families
 from kernelgen.kbit import E4M4Config
 
 # The small prewarm every test uses: kbit, 2 bits, float16, sm_90a.
-PREWARM_ARGS = ["--bits", "2", "--dtypes", "float16", "--arch", "sm_90a"]
+PREWARM_ARGS = ["--family", "kbit", "--bits", "2", "--dtypes", "float16", "--arch", "sm_90a"]
 PREWARM_CONFIGS = list(dict.fromkeys(
     families()["kbit"].prewarm_configs(["sm_90a"], {"bits": [2], "dtypes": ["float16"]})))
 # The seeded cache holds those plus one config of another arch, for filter tests.
