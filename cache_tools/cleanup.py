@@ -90,7 +90,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if not flt.empty:
         victims = list(entries.select(cache, flt, include_readonly=False))
         removed = remove(cache, victims, args.dry_run)
-    if args.max_bytes is not None or flt.empty:
+    # No flags: enforce the configured cap (KERNELGEN_CACHE_MAX_BYTES; 0 means no cap).
+    if args.max_bytes is not None or (flt.empty and cache.max_bytes > 0):
         cap = parse_size(args.max_bytes) if args.max_bytes is not None else cache.max_bytes
         sizes = {e.key: e.disk_bytes for e in cache.entries(include_readonly=False)}
         gone = {e.key for e, _ in removed}  # a dry run's filter step left them in place

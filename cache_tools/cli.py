@@ -54,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(e), 1)
     except ValueError as e:  # a malformed KERNELGEN_* variable (knobs names it)
         return _fail(str(e), 2)
+    except OSError as e:  # a path that is a folder, unreadable, missing, a full disk, ...
+        return _fail(f"{e.filename or ''}: {e.strerror or e}" if e.filename else str(e), 1)
     except BrokenPipeError:  # `kernelgen cache ls | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

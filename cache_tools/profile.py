@@ -52,4 +52,26 @@ def load(path: str | Path) -> Profile:
     if not isinstance(fams, dict) or not all(isinstance(s, dict) for s in fams.values()):
         raise UsageError(f"--profile {path}: \"families\" must map a family name to a spec "
                          f"object, e.g. {{\"kbit\": {{\"bits\": [4]}}}}")
+    for fam, spec in fams.items():
+        for key, value in spec.items():
+            problem = _spec_value_problem(key, value)
+            if problem:
+                raise UsageError(f"--profile {path}: families.{fam}.{key}: {problem}")
     return Profile(archs=archs, families=fams)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _spec_value_problem(key: str, value: object) -> str:
+    """'' if a family spec value has the form the tables take, else what is wrong."""
+    if not isinstance(value, list):
+        return f"must be a list, got {json.dumps(value)}"
+    if key == "bits" and not all(_is_int(v) for v in value):
+        return f"must be a list of integers such as [2, 4], got {json.dumps(value)}"
+    if key == "dtypes" and not all(isinstance(v, str) for v in value):
+        return f"must be a list of names such as [\"float16\"], got {json.dumps(value)}"
+    if key == "shapes" and not all(isinstance(v, list) and all(_is_int(d) for d in v) for v in value):
+        return f"must be a list of integer lists such as [[4096, 4096]], got {json.dumps(value)}"
+    return ""

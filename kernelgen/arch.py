@@ -12,10 +12,6 @@ class Arch:
     name: str  # NVRTC target, e.g. "sm_90a"
     cc: int  # compute capability as major*10+minor
     smem_optin: int  # max dynamic shared memory per block (bytes) after opt-in
-    regs_per_sm: int = 65536
-    cp_async: bool = True  # sm_80+
-    wgmma: bool = False  # sm_90a only
-    block_scaled_mma: bool = False  # sm_120a mma.sync kind::mxf8f6f4 / mxf4nvf4
 
     def __str__(self) -> str:
         return self.name
@@ -25,9 +21,9 @@ ARCHS: dict[str, Arch] = {
     a.name: a
     for a in (
         Arch("sm_80", 80, 163 * 1024),
-        Arch("sm_90a", 90, 227 * 1024, wgmma=True),
+        Arch("sm_90a", 90, 227 * 1024),
         Arch("sm_100a", 100, 227 * 1024),
-        Arch("sm_120a", 120, 99 * 1024, block_scaled_mma=True),
+        Arch("sm_120a", 120, 99 * 1024),
     )
 }
 ALL_ARCHS: tuple[str, ...] = tuple(ARCHS)

@@ -49,12 +49,12 @@ class Knob:
 KNOBS: tuple[Knob, ...] = (
     Knob("KERNELGEN_CACHE_DIR", "platformdirs user cache dir", "writable cache directory"),
     Knob("KERNELGEN_CACHE_RO", "(none)", "read-only cache layers searched first, ':'-separated"),
-    Knob("KERNELGEN_CACHE_MAX_BYTES", "4G", "size cap of the writable layer; LRU eviction above it"),
+    Knob("KERNELGEN_CACHE_MAX_BYTES", "4G", "size cap of the writable layer, LRU eviction above it; 0: no cap"),
     Knob("KERNELGEN_DISABLE_JIT", "0", "1: a cache miss raises instead of compiling"),
     Knob("KERNELGEN_PRINT_CONFIGS", "0", "1: print each new (problem -> config) choice"),
     Knob("KERNELGEN_LOCK_TIMEOUT", "600", "seconds to wait for another process's compile"),
     Knob("KERNELGEN_KEEP_SOURCE", "1", "0: do not store the rendered source in cache entries"),
-    Knob("KERNELGEN_VERBOSE", "0", "1: log compiles and cache events to stderr"),
+    Knob("KERNELGEN_VERBOSE", "0", "1: log each compile (seconds, registers, spills) to stderr"),
     Knob("KERNELGEN_POISON", "0", "1: fill every output kernelgen allocates with 0xFF (tests)"),
     Knob("KERNELGEN_TEMPLATES_DIR", "(shipped)", "render from this templates/ folder (template work)"),
 )
@@ -91,7 +91,8 @@ def lock_timeout() -> float:
 
 
 def keep_source() -> bool:
-    return os.environ.get("KERNELGEN_KEEP_SOURCE", "1").strip() != "0"
+    raw = os.environ.get("KERNELGEN_KEEP_SOURCE", "").strip()
+    return not raw or _flag("KERNELGEN_KEEP_SOURCE")
 
 
 def verbose() -> bool:
@@ -104,4 +105,4 @@ def templates_dir() -> Path | None:
 
 
 def poison() -> bool:
-    return os.environ.get("KERNELGEN_POISON", "") == "1"
+    return _flag("KERNELGEN_POISON")

@@ -36,13 +36,15 @@ from .config import KernelConfig
 from .render import Rendered
 
 SCHEMA_VERSION = 1
+_CORRUPT = object()  # DiskCache._verified's "files do not match the manifest"
 _LAYOUT = f"v{SCHEMA_VERSION}"
 CUBIN = "kernel.cubin"
 MANIFEST = "manifest.json"
 SOURCE = "source.cu"
 
 
-def manifest_parts(config: KernelConfig, rendered: Rendered, nvrtc: str, options: list[str]) -> dict:
+def manifest_parts(config: KernelConfig, rendered: Rendered, nvrtc: str, options: list[str],
+                   toolkit_headers: str = "") -> dict:
     """Everything the binary depends on. Stable across machines and cache locations."""
     return {
         "schema": SCHEMA_VERSION,
@@ -53,6 +55,7 @@ def manifest_parts(config: KernelConfig, rendered: Rendered, nvrtc: str, options
         "source_sha256": rendered.source_digest(),
         "headers": rendered.header_digests(),
         "nvrtc": nvrtc,
+        "toolkit_headers": toolkit_headers,
         "options": list(options),
     }
 
@@ -108,7 +111,7 @@ class DiskCache:
         self._writable: bool | None = None
         self._warned: set[str] = set()
         self._touched: set[str] = set()
-        self._since_gc = 0
+        self._since_gc = 15  # the first publish of a process checks the cap, then every 16th
 
     # -- layout ------------------------------------------------------------------------------
     @staticmethod
@@ -175,24 +178,16 @@ class DiskCache:
             path = self.entry_path(key, root)
             if not path.is_dir():
                 continue
-            entry = self._read_entry(path, ro)
-            cubin = None
-            if entry is not None:
-                try:
-                    cubin = entry.cubin_path.read_bytes()
-                except OSError:
-                    cubin = None
-            if (
-                entry is None
-                or cubin is None
-                or len(cubin) != entry.size
-                or hashlib.sha256(cubin).hexdigest() != entry.manifest.get("cubin_sha256")
-            ):
+            found = self._verified(path, ro)
+            if found is None:  # transient read error (EMFILE, EIO): neither use nor delete
+                continue
+            if found is _CORRUPT:
                 if ro:
                     self._warn(f"corrupt entry {path} in read-only layer skipped", "ro-corrupt")
                 elif not peek:
                     self._discard(path)
                 continue
+            entry, cubin = found
             if not ro and not peek and key not in self._touched:
                 self._touched.add(key)
                 try:  # last-used time for LRU eviction: the folder's mtime, once per process
@@ -201,6 +196,24 @@ class DiskCache:
                     pass
             return entry, cubin
         return None
+
+    def _verified(self, path: Path, readonly: bool):
+        """(entry, cubin) if the entry's files match its manifest, _CORRUPT if they do not (or
+        are missing: a partial entry), None on a transient read error."""
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+            cubin = (path / CUBIN).read_bytes()
+        except (FileNotFoundError, ValueError):
+            return _CORRUPT
+        except OSError:
+            return None
+        if (
+            not isinstance(manifest, dict)
+            or len(cubin) != manifest.get("cubin_size")
+            or hashlib.sha256(cubin).hexdigest() != manifest.get("cubin_sha256")
+        ):
+            return _CORRUPT
+        return Entry(path.name, path, manifest, readonly), cubin
 
     def _discard(self, path: Path) -> None:
         """Remove an entry folder: rename aside first so no reader sees half of it."""
@@ -233,7 +246,8 @@ class DiskCache:
         }
         tmp = None
         try:
-            tmp = Path(tempfile.mkdtemp(prefix=f"{key[:12]}-", dir=self._base(self.root) / "tmp"))
+            self.tmp_dir.mkdir(parents=True, exist_ok=True)  # the cache dir may have been wiped
+            tmp = Path(tempfile.mkdtemp(prefix=f"{key[:12]}-", dir=self.tmp_dir))
             _write_synced(tmp / CUBIN, cubin)
             if source is not None and knobs.keep_source():
                 _write_synced(tmp / SOURCE, source.encode())
@@ -346,7 +360,7 @@ class DiskCache:
         return removed
 
     def _clean_stale(self, older_than: float = 3600.0) -> None:
-        """Drop build folders of dead processes and lock files of absent entries."""
+        """Drop build folders left by dead processes (older than `older_than` seconds)."""
         base = self._base(self.root)
         now = time.time()
         for p in (base / "tmp").glob("*"):
@@ -355,13 +369,8 @@ class DiskCache:
                     shutil.rmtree(p, ignore_errors=True)
             except OSError:
                 pass
-        for p in (base / "locks").glob("*.lock"):
-            key = p.name[: -len(".lock")]
-            try:
-                if not self.entry_path(key).exists() and now - p.stat().st_mtime > older_than:
-                    p.unlink()
-            except OSError:
-                pass
+        # Lock files (0 bytes) are never deleted: removing one that a live process holds would
+        # let another process lock a fresh inode and compile the same kernel concurrently.
 
 
 def _check_entry(entry: Entry) -> str:

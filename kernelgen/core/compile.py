@@ -9,6 +9,8 @@ paths are not (they are absolute and machine-specific).
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -42,7 +44,8 @@ def cuda_include_dir() -> Path:
         found = pf.find_nvidia_header_directory("cudart")
         if found and (Path(found) / "cuda_fp16.h").is_file():
             return Path(found)
-        home = pf.get_cuda_path_or_home()
+        get_home = getattr(pf, "get_cuda_path_or_home", None)  # not public in every release
+        home = get_home() if get_home else (os.environ.get("CUDA_PATH") or os.environ.get("CUDA_HOME"))
         if home and (Path(home) / "include" / "cuda_fp16.h").is_file():
             return Path(home) / "include"
     except Exception as e:  # pathfinder missing or too old
@@ -52,6 +55,20 @@ def cuda_include_dir() -> Path:
         "`pip install \"cuda-toolkit[nvrtc,cudart]==13.*\"` or set CUDA_PATH to a toolkit. "
         + "; ".join(errors)
     )
+
+
+# The toolkit headers our templates include; their bytes enter the cache key, so a cudart
+# headers upgrade without an NVRTC upgrade still misses.
+TOOLKIT_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp")
+
+
+@functools.lru_cache(maxsize=1)
+def toolkit_headers_digest() -> str:
+    h = hashlib.sha256()
+    for name in TOOLKIT_HEADERS:
+        path = cuda_include_dir() / name
+        h.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"(absent)"))
+    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=1)

@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 from ..arch import get_arch
 from ..errors import UnsupportedConfigError
 
+_PLAIN = {"int": int, "str": str, "bool": bool}  # field annotations checked by validate()
+
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -46,6 +48,14 @@ class KernelConfig:
 
     # -- common ------------------------------------------------------------------------------
     def validate(self) -> None:
+        for f in fields(self):  # 4.0 or numpy ints would render and hash differently from 4
+            want = _PLAIN.get(f.type if isinstance(f.type, str) else getattr(f.type, "__name__", ""))
+            value = getattr(self, f.name)
+            if want is not None and type(value) is not want:
+                raise UnsupportedConfigError(
+                    f"{type(self).__name__}: {f.name}={value!r} is a {type(value).__name__}; "
+                    f"expected a plain {want.__name__}"
+                )
         arch = get_arch(self.arch)  # raises on an unknown arch
         self.check()
         smem = self.smem_bytes()
@@ -61,7 +71,7 @@ class KernelConfig:
         return d
 
     def to_json(self) -> str:
-        """Canonical JSON: sorted keys, no whitespace. Part of the cache key."""
+        """Canonical JSON: sorted keys, no whitespace (the cache key hashes the same dict)."""
         return json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
 
     def replace(self, **changes: Any) -> KernelConfig:

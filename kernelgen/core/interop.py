@@ -49,10 +49,19 @@ def _is_torch(x: Any) -> bool:
 class Ctx:
     """Where the call runs: array kind of the caller, device index, stream to launch on."""
 
-    __slots__ = ("kind", "device", "stream")
+    __slots__ = ("kind", "device", "stream", "foreign")
 
-    def __init__(self, kind: str, device: int, stream: Any):
+    def __init__(self, kind: str, device: int, stream: Any, foreign: bool = False):
         self.kind, self.device, self.stream = kind, device, stream
+        self.foreign = foreign  # the arrays live on a device other than the current one
+
+    def launch(self, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int = 0) -> None:
+        """Launch `fn` on this call's stream, switching device only when the data needs it."""
+        if self.foreign:
+            with _cupy().cuda.Device(self.device):
+                fn(grid, block, args, shared_mem=smem, stream=self.stream)
+        else:
+            fn(grid, block, args, shared_mem=smem, stream=self.stream)
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> tuple[Any, Any]:
         """A new array of the caller's kind, and its cupy view for the launch."""
@@ -69,12 +78,12 @@ class Ctx:
                 with cupy.cuda.Device(self.device):
                     native = view = cupy.empty(shape, dtype=STORAGE[dtype])
         if knobs.poison():  # unwritten elements then show as NaN / 0xFF in tests
-            with self.stream:
+            with cupy.cuda.Device(self.device), self.stream:
                 view.view(np.uint8).fill(0xFF)
         return native, view
 
 
-_streams: dict[int, Any] = {}
+_streams: dict[tuple[int, int], Any] = {}
 
 
 def context_of(x: Any, name: str) -> Ctx:
@@ -82,10 +91,9 @@ def context_of(x: Any, name: str) -> Ctx:
     cupy = _cupy()
     if type(x) is cupy.ndarray or isinstance(x, cupy.ndarray):
         dev = x.data.device_id
-        stream = cupy.cuda.get_current_stream()
-        if cupy.cuda.runtime.getDevice() != dev:
-            stream = cupy.cuda.get_current_stream(dev)
-        return Ctx("cupy", dev, stream)
+        if cupy.cuda.runtime.getDevice() == dev:
+            return Ctx("cupy", dev, cupy.cuda.get_current_stream())
+        return Ctx("cupy", dev, cupy.cuda.get_current_stream(dev), foreign=True)
     if _is_torch(x):
         import torch
 
@@ -94,12 +102,12 @@ def context_of(x: Any, name: str) -> Ctx:
         dev = x.device.index
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # a handle, no Stream object
         handle = raw(dev) if raw is not None else torch.cuda.current_stream(dev).cuda_stream
-        stream = _streams.get(handle)
+        stream = _streams.get((dev, handle))  # default streams are handle 0 on every device
         if stream is None:
             with warnings.catch_warnings():  # ExternalStream is the handle-based form we need
                 warnings.simplefilter("ignore", DeprecationWarning)
-                stream = _streams[handle] = cupy.cuda.ExternalStream(handle, dev)
-        return Ctx("torch", dev, stream)
+                stream = _streams[(dev, handle)] = cupy.cuda.ExternalStream(handle, dev)
+        return Ctx("torch", dev, stream, foreign=cupy.cuda.runtime.getDevice() != dev)
     raise ValueError(
         f"{name}: expected a cupy.ndarray or a CUDA torch.Tensor, got {type(x).__module__}."
         f"{type(x).__name__}" + (" (NumPy arrays live on the host: use cupy.asarray first)"

@@ -14,7 +14,13 @@ from typing import Any
 from .. import knobs
 from ..errors import GraphCaptureError, JitDisabledError
 from .cache import DiskCache, Entry, key_of, manifest_parts
-from .compile import codegen_options, compile_cubin, nvrtc_version, resource_summary
+from .compile import (
+    codegen_options,
+    compile_cubin,
+    nvrtc_version,
+    resource_summary,
+    toolkit_headers_digest,
+)
 from .config import KernelConfig
 from .render import render
 
@@ -34,7 +40,9 @@ def default_cache() -> DiskCache:
 
 def key_parts(config: KernelConfig) -> tuple[dict, Any]:
     rendered = render(config)
-    return manifest_parts(config, rendered, nvrtc_version(), codegen_options(config.arch)), rendered
+    parts = manifest_parts(config, rendered, nvrtc_version(), codegen_options(config.arch),
+                           toolkit_headers_digest())
+    return parts, rendered
 
 
 @dataclass
@@ -46,14 +54,19 @@ class BuildResult:
     compiled: bool  # False: came from a cache layer
 
 
-def build(config: KernelConfig, cache: DiskCache | None = None, before_compile=None) -> BuildResult:
-    """Return the cubin of `config`, compiling (once across processes) on a miss. No GPU needed."""
+def build(config: KernelConfig, cache: DiskCache | None = None, before_compile=None,
+          allow_jit: bool | None = None) -> BuildResult:
+    """Return the cubin of `config`, compiling (once across processes) on a miss. No GPU needed.
+
+    `allow_jit`: None follows KERNELGEN_DISABLE_JIT; prewarm passes True (it exists to compile).
+    """
+    strict = knobs.disable_jit() if allow_jit is None else not allow_jit
     cache = cache or default_cache()
     parts, rendered = key_parts(config)
     key = key_of(parts)
 
     def _build():
-        if knobs.disable_jit():
+        if strict:
             raise JitDisabledError(
                 f"KERNELGEN_DISABLE_JIT=1 and {config.short()} (key {key[:16]}) is in no cache "
                 f"layer. Build it ahead with `kernelgen prewarm --family {config.family} "
@@ -105,12 +118,12 @@ class Kernel:
 _loaded: dict[tuple[KernelConfig, int], Kernel] = {}
 
 
-def _refuse_in_capture(config: KernelConfig) -> None:
+def _refuse_in_capture(config: KernelConfig, stream=None) -> None:
     import cupy
 
     capturing = False
     try:
-        capturing = cupy.cuda.get_current_stream().is_capturing()
+        capturing = (stream or cupy.cuda.get_current_stream()).is_capturing()
     except Exception:
         pass
     if not capturing and "torch" in sys.modules:
@@ -128,16 +141,23 @@ def _refuse_in_capture(config: KernelConfig) -> None:
         )
 
 
-def get_kernel(config: KernelConfig, device: int) -> Kernel:
-    """The loaded kernel for `config` on `device`; memory hit costs one dict lookup."""
+def get_kernel(config: KernelConfig, device: int, stream=None) -> Kernel:
+    """The loaded kernel for `config` on `device`; a memory hit costs one dict lookup.
+
+    `stream`: the stream the caller will launch on; a miss while it captures a CUDA graph
+    raises GraphCaptureError instead of compiling.
+    """
     k = _loaded.get((config, device))
     if k is not None:
         return k
+    import cupy
+
     with _lock:
         k = _loaded.get((config, device))
         if k is None:
-            res = build(config, before_compile=_refuse_in_capture)
-            k = Kernel(config, res.key, device, res.cubin)
+            res = build(config, before_compile=lambda c: _refuse_in_capture(c, stream))
+            with cupy.cuda.Device(device):  # the module belongs to this device's context
+                k = Kernel(config, res.key, device, res.cubin)
             _loaded[(config, device)] = k
     return k
 

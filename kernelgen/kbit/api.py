@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,28 +88,40 @@ class KbitTiled:
     tile_k: int
 
 
-def _check_bits(bits: int) -> None:
-    if bits not in BITS:
+def _check_bits(bits: Any) -> int:
+    """bits as a plain int in 2..5 (numpy integers accepted; 4.0 or True are not)."""
+    try:
+        b = operator.index(bits)
+    except TypeError:
+        raise ValueError(f"bits={bits!r}: must be an integer in 2..5") from None
+    if b not in BITS or isinstance(bits, bool):
         raise ValueError(f"bits={bits!r}: kbit supports bits in 2..5")
+    return int(b)
 
 
 _codebooks: dict[tuple[int, int, str], Any] = {}
 
 
-def _device_codebook(bits: int, ctx: Ctx, codebook: Any) -> Any:
-    """The codebook as a device fp32 array (the normal-float one by default, cached)."""
+def _device_codebook(bits: int, ctx: Ctx, codebook: Any) -> tuple[Any, Any]:
+    """(native, cupy view) of the codebook: the normal-float one by default (cached per device),
+    or the caller's, checked: fp32, 2**bits entries, strictly ascending (one small copy to the
+    host; quantization is an offline step)."""
     if codebook is None:
         key = (bits, ctx.device, ctx.kind)
-        cb = _codebooks.get(key)
-        if cb is None:
-            native, cb_view = ctx.empty((1 << bits,), "float32")
-            cb_view.set(create_normal_float_codebook(bits))
-            cb = _codebooks[key] = native
-        return cb
-    arr, _ = device_array(codebook, "codebook", ctx, ("float32",), ndim=1)
-    if arr.shape[0] != 1 << bits:
-        raise ValueError(f"codebook: has {arr.shape[0]} entries; bits={bits} needs {1 << bits}")
-    return codebook
+        cached = _codebooks.get(key)
+        if cached is None:
+            native, view = ctx.empty((1 << bits,), "float32")
+            view.set(create_normal_float_codebook(bits), stream=ctx.stream)
+            cached = _codebooks[key] = (native, view)
+        return cached
+    view, _ = device_array(codebook, "codebook", ctx, ("float32",), ndim=1)
+    if view.shape[0] != 1 << bits:
+        raise ValueError(f"codebook: has {view.shape[0]} entries; bits={bits} needs {1 << bits}")
+    host = view.get(stream=ctx.stream)
+    if not np.all(np.diff(host) > 0):
+        raise ValueError(f"codebook: must be strictly ascending (the index search relies on "
+                         f"it), got {host.tolist()}")
+    return codebook, view
 
 
 def _grid(n_warps: int) -> tuple[int, int, int]:
@@ -133,23 +146,21 @@ def quantize_kbit(x: Any, bits: int = 4, *, codebook: Any = None, dtype: str | N
     with zeros. `codebook` (fp32, 2**bits sorted entries) defaults to the normal-float one.
     CuPy bf16 input: a uint16 array with dtype="bfloat16".
     """
-    _check_bits(bits)
+    bits = _check_bits(bits)
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, FLOAT_DTYPES, hint=dtype)
     n = xa.size
     if n == 0:
         raise ValueError("x: has no elements; kbit quantization needs at least 1")
-    cb = _device_codebook(bits, ctx, codebook)
+    cb, cb_v = _device_codebook(bits, ctx, codebook)
     nb = -(-n // 32)
     packed, packed_v = ctx.empty((nb * bits,), "uint32")
     amax, amax_v = ctx.empty((nb,), "float32")
     amax8, amax8_v = ctx.empty((nb,), "uint8")
     cfg = _quantize_config(device_info(ctx.device).arch.name, bits, dt)
-    fn = get_kernel(cfg, ctx.device).fn("kbit_quantize")
+    fn = get_kernel(cfg, ctx.device, ctx.stream).fn("kbit_quantize")
     n_warps = min(-(-nb // 8), device_info(ctx.device).sm_count * 48)  # grid-stride, 6 CTAs/SM
-    cb_v, _ = device_array(cb, "codebook", ctx, ("float32",))
-    fn(_grid(n_warps), (THREADS, 1, 1), (xa, cb_v, packed_v, amax_v, amax8_v, np.int64(n)),
-       stream=ctx.stream)
+    ctx.launch(fn, _grid(n_warps), (THREADS, 1, 1), (xa, cb_v, packed_v, amax_v, amax8_v, np.int64(n)))
     q = KbitTensor(packed, amax8, amax, cb, tuple(int(s) for s in x.shape), bits, dt)
     object.__setattr__(q, "_cached_views", (ctx.kind, (packed_v, amax8_v, cb_v)))
     return q
@@ -182,10 +193,9 @@ def dequantize_kbit(q: KbitTensor, dtype: str | None = None, *, absmax: Any = No
         if out_v.size != q.numel:
             raise ValueError(f"out: has {out_v.size} elements, q has {q.numel}")
     cfg = _dequantize_config(device_info(ctx.device).arch.name, q.bits, dtype, _ABSMAX_OF_STORAGE[sdt])
-    fn = get_kernel(cfg, ctx.device).fn("kbit_dequantize")
+    fn = get_kernel(cfg, ctx.device, ctx.stream).fn("kbit_dequantize")
     n_warps = -(-q.n_blocks // 8)  # 8 blocks per warp step; one step per warp (full grid)
-    fn(_grid(n_warps), (THREADS, 1, 1),
-       (packed, sa, cb, out_v, np.int64(q.numel)), stream=ctx.stream)
+    ctx.launch(fn, _grid(n_warps), (THREADS, 1, 1), (packed, sa, cb, out_v, np.int64(q.numel)))
     return out
 
 
@@ -194,8 +204,9 @@ def _e4m4(x: Any, name: str, src: str, dst: str, symbol: str) -> Any:
     xa, _ = device_array(x, name, ctx, (src,))
     out, out_v = ctx.empty(tuple(xa.shape), dst)
     if xa.size:
-        fn = get_kernel(E4M4Config(arch=device_info(ctx.device).arch.name), ctx.device).fn(symbol)
-        fn(_grid(-(-xa.size // 32)), (THREADS, 1, 1), (xa, out_v, np.int64(xa.size)), stream=ctx.stream)
+        cfg = E4M4Config(arch=device_info(ctx.device).arch.name)
+        fn = get_kernel(cfg, ctx.device, ctx.stream).fn(symbol)
+        ctx.launch(fn, _grid(-(-xa.size // 32)), (THREADS, 1, 1), (xa, out_v, np.int64(xa.size)))
     return out
 
 
@@ -215,18 +226,19 @@ def repack_kbit(q: KbitTensor, tile_n: int = 128, tile_k: int = 64) -> KbitTiled
         raise ValueError(f"q: expected a KbitTensor from quantize_kbit, got {type(q).__name__}")
     if len(q.shape) != 2:
         raise ValueError(f"q: repack needs a 2-D weight [N, K], got shape {q.shape}")
+    ctx = context_of(q.packed, "q.packed")
+    # The config checks tile_n / tile_k (and their types) before they are used as divisors.
+    cfg = KbitRepackConfig(arch=device_info(ctx.device).arch.name, bits=q.bits, tile_n=tile_n,
+                           tile_k=tile_k)
     n, k = q.shape
     if n % tile_n or k % tile_k:
         raise ValueError(f"q: shape {q.shape}: N must be a multiple of tile_n={tile_n} and K of "
                          f"tile_k={tile_k}")
-    ctx = context_of(q.packed, "q.packed")
     packed, sa, _ = q._views(ctx)
-    cfg = KbitRepackConfig(arch=device_info(ctx.device).arch.name, bits=q.bits, tile_n=tile_n,
-                           tile_k=tile_k)
     pt, pt_v = ctx.empty((packed.size,), "uint32")
     at, at_v = ctx.empty((sa.size,), "uint8")
     total = n * (k // 32)
-    fn = get_kernel(cfg, ctx.device).fn("kbit_repack")
-    fn((max(1, -(-total // THREADS)), 1, 1), (THREADS, 1, 1),
-       (packed, sa, pt_v, at_v, np.int32(n), np.int32(k)), stream=ctx.stream)
+    fn = get_kernel(cfg, ctx.device, ctx.stream).fn("kbit_repack")
+    ctx.launch(fn, (max(1, -(-total // THREADS)), 1, 1), (THREADS, 1, 1),
+               (packed, sa, pt_v, at_v, np.int32(n), np.int32(k)))
     return KbitTiled(pt, at, q.codebook, n, k, q.bits, tile_n, tile_k)
