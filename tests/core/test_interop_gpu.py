@@ -167,3 +167,30 @@ def test_second_device(cupy, torch):
     assert ctx.device == 1 and ctx.stream.ptr == torch.cuda.current_stream(1).cuda_stream
     with pytest.raises(ValueError, match="on device 0, other arguments are on device 1"):
         device_array(torch.zeros(4, device="cuda:0"), "b", ctx, ("float32",))
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+def test_ops_run_on_the_arrays_device_not_the_current_one(cupy, torch, kind, monkeypatch):
+    """Device 0 current, data on device 1: the kernel is loaded and launched on device 1, and
+    the result matches the same op on device 0 (both default streams are handle 0)."""
+    import numpy as np
+
+    import kernelgen as kg
+    from kernelgen.core import jit
+
+    monkeypatch.setenv("KERNELGEN_POISON", "1")
+    jit.clear_memory_cache()
+    host = np.random.default_rng().standard_normal(4096).astype(np.float16)
+    results = []
+    for dev in (0, 1):
+        cupy.cuda.Device(0).use()
+        if kind == "cupy":
+            with cupy.cuda.Device(dev):
+                x = cupy.asarray(host)
+        else:
+            torch.cuda.set_device(0)
+            x = torch.from_numpy(host).to(f"cuda:{dev}")
+        y = kg.dequantize_kbit(kg.quantize_kbit(x, 4))
+        results.append(cupy.asnumpy(y) if kind == "cupy" else y.cpu().numpy())
+    np.testing.assert_array_equal(results[0], results[1])
