@@ -40,7 +40,17 @@ def config_classes() -> dict[str, type[KernelConfig]]:
     return {c.__name__: c for f in _FAMILIES.values() for c in f.config_classes}
 
 
+_NOT_FAMILIES = frozenset({"core"})
+
+
 def _load_builtin() -> None:
-    # Importing a family package registers it. One line per family.
-    from .. import kbit  # noqa: F401, I001
-    from .. import kbit_gemm  # noqa: F401, I001
+    """Import every sub-package of kernelgen: a family package registers itself on import, so a
+    new family needs no line here."""
+    import importlib
+    import pkgutil
+
+    import kernelgen
+
+    for mod in pkgutil.iter_modules(kernelgen.__path__):
+        if mod.ispkg and mod.name not in _NOT_FAMILIES and not mod.name.startswith("_"):
+            importlib.import_module(f"kernelgen.{mod.name}")
