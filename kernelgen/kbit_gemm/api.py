@@ -27,6 +27,13 @@ class KbitLinear:
     n: int
     k: int
 
+    def __post_init__(self) -> None:
+        # gemm trusts n and k for the launch: they must be the weight's own shape.
+        if not isinstance(self.q, KbitTensor) or tuple(self.q.shape) != (self.n, self.k):
+            raise ValueError(f"KbitLinear: q must be a KbitTensor of shape ({self.n}, {self.k}); "
+                             f"use quantize_weight(w) or KbitLinear.from_kbit(q)")
+        check_shape(self.n, self.k, name="q")
+
     @property
     def bits(self) -> int:
         return self.q.bits
@@ -135,9 +142,8 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
         ws, counters = _split_scratch(ctx, plan.split * m * n, plan.m_tiles * -(-n // TILE_ROWS))
     else:
         ws = counters = c
-    fn = get_kernel(plan.config, ctx.device).fn("kbit_gemv")
-    fn(plan.grid, plan.block,
-       (packed, absmax, cb, a, b, np.int32(bias is not None), c, ws, counters, np.int32(m),
-        np.int32(n), np.int32(k), np.int32(plan.gps)),
-       stream=ctx.stream, shared_mem=plan.smem)
+    fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("kbit_gemv")
+    args = (packed, absmax, cb, a, b, np.int32(bias is not None), c, ws, counters, np.int32(m),
+            np.int32(n), np.int32(k), np.int32(plan.gps))
+    ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem)
     return out
