@@ -37,6 +37,7 @@
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/e4m4.cuh"
+#include "common/mma.cuh"
 #include "common/ptx.cuh"
 
 namespace kg::kbit_gemm {
@@ -122,27 +123,6 @@ template <> __device__ __forceinline__ uint32_t hmul2<__nv_bfloat16>(uint32_t a,
 __device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) {
   return (a & m) | (b & ~m);
 }
-// D[16x8] += A[16x16] . B[16x8]: fp16 or bf16 operands, fp32 accumulators.
-template <typename T> struct Mma;
-template <> struct Mma<half> {
-  static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                             uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-};
-template <> struct Mma<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                             uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-};
-
 // -- pair codes of one block ----------------------------------------------------------------------
 // From the BITS plane words of a block: byte r of
 //   le = code of elements (8r, 8r+1)     lo = (8r+4, 8r+5)

@@ -1,0 +1,33 @@
+// Tensor-core mma.sync wrappers (sm_80+), one per shape; the operand type is a template
+// parameter, the PTX text is generated from it.
+#pragma once
+#include "common/dtypes.cuh"
+
+namespace kg {
+
+// D[16x8] += A[16x16] . B[16x8]: fp16 or bf16 operands, fp32 accumulators.
+// Fragments as PTX defines them for m16n8k16 (row-major A, column-major B): a0..a3 hold A's
+// (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..); b0, b1 hold B's (2t..2t+1, g), (2t+8.., g)
+// with g = lane / 4, t = lane % 4.
+#define KG_MMA_M16N8K16(AB)                                                                      \
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB ".f32 {%0, %1, %2, %3}, "               \
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                                            \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                           \
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+
+template <typename T> struct Mma;
+template <> struct Mma<half> {
+  static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    KG_MMA_M16N8K16("f16");
+  }
+};
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    KG_MMA_M16N8K16("bf16");
+  }
+};
+#undef KG_MMA_M16N8K16
+
+}  // namespace kg
