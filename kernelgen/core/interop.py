@@ -116,7 +116,16 @@ def context_of(x: Any, name: str) -> Ctx:
 
 
 def _torch_to_cupy(t: Any) -> Any:
-    """Zero-copy cupy view of a contiguous torch CUDA tensor (bf16 -> uint16 bits)."""
+    """Zero-copy cupy view of a contiguous torch CUDA tensor (bf16 -> uint16 bits).
+
+    The view is kept on the tensor (`_kg_cupy`) and reused while the tensor's data pointer and
+    shape are unchanged: weights and preallocated outputs cost one check per call. The view does
+    not own the tensor (no reference cycle); it lives on the tensor, so it never outlives it.
+    """
+    ptr = t.data_ptr()
+    view = getattr(t, "_kg_cupy", None)
+    if view is not None and view.data.ptr == ptr and view.shape == t.shape:
+        return view
     import torch
 
     cupy = _cupy()
@@ -125,8 +134,14 @@ def _torch_to_cupy(t: Any) -> Any:
     else:
         dt = STORAGE[str(t.dtype)[6:]]  # "torch.float16" -> "float16"
     nbytes = t.numel() * t.element_size()
-    mem = cupy.cuda.UnownedMemory(t.data_ptr(), nbytes, t, t.device.index)
-    return cupy.ndarray(tuple(t.shape), dt, cupy.cuda.MemoryPointer(mem, 0))
+    mem = cupy.cuda.UnownedMemory(ptr, nbytes, None, t.device.index)
+    view = cupy.ndarray(tuple(t.shape), dt, cupy.cuda.MemoryPointer(mem, 0))
+    try:
+        t._kg_cupy = view
+    except (AttributeError, RuntimeError):  # a tensor subclass that refuses attributes
+        view = cupy.ndarray(tuple(t.shape), dt, cupy.cuda.MemoryPointer(
+            cupy.cuda.UnownedMemory(ptr, nbytes, t, t.device.index), 0))
+    return view
 
 
 def device_array(x: Any, name: str, ctx: Ctx, dtypes: tuple[str, ...], hint: str | None = None,
