@@ -9,13 +9,11 @@ import re
 from collections.abc import Iterable
 
 from kernelgen import arch as _arch
+from kernelgen import knobs
 from kernelgen.core.registry import Family, families
 from kernelgen.errors import DeviceError
 
 from . import UsageError
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def split_list(values: Iterable[str] | None) -> list[str]:
@@ -35,11 +33,11 @@ def int_list(flag: str, values: Iterable[str] | None) -> list[int]:
 
 
 def parse_size(text: str) -> int:
-    """'500M', '2G', '1.5GiB', '123456' -> bytes (K/M/G/T are powers of 1024, as the knobs)."""
-    m = _SIZE.match(text)
-    if not m:
+    """'500M', '2G', '1.5GiB', '123456' -> bytes (the grammar of kernelgen.knobs.parse_size)."""
+    size = knobs.parse_size(text)
+    if size is None:
         raise UsageError(f"--max-bytes {text!r}: expected a size such as 500M, 2G or 123456")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    return size
 
 
 def parse_days(text: str) -> float:

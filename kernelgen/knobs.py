@@ -6,6 +6,7 @@ Read at call time (cheap) so tests and users can change them without reloading t
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,18 +25,25 @@ def _int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r}: expected an integer") from None
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int | None:
+    """'500M', '2G', '1.5GiB', '123456' -> bytes (K/M/G/T are powers of 1024); None if malformed.
+    The one size grammar of kernelgen (env knobs and CLI flags)."""
+    m = _SIZE.match(text)
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()]) if m else None
+
+
 def _size(name: str, default: int) -> int:
-    """Bytes, accepting suffixes K/M/G (powers of 1024)."""
-    raw = os.environ.get(name, "").strip().upper()
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    try:
-        if raw[-1] in mult:
-            return int(float(raw[:-1]) * mult[raw[-1]])
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected a size such as 2G or 500M") from None
+    size = parse_size(raw)
+    if size is None:
+        raise ValueError(f"{name}={raw!r}: expected a size such as 2G or 500M")
+    return size
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ class KbitTiled:
     tile_k: int
 
 
-def _check_bits(bits: Any) -> int:
+def check_bits(bits: Any) -> int:
     """bits as a plain int in 2..5 (numpy integers accepted; 4.0 or True are not)."""
     try:
         b = operator.index(bits)
@@ -146,7 +146,7 @@ def quantize_kbit(x: Any, bits: int = 4, *, codebook: Any = None, dtype: str | N
     with zeros. `codebook` (fp32, 2**bits sorted entries) defaults to the normal-float one.
     CuPy bf16 input: a uint16 array with dtype="bfloat16".
     """
-    bits = _check_bits(bits)
+    bits = check_bits(bits)
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, FLOAT_DTYPES, hint=dtype)
     n = xa.size

@@ -10,8 +10,8 @@ import numpy as np
 from ..arch import device_info
 from ..core.interop import Ctx, context_of, device_array
 from ..core.jit import get_kernel
-from ..kbit.api import KbitTensor, dequantize_kbit, quantize_kbit
-from .config import BITS, DTYPES, TILE_ROWS
+from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
+from .config import DTYPES, TILE_ROWS
 from .select import check_shape, plan_gemv, select_gemv
 
 
@@ -65,8 +65,7 @@ def quantize_weight(w: Any, bits: int = 4, *, codebook: Any = None, dtype: str |
     K must be a multiple of 128. `codebook` and `dtype` as in quantize_kbit (CuPy bf16: a uint16
     array with dtype="bfloat16").
     """
-    if bits not in BITS:
-        raise ValueError(f"bits={bits!r}: kbit supports bits in 2..5")
+    bits = check_bits(bits)
     shape = tuple(getattr(w, "shape", ()))
     if len(shape) != 2:
         raise ValueError(f"w: the kbit GEMM needs a 2-D weight [N, K], got shape {shape}")

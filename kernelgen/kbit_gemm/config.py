@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 from ..core.config import KernelConfig
 from ..errors import UnsupportedConfigError
+from ..kbit.config import BITS
 
-BITS = (2, 3, 4, 5)
 DTYPES = ("float16", "bfloat16")
 CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16"}
 M_TILES = (8, 16)  # tokens per CTA pass = mma N (8) x 1 or 2
