@@ -1,0 +1,109 @@
+"""Configs of the mx kernels: quantize (plus the NVFP4 amax and fused kernels) and dequantize.
+
+One config per (format, dtype); the launch shape (slots per thread, block size) follows from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..arch import get_arch
+from ..core.config import KernelConfig
+from ..errors import UnsupportedConfigError
+from .tensor import FORMATS, elem_bits, group_size
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16", "float32": "float"}
+ESIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+ELEM = {"nvfp4": "E2M1", "mxfp4": "E2M1", "mxfp6_e2m3": "E2M3", "mxfp6_e3m2": "E3M2",
+        "mxfp8_e4m3": "E4M3", "mxfp8_e5m2": "E5M2"}
+THREADS = 256
+SLOT_BYTES = 64  # input (or output) bytes per thread in flight: slots = SLOT_BYTES / slot bytes
+CLUSTER = 8  # fused NVFP4 path: one cluster of 8 blocks of 1024 threads (sm_90+)
+FUSED_THREADS = 1024
+
+
+def lane_elems(fmt: str) -> int:
+    """Elements per lane slot: 16 for fp6 (12 bytes, 4-byte aligned stores), else 8."""
+    return 16 if elem_bits(fmt) == 6 else 8
+
+
+def slots_per_thread(fmt: str, dtype: str) -> int:
+    return max(1, SLOT_BYTES // (lane_elems(fmt) * ESIZE[dtype]))
+
+
+def has_fused(arch: str) -> bool:
+    """Thread-block clusters (and so the one-launch NVFP4 path) exist from sm_90 on."""
+    return get_arch(arch).cc >= 90
+
+
+def _check(cfg: KernelConfig, fmt: str, dtype: str) -> None:
+    if fmt not in FORMATS:
+        raise UnsupportedConfigError(f"{cfg.short()}: fmt={fmt!r}; expected one of {list(FORMATS)}")
+    if dtype not in FLOAT_DTYPES:
+        raise UnsupportedConfigError(f"{cfg.short()}: dtype={dtype!r}; expected one of "
+                                     f"{FLOAT_DTYPES}")
+
+
+def _format_vars(fmt: str, dtype: str) -> dict[str, Any]:
+    return {"ctype": CTYPE[dtype], "elem": ELEM[fmt], "nv": fmt == "nvfp4",
+            "group": group_size(fmt), "lane_elems": lane_elems(fmt),
+            "slots": slots_per_thread(fmt, dtype), "threads": THREADS}
+
+
+@dataclass(frozen=True)
+class MxQuantizeConfig(KernelConfig):
+    """fp16 / bf16 / fp32 [rows, K] -> `fmt`. NVFP4 modules also hold `mx_amax` (global amax
+    partials) and, from sm_90, `mx_quantize_fused` (one cluster, global scale on the device)."""
+
+    family: ClassVar[str] = "mx"
+    template: ClassVar[str] = "mx/quantize.cu.jinja"
+    fmt: str = "nvfp4"
+    dtype: str = "float16"  # input
+
+    def check(self) -> None:
+        _check(self, self.fmt, self.dtype)
+
+    @property
+    def fused(self) -> bool:
+        return self.fmt == "nvfp4" and has_fused(self.arch)
+
+    @property
+    def fused_slots(self) -> int:
+        """Slots per thread of the fused kernel (its inputs stay in registers)."""
+        return slots_per_thread(self.fmt, self.dtype)
+
+    def symbols(self) -> tuple[str, ...]:
+        syms = ("mx_quantize",)
+        if self.fmt == "nvfp4":
+            syms += ("mx_amax",)
+        if self.fused:
+            syms += ("mx_quantize_fused",)
+        return syms
+
+    def template_vars(self) -> dict[str, Any]:
+        return {**super().template_vars(), **_format_vars(self.fmt, self.dtype),
+                "fused": self.fused, "cluster": CLUSTER, "fused_threads": FUSED_THREADS,
+                "fused_slots": self.fused_slots}
+
+
+@dataclass(frozen=True)
+class MxDequantizeConfig(KernelConfig):
+    """`fmt` -> fp16 / bf16 / fp32 [rows, K]."""
+
+    family: ClassVar[str] = "mx"
+    template: ClassVar[str] = "mx/dequantize.cu.jinja"
+    fmt: str = "nvfp4"
+    dtype: str = "float32"  # output
+
+    def check(self) -> None:
+        _check(self, self.fmt, self.dtype)
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("mx_dequantize",)
+
+    def template_vars(self) -> dict[str, Any]:
+        v = _format_vars(self.fmt, self.dtype)
+        v["slots"] = max(1, SLOT_BYTES // (lane_elems(self.fmt) * ESIZE[self.dtype]))
+        return {**super().template_vars(), **v}

@@ -1,0 +1,533 @@
+// mx: block-scaled narrow floats (NVFP4, MXFP4, MXFP6, MXFP8).
+//
+// Element codecs (RNE + saturation, exact integer / fp32 arithmetic, no hardware cvt), packing,
+// the E4M3 / E8M0 scale rules and the swizzled scale layout - bit for bit as
+// kernelgen/mx/reference.py defines them. The device functions up to "quantize / dequantize
+// bodies" are generic and meant for reuse (the scaled GEMMs include this header for decoding).
+//
+// Needs IEEE fp32 semantics: no --use_fast_math / --ftz (subnormals are part of the formats).
+#pragma once
+#include "common/dtypes.cuh"
+#include "common/ptx.cuh"
+
+namespace kg::mx {
+
+// ---------------------------------------------------------------------------------------------
+// Element formats: sign on top, EBITS exponent, MBITS mantissa; subnormals at exponent 0.
+// SPECIAL: 0 none, 1 E4M3 "fn" (magnitude 0x7F is NaN), 2 IEEE (top exponent is Inf / NaN).
+// EMAX: exponent of the largest normal (OCP emax_elem); MAX_CODE: magnitude code of +max.
+// ---------------------------------------------------------------------------------------------
+template <int EBITS_, int MBITS_, int EMAX_, int MAX_CODE_, int SPECIAL_>
+struct Elem {
+  static constexpr int EBITS = EBITS_, MBITS = MBITS_, EMAX = EMAX_, SPECIAL = SPECIAL_;
+  static constexpr int BITS = 1 + EBITS + MBITS;
+  static constexpr int BIAS = (1 << (EBITS - 1)) - 1;
+  static constexpr uint32_t MAX_CODE = MAX_CODE_;
+  static constexpr uint32_t MAG_MASK = (1u << (BITS - 1)) - 1;
+};
+using E2M1 = Elem<2, 1, 2, 0x07, 0>;   // max 6
+using E2M3 = Elem<2, 3, 2, 0x1F, 0>;   // max 7.5
+using E3M2 = Elem<3, 2, 4, 0x1F, 0>;   // max 28
+using E4M3 = Elem<4, 3, 8, 0x7E, 1>;   // max 448
+using E5M2 = Elem<5, 2, 15, 0x7B, 2>;  // max 57344
+
+template <class A, class B> struct same_type { static constexpr bool value = false; };
+template <class A> struct same_type<A, A> { static constexpr bool value = true; };
+
+constexpr float FLT_MAX_F = 3.40282346638528859812e+38f;
+
+// |v| as fp32 bits (not NaN; Inf saturates) -> magnitude code, round to nearest even, saturating
+// to MAX_CODE. Below 2^emin one RN fp32 add against a magic number whose ulp is the subnormal
+// step rounds exactly; above, RNE on the bit pattern (a carry walks into the exponent).
+template <class F> __device__ __forceinline__ uint32_t encode_mag(uint32_t a) {
+  constexpr int SHIFT = 23 - F::MBITS;
+  constexpr uint32_t MIN_NORMAL = uint32_t(127 + 1 - F::BIAS) << 23;           // 2^emin
+  constexpr uint32_t MAGIC = uint32_t(127 + 1 - F::BIAS - F::MBITS + 23) << 23;  // ulp = step
+  const uint32_t sub =
+      __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(MAGIC))) - MAGIC;
+  const uint32_t nrm = ((a + ((1u << (SHIFT - 1)) - 1) + ((a >> SHIFT) & 1u)) >> SHIFT) -
+                       (uint32_t(127 - F::BIAS) << F::MBITS);
+  return min(a < MIN_NORMAL ? sub : nrm, F::MAX_CODE);
+}
+
+// fp32 (not NaN) -> code with sign (-0 keeps its sign, as the reference's signbit does).
+template <class F> __device__ __forceinline__ uint32_t encode(float v) {
+  const uint32_t b = __float_as_uint(v);
+  return encode_mag<F>(b & 0x7fffffffu) | ((b >> 31) << (F::BITS - 1));
+}
+
+// code (low BITS bits) -> fp32, exact. The code shifted into fp32's field layout is the value
+// times 2^(BIAS - 127), subnormals included (fp32 subnormal times a power of two is exact).
+template <class F> __device__ __forceinline__ float decode(uint32_t code) {
+  const uint32_t mag = code & F::MAG_MASK;
+  float v = __fmul_rn(__uint_as_float(mag << (23 - F::MBITS)),
+                      __uint_as_float(uint32_t(254 - F::BIAS) << 23));
+  if constexpr (F::SPECIAL == 1) {
+    if (mag == F::MAG_MASK) v = __uint_as_float(0x7fc00000u);
+  } else if constexpr (F::SPECIAL == 2) {
+    if ((mag >> F::MBITS) == (1u << F::EBITS) - 1)
+      v = __uint_as_float((mag & ((1u << F::MBITS) - 1)) ? 0x7fc00000u : 0x7f800000u);
+  }
+  return __uint_as_float(__float_as_uint(v) | (((code >> (F::BITS - 1)) & 1u) << 31));
+}
+
+// Two E2M1 codes (byte; element 0 in the low nibble) -> half2 {e0, e1}, exact: fp16 with
+// exponent field e and mantissa m << 9, times 2^14, is E2M1 (e, m) (0.5 as an fp16 subnormal).
+__device__ __forceinline__ __half2 e2m1x2_to_half2(uint32_t byte) {
+  const uint32_t h = ((byte & 7u) << 9) | ((byte & 8u) << 12) | ((byte & 0x70u) << 21) |
+                     ((byte & 0x80u) << 24);
+  __half2 r;
+  *reinterpret_cast<uint32_t*>(&r) = h;
+  return __hmul2(r, __float2half2_rn(16384.0f));
+}
+
+// E8M0 byte -> fp32 2^(c - 127); 0x00 is 2^-127 (an fp32 subnormal), 0xFF is NaN.
+__device__ __forceinline__ float e8m0_decode(uint32_t c) {
+  return __uint_as_float(c == 0xFFu ? 0x7fc00000u : c == 0u ? 0x00400000u : c << 23);
+}
+
+// OCP shared exponent: amax (finite, as fp32 bits) -> E8M0 code floor(log2 amax) - EMAX + 127,
+// clamped at 0 (zero and fp32 subnormals give 0).
+template <int EMAX> __device__ __forceinline__ uint32_t e8m0_floor(uint32_t amax_bits) {
+  return uint32_t(max(int(amax_bits >> 23) - EMAX, 0));
+}
+
+// 2^(127 - c) as fp32 for an E8M0 code c <= 252: the exact element multiplier x / 2^(c-127).
+__device__ __forceinline__ float e8m0_inverse(uint32_t c) {
+  return __uint_as_float((254u - c) << 23);
+}
+
+// Byte offset of scale (row r, scale column c) in the swizzled layout
+// [ceil(rows/128), k_tiles, 32, 4, 4]: 512-byte tile (r/128, c/4), then (r%32, r/32%4, c%4).
+__device__ __forceinline__ long long swizzled_offset(int r, int c, int k_tiles) {
+  return ((long long)(r >> 7) * k_tiles + (c >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 +
+         (c & 3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing: codes c[E] (low BITS bits) <-> little-endian words; element i at bits [BITS*i, +BITS)
+// of the byte stream (fp4: 2j in the low nibble; fp6: 4 values per 3 bytes; fp8: one per byte).
+// ---------------------------------------------------------------------------------------------
+template <int BITS, int E> struct Pack {
+  static constexpr int WORDS = BITS * E / 32;
+  static_assert(BITS * E % 32 == 0, "a lane's codes fill whole 32-bit words");
+  static __device__ __forceinline__ void pack(const uint32_t (&c)[E], uint32_t (&w)[WORDS]) {
+#pragma unroll
+    for (int i = 0; i < WORDS; ++i) w[i] = 0;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int pos = BITS * i, word = pos / 32, sh = pos % 32;
+      w[word] |= c[i] << sh;
+      if (sh + BITS > 32) w[word + 1] |= c[i] >> (32 - sh);
+    }
+  }
+  static __device__ __forceinline__ void unpack(const uint32_t (&w)[WORDS], uint32_t (&c)[E]) {
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int pos = BITS * i, word = pos / 32, sh = pos % 32;
+      uint32_t v = w[word] >> sh;
+      if (sh + BITS > 32) v |= w[word + 1] << (32 - sh);
+      c[i] = v & ((1u << BITS) - 1);
+    }
+  }
+};
+
+// Global stores / loads of a lane's packed words (4-byte aligned; 8-byte aligned for 2 words).
+template <int W> __device__ __forceinline__ void store_words(uint8_t* p, const uint32_t (&w)[W]) {
+  if constexpr (W == 2) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  } else if constexpr (W == 4) {
+    st_v4(p, w[0], w[1], w[2], w[3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) reinterpret_cast<uint32_t*>(p)[i] = w[i];
+  }
+}
+template <int W> __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[W]) {
+  if constexpr (W == 2) {
+    const uint2 v = ld_nc_v2(p);
+    w[0] = v.x;
+    w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] = ld_nc_u32(p + 4 * i);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Input / output vectors: E consecutive elements of one row, as 16-byte accesses.
+// ---------------------------------------------------------------------------------------------
+template <typename T, int E> struct InVec {
+  static constexpr int VECS = E * (int)sizeof(T) / 16;
+  uint4 raw[VECS];
+  __device__ __forceinline__ void load(const T* p) {
+#pragma unroll
+    for (int v = 0; v < VECS; ++v) raw[v] = ld_nc_v4(reinterpret_cast<const uint4*>(p) + v);
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int v = 0; v < VECS; ++v) raw[v] = make_uint4(0, 0, 0, 0);
+  }
+  __device__ __forceinline__ void to_float(float (&f)[E]) const {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(raw);
+#pragma unroll
+    for (int i = 0; i < VECS * 4; ++i) {
+      if constexpr (sizeof(T) == 4) {
+        f[i] = __uint_as_float(w[i]);
+      } else if constexpr (same_type<T, half>::value) {
+        __half2 h;
+        *reinterpret_cast<uint32_t*>(&h) = w[i];
+        const float2 p = __half22float2(h);
+        f[2 * i] = p.x;
+        f[2 * i + 1] = p.y;
+      } else {  // bf16: the high half of an fp32
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      }
+    }
+  }
+};
+
+template <typename T, int E> __device__ __forceinline__ void store_out(T* p, const float (&v)[E]) {
+  static_assert(E % 8 == 0, "whole 16-byte stores of 16-bit outputs");
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < E; i += 4)
+      st_v4(p + i, __float_as_uint(v[i]), __float_as_uint(v[i + 1]), __float_as_uint(v[i + 2]),
+            __float_as_uint(v[i + 3]));
+  } else {
+#pragma unroll
+    for (int i = 0; i < E; i += 8) {
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (same_type<T, half>::value) {
+          const __half2 h = __floats2half2_rn(v[i + 2 * j], v[i + 2 * j + 1]);
+          w[j] = *reinterpret_cast<const uint32_t*>(&h);
+        } else {
+          const __nv_bfloat162 h = __floats2bfloat162_rn(v[i + 2 * j], v[i + 2 * j + 1]);
+          w[j] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+      }
+      st_v4(p + i, w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantize / dequantize bodies.
+//
+// Index space ("slots"): a slot is E consecutive elements of one row, owned by one lane; L = GROUP
+// / E lanes share a scale group. Rows run over [0, rows); slots per row cover the scale columns
+// padded to 4 in the swizzled layout (padding columns hold zeros, so their scale byte is 0x00),
+// so the 4 groups of a 4-byte scale word sit in 4L adjacent lanes of one warp and one lane stores
+// the word. Padding rows [rows, ceil128(rows)) are zero-filled by a separate grid-stride loop.
+// ---------------------------------------------------------------------------------------------
+struct Shape {
+  int rows, k;
+  int s;              // scale columns K / GROUP
+  int k_tiles;        // ceil(s / 4)
+  int slots_per_row;  // (swizzled ? 4 * k_tiles : s) * L
+  uint32_t total;     // rows * slots_per_row (< 2^31, checked on the host)
+  long long pad_words;  // 4-byte scale words of the padding rows (swizzled only)
+  bool swizzled;
+
+  template <int GROUP, int E>
+  __device__ __forceinline__ static Shape make(int rows, int k, int swizzled) {
+    Shape sh;
+    sh.rows = rows;
+    sh.k = k;
+    sh.s = k / GROUP;
+    sh.k_tiles = (sh.s + 3) >> 2;
+    sh.swizzled = swizzled != 0;
+    sh.slots_per_row = (sh.swizzled ? 4 * sh.k_tiles : sh.s) * (GROUP / E);
+    sh.total = uint32_t(rows) * uint32_t(sh.slots_per_row);
+    sh.pad_words = sh.swizzled ? (long long)(((rows + 127) & ~127) - rows) * sh.k_tiles : 0;
+    return sh;
+  }
+};
+
+// Max |x| as fp32 bits over a lane's values; NaN and Inf make it >= 0x7f800000.
+template <int E> __device__ __forceinline__ uint32_t abs_max_bits(const float (&v)[E]) {
+  uint32_t a = 0;
+#pragma unroll
+  for (int i = 0; i < E; ++i) a = max(a, __float_as_uint(v[i]) & 0x7fffffffu);
+  return a;
+}
+// The same over finite values only (the NVFP4 global amax ignores NaN / Inf).
+template <int E> __device__ __forceinline__ uint32_t finite_max_bits(const float (&v)[E]) {
+  uint32_t a = 0;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const uint32_t b = __float_as_uint(v[i]) & 0x7fffffffu;
+    a = max(a, b < 0x7f800000u ? b : 0u);
+  }
+  return a;
+}
+
+// NVFP4 global scale from the finite amax (fp32 bits): 2688 / amax, 1 if amax == 0, FLT_MAX cap.
+__device__ __forceinline__ float nvfp4_global_scale(uint32_t amax_bits) {
+  if (amax_bits == 0) return 1.0f;
+  return fminf(__fdiv_rn(2688.0f, __uint_as_float(amax_bits)), FLT_MAX_F);
+}
+
+// One slot: quantize E values of a lane (all lanes of the warp call this together: shuffles).
+// Returns the group's scale byte; writes the lane's packed words.
+template <class F, bool NV, int E, int L>
+__device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], float gs,
+                                                  uint32_t (&w)[Pack<F::BITS, E>::WORDS]) {
+  uint32_t amax = abs_max_bits(v);
+#pragma unroll
+  for (int o = 1; o < L; o <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const bool bad = amax >= 0x7f800000u;  // NaN or Inf in the group
+  uint32_t sbyte;
+  float mult;
+  if constexpr (NV) {
+    // sf = E4M3(RN(RN(amax / 6) * gs)); elements scaled by min(RN(gs / sf), FLT_MAX) (0 if sf 0)
+    const float sf32 = __fmul_rn(__fdiv_rn(__uint_as_float(amax), 6.0f), gs);
+    const uint32_t sf = encode_mag<E4M3>(__float_as_uint(sf32));
+    const float sfv = decode<E4M3>(sf);
+    mult = sfv > 0.0f ? fminf(__fdiv_rn(gs, sfv), FLT_MAX_F) : 0.0f;
+    sbyte = bad ? 0x7Fu : sf;
+  } else {
+    const uint32_t code = e8m0_floor<F::EMAX>(amax);
+    mult = e8m0_inverse(bad ? 127u : code);
+    sbyte = bad ? 0xFFu : code;
+  }
+  uint32_t c[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) c[i] = bad ? 0u : encode<F>(__fmul_rn(v[i], mult));
+  Pack<F::BITS, E>::pack(c, w);
+  return sbyte;
+}
+
+// Quantize the U slots idx[u] whose inputs are already loaded (the caller issues all loads
+// first, so U * 16-byte loads per thread are in flight). Writes data and scale bytes.
+template <typename T, class F, bool NV, int GROUP, int E, int U>
+__device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const uint32_t (&idx)[U],
+                                               const Shape& sh, float gs, uint8_t* __restrict__ data,
+                                               uint8_t* __restrict__ scales) {
+  constexpr int L = GROUP / E;
+  constexpr int WORDS = Pack<F::BITS, E>::WORDS;
+  const long long row_bytes = (long long)sh.k * F::BITS / 8;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const bool in_range = idx[u] < sh.total;
+    const uint32_t row = in_range ? idx[u] / uint32_t(sh.slots_per_row) : 0u;
+    const int j = in_range ? int(idx[u] - row * uint32_t(sh.slots_per_row)) : 0;
+    const int col = j * E;
+    float v[E];
+    in[u].to_float(v);
+    uint32_t w[WORDS];
+    const uint32_t sbyte = quantize_slot<F, NV, E, L>(v, gs, w);
+    if (in_range && col < sh.k) store_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w);
+    const int g = j / L;
+    if (sh.swizzled) {
+      uint32_t word = sbyte << (8 * (g & 3));
+      word |= __shfl_xor_sync(0xffffffffu, word, L);
+      word |= __shfl_xor_sync(0xffffffffu, word, 2 * L);
+      if (in_range && j % (4 * L) == 0)
+        *reinterpret_cast<uint32_t*>(scales + swizzled_offset(row, g, sh.k_tiles)) = word;
+    } else if (in_range && j % L == 0) {
+      scales[(long long)row * sh.s + g] = (uint8_t)sbyte;
+    }
+  }
+}
+
+// Slot index -> input pointer (nullptr when the slot holds no input: out of range or padding).
+template <typename T, int E>
+__device__ __forceinline__ const T* slot_input(const T* x, uint32_t idx, const Shape& sh) {
+  if (idx >= sh.total) return nullptr;
+  const uint32_t row = idx / uint32_t(sh.slots_per_row);
+  const int col = int(idx - row * uint32_t(sh.slots_per_row)) * E;
+  return col < sh.k ? x + (long long)row * sh.k + col : nullptr;
+}
+
+// Zero the scale words of the padding rows [rows, ceil128(rows)) (swizzled layout).
+__device__ __forceinline__ void zero_padding_rows(const Shape& sh, uint8_t* __restrict__ scales,
+                                                  long long tid, long long nthreads) {
+  for (long long i = tid; i < sh.pad_words; i += nthreads) {
+    const int r = sh.rows + int(i / sh.k_tiles), q = int(i % sh.k_tiles);
+    *reinterpret_cast<uint32_t*>(scales + swizzled_offset(r, 4 * q, sh.k_tiles)) = 0u;
+  }
+}
+
+// Block-wide max of a uint32 (every thread gets it). Uses smem[32]; ends with a barrier.
+__device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = 0;
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) v = max(v, smem[i]);
+  __syncthreads();
+  return v;
+}
+
+// The direct path: U slots per thread, block b owns slots [b*THREADS*U, (b+1)*THREADS*U).
+// gs_mode (NVFP4): 0 = gs_val, 1 = *gs_in, 2 = from the finite amax partials of mx_amax.
+template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS>
+__device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __restrict__ data,
+                                         uint8_t* __restrict__ scales, const float* gs_in,
+                                         const uint32_t* partials, float* gs_out, float gs_val,
+                                         int gs_mode, int n_partials, int rows, int k,
+                                         int swizzled) {
+  const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
+  uint32_t idx[U];
+  InVec<T, E> in[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    idx[u] = (blockIdx.x * U + u) * THREADS + threadIdx.x;
+    const T* p = slot_input<T, E>(x, idx[u], sh);
+    if (p) in[u].load(p); else in[u].zero();
+  }
+  float gs = 1.0f;
+  if constexpr (NV) {
+    if (gs_mode == 0) {
+      gs = gs_val;
+    } else if (gs_mode == 1) {
+      gs = *gs_in;
+    } else {
+      __shared__ uint32_t red[32];
+      uint32_t a = 0;
+      for (int i = threadIdx.x; i < n_partials; i += THREADS) a = max(a, partials[i]);
+      gs = nvfp4_global_scale(block_max(a, red));
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *gs_out = gs;
+  }
+  quantize_slots<T, F, NV, GROUP, E, U>(in, idx, sh, gs, data, scales);
+  zero_padding_rows(sh, scales, (long long)blockIdx.x * THREADS + threadIdx.x,
+                    (long long)gridDim.x * THREADS);
+}
+
+// Finite amax of n16 16-byte vectors of x, one partial (fp32 bits) per block.
+template <typename T, int THREADS>
+__device__ __forceinline__ void amax_partials(const T* __restrict__ x, uint32_t* partials,
+                                              long long n16) {
+  constexpr int E = 16 / sizeof(T);
+  constexpr int UNROLL = 4;
+  __shared__ uint32_t red[32];
+  uint32_t a = 0;
+  const long long stride = (long long)gridDim.x * THREADS;
+  for (long long i = (long long)blockIdx.x * THREADS + threadIdx.x; i < n16; i += UNROLL * stride) {
+    InVec<T, E> in[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (i + u * stride < n16) in[u].load(x + (i + u * stride) * E); else in[u].zero();
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      float v[E];
+      in[u].to_float(v);
+      a = max(a, finite_max_bits(v));
+    }
+  }
+  a = block_max(a, red);
+  if (threadIdx.x == 0) partials[blockIdx.x] = a;
+}
+
+#if __CUDA_ARCH__ >= 900
+// Thread-block clusters (sm_90+): barrier and distributed shared memory reads.
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_ld_u32(const uint32_t* smem_ptr, uint32_t rank) {
+  const uint32_t local = (uint32_t)__cvta_generic_to_shared(smem_ptr);
+  uint32_t remote, v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
+  return v;
+}
+
+// NVFP4 with the global scale from the input, in one launch of one CLUSTER-block cluster: every
+// thread loads its U slots, the finite amax is reduced over the cluster through distributed
+// shared memory, and the slots are quantized from registers (no second read, no scratch).
+template <typename T, class F, int GROUP, int E, int U, int THREADS, int CLUSTER>
+__device__ __forceinline__ void quantize_fused(const T* __restrict__ x, uint8_t* __restrict__ data,
+                                               uint8_t* __restrict__ scales, float* gs_out,
+                                               int rows, int k, int swizzled) {
+  __shared__ uint32_t red[32];
+  __shared__ uint32_t block_amax;
+  const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
+  const long long tid = (long long)blockIdx.x * THREADS + threadIdx.x;
+  uint32_t idx[U];
+  InVec<T, E> in[U];
+  uint32_t a = 0;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    idx[u] = uint32_t(u * THREADS * CLUSTER) + uint32_t(tid);
+    const T* p = slot_input<T, E>(x, idx[u], sh);
+    if (p) in[u].load(p); else in[u].zero();
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    float v[E];
+    in[u].to_float(v);
+    a = max(a, finite_max_bits(v));
+  }
+  a = block_max(a, red);
+  if (threadIdx.x == 0) block_amax = a;
+  cluster_arrive();
+  cluster_wait();
+#pragma unroll
+  for (int r = 0; r < CLUSTER; ++r) a = max(a, cluster_ld_u32(&block_amax, r));
+  cluster_arrive();  // done reading the other blocks' shared memory (waited on before exit)
+  const float gs = nvfp4_global_scale(a);
+  if (tid == 0) *gs_out = gs;
+  quantize_slots<T, F, true, GROUP, E, U>(in, idx, sh, gs, data, scales);
+  zero_padding_rows(sh, scales, tid, (long long)THREADS * CLUSTER);
+  cluster_wait();
+}
+#endif
+
+// Dequantize U slots per thread: out[r, c] = decode(code) * scale (MX) or
+// RN(e2m1 * e4m3 / gs) (NVFP4); NaN where the scale byte is NaN.
+template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS>
+__device__ __forceinline__ void dequantize(const uint8_t* __restrict__ data,
+                                           const uint8_t* __restrict__ scales, const float* gs_in,
+                                           T* __restrict__ out, int rows, int k, int swizzled) {
+  constexpr int WORDS = Pack<F::BITS, E>::WORDS;
+  const int s = k / GROUP, k_tiles = (s + 3) >> 2, slots_per_row = k / E;
+  const uint32_t total = uint32_t(rows) * uint32_t(slots_per_row);
+  const long long row_bytes = (long long)k * F::BITS / 8;
+  const float gs = NV ? *gs_in : 1.0f;
+  uint32_t w[U][WORDS];
+  uint32_t sb[U];
+  uint32_t idx[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    idx[u] = (blockIdx.x * U + u) * THREADS + threadIdx.x;
+    if (idx[u] < total) {
+      const uint32_t row = idx[u] / uint32_t(slots_per_row);
+      const int col = int(idx[u] - row * uint32_t(slots_per_row)) * E;
+      load_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w[u]);
+      const long long so = swizzled ? swizzled_offset(row, col / GROUP, k_tiles)
+                                    : (long long)row * s + col / GROUP;
+      sb[u] = scales[so];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (idx[u] >= total) continue;
+    const uint32_t row = idx[u] / uint32_t(slots_per_row);
+    const int col = int(idx[u] - row * uint32_t(slots_per_row)) * E;
+    uint32_t c[E];
+    Pack<F::BITS, E>::unpack(w[u], c);
+    float v[E];
+    if constexpr (NV) {
+      const float sfv = decode<E4M3>(sb[u]);
+#pragma unroll
+      for (int i = 0; i < E; ++i) v[i] = __fdiv_rn(__fmul_rn(decode<F>(c[i]), sfv), gs);
+    } else {
+      const float sc = e8m0_decode(sb[u]);
+#pragma unroll
+      for (int i = 0; i < E; ++i) v[i] = __fmul_rn(decode<F>(c[i]), sc);
+    }
+    store_out<T, E>(out + (long long)row * k + col, v);
+  }
+}
+
+}  // namespace kg::mx
