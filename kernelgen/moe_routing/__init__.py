@@ -1,0 +1,22 @@
+"""moe_routing: MoE token routing — layout (counts, padded offsets, stable permutation),
+dispatch (gather rows into expert order), combine (weighted sum back per token)."""
+
+from ..core.registry import Family, register_family
+from .config import MoeCombineConfig, MoeDispatchConfig, MoeLayoutConfig
+from .select import prewarm_configs
+
+register_family(
+    Family(
+        name="moe_routing",
+        config_classes=(MoeLayoutConfig, MoeDispatchConfig, MoeCombineConfig),
+        prewarm_configs=prewarm_configs,
+        description="MoE routing: two-phase layout + dispatch, combine",
+    )
+)
+
+from .api import MoeLayout, block_bytes, moe_blocks, moe_combine, moe_dispatch, moe_layout  # noqa: E402
+from .select import LayoutPlan, plan_layout, select_layout  # noqa: E402
+
+__all__ = ["LayoutPlan", "MoeCombineConfig", "MoeDispatchConfig", "MoeLayout", "MoeLayoutConfig",
+           "block_bytes", "moe_blocks", "moe_combine", "moe_dispatch", "moe_layout", "plan_layout",
+           "select_layout"]

@@ -1,0 +1,411 @@
+// MoE token routing: phase 1 (layout), phase 2 (dispatch = row gather), combine.
+//
+//   ids      [n]         flat topk_ids, n = T * top_k, i = t * top_k + j; IdT = int | long long
+//   counts   [E]         pairs routed to expert e (ids outside [0, E) are dropped, not counted)
+//   offsets  [E + 1]     start row of expert e in x_perm; segments padded to a multiple of pad_to
+//   dest     [n]         row of x_perm of pair i (-1: dropped id)
+//   src      [capacity]  pair i of each x_perm row (-1: padding row, or a row >= offsets[E])
+//   invalid  [2]         number of dropped ids, smallest dropped flat index (INT_MAX if none)
+//
+// Layout. A CTA owns a contiguous range of pairs, split into one contiguous span per warp. Pass A
+// counts each warp's span into its own smem histogram row (leader lanes of __match_any_sync
+// groups add the group size); a per-expert exclusive scan over warps (and, multi-CTA, over CTAs)
+// gives each warp the first row of its pairs of e. Pass B walks the span again in the same
+// order: a pair's row = its warp's running row for e + the number of lower lanes of its match
+// group, so rows within an expert follow increasing i (stable) with no sort.
+// Small n: one CTA does both passes and the scan over experts (moe_layout_single). Large n:
+// moe_layout_count (pass A per CTA -> per-CTA histograms in global), moe_layout_scan (one CTA:
+// scan over CTAs per expert, counts, padded offsets), moe_layout_scatter (pass A again for the
+// warp bases, then pass B).
+#pragma once
+#include "common/dtypes.cuh"
+
+namespace kg::moe_routing {
+
+constexpr unsigned FULL = 0xffffffffu;
+constexpr int DROPPED = -1;  // an id outside [0, E)
+constexpr int PAST_END = -2;  // a lane past the end of its warp's span
+constexpr int INT_MAX_ = 0x7fffffff;
+
+template <typename IdT>
+__device__ __forceinline__ int expert_of(const IdT* ids, int i, int end, int E) {
+  if (i >= end) return PAST_END;
+  const long long e = (long long)ids[i];  // widen first: an int64 id must not wrap into range
+  return (e >= 0 && e < E) ? (int)e : DROPPED;
+}
+
+// The span of warp w of a CTA covering [lo, hi): contiguous, a multiple of 32 pairs long.
+__device__ __forceinline__ void warp_span(int lo, int hi, int warps, int w, int& wlo, int& whi) {
+  const int per = ((hi - lo + warps - 1) / warps + 31) & ~31;
+  wlo = min(lo + w * per, hi);
+  whi = min(wlo + per, hi);
+}
+
+// Pass A: hist[e] += pairs of e in [wlo, whi); dropped ids tallied per lane.
+template <typename IdT, int ITEMS>
+__device__ __forceinline__ void count_span(const IdT* __restrict__ ids, int wlo, int whi, int E,
+                                           int* hist, int& bad, int& first_bad) {
+  const int lane = lane_id();
+  for (int i0 = wlo; i0 < whi; i0 += 32 * ITEMS) {
+    int e[ITEMS];
+#pragma unroll
+    for (int u = 0; u < ITEMS; ++u) e[u] = expert_of(ids, i0 + 32 * u + lane, whi, E);
+#pragma unroll
+    for (int u = 0; u < ITEMS; ++u) {
+      const unsigned peers = __match_any_sync(FULL, e[u]);
+      // leaders of different groups touch different experts; smem atomics order the updates of
+      // one expert made by different lanes in successive steps
+      if (e[u] >= 0 && lane == 31 - __clz(peers)) atomicAdd(&hist[e[u]], __popc(peers));
+      if (e[u] == DROPPED) {
+        ++bad;
+        first_bad = min(first_bad, i0 + 32 * u + lane);
+      }
+    }
+  }
+}
+
+// Pass B: run[e] = next row of expert e for this warp; writes dest and src of [wlo, whi).
+template <typename IdT, int ITEMS>
+__device__ __forceinline__ void scatter_span(const IdT* __restrict__ ids, int wlo, int whi, int E,
+                                             int* run, int* __restrict__ dest,
+                                             int* __restrict__ src) {
+  const int lane = lane_id();
+  const unsigned lower = (1u << lane) - 1u;
+  for (int i0 = wlo; i0 < whi; i0 += 32 * ITEMS) {
+    int e[ITEMS];
+#pragma unroll
+    for (int u = 0; u < ITEMS; ++u) e[u] = expert_of(ids, i0 + 32 * u + lane, whi, E);
+#pragma unroll
+    for (int u = 0; u < ITEMS; ++u) {
+      const unsigned peers = __match_any_sync(FULL, e[u]);
+      const int i = i0 + 32 * u + lane;
+      const int row = e[u] >= 0 ? run[e[u]] + __popc(peers & lower) : -1;
+      __syncwarp();  // every lane has read run[] before its group's leader moves it on
+      if (e[u] >= 0) {
+        src[row] = i;
+        if (lane == 31 - __clz(peers)) run[e[u]] = row + 1;  // the leader is the group's last lane
+      }
+      if (e[u] != PAST_END) dest[i] = row;
+      __syncwarp();  // the leader's update is visible before the next step reads run[]
+    }
+  }
+}
+
+// Dropped-id tallies of all lanes into acc[0] (count) and acc[1] (min index), both in smem.
+__device__ __forceinline__ void reduce_bad(int bad, int first_bad, int* acc) {
+  bad = __reduce_add_sync(FULL, bad);
+  first_bad = __reduce_min_sync(FULL, first_bad);
+  if (lane_id() == 0 && bad) {
+    atomicAdd(&acc[0], bad);
+    atomicMin(&acc[1], first_bad);
+  }
+}
+
+// In-place exclusive scan of v[0, E) (smem) by the whole CTA; returns the total. tot: 32 ints.
+__device__ __forceinline__ int block_exclusive_scan(int* v, int E, int* tot) {
+  const int nt = blockDim.x, tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  const int per = (E + nt - 1) / nt;
+  const int lo = min(tid * per, E), hi = min(lo + per, E);
+  int s = 0;
+  for (int i = lo; i < hi; ++i) s += v[i];
+  int x = s;  // inclusive scan over the warp
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(FULL, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) tot[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int t = lane < (nt >> 5) ? tot[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(FULL, t, o);
+      if (lane >= o) t += y;
+    }
+    tot[lane] = t;
+  }
+  __syncthreads();
+  int run = x - s + (warp ? tot[warp - 1] : 0);
+  const int total = tot[(nt >> 5) - 1];
+  for (int i = lo; i < hi; ++i) {
+    const int c = v[i];
+    v[i] = run;
+    run += c;
+  }
+  __syncthreads();
+  return total;
+}
+
+// Offsets from the per-expert counts held in seg[] (smem; becomes the padded exclusive scan),
+// the padding rows of every segment and every row past the total marked -1 in src.
+__device__ __forceinline__ void write_offsets(int* seg, int* tot, int E, int pad_to, int capacity,
+                                              int* __restrict__ offsets, int* __restrict__ src) {
+  for (int e = threadIdx.x; e < E; e += blockDim.x) seg[e] = (seg[e] + pad_to - 1) / pad_to * pad_to;
+  __syncthreads();
+  const int total = block_exclusive_scan(seg, E, tot);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) offsets[e] = seg[e];
+  if (threadIdx.x == 0) offsets[E] = total;
+  for (int r = total + threadIdx.x; r < capacity; r += blockDim.x) src[r] = -1;
+}
+
+template <int WARPS>
+__device__ __forceinline__ void zero_hist(int* hist, int E, int* acc) {
+  for (int k = threadIdx.x; k < WARPS * E; k += blockDim.x) hist[k] = 0;
+  if (threadIdx.x == 0) {
+    acc[0] = 0;
+    acc[1] = INT_MAX_;
+  }
+  __syncthreads();
+}
+
+// smem of a layout CTA: hist [WARPS][E], seg [E], tot [32], acc [2] (bad count, first bad).
+template <int WARPS>
+struct Smem {
+  int *hist, *seg, *tot, *acc;
+  __device__ __forceinline__ explicit Smem(int* base, int E)
+      : hist(base), seg(base + WARPS * E), tot(base + (WARPS + 1) * E), acc(tot + 32) {}
+};
+
+template <typename IdT, int WARPS, int ITEMS>
+__device__ __forceinline__ void layout_single(const IdT* __restrict__ ids, int n, int E, int pad_to,
+                                              int capacity, int* __restrict__ counts,
+                                              int* __restrict__ offsets, int* __restrict__ dest,
+                                              int* __restrict__ src, int* __restrict__ invalid) {
+  extern __shared__ int smem_raw[];
+  Smem<WARPS> s(smem_raw, E);
+  const int warp = threadIdx.x >> 5;
+  zero_hist<WARPS>(s.hist, E, s.acc);
+  int wlo, whi, bad = 0, first_bad = INT_MAX_;
+  warp_span(0, n, WARPS, warp, wlo, whi);
+  count_span<IdT, ITEMS>(ids, wlo, whi, E, s.hist + warp * E, bad, first_bad);
+  reduce_bad(bad, first_bad, s.acc);
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {  // warp bases within e; counts
+    int c = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const int h = s.hist[w * E + e];
+      s.hist[w * E + e] = c;
+      c += h;
+    }
+    counts[e] = c;
+    s.seg[e] = c;
+  }
+  __syncthreads();
+  write_offsets(s.seg, s.tot, E, pad_to, capacity, offsets, src);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {  // padding rows; bases become rows
+    const int start = s.seg[e], c = counts[e];  // counts[e] was written by this thread
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) s.hist[w * E + e] += start;
+    for (int r = start + c; r < (start + (c + pad_to - 1) / pad_to * pad_to); ++r) src[r] = -1;
+  }
+  if (threadIdx.x == 0) {
+    invalid[0] = s.acc[0];
+    invalid[1] = s.acc[1];
+  }
+  __syncthreads();
+  scatter_span<IdT, ITEMS>(ids, wlo, whi, E, s.hist + warp * E, dest, src);
+}
+
+// Multi-CTA pass A: CTA b counts pairs [b * chunk, (b + 1) * chunk) into
+// bh[b][0, E) and its dropped ids into bh[b][E] (count), bh[b][E + 1] (first index).
+template <typename IdT, int WARPS, int ITEMS>
+__device__ __forceinline__ void layout_count(const IdT* __restrict__ ids, int n, int E, int chunk,
+                                             int* __restrict__ bh) {
+  extern __shared__ int smem_raw[];
+  Smem<WARPS> s(smem_raw, E);
+  const int warp = threadIdx.x >> 5;
+  const int lo = blockIdx.x * chunk, hi = min(lo + chunk, n);
+  zero_hist<WARPS>(s.hist, E, s.acc);
+  int wlo, whi, bad = 0, first_bad = INT_MAX_;
+  warp_span(lo, hi, WARPS, warp, wlo, whi);
+  count_span<IdT, ITEMS>(ids, wlo, whi, E, s.hist + warp * E, bad, first_bad);
+  reduce_bad(bad, first_bad, s.acc);
+  __syncthreads();
+  int* row = bh + (long long)blockIdx.x * (E + 2);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int c = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) c += s.hist[w * E + e];
+    row[e] = c;
+  }
+  if (threadIdx.x == 0) {
+    row[E] = s.acc[0];
+    row[E + 1] = s.acc[1];
+  }
+}
+
+// Multi-CTA scan (one CTA): bh[b][e] becomes the exclusive prefix over CTAs; counts, offsets,
+// padding rows, invalid.
+template <int WARPS>
+__device__ __forceinline__ void layout_scan(int blocks, int E, int pad_to, int capacity,
+                                            int* __restrict__ bh, int* __restrict__ counts,
+                                            int* __restrict__ offsets, int* __restrict__ src,
+                                            int* __restrict__ invalid) {
+  extern __shared__ int smem_raw[];
+  Smem<WARPS> s(smem_raw, E);
+  if (threadIdx.x == 0) {
+    s.acc[0] = 0;
+    s.acc[1] = INT_MAX_;
+  }
+  __syncthreads();
+  const long long stride = E + 2;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int c = 0;
+    int* p = bh + e;
+    int b = 0;
+    for (; b + 4 <= blocks; b += 4) {  // four loads in flight
+      const int h0 = p[b * stride], h1 = p[(b + 1) * stride], h2 = p[(b + 2) * stride],
+                h3 = p[(b + 3) * stride];
+      p[b * stride] = c;
+      p[(b + 1) * stride] = c + h0;
+      p[(b + 2) * stride] = c + h0 + h1;
+      p[(b + 3) * stride] = c + h0 + h1 + h2;
+      c += h0 + h1 + h2 + h3;
+    }
+    for (; b < blocks; ++b) {
+      const int h = p[b * stride];
+      p[b * stride] = c;
+      c += h;
+    }
+    counts[e] = c;
+    s.seg[e] = c;
+  }
+  int bad = 0, first_bad = INT_MAX_;
+  for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
+    bad += bh[b * stride + E];
+    first_bad = min(first_bad, bh[b * stride + E + 1]);
+  }
+  reduce_bad(bad, first_bad, s.acc);
+  __syncthreads();
+  write_offsets(s.seg, s.tot, E, pad_to, capacity, offsets, src);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const int start = s.seg[e], c = counts[e];
+    for (int r = start + c; r < start + (c + pad_to - 1) / pad_to * pad_to; ++r) src[r] = -1;
+  }
+  if (threadIdx.x == 0) {
+    invalid[0] = s.acc[0];
+    invalid[1] = s.acc[1];
+  }
+}
+
+// Multi-CTA pass B: CTA b recounts its range per warp, then scatters from
+// offsets[e] + bh[b][e] (+ the warps before it).
+template <typename IdT, int WARPS, int ITEMS>
+__device__ __forceinline__ void layout_scatter(const IdT* __restrict__ ids, int n, int E, int chunk,
+                                               const int* __restrict__ bh,
+                                               const int* __restrict__ offsets,
+                                               int* __restrict__ dest, int* __restrict__ src) {
+  extern __shared__ int smem_raw[];
+  Smem<WARPS> s(smem_raw, E);
+  const int warp = threadIdx.x >> 5;
+  const int lo = blockIdx.x * chunk, hi = min(lo + chunk, n);
+  zero_hist<WARPS>(s.hist, E, s.acc);
+  int wlo, whi, bad = 0, first_bad = INT_MAX_;
+  warp_span(lo, hi, WARPS, warp, wlo, whi);
+  count_span<IdT, ITEMS>(ids, wlo, whi, E, s.hist + warp * E, bad, first_bad);
+  __syncthreads();
+  const int* row = bh + (long long)blockIdx.x * (E + 2);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int c = offsets[e] + row[e];
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const int h = s.hist[w * E + e];
+      s.hist[w * E + e] = c;
+      c += h;
+    }
+  }
+  __syncthreads();
+  scatter_span<IdT, ITEMS>(ids, wlo, whi, E, s.hist + warp * E, dest, src);
+}
+
+// -- phase 2: x_perm[r] = x[src[r] / top_k] (padding rows zero), rows of vpr 16-byte vectors --
+// A CTA moves one row at a time (grid-stride over rows): each thread issues its UNROLL loads
+// before its stores. Plain (non-volatile) __ldg so that the guarded loads become predicated
+// instructions the compiler can batch.
+template <int THREADS, int UNROLL>
+__device__ __forceinline__ void dispatch_rows(const uint4* __restrict__ x, uint4* __restrict__ xp,
+                                              const int* __restrict__ src,
+                                              const int* __restrict__ total_rows, int vpr,
+                                              int top_k) {
+  const int total = *total_rows;  // offsets[E]: rows past it are left as they are
+  for (int r = blockIdx.x; r < total; r += gridDim.x) {
+    const int s = src[r];
+    uint4* o = xp + (long long)r * vpr;
+    const uint4* in = x + (long long)(s < 0 ? 0 : s / top_k) * vpr;
+    for (int v0 = threadIdx.x; v0 < vpr; v0 += THREADS * UNROLL) {
+      uint4 buf[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int v = v0 + u * THREADS;
+        buf[u] = (s >= 0 && v < vpr) ? __ldg(in + v) : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+        if (v0 + u * THREADS < vpr) o[v0 + u * THREADS] = buf[u];
+    }
+  }
+}
+
+// -- combine: out[t] = sum_j w[t, j] * y[dest[t * top_k + j]], fp32, j in order, no FMA ------
+template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t u);
+template <> __device__ __forceinline__ float2 unpack2<half>(uint32_t u) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b) {
+  const T lo = from_float<T>(a), hi = from_float<T>(b);
+  return (uint32_t)(*reinterpret_cast<const uint16_t*>(&lo)) |
+         ((uint32_t)(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
+}
+
+// A CTA per token (grid-stride); a thread owns 16-byte columns v and loads the GROUP slots'
+// vectors before accumulating them in slot order. rows bounds y (dest < rows always holds for
+// a layout's own y_perm; the guard keeps a short y from being read out of bounds).
+template <typename T, typename W, int THREADS>
+__device__ __forceinline__ void combine_rows(const uint4* __restrict__ y, int rows,
+                                             const int* __restrict__ dest, const W* __restrict__ w,
+                                             uint4* __restrict__ out, int tokens, int top_k,
+                                             int vpr) {
+  constexpr int GROUP = 8;
+  for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const int* d = dest + (long long)t * top_k;
+    const W* wt = w + (long long)t * top_k;
+    for (int v = threadIdx.x; v < vpr; v += THREADS) {
+      float acc[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] = 0.f;
+      for (int j0 = 0; j0 < top_k; j0 += GROUP) {
+        uint4 q[GROUP];
+        float wj[GROUP];
+        bool ok[GROUP];
+#pragma unroll
+        for (int u = 0; u < GROUP; ++u) {
+          const int j = j0 + u;
+          const int r = j < top_k ? __ldg(d + j) : -1;
+          ok[u] = r >= 0 && r < rows;  // a dropped id (-1) contributes nothing
+          wj[u] = ok[u] ? to_float<W>(wt[j]) : 0.f;
+          q[u] = ok[u] ? __ldg(y + (long long)r * vpr + v) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < GROUP; ++u) {
+          if (!ok[u]) continue;
+          const uint32_t word[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 f = unpack2<T>(word[k]);
+            acc[2 * k] = __fadd_rn(acc[2 * k], __fmul_rn(wj[u], f.x));
+            acc[2 * k + 1] = __fadd_rn(acc[2 * k + 1], __fmul_rn(wj[u], f.y));
+          }
+        }
+      }
+      out[(long long)t * vpr + v] = make_uint4(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]),
+                                               pack2<T>(acc[4], acc[5]), pack2<T>(acc[6], acc[7]));
+    }
+  }
+}
+
+}  // namespace kg::moe_routing

@@ -1,0 +1,200 @@
+"""MoE routing without a GPU: the NumPy reference against a naive per-pair definition and its
+invariants over skewed cases, configs, the planner, prewarm and the block iterator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernelgen.errors import UnsupportedConfigError
+from kernelgen.moe_routing import reference as R
+from kernelgen.moe_routing.api import block_bytes, moe_blocks
+from kernelgen.moe_routing.config import (
+    HIST_INTS,
+    MAX_EXPERTS,
+    MoeCombineConfig,
+    MoeDispatchConfig,
+    MoeLayoutConfig,
+    layout_smem,
+)
+from kernelgen.moe_routing.select import (
+    CHUNK,
+    SINGLE_MAX,
+    move_grid,
+    plan_layout,
+    prewarm_configs,
+    warps_for,
+)
+
+from .cases import CASES, routing
+
+SHAPES = ((0, 8, 16), (1, 1, 8), (1, 8, 256), (5, 2, 8), (64, 8, 128), (64, 8, 256),
+          (300, 4, 3), (1000, 8, 256))
+
+
+def naive_layout(ids: np.ndarray, e: int, pad_to: int):
+    """The definition, one pair at a time: rows of expert e in increasing flat index."""
+    flat = [int(v) for v in ids.reshape(-1)]
+    per = [[i for i, v in enumerate(flat) if v == x] for x in range(e)]
+    offsets = [0]
+    for rows in per:
+        offsets.append(offsets[-1] + -(-len(rows) // pad_to) * pad_to)
+    dest = [-1] * len(flat)
+    src = [-1] * R.capacity(ids.shape[0], ids.shape[1], e, pad_to)
+    for x, rows in enumerate(per):
+        for r, i in enumerate(rows):
+            dest[i] = offsets[x] + r
+            src[offsets[x] + r] = i
+    return [len(p) for p in per], offsets, dest, src
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("t,k,e", SHAPES)
+@pytest.mark.parametrize("pad_to", (1, 16))
+def test_layout_matches_definition(case, t, k, e, pad_to):
+    ids = routing(case, t, k, e)
+    lay = R.layout(ids, e, pad_to)
+    counts, offsets, dest, src = naive_layout(ids, e, pad_to)
+    ctx = f"{case=} {t=} {k=} {e=} {pad_to=}"
+    assert lay.counts.tolist() == counts, ctx
+    assert lay.offsets.tolist() == offsets, ctx
+    assert lay.dest.tolist() == dest, ctx
+    assert lay.src.tolist() == src, ctx
+    assert lay.invalid.tolist() == [0, R.NO_INVALID], ctx
+    assert all(a.dtype == np.int32 for a in (lay.counts, lay.offsets, lay.dest, lay.src))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_layout_invariants_large_t(case):
+    t, k, e, pad_to = 200_000, 8, 256, 8
+    ids = routing(case, t, k, e)
+    lay = R.layout(ids, e, pad_to)
+    flat = ids.reshape(-1)
+    assert np.array_equal(lay.counts, np.bincount(flat, minlength=e))
+    seg = np.diff(lay.offsets)
+    assert np.all(seg % pad_to == 0) and np.all(seg >= lay.counts) and np.all(seg - lay.counts < pad_to)
+    assert np.array_equal(lay.src[lay.dest], np.arange(flat.size))  # a permutation
+    assert np.all(lay.src[lay.total:] == -1) and lay.src.size == t * k + e * (pad_to - 1)
+    real = lay.src[: lay.total] >= 0
+    assert real.sum() == flat.size
+    experts = np.repeat(np.arange(e), seg)
+    assert np.array_equal(flat[lay.src[: lay.total][real]], experts[real])  # rows in their segment
+    rows = lay.src[: lay.total]
+    same = (experts[1:] == experts[:-1]) & real[1:] & real[:-1]
+    assert np.all(rows[1:][same] > rows[:-1][same]), "not stable"
+    if case == "hot80":
+        assert lay.counts[0] >= 0.75 * t
+
+
+def test_invalid_ids_are_dropped_and_named():
+    ids = routing("uniform", 10, 4, 16)
+    ids[3, 2] = 16
+    ids[7, 0] = -1
+    lay = R.layout(ids, 16)
+    assert lay.invalid.tolist() == [2, 3 * 4 + 2]
+    assert lay.dest[14] == -1 and lay.dest[28] == -1
+    assert lay.total == 38 and lay.counts.sum() == 38
+    x = np.arange(10 * 8, dtype=np.float16).reshape(10, 8)
+    y = R.dispatch(x, lay)
+    w = np.ones((10, 4), np.float32)
+    out = R.combine(y, lay, w, "float16")
+    assert out[3].astype(np.float32).tolist() == (3 * x[3].astype(np.float32)).tolist()
+
+
+def test_dispatch_reference_rows_and_padding():
+    ids = routing("hot80", 33, 2, 8)
+    lay = R.layout(ids, 8, pad_to=4)
+    x = np.random.default_rng(0).standard_normal((33, 16)).astype(np.float16)
+    xp = R.dispatch(x, lay)
+    assert xp.shape == (lay.total, 16)
+    for r, s in enumerate(lay.src[: lay.total]):
+        want = x[s // 2] if s >= 0 else np.zeros(16, np.float16)
+        assert np.array_equal(xp[r], want), r
+    assert R.dispatch(x, lay, rows=lay.src.size).shape == (lay.src.size, 16)
+
+
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+@pytest.mark.parametrize("w_dtype", ("float32", "float16", "bfloat16"))
+def test_combine_reference_is_the_fixed_order_fp32_sum(dtype, w_dtype):
+    rng = np.random.default_rng(1)
+    t, k, e, h = 17, 4, 8, 8
+    ids = routing("duplicates", t, k, e)
+    lay = R.layout(ids, e)
+    y = R.from_f32(rng.standard_normal((lay.total, h)).astype(np.float32), dtype)
+    w = R.from_f32(rng.random((t, k)).astype(np.float32), w_dtype)
+    out = R.combine(y, lay, w, dtype, w_dtype)
+    yf, wf = R.to_f32(y, dtype), R.to_f32(w, w_dtype)
+    for tok in range(t):  # scalar fp32 loop: the order the kernel uses
+        acc = np.zeros(h, np.float32)
+        for j in range(k):
+            acc = (acc + np.float32(wf[tok, j]) * yf[lay.dest[tok * k + j]]).astype(np.float32)
+        assert np.array_equal(out[tok], R.from_f32(acc, dtype)), tok
+    ref64 = sum(wf[:, j : j + 1].astype(np.float64) * yf[lay.dest.reshape(t, k)[:, j]] for j in range(k))
+    assert np.max(np.abs(R.to_f32(out, dtype) - ref64)) <= 0.02 * np.max(np.abs(ref64))
+
+
+def test_configs_check_their_fields():
+    with pytest.raises(UnsupportedConfigError, match="id_dtype"):
+        MoeLayoutConfig(arch="sm_90a", id_dtype="int16")
+    with pytest.raises(UnsupportedConfigError, match="warps"):
+        MoeLayoutConfig(arch="sm_90a", warps=12)
+    with pytest.raises(UnsupportedConfigError, match="w_dtype"):
+        MoeCombineConfig(arch="sm_90a", w_dtype="float64")
+    with pytest.raises(UnsupportedConfigError, match="dtype"):
+        MoeCombineConfig(arch="sm_90a", dtype="float32")
+    with pytest.raises(UnsupportedConfigError, match="arch"):
+        MoeDispatchConfig(arch="sm_75")
+    for w in (4, 8, 16, 32):  # the largest E a warps bucket serves fits the default 48 KB
+        assert layout_smem(w, HIST_INTS // w) <= 48 * 1024
+
+
+def test_planner():
+    assert warps_for(8) == 32 and warps_for(256) == 32 and warps_for(257) == 16
+    assert warps_for(1024) == 8 and warps_for(MAX_EXPERTS) == 4
+    with pytest.raises(ValueError, match="num_experts"):
+        warps_for(MAX_EXPERTS + 1)
+    with pytest.raises(ValueError, match="num_experts"):
+        warps_for(0)
+    p = plan_layout("sm_90a", 512, 256, "int32")
+    assert not p.multi and p.blocks == 1 and p.config.warps == 32
+    p = plan_layout("sm_90a", SINGLE_MAX + 1, 128, "int64")
+    assert p.multi and p.blocks == -(-(SINGLE_MAX + 1) // CHUNK) and p.chunk == CHUNK
+    assert plan_layout("sm_90a", 100, 8, "int32", multi=True).blocks == 1
+    assert move_grid(0, 132) == 1 and move_grid(512, 132) == 512 and move_grid(10**7, 132) == 132 * 16
+
+
+def test_prewarm_set():
+    for arch in ("sm_80", "sm_90a", "sm_100a", "sm_120a"):
+        cfgs = list(prewarm_configs([arch], {}))
+        assert len(cfgs) == len(set(cfgs)) <= 40
+        assert sum(isinstance(c, MoeLayoutConfig) for c in cfgs) == 8
+    spec = {"num_experts": [256], "id_dtypes": ["int32"], "dtypes": ["bfloat16"], "w_dtypes": ["float32"]}
+    cfgs = list(prewarm_configs(["sm_90a"], spec))
+    assert cfgs == [MoeLayoutConfig(arch="sm_90a", id_dtype="int32", warps=32),
+                    MoeDispatchConfig(arch="sm_90a"),
+                    MoeCombineConfig(arch="sm_90a", dtype="bfloat16", w_dtype="float32")]
+    with pytest.raises(UnsupportedConfigError, match="id_dtypes"):
+        list(prewarm_configs(["sm_90a"], {"id_dtypes": ["int8"]}))
+
+
+@pytest.mark.parametrize("t,max_bytes,e,pad_to", [(0, 1 << 20, 8, 1), (1, 1 << 20, 8, 1),
+                                                  (3_000_000, 1 << 30, 256, 1),
+                                                  (100_000, 64 << 20, 128, 16)])
+def test_moe_blocks_cover_the_batch_within_the_budget(t, max_bytes, e, pad_to):
+    k, h = 8, 7168
+    blocks = list(moe_blocks(t, k, h, max_bytes, num_experts=e, pad_to=pad_to))
+    assert [a for a, _ in blocks] == ([0] + [b for _, b in blocks[:-1]] if t else [])
+    assert (blocks[-1][1] if blocks else 0) == t
+    for a, b in blocks:
+        assert b > a
+        assert block_bytes(b - a, k, h, num_experts=e, pad_to=pad_to) <= max_bytes
+    if len(blocks) > 1:  # not needlessly small
+        a, b = blocks[0]
+        assert block_bytes(b - a + 1, k, h, num_experts=e, pad_to=pad_to) > 0.99 * max_bytes
+
+
+def test_moe_blocks_errors():
+    with pytest.raises(ValueError, match="holds no token"):
+        list(moe_blocks(10, 8, 7168, 1000))
+    with pytest.raises(ValueError, match="num_tokens"):
+        list(moe_blocks(-1, 8, 7168, 1 << 30))
