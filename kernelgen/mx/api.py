@@ -1,0 +1,168 @@
+"""Public mx API: quantize to NVFP4 / MXFP4 / MXFP6 / MXFP8 and dequantize. CuPy or torch."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from ..arch import device_info
+from ..core.interop import Ctx, context_of, device_array
+from ..core.jit import get_kernel
+from .config import FLOAT_DTYPES
+from .select import dequantize_plan, quantize_plan
+from .tensor import (
+    FORMATS,
+    MX_FORMATS,
+    SCALE_LAYOUTS,
+    MxTensor,
+    data_shape,
+    group_size,
+    scale_shape,
+)
+
+
+def _input(x: Any, dtype: str | None, fmt: str) -> tuple[Ctx, Any, str, int, int]:
+    """(ctx, cupy view, logical dtype, rows, K) of an [..., K] input, checked."""
+    ctx = context_of(x, "x")
+    xa, dt = device_array(x, "x", ctx, FLOAT_DTYPES, hint=dtype)
+    if dtype is not None and dtype != dt:
+        raise ValueError(f"x: dtype={dtype!r} given for an array of {dt}")
+    if xa.ndim < 1 or xa.size == 0:
+        raise ValueError(f"x: shape {tuple(xa.shape)}; expected [..., K] with at least one row")
+    k = int(xa.shape[-1])
+    g = group_size(fmt)
+    if k % g:
+        raise ValueError(f"x: K={k} (last dimension) must be a multiple of {g}, the {fmt} group "
+                         f"size")
+    if xa.data.ptr % 16:
+        raise ValueError("x: data pointer must be 16-byte aligned (the kernels read 16-byte "
+                         "vectors); pass a fresh or .copy()'d array")
+    return ctx, xa, dt, xa.size // k, k
+
+
+def _check_layout(scale_layout: str) -> bool:
+    if scale_layout not in SCALE_LAYOUTS:
+        raise ValueError(f"scale_layout={scale_layout!r}; expected one of {list(SCALE_LAYOUTS)}")
+    return scale_layout == "swizzled"
+
+
+def _outputs(ctx: Ctx, fmt: str, rows: int, k: int, scale_layout: str):
+    data, data_v = ctx.empty(data_shape(fmt, rows, k), "uint8")
+    scales, scales_v = ctx.empty(scale_shape(fmt, rows, k, scale_layout), "uint8")
+    return data, data_v, scales, scales_v
+
+
+def quantize_mx(x: Any, fmt: str, *, scale_layout: str = "swizzled",
+                dtype: str | None = None) -> MxTensor:
+    """Quantize x [..., K] (fp16 / bf16 / fp32; K % 32 == 0) to an MX format.
+
+    fmt: "mxfp4" | "mxfp6_e2m3" | "mxfp6_e3m2" | "mxfp8_e4m3" | "mxfp8_e5m2". Groups of 32 along K
+    share an E8M0 scale (OCP floor rule); elements round to nearest even and saturate. Bit-exact
+    with `reference.quantize_mx`. CuPy bf16: a uint16 array with dtype="bfloat16".
+    """
+    if fmt not in MX_FORMATS:
+        raise ValueError(f"fmt={fmt!r}; expected one of {list(MX_FORMATS)} (nvfp4: "
+                         f"quantize_nvfp4)")
+    swizzled = _check_layout(scale_layout)
+    ctx, xa, dt, rows, k = _input(x, dtype, fmt)
+    info = device_info(ctx.device)
+    plan = quantize_plan(info.arch.name, info.sm_count, fmt, dt, rows, k, swizzled, "value")
+    data, data_v, scales, scales_v = _outputs(ctx, fmt, rows, k, scale_layout)
+    fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("mx_quantize")
+    ctx.launch(fn, (plan.grid, 1, 1), (plan.block, 1, 1),
+               (xa, data_v, scales_v, data_v, data_v, data_v, np.float32(1), np.int32(0),
+                np.int32(0), np.int32(rows), np.int32(k), np.int32(swizzled)))
+    return MxTensor(fmt, (rows, k), data, scales, scale_layout, None)
+
+
+def _global_scale(global_scale: Any, ctx: Ctx) -> tuple[str, Any, float]:
+    """(gs_mode, device view or None, value) of the global_scale argument."""
+    if global_scale is None:
+        return "auto", None, 1.0
+    if isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
+        gs = np.float32(global_scale)
+        if not (math.isfinite(float(gs)) and gs > 0):
+            raise ValueError(f"global_scale={global_scale!r}: must be a positive finite fp32 "
+                             f"(e.g. 2688 / amax)")
+        return "value", None, float(gs)
+    view, _ = device_array(global_scale, "global_scale", ctx, ("float32",))
+    if view.size != 1:
+        raise ValueError(f"global_scale: a device array must hold one fp32 value, got shape "
+                         f"{tuple(view.shape)}")
+    return "device", view, 1.0
+
+
+def quantize_nvfp4(x: Any, global_scale: Any = None, *, scale_layout: str = "swizzled",
+                   dtype: str | None = None) -> MxTensor:
+    """Quantize x [..., K] (fp16 / bf16 / fp32; K % 16 == 0) to NVFP4.
+
+    global_scale: a positive finite float, a one-element fp32 device array (read by the kernel;
+    not checked), or None: 2688 / max|x| over the finite entries, computed on the device (no host
+    sync). Groups of 16 along K get an E4M3 scale; elements E2M1, RNE with saturation. The result's
+    `global_scale` is a new fp32 device array of shape (1,). Bit-exact with
+    `reference.quantize_nvfp4`.
+    """
+    swizzled = _check_layout(scale_layout)
+    ctx, xa, dt, rows, k = _input(x, dtype, "nvfp4")
+    mode, gs_view, gs_val = _global_scale(global_scale, ctx)
+    info = device_info(ctx.device)
+    plan = quantize_plan(info.arch.name, info.sm_count, "nvfp4", dt, rows, k, swizzled, mode)
+    data, data_v, scales, scales_v = _outputs(ctx, "nvfp4", rows, k, scale_layout)
+    gs_out, gs_out_v = ctx.empty((1,), "float32")
+    kernel = get_kernel(plan.config, ctx.device, ctx.stream)
+    if plan.path == "fused":
+        ctx.launch(kernel.fn("mx_quantize_fused"), (plan.grid, 1, 1), (plan.block, 1, 1),
+                   (xa, data_v, scales_v, gs_out_v, np.int32(rows), np.int32(k),
+                    np.int32(swizzled)))
+        return MxTensor("nvfp4", (rows, k), data, scales, scale_layout, gs_out)
+    partials_v, n_partials = gs_out_v, 0
+    if plan.path == "amax":
+        partials, partials_v = ctx.empty((plan.amax_grid,), "int32")  # uint32 bits on the device
+        n_partials = plan.amax_grid
+        ctx.launch(kernel.fn("mx_amax"), (plan.amax_grid, 1, 1), (plan.block, 1, 1),
+                   (xa, partials_v, np.int64(rows * k * xa.itemsize // 16)))
+    gs_mode = {"value": 0, "device": 1, "auto": 2}[mode]
+    ctx.launch(kernel.fn("mx_quantize"), (plan.grid, 1, 1), (plan.block, 1, 1),
+               (xa, data_v, scales_v, gs_view if gs_view is not None else gs_out_v, partials_v,
+                gs_out_v, np.float32(gs_val), np.int32(gs_mode), np.int32(n_partials),
+                np.int32(rows), np.int32(k), np.int32(swizzled)))
+    return MxTensor("nvfp4", (rows, k), data, scales, scale_layout, gs_out)
+
+
+def dequantize(t: MxTensor, dtype: str = "float32", out: Any = None) -> Any:
+    """MxTensor -> [rows, K] in dtype ("float16" | "bfloat16" | "float32"; CuPy bf16 as uint16).
+
+    MX: code * 2^(scale - 127), exact in fp32; NVFP4: RN(e2m1 * e4m3 / global_scale). NaN where
+    a scale byte is NaN (groups that held NaN / Inf). `out`: optional [rows, K] (or any shape of
+    rows * K elements) contiguous array of `dtype`. Matches `reference.dequantize_*` bit for bit.
+    """
+    if not isinstance(t, MxTensor):
+        raise ValueError(f"t: expected an MxTensor, got {type(t).__name__}")
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype={dtype!r}; expected one of {FLOAT_DTYPES}")
+    t.check()
+    swizzled = _check_layout(t.scale_layout)
+    ctx = context_of(t.data, "t.data")
+    data_v, _ = device_array(t.data, "t.data", ctx, ("uint8",))
+    scales_v, _ = device_array(t.scales, "t.scales", ctx, ("uint8",))
+    gs_v = data_v
+    if t.fmt == "nvfp4":
+        gs_v, _ = device_array(t.global_scale, "t.global_scale", ctx, ("float32",))
+    rows, k = t.shape
+    if out is None:
+        out, out_v = ctx.empty((rows, k), dtype)
+    else:
+        out_v, _ = device_array(out, "out", ctx, (dtype,), hint=dtype)
+        if out_v.size != rows * k:
+            raise ValueError(f"out: has {out_v.size} elements, t has {rows} x {k}")
+    plan = dequantize_plan(device_info(ctx.device).arch.name, t.fmt, dtype, rows, k)
+    fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("mx_dequantize")
+    ctx.launch(fn, (plan.grid, 1, 1), (plan.block, 1, 1),
+               (data_v, scales_v, gs_v, out_v, np.int32(rows), np.int32(k), np.int32(swizzled)))
+    return out
+
+
+__all__ = ["FORMATS", "MxTensor", "dequantize", "quantize_mx", "quantize_nvfp4"]

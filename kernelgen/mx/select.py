@@ -1,0 +1,119 @@
+"""Launch plans of the mx kernels (pure host code: no GPU work, memoised per problem).
+
+Quantize paths:
+  direct  one `mx_quantize` launch; the NVFP4 global scale is a value or a device scalar.
+  fused   NVFP4 with the global scale computed from the input, small inputs, sm_90+: one cluster
+          of 8 x 1024 threads reads the input once, reduces the amax through distributed shared
+          memory and quantizes from registers (one launch, no scratch).
+  amax    NVFP4 with the global scale computed from the input otherwise: `mx_amax` writes
+          per-block partial maxima, `mx_quantize` reduces them per block (two launches, no
+          memset, no host sync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.select import selector
+from .config import (
+    CLUSTER,
+    ESIZE,
+    FLOAT_DTYPES,
+    FUSED_THREADS,
+    THREADS,
+    MxDequantizeConfig,
+    MxQuantizeConfig,
+    lane_elems,
+    slots_per_thread,
+)
+from .tensor import FORMATS, group_size
+
+GS_MODES = ("value", "device", "auto")  # NVFP4 global scale: Python value, device scalar, computed
+PAD_WORDS_PER_THREAD = 4  # padding-row scale words a thread zeroes before the grid grows for them
+AMAX_UNROLL = 4  # 16-byte loads in flight per thread in mx_amax
+MAX_SLOTS = 1 << 31  # slot indices are 32-bit on the device
+
+
+@dataclass(frozen=True)
+class QuantizePlan:
+    config: MxQuantizeConfig
+    path: str  # "direct" | "fused" | "amax"
+    grid: int
+    block: int
+    amax_grid: int = 0  # blocks of mx_amax (path "amax"), = number of partial maxima
+
+    def short(self) -> str:
+        extra = f", amax_grid={self.amax_grid}" if self.path == "amax" else ""
+        return f"QuantizePlan({self.config.short()}, path={self.path}, grid={self.grid}, " \
+               f"block={self.block}{extra})"
+
+
+@dataclass(frozen=True)
+class DequantizePlan:
+    config: MxDequantizeConfig
+    grid: int
+    block: int
+
+    def short(self) -> str:
+        return f"DequantizePlan({self.config.short()}, grid={self.grid}, block={self.block})"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def slot_counts(fmt: str, rows: int, k: int, swizzled: bool) -> tuple[int, int]:
+    """(lane slots the quantize kernels cover, 4-byte scale words of the padding rows)."""
+    s = k // group_size(fmt)
+    lanes = group_size(fmt) // lane_elems(fmt)
+    cols = 4 * _cdiv(s, 4) if swizzled else s
+    pad_words = (_cdiv(rows, 128) * 128 - rows) * _cdiv(s, 4) if swizzled else 0
+    return rows * cols * lanes, pad_words
+
+
+@selector
+def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: int,
+                  swizzled: bool, gs_mode: str) -> QuantizePlan:
+    """The kernels and grid for quantizing [rows, K] of `dtype` to `fmt`."""
+    cfg = MxQuantizeConfig(arch=arch, fmt=fmt, dtype=dtype)
+    if gs_mode not in GS_MODES:
+        raise ValueError(f"gs_mode={gs_mode!r}; expected one of {GS_MODES}")
+    total, pad_words = slot_counts(fmt, rows, k, swizzled)
+    if total >= MAX_SLOTS:
+        raise ValueError(f"x: {rows} rows x K={k} is too large for one launch (rows * K / "
+                         f"{lane_elems(fmt)} must be < 2**31)")
+    if fmt == "nvfp4" and gs_mode == "auto":
+        if cfg.fused and total <= CLUSTER * FUSED_THREADS * cfg.fused_slots:
+            return QuantizePlan(cfg, "fused", CLUSTER, FUSED_THREADS)
+        n16 = rows * k * ESIZE[dtype] // 16
+        amax_grid = max(1, min(_cdiv(n16, THREADS * AMAX_UNROLL), 4 * sm_count))
+    else:
+        amax_grid = 0
+    per_block = THREADS * slots_per_thread(fmt, dtype)
+    grid = max(1, _cdiv(total, per_block), _cdiv(pad_words, THREADS * PAD_WORDS_PER_THREAD))
+    return QuantizePlan(cfg, "amax" if amax_grid else "direct", grid, THREADS, amax_grid)
+
+
+@selector
+def dequantize_plan(arch: str, fmt: str, dtype: str, rows: int, k: int) -> DequantizePlan:
+    cfg = MxDequantizeConfig(arch=arch, fmt=fmt, dtype=dtype)
+    total = rows * k // lane_elems(fmt)
+    if total >= MAX_SLOTS:
+        raise ValueError(f"{rows} rows x K={k} is too large for one launch (rows * K / "
+                         f"{lane_elems(fmt)} must be < 2**31)")
+    per_block = THREADS * cfg.template_vars()["slots"]
+    return DequantizePlan(cfg, max(1, _cdiv(total, per_block)), THREADS)
+
+
+def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator:
+    """Every config the mx API can launch: quantize and dequantize per (format, dtype);
+    narrowed by spec "fmts" and "dtypes" when given."""
+    fmts = tuple(f for f in (spec.get("fmts") or FORMATS) if f in FORMATS)
+    dtypes = tuple(d for d in (spec.get("dtypes") or FLOAT_DTYPES) if d in FLOAT_DTYPES)
+    for arch in archs:
+        for fmt in fmts:
+            for dt in dtypes:
+                yield MxQuantizeConfig(arch=arch, fmt=fmt, dtype=dt)
+                yield MxDequantizeConfig(arch=arch, fmt=fmt, dtype=dt)
