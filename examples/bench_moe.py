@@ -1,0 +1,179 @@
+"""Benchmark of the MoE grouped GEMM (issue 4) against the read floor of the experts touched,
+torch._grouped_mm and cuBLAS dense bf16, all measured in the same run.
+
+    python examples/bench_moe.py [--shapes E128,E256,E8] [--ts 1,2,4,8,16,64,256,4096]
+                                 [--forced] [--json out.json]
+
+Per (shape, T, GEMM): W13 + SwiGLU ([E, 2I, H], writes [M, I]) and W2 ([E, H, I]), M = T * top_k
+rows routed uniformly (distinct experts per token, like torch.topk), a different routing each
+call (several draws rotate). Median microseconds of back-to-back calls (CUDA events), the
+floor = bytes of the experts touched (+ activations in and out) / device-copy rate (bytes read
++ written, kernelgen.bench.copy_bandwidth) of the same run, TFLOP/s, the TILE_M / swap_ab /
+TILE_N the selector chose, and with --forced the time of every tile-table row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+SHAPES = {"E128": (128, 7168, 2048, 8), "E256": (256, 7168, 2048, 8), "E8": (8, 4096, 14336, 2)}
+DRAWS = 4  # routings rotated per measurement
+
+
+def _routing(rng, t, e, top_k):
+    ids = np.argsort(rng.random((t, e)), axis=1)[:, :top_k]
+    counts = np.bincount(ids.reshape(-1), minlength=e)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32), counts
+
+
+def _variants(arch, prefill, act):
+    """Pipeline variants around the table rows (tuning data for config.py TILES)."""
+    from kernelgen.moe.config import MoeGemmConfig
+
+    epi = "swiglu" if act else "none"
+    base = dict(arch=arch, dtype="bfloat16", epilogue=epi)
+    if prefill:
+        specs = [(128, 128, False, 2, 4, 1, st, mb) for st in (2, 3, 4) for mb in (1, 2)]
+        specs += [(128, 256, False, 2, 4, 1, st, 1) for st in (2, 3)]
+        specs += [(256, 128, False, 4, 2, 1, st, 1) for st in (2, 3, 4)]
+        specs += [(64, 128, False, 2, 2, 1, st, mb) for st in (3, 4, 6) for mb in (1, 2, 3)]
+    else:
+        specs = [(8, tn, True, 1, 1, wk, st, mb) for tn in (32, 64, 128) for wk in (2, 4)
+                 for st in (3, 4, 6, 8) for mb in (2, 4)]
+        specs += [(16, 64, True, 1, 1, 4, st, 4) for st in (3, 4, 5)]
+    out = []
+    for tm, tn, sw, wp, wq, wk, st, mb in specs:
+        label = f"{tm}{'s' if sw else 'n'}{tn}_w{wp}{wq}{wk}_s{st}_b{mb}"
+        try:
+            cfg = MoeGemmConfig(tile_m=tm, tile_n=tn, swap_ab=sw, warps_p=wp, warps_q=wq,
+                                warps_k=wk, stages=st, min_blocks=mb, **base)
+        except ValueError:
+            continue
+        out.append((label, cfg))
+    return out
+
+
+def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act, touched):
+    import torch
+
+    from kernelgen.bench import time_gpu
+    from kernelgen.moe import grouped_gemm, select_grouped
+    from kernelgen.moe.config import TILES
+
+    m = x.shape[0]
+    n_out = n // 2 if act else n
+    out = torch.empty(m, n_out, device="cuda", dtype=torch.bfloat16)
+    wbytes = touched * n * k * 2
+    floor = (wbytes + m * (k + n_out) * 2) / bw
+    flops = 2.0 * m * n * k
+
+    def run(j, **kw):
+        grouped_gemm(x, w, offs[j % DRAWS], activation=act, out=out, **kw)
+
+    plan = select_grouped(info.arch.name, info.sm_count, "bfloat16", e, n, k, m,
+                          "swiglu" if act else "none")
+    tt = time_gpu(run, iters=args.iters, repeats=5)
+    row = {"shape": name, "T": t, "gemm": gemm, "us": tt * 1e6, "floor_us": floor * 1e6,
+           "floor_frac": floor / tt, "tflops": flops / tt / 1e12,
+           "tile_m": plan.config.tile_m, "swap_ab": plan.config.swap_ab,
+           "tile_n": plan.config.tile_n, "touched": touched}
+    if has_gmm:
+        wt = w.transpose(-2, -1)
+        ends = [o[1:] for o in offs]
+
+        def gmm(j):
+            torch._grouped_mm(x, wt, offs=ends[j % DRAWS], out_dtype=torch.bfloat16)
+
+        try:
+            row["torch_grouped_mm_us"] = time_gpu(gmm, iters=args.iters, repeats=5) * 1e6
+        except Exception as err:  # noqa: BLE001 - reported, not fatal
+            row["torch_grouped_mm_us"] = None
+            row["torch_grouped_mm_error"] = str(err).splitlines()[0][:160]
+    if t >= 1024:  # cuBLAS dense bf16 of the same M x N x K
+        wd = w[0]
+        row["cublas_dense_us"] = time_gpu(lambda j: torch.matmul(x, wd.t()),
+                                          iters=args.iters, repeats=5) * 1e6
+        row["frac_of_cublas_rate"] = row["cublas_dense_us"] / row["us"]
+
+    def timed(**kw):
+        try:
+            return time_gpu(lambda j: run(j, **kw), iters=max(3, args.iters // 2), repeats=3) * 1e6
+        except Exception as err:  # noqa: BLE001
+            return f"error: {err}"[:120]
+
+    if args.forced:
+        row["forced_us"] = {f"{tm}{'s' if sw else 'n'}{tn}": timed(tile_m=tm, swap_ab=sw, tile_n=tn)
+                            for tm, sw, tn in TILES if not (t >= 1024 and tm <= 16)}
+    if args.sweep and t in (1, 4096) and name != "E256":
+        row["sweep_us"] = {label: timed(config=cfg)
+                           for label, cfg in _variants(info.arch.name, t >= 1024, act)}
+    gm = row.get("torch_grouped_mm_us")
+    extra = f" torch_gmm {gm:9.1f}" if isinstance(gm, float) else ""
+    if "frac_of_cublas_rate" in row:
+        extra += f" cublas {row['cublas_dense_us']:9.1f} ({row['frac_of_cublas_rate']:.2f}x rate)"
+    print(f"{name:5s} T={t:5d} {gemm:11s} {row['us']:9.1f} us floor {row['floor_us']:8.1f} "
+          f"({row['floor_frac']:.2f}) {row['tflops']:6.1f} TF/s tile_m={row['tile_m']} "
+          f"swap={row['swap_ab']} tile_n={row['tile_n']}{extra}", flush=True)
+    for key in ("forced_us", "sweep_us"):
+        if key in row:
+            print(f"      {key[:-3]}: " + " ".join(
+                f"{kk}={v:.1f}" if isinstance(v, float) else f"{kk}={v}"
+                for kk, v in row[key].items()), flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="E128,E256,E8")
+    ap.add_argument("--ts", default="1,2,4,8,16,64,256,4096")
+    ap.add_argument("--forced", action="store_true", help="also time every tile-table row")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time pipeline variants (stages, warps, CTAs/SM) at T=1 and 4096")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import cupy
+    import torch
+
+    from kernelgen.arch import device_info
+    from kernelgen.bench import copy_bandwidth
+
+    info = device_info()
+    bw = copy_bandwidth()
+    print(f"# {info.name}, {info.sm_count} SMs; device copy {bw / 1e12:.3f} TB/s (read + write)")
+    has_gmm = hasattr(torch, "_grouped_mm")
+    print(f"# torch {torch.__version__}; torch._grouped_mm {'present' if has_gmm else 'ABSENT'}")
+    rng = np.random.default_rng(0)
+    results = []
+
+    for name in args.shapes.split(","):
+        e, h, i, top_k = SHAPES[name]
+        w13 = torch.randn(e, 2 * i, h, device="cuda", dtype=torch.bfloat16).mul_(h ** -0.5)
+        w2 = torch.randn(e, h, i, device="cuda", dtype=torch.bfloat16).mul_(i ** -0.5)
+        for t in (int(s) for s in args.ts.split(",")):
+            m = t * top_k
+            draws = [_routing(rng, t, e, top_k) for _ in range(DRAWS)]
+            offs = [torch.from_numpy(o).cuda() for o, _ in draws]
+            touched = float(np.mean([np.count_nonzero(c) for _, c in draws]))
+            x13 = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
+            x2 = torch.randn(m, i, device="cuda", dtype=torch.bfloat16)
+            for gemm, x, w, n, k, act in (("w13+swiglu", x13, w13, 2 * i, h, "swiglu"),
+                                          ("w2", x2, w2, h, i, None)):
+                results.append(_bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs,
+                                           e, n, k, act, touched))
+            del x13, x2
+        del w13, w2
+        torch.cuda.empty_cache()
+        cupy.get_default_memory_pool().free_all_blocks()
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": info.name, "copy_bw": bw, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

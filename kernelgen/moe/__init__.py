@@ -1,0 +1,21 @@
+"""moe: the MoE grouped GEMM (one launch over per-expert row segments, TILE_M 8..256, swap_ab
+for small tiles, SwiGLU fused into the W13 epilogue) and the layer `fused_moe`."""
+
+from ..core.registry import Family, register_family
+from .config import MoeGemmConfig
+from .select import prewarm_configs
+
+register_family(
+    Family(
+        name="moe",
+        config_classes=(MoeGemmConfig,),
+        prewarm_configs=prewarm_configs,
+        description="MoE grouped GEMM (bf16/fp16 experts, fused SwiGLU) and fused_moe",
+    )
+)
+
+from .api import fused_moe, grouped_gemm  # noqa: E402
+from .select import GroupedPlan, plan_grouped, select_grouped, tile_m_for  # noqa: E402
+
+__all__ = ["GroupedPlan", "MoeGemmConfig", "fused_moe", "grouped_gemm", "plan_grouped",
+           "select_grouped", "tile_m_for"]

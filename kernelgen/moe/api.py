@@ -1,0 +1,126 @@
+"""Public MoE API: the grouped GEMM over expert segments, and the whole layer `fused_moe`.
+CuPy arrays or torch tensors in, the caller's kind out, on the caller's current stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..arch import device_info
+from ..core.interop import context_of, device_array
+from ..core.jit import get_kernel
+from .config import DTYPES, MoeGemmConfig
+from .select import GroupedPlan, check_shape, plan_grouped, select_grouped
+
+
+def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None, out: Any = None,
+                 rows: int | None = None, tile_m: int | None = None, swap_ab: bool | None = None,
+                 tile_n: int | None = None, policy: str = "threshold",
+                 dtype: str | None = None, config: MoeGemmConfig | None = None) -> Any:
+    """Y[rows of e] = X[rows of e] . W[e]^T for every expert e, one launch.
+
+    x [M, K] and w [E, N, K] fp16 / bf16 (same dtype, contiguous, 16-byte aligned; CuPy bf16:
+    uint16 with dtype="bfloat16"); offsets [E + 1] int32 on the device: expert e owns rows
+    [offsets[e], offsets[e+1]) (any segment sizes, padded or not; never read on the host).
+    activation="swiglu": w is W13 [E, 2I, K] (gate rows, then up rows) and Y [M, I] =
+    silu(X . gate^T) * (X . up^T). Rows of Y outside every segment are not written.
+    `rows`: the host-side row count the selector uses (default M; e.g. T * top_k when x is a
+    capacity-sized buffer). tile_m / swap_ab / tile_n force a table row; policy "threshold"
+    (default) or "waste" picks TILE_M (kernelgen.moe.select); `config` forces a whole
+    MoeGemmConfig (tuning; its dtype and epilogue must match the call).
+    """
+    ctx = context_of(x, "x")
+    xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
+    wa, wdt = device_array(w, "w", ctx, DTYPES, hint=dt, ndim=3)
+    if wdt != dt:
+        raise ValueError(f"w: dtype {wdt}; must match x ({dt})")
+    off, _ = device_array(offsets, "offsets", ctx, ("int32",), ndim=1)
+    m, k = int(xa.shape[0]), int(xa.shape[1])
+    e, n, kw = (int(s) for s in wa.shape)
+    if kw != k:
+        raise ValueError(f"w: K={kw} does not match x's K={k} (x [{m}, {k}], w [{e}, {n}, {kw}])")
+    if off.shape[0] != e + 1:
+        raise ValueError(f"offsets: {off.shape[0]} entries; E={e} experts need E + 1")
+    epilogue = "swiglu" if activation == "swiglu" else "none"
+    if activation not in (None, "swiglu"):
+        raise ValueError(f"activation={activation!r}: expected None or 'swiglu'")
+    for name, arr in (("x", xa), ("w", wa)):
+        if arr.data.ptr % 16:
+            raise ValueError(f"{name}: data pointer must be 16-byte aligned")
+    n_out = n // 2 if epilogue == "swiglu" else n
+    if out is None:
+        out, ya = ctx.empty((m, n_out), dt)
+    else:
+        ya, _ = device_array(out, "out", ctx, (dt,), hint=dt, ndim=2)
+        if tuple(ya.shape) != (m, n_out):
+            raise ValueError(f"out: shape {tuple(ya.shape)}; expected {(m, n_out)} "
+                             f"(x [{m}, {k}], w [{e}, {n}, {k}], activation={activation})")
+        if ya.data.ptr % 4:
+            raise ValueError("out: data pointer must be 4-byte aligned")
+    if m == 0:
+        return out
+    info = device_info(ctx.device)
+    r = m if rows is None else max(1, min(int(rows), m))
+    if config is not None:
+        if config.dtype != dt or config.epilogue != epilogue:
+            raise ValueError(f"config: {config.short()} does not match dtype={dt}, "
+                             f"epilogue={epilogue}")
+        check_shape(e, n, k, epilogue)
+        plan = GroupedPlan(config, e, -(-n // config.tile_n))
+    elif tile_m is None and swap_ab is None and tile_n is None:
+        plan = select_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, policy)
+    else:
+        plan = plan_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, tile_m,
+                            swap_ab, tile_n, policy)
+    fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_gemm")
+    ctx.launch(fn, plan.grid(m), plan.block, (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k)),
+               smem=plan.smem)
+    return out
+
+
+def _routing():
+    """moe_layout / moe_dispatch / moe_combine of kernelgen.moe_routing, or the CuPy stand-in
+    while that family is not installed."""
+    try:
+        from ..moe_routing import moe_combine, moe_dispatch, moe_layout
+    except ImportError:
+        from ._routing_fallback import moe_combine, moe_dispatch, moe_layout
+    return moe_layout, moe_dispatch, moe_combine
+
+
+def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
+              graph_safe: bool = False, tile_m: int | None = None, swap_ab: bool | None = None,
+              policy: str = "threshold", dtype: str | None = None) -> Any:
+    """The MoE layer: out[t] = sum_j topk_weights[t, j] * W2[e] . silu-glu(W13[e] . x[t]).
+
+    x [T, H] fp16 / bf16; topk_ids [T, top_k] int32 / int64; topk_weights [T, top_k];
+    w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I] in x's dtype.
+    Steps: layout (pad_to=1: the grouped GEMM masks rows per expert, so segments need no
+    padding and x_perm has exactly T * top_k rows) -> dispatch -> W13 + SwiGLU -> W2 ->
+    combine. `graph_safe=True` asks dispatch for its no-sync upper-bound buffer (with pad_to=1
+    it has the same T * top_k rows); every launch size comes from host shapes.
+    """
+    ctx = context_of(x, "x")
+    xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
+    w13a, _ = device_array(w13, "w13", ctx, (dt,), hint=dt, ndim=3)
+    w2a, _ = device_array(w2, "w2", ctx, (dt,), hint=dt, ndim=3)
+    t, h = (int(s) for s in xa.shape)
+    e, two_i, h13 = (int(s) for s in w13a.shape)
+    if h13 != h:
+        raise ValueError(f"w13: shape {tuple(w13a.shape)}; its last dim must be x's H={h}")
+    if tuple(int(s) for s in w2a.shape) != (e, h, two_i // 2):
+        raise ValueError(f"w2: shape {tuple(w2a.shape)}; expected [E, H, I] = "
+                         f"{(e, h, two_i // 2)} from w13 {tuple(w13a.shape)} and x {tuple(xa.shape)}")
+    ids_shape = tuple(int(s) for s in topk_ids.shape)
+    if len(ids_shape) != 2 or ids_shape[0] != t:
+        raise ValueError(f"topk_ids: shape {ids_shape}; expected [T={t}, top_k]")
+    top_k = ids_shape[1]
+    moe_layout, moe_dispatch, moe_combine = _routing()
+    layout = moe_layout(topk_ids, e, pad_to=1)
+    x_perm = moe_dispatch(x, layout, exact=not graph_safe)
+    rows = t * top_k
+    kw = dict(rows=rows, tile_m=tile_m, swap_ab=swap_ab, policy=policy, dtype=dt)
+    hid = grouped_gemm(x_perm, w13, layout.offsets, activation="swiglu", **kw)
+    y_perm = grouped_gemm(hid, w2, layout.offsets, **kw)
+    return moe_combine(y_perm, layout, topk_weights)

@@ -1,0 +1,153 @@
+"""Config of the MoE grouped GEMM (bf16 / fp16 experts): tile shape, swap_ab, warps, stages,
+epilogue. Every field is part of the cache key, so each variant is its own cache entry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..core.config import KernelConfig
+from ..errors import UnsupportedConfigError
+
+DTYPES = ("float16", "bfloat16")
+CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16"}
+EPILOGUES = ("none", "swiglu")
+TILE_MS = (8, 16, 32, 64, 128, 256)
+TILE_NS = (32, 64, 128, 256)
+TK = 64  # k per pipeline stage (templates/moe/grouped.cuh)
+ROW_BYTES = 2 * TK
+KB = 1024
+
+
+@dataclass(frozen=True)
+class TileShape:
+    """One row of the tile table: weight rows a CTA covers, warps (P x Q x K), stages, and the
+    CTAs per SM the launch bounds ask for."""
+
+    tile_n: int
+    warps_p: int
+    warps_q: int
+    warps_k: int
+    stages: int
+    min_blocks: int
+
+
+# (tile_m, swap_ab, tile_n) -> shape. swap_ab: weight rows on the mma's 16-row side (P), tokens
+# on its n8 side (Q); 4 warps split each stage's four k16 steps and add their partial tiles at
+# the end, and 4 CTAs share an SM (the decode path streams weights: bytes in flight matter,
+# not mma throughput). Without swap_ab: tokens on P, a classic 2-D warp grid.
+TILES: dict[tuple[int, bool, int], TileShape] = {
+    (8, True, 64): TileShape(64, 1, 1, 4, 6, 4),
+    (8, True, 32): TileShape(32, 1, 1, 4, 8, 4),
+    (16, True, 64): TileShape(64, 1, 1, 4, 5, 4),
+    (16, True, 32): TileShape(32, 1, 1, 4, 8, 4),
+    (32, True, 64): TileShape(64, 1, 1, 4, 4, 4),
+    (32, True, 32): TileShape(32, 1, 1, 4, 6, 4),
+    (16, False, 128): TileShape(128, 1, 4, 1, 4, 2),
+    (32, False, 128): TileShape(128, 1, 4, 1, 4, 2),
+    (64, False, 128): TileShape(128, 2, 2, 1, 4, 2),
+    (128, False, 128): TileShape(128, 2, 4, 1, 4, 1),
+    (256, False, 128): TileShape(128, 4, 2, 1, 3, 1),
+}
+# sm_120a opts in to 99 KB a block: fewer stages there
+STAGES_SM120: dict[tuple[int, bool, int], int] = {(128, False, 128): 3, (256, False, 128): 2}
+
+
+def tile_shape(arch: str, tile_m: int, swap_ab: bool, tile_n: int) -> TileShape:
+    try:
+        s = TILES[(tile_m, swap_ab, tile_n)]
+    except KeyError:
+        have = ", ".join(f"(tile_m={m}, swap_ab={sw}, tile_n={n})" for m, sw, n in TILES)
+        raise UnsupportedConfigError(f"no MoE tile (tile_m={tile_m}, swap_ab={swap_ab}, "
+                                     f"tile_n={tile_n}); the table has {have}") from None
+    if arch == "sm_120a" and (tile_m, swap_ab, tile_n) in STAGES_SM120:
+        s = TileShape(s.tile_n, s.warps_p, s.warps_q, s.warps_k,
+                      STAGES_SM120[(tile_m, swap_ab, tile_n)], s.min_blocks)
+    return s
+
+
+@dataclass(frozen=True)
+class MoeGemmConfig(KernelConfig):
+    family: ClassVar[str] = "moe"
+    template: ClassVar[str] = "moe/grouped_gemm.cu.jinja"
+    dtype: str = "bfloat16"  # X, W and Y
+    tile_m: int = 128  # tokens of a CTA tile
+    tile_n: int = 128  # weight rows of a CTA tile (virtual gate/up rows with swiglu)
+    swap_ab: bool = False
+    warps_p: int = 2
+    warps_q: int = 4
+    warps_k: int = 1
+    stages: int = 4
+    min_blocks: int = 1
+    epilogue: str = "none"  # "swiglu": W is W13 [E, 2I, K], Y [M, I] = silu(gate) * up
+
+    @classmethod
+    def of(cls, arch: str, dtype: str, tile_m: int, swap_ab: bool, tile_n: int,
+           epilogue: str = "none") -> MoeGemmConfig:
+        """The config of a tile-table row."""
+        s = tile_shape(arch, tile_m, swap_ab, tile_n)
+        return cls(arch=arch, dtype=dtype, tile_m=tile_m, tile_n=tile_n, swap_ab=swap_ab,
+                   warps_p=s.warps_p, warps_q=s.warps_q, warps_k=s.warps_k, stages=s.stages,
+                   min_blocks=s.min_blocks, epilogue=epilogue)
+
+    @property
+    def tp(self) -> int:  # rows on the mma's 16-row side
+        return self.tile_n if self.swap_ab else self.tile_m
+
+    @property
+    def tq(self) -> int:  # rows on the mma's n8 side
+        return self.tile_m if self.swap_ab else self.tile_n
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_p * self.warps_q * self.warps_k
+
+    def check(self) -> None:
+        def bad(field: str, rule: str) -> UnsupportedConfigError:
+            return UnsupportedConfigError(f"{self.short()}: {field}={getattr(self, field)!r}; {rule}")
+
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"expected one of {DTYPES}")
+        if self.epilogue not in EPILOGUES:
+            raise bad("epilogue", f"expected one of {EPILOGUES}")
+        if self.tile_m not in TILE_MS:
+            raise bad("tile_m", f"expected one of {TILE_MS}")
+        if self.tile_n not in TILE_NS:
+            raise bad("tile_n", f"expected one of {TILE_NS}")
+        if self.tile_m == 8 and not self.swap_ab:
+            raise bad("swap_ab", "tile_m=8 needs swap_ab=True (the mma's token side is 16 rows "
+                                 "without it)")
+        for f in ("warps_p", "warps_q", "warps_k"):
+            if getattr(self, f) not in (1, 2, 4, 8):
+                raise bad(f, "expected 1, 2, 4 or 8")
+        if not 2 <= self.stages <= 8:
+            raise bad("stages", "expected 2..8")
+        if self.min_blocks not in (1, 2, 3, 4):
+            raise bad("min_blocks", "expected 1..4")
+        if self.threads > 512:
+            raise bad("warps_k", f"{self.threads} threads a CTA; at most 512")
+        if self.tp % (16 * self.warps_p):
+            raise bad("warps_p", f"the 16-row side ({self.tp} rows) must split into multiples "
+                                 f"of 16 per warp")
+        wq = self.tq // self.warps_q
+        if self.tq % self.warps_q or wq % 8:
+            raise bad("warps_q", f"the n8 side ({self.tq} rows) must split into multiples of 8 "
+                                 f"per warp")
+        if self.epilogue == "swiglu" and not self.swap_ab and wq % 16:
+            raise bad("epilogue", "swiglu without swap_ab needs 16 weight rows per warp "
+                                  "(gate/up n8 pairs)")
+        if 4 % self.warps_k:
+            raise bad("warps_k", "must divide the 4 k16 steps of a stage")
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("moe_grouped_gemm",)
+
+    def smem_bytes(self) -> int:
+        """Pipeline stages, or the k-split reduction buffer if larger (it reuses them)."""
+        pipe = self.stages * (self.tp + self.tq) * ROW_BYTES
+        acc = (self.tp // self.warps_p // 16) * (self.tq // self.warps_q // 8) * 4
+        red = (self.warps_k - 1) * self.warps_p * self.warps_q * acc * 32 * 4
+        return max(pipe, red)
+
+    def template_vars(self) -> dict[str, Any]:
+        return {**super().template_vars(), "ctype": CTYPE[self.dtype], "smem": self.smem_bytes()}

@@ -1,0 +1,192 @@
+"""Host-side selector of the MoE grouped GEMM, as data plus one pure function.
+
+Inputs are host-side numbers only (no GPU sync, no .item()): the rows M = T * top_k the launch
+covers, E, N, K, dtype, epilogue, SM count. TILE_M comes from the average rows per expert M / E:
+- policy "threshold" (seed 001 §4.2 option A, the default): the first row of TILE_M_TABLE whose
+  bound is >= the average;
+- policy "waste" (option B): the tile that wastes the fewest padded rows on an expert holding
+  ceil(M / E) rows, the larger tile on ties.
+swap_ab follows SWAP_AB (tokens on the mma's n8 side up to 32 rows a tile). With swap_ab the
+weight tile is 64 rows, or 32 when the experts touched (at most min(E, M)) times the N tiles
+would give fewer than MIN_CTAS_PER_SM CTAs an SM. The grid is sized from the rows of x_perm
+(host shape): slots = ceil(M / TILE_M) + min(E, M) (each non-empty expert adds at most one
+partial tile), so a launch is graph-safe; slots past the last tile exit at once.
+
+Memoised and printable (KERNELGEN_PRINT_CONFIGS=1) through `kernelgen.core.select.selector`;
+`prewarm_configs` walks the same function, so prewarm builds what dispatch can pick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..arch import get_arch
+from ..core.select import selector
+from ..errors import UnsupportedConfigError
+from .config import DTYPES, EPILOGUES, TILE_MS, MoeGemmConfig, tile_shape
+
+# (largest average rows per expert, TILE_M); the last row takes everything above
+TILE_M_TABLE: tuple[tuple[float, int], ...] = (
+    (2.0, 8), (6.0, 16), (14.0, 32), (40.0, 64), (512.0, 128), (math.inf, 256))
+SWAP_AB: dict[int, bool] = {8: True, 16: True, 32: True, 64: False, 128: False, 256: False}
+SWAP_TILE_N = (64, 32)  # weight rows of a swap_ab tile: the first that fills the GPU
+MIN_CTAS_PER_SM = 2
+PLAIN_TILE_N = 128
+POLICIES = ("threshold", "waste")
+# SM counts of the parts each target runs on (prewarm of a spec walks them)
+SM_COUNTS: dict[str, tuple[int, ...]] = {
+    "sm_80": (108, 72, 142, 128),
+    "sm_90a": (132, 114, 78),
+    "sm_100a": (148,),
+    "sm_120a": (170, 188, 84),
+}
+
+
+@dataclass(frozen=True)
+class GroupedPlan:
+    """One launch: the config, the N tiles (grid.y) and, through `grid(m)`, the slots."""
+
+    config: MoeGemmConfig
+    experts: int
+    n_tiles: int
+
+    def slots(self, m: int) -> int:
+        """Upper bound on the TILE_M tiles of m rows split over the experts (grid.x)."""
+        return -(-m // self.config.tile_m) + min(self.experts, m)
+
+    def grid(self, m: int) -> tuple[int, int, int]:
+        return (self.slots(m), self.n_tiles, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.config.threads, 1, 1)
+
+    @property
+    def smem(self) -> int:
+        return self.config.smem_bytes()
+
+    def short(self) -> str:
+        c = self.config
+        return (f"MoeGemm(tile_m={c.tile_m}, tile_n={c.tile_n}, swap_ab={c.swap_ab}, "
+                f"epilogue={c.epilogue}, {c.dtype}) n_tiles={self.n_tiles} smem={self.smem}")
+
+
+def check_shape(e: int, n: int, k: int, epilogue: str) -> None:
+    """What the kernel needs: E >= 1, N a positive multiple of 8 (16 with swiglu: gate/up
+    halves of whole 8-row blocks), K a positive multiple of 8 (16-byte row chunks)."""
+    step = 16 if epilogue == "swiglu" else 8
+    if e < 1 or n < step or n % step or k < 8 or k % 8:
+        what = "2I (gate + up rows)" if epilogue == "swiglu" else "N"
+        raise ValueError(f"w: shape [E={e}, N={n}, K={k}]; the MoE grouped GEMM needs E >= 1, "
+                         f"{what} a positive multiple of {step} and K a positive multiple of 8")
+
+
+def tile_m_for(rows: int, experts: int, policy: str = "threshold") -> int:
+    """TILE_M from host-side counts only."""
+    avg = rows / max(1, experts)
+    if policy == "threshold":
+        for bound, tile in TILE_M_TABLE:
+            if avg <= bound:
+                return tile
+        raise AssertionError("unreachable: the last row takes every average")
+    if policy == "waste":
+        m = max(1, -(-rows // max(1, experts)))
+        return min(TILE_MS, key=lambda tm: ((tm - m % tm) % tm, -tm))
+    raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
+
+
+def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, rows: int,
+                 epilogue: str = "none", tile_m: int | None = None, swap_ab: bool | None = None,
+                 tile_n: int | None = None, policy: str = "threshold") -> GroupedPlan:
+    """Pure planner; tile_m / swap_ab / tile_n force a table row (tests, benchmarks)."""
+    check_shape(e, n, k, epilogue)
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"activation: {epilogue!r}; expected None or 'swiglu'")
+    if rows < 1:
+        raise ValueError(f"rows={rows}: a launch needs at least one row")
+    tm = tile_m if tile_m is not None else tile_m_for(rows, e, policy)
+    if tm not in TILE_MS:
+        raise ValueError(f"tile_m={tm}: expected one of {TILE_MS}")
+    swap = SWAP_AB[tm] if swap_ab is None else bool(swap_ab)
+    touched = min(e, rows)
+    if tile_n is None:
+        if swap:
+            tile_n = SWAP_TILE_N[-1]
+            for tn in SWAP_TILE_N:
+                if touched * -(-n // tn) >= MIN_CTAS_PER_SM * sm_count:
+                    tile_n = tn
+                    break
+        else:
+            tile_n = PLAIN_TILE_N
+    tile_shape(arch, tm, swap, tile_n)  # raises naming the table when the row does not exist
+    cfg = MoeGemmConfig.of(arch, dtype, tm, swap, tile_n, epilogue)
+    return GroupedPlan(cfg, e, -(-n // tile_n))
+
+
+@selector
+def select_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, rows: int,
+                   epilogue: str = "none", policy: str = "threshold") -> GroupedPlan:
+    """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1)."""
+    return plan_grouped(arch, sm_count, dtype, e, n, k, rows, epilogue, policy=policy)
+
+
+def _rows_to_walk(e: int, top_k: int) -> list[int]:
+    """Row counts T * top_k at which a choice can change: every T up to the point where
+    min(E, rows) saturates, and both sides of every TILE_M bound (both policies)."""
+    ts = set(range(1, e + 2))
+    for bound, _ in TILE_M_TABLE[:-1]:
+        t = int(bound * e // top_k)
+        ts.update({t, t + 1, t + 2})
+    for tm in TILE_MS:  # waste policy: around multiples of each tile per expert
+        for mult in (1, 2, 3):
+            t = tm * mult * e // top_k
+            ts.update({t - 1, t, t + 1})
+    ts.add(1 << 20)
+    return sorted(t * top_k for t in ts if t >= 1)
+
+
+def _default_set(arch: str, dtype: str, epilogue: str) -> Iterator[MoeGemmConfig]:
+    for _, tm in TILE_M_TABLE:
+        swap = SWAP_AB[tm]
+        for tn in (SWAP_TILE_N if swap else (PLAIN_TILE_N,)):
+            yield MoeGemmConfig.of(arch, dtype, tm, swap, tn, epilogue)
+
+
+def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MoeGemmConfig]:
+    """Configs dispatch can pick. spec: "E", "H", "I", "top_k" (all four: walk the two GEMMs of
+    that layer, W13 + SwiGLU and W2, over every batch size and SM count), "dtypes",
+    "policy", "sm_counts". Without the shapes: the default table for each dtype and epilogue."""
+    dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
+    keys = ("E", "H", "I", "top_k")
+    given = [spec.get(kk) for kk in keys]
+    if any(v is not None for v in given) and not all(v is not None for v in given):
+        raise UnsupportedConfigError(f"moe spec: give all of {keys} or none, got {spec!r}")
+    policy = spec.get("policy") or "threshold"
+    if policy not in POLICIES:
+        raise UnsupportedConfigError(f"moe spec: policy={policy!r}; expected one of {POLICIES}")
+    seen: set[MoeGemmConfig] = set()
+    for arch in archs:
+        get_arch(arch)
+        for dtype in dtypes:
+            if not all(v is not None for v in given):
+                for epi in EPILOGUES:
+                    for cfg in _default_set(arch, dtype, epi):
+                        if cfg not in seen:
+                            seen.add(cfg)
+                            yield cfg
+                continue
+            e, h, i, top_k = (int(v) for v in given)
+            for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
+                for rows in _rows_to_walk(e, top_k):
+                    for n, k, epi in ((2 * i, h, "swiglu"), (h, i, "none")):
+                        try:
+                            cfg = plan_grouped(arch, sms, dtype, e, n, k, rows, epi,
+                                               policy=policy).config
+                        except ValueError as err:
+                            raise UnsupportedConfigError(f"moe spec {spec!r}: {err}") from None
+                        if cfg not in seen:
+                            seen.add(cfg)
+                            yield cfg

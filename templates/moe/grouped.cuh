@@ -1,0 +1,351 @@
+// MoE grouped GEMM, one launch for all experts:  Y[rows of e] = X[rows of e] . W[e]^T
+//
+//   X        [M, K]   T = half | bf16, row-major (x_perm: expert segments back to back)
+//   W        [E, N, K] T, row-major (each expert's rows are K-contiguous, like X)
+//   offsets  [E + 1]  int32: expert e owns rows [offsets[e], offsets[e+1]) of X and Y; any
+//            segment sizes (padded or not); rows outside [0, offsets[E]) are never touched
+//   Y        [M, N]   T, or [M, N/2] with SWIGLU (below); fp32 accumulation, rounded to nearest
+//
+// Tile map. grid.x enumerates "slots": the TILE_M-row tiles of every expert in expert order
+// (expert e has ceil(count_e / TILE_M) of them), grid.y the N tiles. The host sizes grid.x
+// with an upper bound from host-side counts only (M / TILE_M + min(E, M)); warp 0 of each CTA
+// scans the offsets (32 experts per step, warp prefix sum) to find its (expert, tile), and a
+// slot past the last tile exits before loading anything. Experts with no rows own no slot.
+//
+// Operands. Both X and W rows are K-contiguous, which is what mma.m16n8k16.row.col wants for A
+// (16 x k16, row-major) and for B (n8 x k16 given as rows of k). The CTA tile is TP x TQ: the
+// "P" side feeds the mma's 16-row A operand, the "Q" side its n8 B operand. Without SWAP, P =
+// tokens (TILE_M) and Q = weight rows (TILE_N); with SWAP (decode), P = weight rows and Q =
+// tokens, so 8 or 16 tokens fill whole n8 tiles while the weights fill the 16-row side.
+//
+// Pipeline. STAGES-deep cp.async (16 B, zero-filled past the segment / N / K) into shared
+// memory, 64 k per stage, rows of 128 B with their 16-byte chunks XOR-swizzled by row % 8 so
+// that ldmatrix reads hit 8 different bank groups. Warps are WARPS_P x WARPS_Q x WARPS_K; the
+// WARPS_K warps of one (p, q) position take alternate k16 steps of every stage and add their
+// accumulators through shared memory at the end (decode tiles are small; this keeps 4 warps
+// busy on one 64 x 8 tile).
+//
+// SWIGLU (W13 [E, 2I, K]: rows [0, I) gate, rows [I, 2I) up, the usual concatenation). The
+// weight side of a tile covers 2 x (TW / 2) "virtual" rows v, loaded in blocks of 8:
+// block b = v / 8 holds gate rows (b even) or up rows (b odd) of columns i = (b / 2) * 8 + v % 8.
+// An mma fragment then holds matching gate and up values in the same thread (SWAP: rows g and
+// g + 8 of an m16 tile; no SWAP: n8 tiles 2j and 2j + 1), the epilogue writes
+// silu(gate) * up to Y [M, I], and the [M, 2I] intermediate never exists.
+#pragma once
+#include "common/dtypes.cuh"
+#include "common/mma.cuh"
+#include "moe/async.cuh"
+
+namespace kg::moe {
+
+constexpr int TK = 64;          // k per stage: one 128-byte row of T per tile row
+constexpr int ROW_BYTES = TK * 2;
+
+// byte offset of 16-byte chunk c of tile row r (chunks XOR-swizzled by r % 8)
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return (uint32_t)(r * ROW_BYTES + ((c ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+
+template <typename T> __device__ __forceinline__ uint32_t pack_t2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack_t2<half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack_t2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// (expert, first row, rows) of this CTA's slot, or e = -1 when the slot is past the last tile.
+// Warp 0 walks the experts 32 at a time: lane l of a step owns expert base + l, a warp prefix
+// sum of the tile counts says which lane's range holds the slot.
+struct TileOf { int e, row0, rows; };
+
+template <int TILE_M>
+__device__ __forceinline__ TileOf find_tile(const int* __restrict__ offsets, int E, int slot) {
+  __shared__ int s_tile[3];
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int found_e = -1, found_row0 = 0, found_rows = 0;
+    int before = 0;  // tiles of the experts already walked
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + lane;
+      int lo = 0, hi = 0;
+      if (e < E) { lo = __ldg(offsets + e); hi = __ldg(offsets + e + 1); }
+      const int n = hi > lo ? (hi - lo + TILE_M - 1) / TILE_M : 0;
+      int incl = n;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const int first = before + incl - n;
+      const bool mine = slot >= first && slot < first + n;
+      const unsigned hit = __ballot_sync(0xffffffffu, mine);
+      if (mine) {
+        found_e = e;
+        found_row0 = lo + (slot - first) * TILE_M;
+        found_rows = min(TILE_M, hi - found_row0);
+      }
+      if (hit) {
+        const int src = __ffs(hit) - 1;
+        found_e = __shfl_sync(0xffffffffu, found_e, src);
+        found_row0 = __shfl_sync(0xffffffffu, found_row0, src);
+        found_rows = __shfl_sync(0xffffffffu, found_rows, src);
+        break;
+      }
+      before += __shfl_sync(0xffffffffu, incl, 31);
+      if (slot < before) break;  // unreachable for a well-formed (non-decreasing) offsets
+    }
+    if (lane == 0) { s_tile[0] = found_e; s_tile[1] = found_row0; s_tile[2] = found_rows; }
+  }
+  __syncthreads();
+  return TileOf{s_tile[0], s_tile[1], s_tile[2]};
+}
+
+// Global row pointers of the chunks one thread copies per stage (fixed over k): chunk column
+// c = tid % 8, rows tid / 8 + i * THREADS / 8.
+template <typename T, int ROWS, int THREADS>
+struct Loader {
+  static constexpr int PER = (ROWS * 8 + THREADS - 1) / THREADS;  // chunks a thread copies
+  const T* ptr[PER];
+  bool ok[PER];  // row exists (inside the segment / N)
+};
+
+template <typename T, int TP, int TQ, int WARPS_P, int WARPS_Q, int WARPS_K, int STAGES,
+          bool SWAP, bool SWIGLU>
+struct Grouped {
+  static constexpr int THREADS = 32 * WARPS_P * WARPS_Q * WARPS_K;
+  static constexpr int WP = TP / WARPS_P;  // warp tile, P side (multiple of 16)
+  static constexpr int WQ = TQ / WARPS_Q;  // warp tile, Q side (multiple of 8)
+  static constexpr int MI = WP / 16;
+  static constexpr int NI = WQ / 8;
+  static constexpr int STAGE_BYTES = (TP + TQ) * ROW_BYTES;
+  static constexpr int ACC = MI * NI * 4;
+  static constexpr int TW = SWAP ? TP : TQ;  // weight rows of a tile
+  static constexpr int TM = SWAP ? TQ : TP;  // tokens of a tile
+  static_assert(WP % 16 == 0 && WQ % 8 == 0, "warp tile: 16 x 8 multiples");
+  static_assert(!SWIGLU || (SWAP ? WP % 16 == 0 : WQ % 16 == 0), "gate/up pairs in one warp");
+  static constexpr int SMEM_PIPE = STAGES * STAGE_BYTES;
+  static constexpr int SMEM_RED = (WARPS_K - 1) * WARPS_P * WARPS_Q * ACC * 32 * 4;
+  static constexpr int SMEM = SMEM_PIPE > SMEM_RED ? SMEM_PIPE : SMEM_RED;
+
+  // Fill a loader for tile rows [0, ROWS): x rows (tokens) or w rows (weights).
+  template <int ROWS>
+  static __device__ __forceinline__ void x_rows(Loader<T, ROWS, THREADS>& L, const T* X, int K,
+                                                int row0, int rows) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < L.PER; ++i) {
+      const int r = tid / 8 + i * (THREADS / 8);
+      L.ok[i] = r < rows;
+      L.ptr[i] = X + (size_t)(row0 + (L.ok[i] ? r : 0)) * K + (tid & 7) * 8;
+    }
+  }
+  template <int ROWS>
+  static __device__ __forceinline__ void w_rows(Loader<T, ROWS, THREADS>& L, const T* We, int N,
+                                                int K, int n0) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < L.PER; ++i) {
+      const int r = tid / 8 + i * (THREADS / 8);
+      const int v = n0 + r;
+      int row;
+      bool ok;
+      if constexpr (SWIGLU) {
+        const int half_n = N / 2, b = v >> 3, col = (b >> 1) * 8 + (v & 7);
+        ok = col < half_n && r < ROWS;
+        row = (b & 1) ? half_n + col : col;
+      } else {
+        ok = v < N && r < ROWS;
+        row = v;
+      }
+      L.ok[i] = ok;
+      L.ptr[i] = We + (size_t)(ok ? row : 0) * K + (tid & 7) * 8;
+    }
+  }
+
+  template <int ROWS>
+  static __device__ __forceinline__ void copy(const Loader<T, ROWS, THREADS>& L, uint32_t dst,
+                                              int k0, int K) {
+    const int tid = threadIdx.x;
+    const bool k_ok = k0 + (tid & 7) * 8 < K;
+#pragma unroll
+    for (int i = 0; i < L.PER; ++i) {
+      const int r = tid / 8 + i * (THREADS / 8);
+      if (ROWS * 8 % THREADS == 0 || r < ROWS) {
+        const bool ok = L.ok[i] && k_ok;
+        cp_async16(dst + swz(r, tid & 7), ok ? (const void*)(L.ptr[i] + k0) : (const void*)L.ptr[i],
+                   ok);
+      }
+    }
+  }
+
+  static __device__ __forceinline__ void run(const T* __restrict__ X, const T* __restrict__ W,
+                                             const int* __restrict__ offsets, T* __restrict__ Y,
+                                             int E, int N, int K) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const TileOf tile = find_tile<TM>(offsets, E, blockIdx.x);
+    if (tile.e < 0) return;
+    const int n0 = blockIdx.y * TW;  // first (virtual) weight row of the tile
+    const T* We = W + (size_t)tile.e * N * K;
+
+    Loader<T, TP, THREADS> lp;
+    Loader<T, TQ, THREADS> lq;
+    if constexpr (SWAP) {
+      w_rows<TP>(lp, We, N, K, n0);
+      x_rows<TQ>(lq, X, K, tile.row0, tile.rows);
+    } else {
+      x_rows<TP>(lp, X, K, tile.row0, tile.rows);
+      w_rows<TQ>(lq, We, N, K, n0);
+    }
+
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem);
+    const int k_tiles = (K + TK - 1) / TK;
+    const auto load_stage = [&](int kt) {
+      const uint32_t st = base + (uint32_t)((kt % STAGES) * STAGE_BYTES);
+      copy<TP>(lp, st, kt * TK, K);
+      copy<TQ>(lq, st + TP * ROW_BYTES, kt * TK, K);
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < k_tiles) load_stage(s);
+      cp_async_commit();
+    }
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wp = warp % WARPS_P, wq = (warp / WARPS_P) % WARPS_Q, wk = warp / (WARPS_P * WARPS_Q);
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
+
+    // ldmatrix lane roles. A (x4): row = lane % 16, chunk +lane / 16. B (x4 over two n8 tiles):
+    // row = (lane / 16) * 8 + lane % 8, chunk + (lane / 8) % 2; (x2): row = lane % 8, same chunk.
+    const int a_row = wp * WP + (lane & 15), a_chk = lane >> 4;
+    const int b_row = wq * WQ + ((lane >> 4) << 3) + (lane & 7), b_chk = (lane >> 3) & 1;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      if (kt + STAGES - 1 < k_tiles) load_stage(kt + STAGES - 1);
+      cp_async_commit();
+      const uint32_t sp = base + (uint32_t)((kt % STAGES) * STAGE_BYTES);
+      const uint32_t sq = sp + TP * ROW_BYTES;
+#pragma unroll
+      for (int kk = wk; kk < TK / 16; kk += WARPS_K) {
+        uint32_t a[MI][4], b[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+          ldmatrix_x4(sp + swz(a_row + mi * 16, 2 * kk + a_chk), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+        if constexpr (NI % 2 == 0) {
+#pragma unroll
+          for (int ni = 0; ni < NI; ni += 2)
+            ldmatrix_x4(sq + swz(b_row + ni * 8, 2 * kk + b_chk), b[ni][0], b[ni][1], b[ni + 1][0],
+                        b[ni + 1][1]);
+        } else {
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni)
+            ldmatrix_x2(sq + swz(wq * WQ + ni * 8 + (lane & 7), 2 * kk + b_chk), b[ni][0], b[ni][1]);
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni)
+            Mma<T>::run(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[ni][0], b[ni][1]);
+      }
+    }
+    cp_async_wait<0>();
+
+    if constexpr (WARPS_K > 1) {  // add the k-split warps' partial tiles (lane-major: no conflicts)
+      __syncthreads();
+      float* red = reinterpret_cast<float*>(smem);
+      const int pq = wq * WARPS_P + wp;
+      if (wk > 0) {
+        float* dst = red + ((size_t)((wk - 1) * WARPS_P * WARPS_Q + pq) * ACC) * 32 + lane;
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dst[((mi * NI + ni) * 4 + e) * 32] = acc[mi][ni][e];
+      }
+      __syncthreads();
+      if (wk > 0) return;
+#pragma unroll 1
+      for (int w = 1; w < WARPS_K; ++w) {
+        const float* src = red + ((size_t)((w - 1) * WARPS_P * WARPS_Q + pq) * ACC) * 32 + lane;
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] += src[((mi * NI + ni) * 4 + e) * 32];
+      }
+    }
+    epilogue(acc, tile, n0, Y, N, wp, wq, lane);
+  }
+
+  // Fragment (mi, ni, e): P index wp*WP + mi*16 + g + 8*(e/2), Q index wq*WQ + ni*8 + 2t + e%2.
+  static __device__ __forceinline__ void epilogue(const float (&acc)[MI][NI][4], const TileOf& tile,
+                                                  int n0, T* __restrict__ Y, int N, int wp, int wq,
+                                                  int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    if constexpr (SWAP) {
+      // P = weight rows (n), Q = tokens
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        const int v = n0 + wp * WP + mi * 16 + g;
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int m = wq * WQ + ni * 8 + 2 * t + e;
+            if (m >= tile.rows) continue;
+            T* yrow = Y + (size_t)(tile.row0 + m) * (SWIGLU ? N / 2 : N);
+            if constexpr (SWIGLU) {
+              const int col = (n0 + wp * WP + mi * 16) / 2 + g;  // rows g / g+8 = gate / up
+              if (col < N / 2) yrow[col] = from_float<T>(silu(acc[mi][ni][e]) * acc[mi][ni][2 + e]);
+            } else {
+              if (v < N) yrow[v] = from_float<T>(acc[mi][ni][e]);
+              if (v + 8 < N) yrow[v + 8] = from_float<T>(acc[mi][ni][2 + e]);
+            }
+          }
+      }
+    } else {
+      // P = tokens, Q = weight rows (n): pairs of adjacent n in one 32-bit store
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int m = wp * WP + mi * 16 + g + 8 * h;
+          if (m >= tile.rows) continue;
+          T* yrow = Y + (size_t)(tile.row0 + m) * (SWIGLU ? N / 2 : N);
+          if constexpr (SWIGLU) {
+#pragma unroll
+            for (int ni = 0; ni < NI; ni += 2) {  // n8 tiles 2j (gate) and 2j+1 (up)
+              const int col = (n0 + wq * WQ + ni * 8) / 2 + 2 * t;
+              if (col < N / 2) {
+                const uint32_t p = pack_t2<T>(silu(acc[mi][ni][2 * h]) * acc[mi][ni + 1][2 * h],
+                                              silu(acc[mi][ni][2 * h + 1]) * acc[mi][ni + 1][2 * h + 1]);
+                *reinterpret_cast<uint32_t*>(yrow + col) = p;
+              }
+            }
+          } else {
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni) {
+              const int n = n0 + wq * WQ + ni * 8 + 2 * t;
+              if (n < N)
+                *reinterpret_cast<uint32_t*>(yrow + n) =
+                    pack_t2<T>(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+            }
+          }
+        }
+    }
+  }
+};
+
+}  // namespace kg::moe

@@ -1,0 +1,182 @@
+"""MoE grouped GEMM without a GPU: configs, tile table, selector (thresholds, waste policy,
+swap_ab, tile_n, grid bound), prewarm sets, the NumPy references, shape errors."""
+
+import math
+
+import numpy as np
+import pytest
+
+from kernelgen.errors import UnsupportedConfigError
+from kernelgen.moe import reference as MR
+from kernelgen.moe.config import TILES, MoeGemmConfig
+from kernelgen.moe.select import (
+    SWAP_AB,
+    TILE_M_TABLE,
+    plan_grouped,
+    prewarm_configs,
+    select_grouped,
+    tile_m_for,
+)
+
+SHAPES = {"E128": (128, 7168, 2048, 8), "E256": (256, 7168, 2048, 8), "E8": (8, 4096, 14336, 2)}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a", "sm_120a"])
+def test_every_table_row_is_a_valid_config(arch):
+    for (tm, sw, tn) in TILES:
+        for epi in ("none", "swiglu"):
+            cfg = MoeGemmConfig.of(arch, "bfloat16", tm, sw, tn, epi)
+            assert cfg.tile_m == tm and cfg.swap_ab == sw and cfg.tile_n == tn
+            assert cfg.smem_bytes() <= {"sm_120a": 99 * 1024}.get(arch, 163 * 1024), cfg
+
+
+def test_config_rules():
+    with pytest.raises(UnsupportedConfigError, match="tile_m=8 needs swap_ab=True"):
+        MoeGemmConfig(arch="sm_90a", tile_m=8, swap_ab=False)
+    with pytest.raises(UnsupportedConfigError, match="tile_m=12"):
+        MoeGemmConfig(arch="sm_90a", tile_m=12)
+    with pytest.raises(UnsupportedConfigError, match="dtype='float32'"):
+        MoeGemmConfig(arch="sm_90a", dtype="float32")
+    with pytest.raises(UnsupportedConfigError, match="epilogue='gelu'"):
+        MoeGemmConfig(arch="sm_90a", epilogue="gelu")
+    with pytest.raises(UnsupportedConfigError, match="16-row side"):
+        MoeGemmConfig(arch="sm_90a", tile_m=16, tile_n=128, warps_p=2, warps_q=4)
+    with pytest.raises(UnsupportedConfigError, match="gate/up n8 pairs"):
+        MoeGemmConfig(arch="sm_90a", tile_m=128, tile_n=32, warps_p=2, warps_q=4, epilogue="swiglu")
+    with pytest.raises(UnsupportedConfigError, match="shared memory"):
+        MoeGemmConfig(arch="sm_120a", tile_m=256, tile_n=128, warps_p=4, warps_q=2, stages=4)
+    with pytest.raises(UnsupportedConfigError, match="no MoE tile"):
+        MoeGemmConfig.of("sm_90a", "bfloat16", 64, True, 64)
+    # every variant is its own cache entry: the fields that differ reach the canonical JSON
+    a = MoeGemmConfig.of("sm_90a", "bfloat16", 8, True, 64)
+    b = MoeGemmConfig.of("sm_90a", "bfloat16", 16, True, 64)
+    c = MoeGemmConfig.of("sm_90a", "bfloat16", 8, True, 64, "swiglu")
+    assert len({a.to_json(), b.to_json(), c.to_json()}) == 3
+
+
+def test_tile_m_threshold_policy():
+    # option A: average rows per expert against the table's bounds
+    e = 128
+    for bound, tile in TILE_M_TABLE[:-1]:
+        rows = int(bound * e)
+        assert tile_m_for(rows, e) == tile, (bound, tile)
+    assert tile_m_for(1, 128) == 8
+    assert tile_m_for(10**7, 8) == 256
+    prev = 0
+    for rows in range(1, 100_000, 97):  # monotone in the rows
+        tm = tile_m_for(rows, 64)
+        assert tm >= prev
+        prev = tm
+
+
+def test_tile_m_waste_policy():
+    assert tile_m_for(8 * 256, 8, "waste") == 256  # no waste anywhere: the largest tile
+    assert tile_m_for(8 * 96, 8, "waste") == 32  # 96 = 3 x 32: 32 wastes 0, 64 wastes 32
+    assert tile_m_for(8 * 1, 8, "waste") == 8
+    with pytest.raises(ValueError, match="policy='max'"):
+        tile_m_for(8, 8, "max")
+
+
+def test_selector_decode_and_prefill_choices():
+    for name, (e, h, i, k) in SHAPES.items():
+        for t in (1, 2, 4, 8, 16):
+            for n, kk, epi in ((2 * i, h, "swiglu"), (h, i, "none")):
+                p = select_grouped("sm_90a", 132, "bfloat16", e, n, kk, t * k, epi)
+                assert p.config.swap_ab and p.config.tile_m <= 16, (name, t, p.short())
+        p = select_grouped("sm_90a", 132, "bfloat16", e, 2 * i, h, 4096 * k, "swiglu")
+        assert not p.config.swap_ab and p.config.tile_m >= 128, (name, p.short())
+    # the swap tile shrinks to 32 weight rows when 64 would leave SMs without 2 CTAs
+    p = plan_grouped("sm_90a", 132, "bfloat16", 8, 4096, 14336, 2)
+    assert p.config.tile_n == 32 and p.n_tiles == 128
+    assert SWAP_AB[8] and not SWAP_AB[128]
+
+
+def test_grid_bounds_every_tile():
+    """grid.x = ceil(M / TILE_M) + min(E, M) covers the tiles of any split of M rows."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        e = int(rng.integers(1, 300))
+        m = int(rng.integers(1, 5000))
+        cuts = np.sort(rng.integers(0, m + 1, e - 1))
+        counts = np.diff(np.concatenate([[0], cuts, [m]]))
+        for tm in (8, 16, 32, 64, 128, 256):
+            p = plan_grouped("sm_90a", 132, "float16", e, 256, 256, m, tile_m=tm)
+            need = int(sum(-(-c // tm) for c in counts))
+            assert need <= p.slots(m), (e, m, tm)
+
+
+def test_forced_rows_and_errors():
+    p = plan_grouped("sm_90a", 132, "float16", 8, 256, 256, 100, tile_m=16, swap_ab=False)
+    assert p.config.tile_m == 16 and not p.config.swap_ab and p.config.tile_n == 128
+    with pytest.raises(ValueError, match="no MoE tile"):
+        plan_grouped("sm_90a", 132, "float16", 8, 256, 256, 100, tile_m=64, swap_ab=True)
+    with pytest.raises(ValueError, match="tile_m=12"):
+        plan_grouped("sm_90a", 132, "float16", 8, 256, 256, 100, tile_m=12)
+    with pytest.raises(ValueError, match="K a positive multiple of 8"):
+        plan_grouped("sm_90a", 132, "float16", 8, 256, 250, 100)
+    with pytest.raises(ValueError, match=r"2I \(gate \+ up rows\) a positive multiple of 16"):
+        plan_grouped("sm_90a", 132, "float16", 8, 200, 256, 100, "swiglu")
+    with pytest.raises(ValueError, match="rows=0"):
+        plan_grouped("sm_90a", 132, "float16", 8, 256, 256, 0)
+
+
+def test_prewarm_default_set_is_modest_and_valid():
+    for arch in ("sm_80", "sm_90a", "sm_100a", "sm_120a"):
+        cfgs = list(prewarm_configs([arch], {}))
+        assert 0 < len(cfgs) <= 40 and len(set(cfgs)) == len(cfgs)
+        assert {c.epilogue for c in cfgs} == {"none", "swiglu"}
+        assert {c.tile_m for c in cfgs} == {8, 16, 32, 64, 128, 256}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_prewarm_spec_is_what_dispatch_picks(name):
+    e, h, i, k = SHAPES[name]
+    spec = {"E": e, "H": h, "I": i, "top_k": k, "dtypes": ["bfloat16"], "sm_counts": [132]}
+    pre = set(prewarm_configs(["sm_90a"], spec))
+    picked = set()
+    for t in list(range(1, 600)) + [1000, 4096, 5000, 65536, 10**6]:
+        for n, kk, epi in ((2 * i, h, "swiglu"), (h, i, "none")):
+            picked.add(plan_grouped("sm_90a", 132, "bfloat16", e, n, kk, t * k, epi).config)
+    assert picked <= pre, sorted(c.short() for c in picked - pre)
+    with pytest.raises(UnsupportedConfigError, match="give all of"):
+        list(prewarm_configs(["sm_90a"], {"E": 8}))
+
+
+def test_reference_grouped_gemm_and_layer():
+    rng = np.random.default_rng(1)
+    e, h, i, t, k = 5, 16, 8, 7, 3
+    ids = rng.integers(0, e, (t, k))
+    ids[0] = [2, 2, 2]  # duplicates count once each
+    offsets, dest = MR.layout(ids, e)
+    assert offsets[-1] == t * k and np.all(np.diff(offsets) >= 0)
+    flat = ids.reshape(-1)
+    # stable: rows of an expert in increasing flat index
+    for ex in range(e):
+        rows = np.sort(dest[flat == ex])
+        assert np.array_equal(rows, np.arange(offsets[ex], offsets[ex + 1]))
+        assert np.all(np.diff(np.nonzero(flat == ex)[0]) > 0)
+    x = rng.standard_normal((t, h))
+    w13 = rng.standard_normal((e, 2 * i, h))
+    w2 = rng.standard_normal((e, h, i))
+    wts = rng.random((t, k))
+    out = MR.fused_moe(x, ids, wts, w13, w2)
+    for tok in range(t):
+        want = np.zeros(h)
+        for j in range(k):
+            ex = ids[tok, j]
+            g, u = w13[ex, :i] @ x[tok], w13[ex, i:] @ x[tok]
+            want += wts[tok, j] * (w2[ex] @ (g / (1 + np.exp(-g)) * u))
+        np.testing.assert_allclose(out[tok], want, rtol=1e-12, atol=1e-12)
+    # grouped GEMM: rows outside the segments are NaN
+    xp = rng.standard_normal((offsets[-1] + 2, h))
+    y = MR.grouped_gemm(xp, w13, offsets, "swiglu")
+    assert np.isnan(y[-2:]).all() and np.isfinite(y[:-2]).all() and y.shape == (xp.shape[0], i)
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 5\)"):
+        MR.layout(np.array([[5]]), e)
+
+
+def test_reference_rounding_helpers():
+    v = np.array([1.0 + 2**-9, 3.0, -0.5])
+    assert MR.round_to(v, "bfloat16")[0] == 1.0  # ties to even at bf16's 8 bits
+    assert MR.round_to(v, "float16")[0] == 1.0 + 2**-9
+    assert math.isclose(MR.silu(np.array([0.0]))[0], 0.0)

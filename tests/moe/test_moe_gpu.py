@@ -1,0 +1,232 @@
+"""MoE grouped GEMM and fused_moe on the GPU against the NumPy reference (float64): routing
+patterns (uniform, 80% to one expert, all to one, experts with zero rows, duplicate ids in a
+token, T = 0, 1, large), every tile-table row forced (TILE_M x swap_ab x TILE_N) and the
+selector's choice, plain and SwiGLU epilogues, fp16 and bf16, CuPy and torch.
+
+Outputs are poisoned (KERNELGEN_POISON=1: NaN bit patterns) so a row the kernel does not write
+fails the bound; rows outside every expert segment must stay poisoned.
+"""
+
+import numpy as np
+import pytest
+
+from kernelgen.kbit import reference as KR
+from kernelgen.moe import reference as MR
+from kernelgen.moe.config import TILES
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ("float16", "bfloat16")
+ROWS = [(tm, sw, tn) for (tm, sw, tn) in TILES]  # every tile-table row
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setenv("KERNELGEN_POISON", "1")
+
+
+def _host(rng, shape, dtype, scale=1.0):
+    v = (rng.standard_normal(shape) * scale).astype(np.float32)
+    return KR.f32_to_bf16(v) if dtype == "bfloat16" else v.astype(np.float16)
+
+
+def routing(kind: str, t: int, e: int, top_k: int, rng) -> np.ndarray:
+    """topk_ids [T, top_k] of a named pattern."""
+    if kind == "uniform":  # distinct experts per token, like torch.topk
+        return np.argsort(rng.random((t, e)), axis=1)[:, :top_k].astype(np.int32)
+    if kind == "hot80":  # 80% of the tokens name expert 0 (and 1..top_k-1)
+        ids = np.argsort(rng.random((t, e)), axis=1)[:, :top_k]
+        hot = rng.random(t) < 0.8
+        ids[hot] = np.arange(top_k)
+        return ids.astype(np.int32)
+    if kind == "all_one":  # every slot of every token on one expert
+        return np.full((t, top_k), e - 1, np.int32)
+    if kind == "zero_rows":  # only the even experts get rows
+        return (2 * rng.integers(0, e // 2, (t, top_k))).astype(np.int32)
+    if kind == "dup":  # ids drawn with replacement: repeats within a token
+        return rng.integers(0, e, (t, top_k)).astype(np.int32)
+    raise ValueError(kind)
+
+
+def _check(y_dev, y_ref, dtype, ctx, bound=None):
+    import cupy
+
+    y = MR.to_float64(cupy.asnumpy(y_dev), dtype)
+    inside = ~np.isnan(y_ref).any(axis=1)
+    assert np.isnan(y[~inside]).all(), f"{ctx}: rows outside every segment were written"
+    y, y_ref = y[inside], y_ref[inside]
+    assert np.all(np.isfinite(y)), f"{ctx}: {int(np.sum(~np.isfinite(y)))} elements not written"
+    err = MR.rel_error(y, y_ref)
+    lim = bound if bound is not None else MR.REL_ERROR_BOUND[dtype]
+    if not err <= lim:
+        bad = np.abs(y - y_ref) > 0.05 * (np.abs(y_ref) + np.linalg.norm(y_ref) / np.sqrt(y_ref.size))
+        ms, ns = np.nonzero(bad)
+        raise AssertionError(f"{ctx}: rel error {err:.3g} > {lim}; {bad.mean():.1%} bad; rows "
+                             f"{sorted(set(ms.tolist()))[:8]} cols {sorted(set(ns.tolist()))[:8]}")
+
+
+def _problem(rng, kind, t, e, top_k, n, k, dtype, gap=0):
+    """(x_perm, w, offsets) on the host; gap > 0 leaves `gap` unowned rows before the first
+    segment and after the last."""
+    ids = routing(kind, t, e, top_k, rng) if t else np.zeros((0, top_k), np.int32)
+    offsets, _ = MR.layout(ids, e)
+    offsets = (offsets + gap).astype(np.int32)
+    m = int(offsets[-1]) + gap
+    x = _host(rng, (m, k), dtype)
+    w = _host(rng, (e, n, k), dtype, scale=1.0 / np.sqrt(k))
+    return x, w, offsets
+
+
+CASES = [("uniform", 37, 8, 2), ("hot80", 64, 16, 4), ("all_one", 40, 8, 2),
+         ("zero_rows", 50, 16, 4), ("dup", 33, 8, 4), ("uniform", 1, 8, 2)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", (None, "swiglu"))
+def test_every_tile_row_matches_reference(dtype, activation):
+    import cupy
+
+    from kernelgen.moe import grouped_gemm
+
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    # N not a multiple of any tile; K = 3 stages + a partial one (multiple of 8, not of 64)
+    n, k = (208, 200) if activation == "swiglu" else (200, 232)
+    for kind, t, e, top_k in CASES:
+        for gap in (0, 3):
+            x, w, off = _problem(rng, kind, t, e, top_k, n, k, dtype, gap)
+            ref = MR.grouped_gemm(MR.to_float64(x, dtype), MR.to_float64(w, dtype), off, activation)
+            xd, wd, od = cupy.asarray(x), cupy.asarray(w), cupy.asarray(off)
+            for row in [None, *ROWS]:
+                tm, sw, tn = row if row else (None, None, None)
+                ctx = f"{kind=} {t=} {e=} {top_k=} {gap=} {n=} {k=} {dtype} {activation} {row=}"
+                y = grouped_gemm(xd, wd, od, activation=activation, tile_m=tm, swap_ab=sw,
+                                 tile_n=tn, dtype=hint)
+                _check(y, ref, dtype, ctx)
+
+
+def test_large_t_and_decode_shapes():
+    """Large T (every table row sees many tiles per expert) and a decode-like wide shape."""
+    import cupy
+
+    from kernelgen.moe import grouped_gemm
+
+    rng = np.random.default_rng()
+    dtype = "bfloat16"
+    for kind, t, e, top_k, n, k in (("uniform", 2048, 16, 4, 256, 512),
+                                    ("hot80", 1500, 32, 8, 128, 256),
+                                    ("uniform", 3, 64, 8, 1024, 1024)):
+        x, w, off = _problem(rng, kind, t, e, top_k, n, k, dtype)
+        for act in (None, "swiglu"):
+            ref = MR.grouped_gemm(MR.to_float64(x, dtype), MR.to_float64(w, dtype), off, act)
+            xd, wd, od = cupy.asarray(x), cupy.asarray(w), cupy.asarray(off)
+            for row in [None, *ROWS]:
+                tm, sw, tn = row if row else (None, None, None)
+                y = grouped_gemm(xd, wd, od, activation=act, tile_m=tm, swap_ab=sw, tile_n=tn,
+                                 dtype="bfloat16")
+                _check(y, ref, dtype, f"{kind=} {t=} {e=} {top_k=} {n=} {k=} {act} {row=}")
+
+
+def test_rows_zero_and_out_buffer():
+    import cupy
+
+    from kernelgen.moe import grouped_gemm
+
+    w = cupy.ones((4, 64, 64), cupy.float16)
+    off = cupy.zeros(5, cupy.int32)
+    assert grouped_gemm(cupy.empty((0, 64), cupy.float16), w, off).shape == (0, 64)
+    rng = np.random.default_rng()
+    x, wh, offh = _problem(rng, "uniform", 9, 4, 2, 64, 64, "float16")
+    out = cupy.full((x.shape[0], 32), np.nan, cupy.float16)
+    res = grouped_gemm(cupy.asarray(x), cupy.asarray(wh), cupy.asarray(offh), activation="swiglu",
+                       out=out)
+    assert res is out
+    _check(out, MR.grouped_gemm(x.astype(np.float64), wh.astype(np.float64), offh, "swiglu"),
+           "float16", "out=")
+
+
+def _layer_inputs(rng, t, e, h, i, top_k, dtype, kind="uniform"):
+    x = _host(rng, (t, h), dtype)
+    w13 = _host(rng, (e, 2 * i, h), dtype, scale=1.0 / np.sqrt(h))
+    w2 = _host(rng, (e, h, i), dtype, scale=1.0 / np.sqrt(i))
+    ids = routing(kind, t, e, top_k, rng) if t else np.zeros((0, top_k), np.int32)
+    wts = rng.random((t, top_k)).astype(np.float32)
+    return x, ids, wts, w13, w2
+
+
+def _layer_ref(x, ids, wts, w13, w2, dtype):
+    f = lambda a: MR.to_float64(a, dtype)  # noqa: E731
+    return MR.fused_moe(f(x), ids, wts, f(w13), f(w2), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind,t", [("uniform", 1), ("uniform", 16), ("hot80", 100),
+                                    ("all_one", 24), ("dup", 40), ("zero_rows", 300),
+                                    ("uniform", 0)])
+def test_fused_moe_matches_reference(dtype, kind, t):
+    import cupy
+
+    from kernelgen.moe import fused_moe
+
+    rng = np.random.default_rng()
+    e, h, i, top_k = 16, 256, 192, 4
+    x, ids, wts, w13, w2 = _layer_inputs(rng, t, e, h, i, top_k, dtype, kind)
+    ref = _layer_ref(x, ids, wts, w13, w2, dtype)
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    args = [cupy.asarray(a) for a in (x, ids, wts, w13, w2)]
+    for tm in (None, 8, 16, 32, 64, 128, 256):
+        for graph_safe in (False, True):
+            out = fused_moe(*args, graph_safe=graph_safe, tile_m=tm, dtype=hint)
+            assert out.shape == (t, h), f"{kind=} {t=} {tm=}"
+            if t:
+                _check(out, ref, dtype, f"layer {kind=} {t=} {tm=} {graph_safe=}",
+                       MR.LAYER_REL_ERROR_BOUND[dtype])
+
+
+def test_fused_moe_torch():
+    torch = pytest.importorskip("torch")
+    from kernelgen.moe import fused_moe
+
+    rng = np.random.default_rng()
+    t, e, h, i, top_k = 20, 8, 128, 64, 2
+    x, ids, wts, w13, w2 = _layer_inputs(rng, t, e, h, i, top_k, "bfloat16")
+    ref = _layer_ref(x, ids, wts, w13, w2, "bfloat16")
+
+    def bf(a):
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        out = fused_moe(bf(x), torch.from_numpy(ids).cuda(), torch.from_numpy(wts).cuda(), bf(w13),
+                        bf(w2))
+    s.synchronize()
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.shape == (t, h)
+    got = MR.to_float64(out.view(torch.int16).cpu().numpy().view(np.uint16), "bfloat16")
+    err = MR.rel_error(got, ref)
+    assert err <= MR.LAYER_REL_ERROR_BOUND["bfloat16"], f"torch layer: rel error {err:.3g}"
+
+
+def test_bad_inputs():
+    import cupy
+
+    from kernelgen.moe import grouped_gemm
+
+    x = cupy.ones((4, 64), cupy.float16)
+    w = cupy.ones((2, 32, 64), cupy.float16)
+    off = cupy.asarray(np.array([0, 2, 4], np.int32))
+    with pytest.raises(ValueError, match="K=32 does not match x's K=64"):
+        grouped_gemm(x, cupy.ones((2, 32, 32), cupy.float16), off)
+    with pytest.raises(ValueError, match="offsets: 2 entries; E=2 experts need E \\+ 1"):
+        grouped_gemm(x, w, off[:2])
+    with pytest.raises(ValueError, match="offsets: dtype int64"):
+        grouped_gemm(x, w, off.astype(cupy.int64))
+    with pytest.raises(ValueError, match="w: dtype float32"):
+        grouped_gemm(x, w.astype(cupy.float32), off)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        grouped_gemm(cupy.ones((4, 60), cupy.float16), cupy.ones((2, 32, 60), cupy.float16), off)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        grouped_gemm(x, cupy.ones((2, 24, 64), cupy.float16), off, activation="swiglu")
+    with pytest.raises(ValueError, match=r"out: shape \(4, 32\); expected \(4, 16\)"):
+        grouped_gemm(x, w, off, activation="swiglu", out=cupy.empty((4, 32), cupy.float16))
+    with pytest.raises(ValueError, match="no MoE tile"):
+        grouped_gemm(x, w, off, tile_m=64, swap_ab=True)
