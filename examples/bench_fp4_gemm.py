@@ -1,0 +1,181 @@
+"""Benchmark of the FP4-weight GEMM (NVFP4 / MXFP4 weights, fp16 activations) against the
+read-bandwidth floor and cuBLAS fp16 (cupy.matmul), all measured in the same run.
+
+    python examples/bench_fp4_gemm.py [--ms 1,2,4,...] [--fmts nvfp4,mxfp4] [--json out.json]
+        [--sweep]
+
+Per (shape, fmt, M): median microseconds per call from a CUDA graph of back-to-back calls, each
+call on a different weight copy (copies span >= 8 x L2). Floor = bytes the call must read
+(fp4 weights + scales + A) / the streaming read rate of a 16-byte-load kernel. --sweep also times
+forced K splits at M=1 and both paths at M = 16..128 (the selector's crossover).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+SHAPES = ((14336, 4096), (4096, 14336))
+MS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096)
+
+_READ_SRC = r"""
+extern "C" __global__ void read_bw(const uint4* __restrict__ p, unsigned long long n, unsigned* out) {
+  unsigned acc = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p + i));
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) out[0] = acc;
+}
+"""
+
+
+def read_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Streaming read rate in bytes/s (16-byte loads, grid-stride, 1 GiB)."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.bench import time_gpu
+
+    buf = cupy.ones(nbytes // 4, cupy.uint32)
+    out = cupy.zeros(1, cupy.uint32)
+    k = cupy.RawKernel(_READ_SRC, "read_bw")
+    n = np.uint64(nbytes // 16)
+    grid = device_info().sm_count * 8
+    t = time_gpu(lambda i: k((grid,), (256,), (buf, n, out)), iters=10, repeats=5)
+    return nbytes / t
+
+
+def graph_time(call, n: int, stream) -> tuple[float, str]:
+    """Median seconds per call of call(i), i = 0..n-1 captured once in a graph and replayed."""
+    from kernelgen.bench import time_gpu
+
+    for i in range(n):  # warm-up: compiles, selector memo, split-K scratch, cuBLAS handles
+        call(i)
+    stream.synchronize()
+    try:
+        stream.begin_capture()
+        for i in range(n):
+            call(i)
+        graph = stream.end_capture()
+        return time_gpu(lambda i: graph.launch(stream), iters=5, repeats=7, warmup=2) / n, "graph"
+    except Exception:
+        if stream.is_capturing():
+            try:
+                stream.end_capture()
+            except Exception:
+                pass
+        return time_gpu(call, iters=max(n, 50), repeats=7), "stream"
+
+
+def weight_copies(fmt, n, k, l2_bytes):
+    """Prepared weights (random codes and scales of a realistic range), enough copies to span
+    8 x L2, and the bytes one call reads from them."""
+    import cupy
+
+    from kernelgen.bench import rotation
+    from kernelgen.fp4_gemm import Fp4Weight
+
+    g = 16 if fmt == "nvfp4" else 32
+    rs = cupy.random.RandomState(0)
+
+    def make():
+        data = rs.randint(0, 256, (n, k // 2), dtype=cupy.int32).astype(cupy.uint8)
+        if fmt == "nvfp4":
+            scales = rs.randint(0x30, 0x48, (n, k // g), dtype=cupy.int32).astype(cupy.uint8)
+            post = cupy.full(1, 2688.0 / 3.0, cupy.float32)
+        else:
+            scales = rs.randint(120, 128, (n, k // g), dtype=cupy.int32).astype(cupy.uint8)
+            post = cupy.full(n, 2.0**-6, cupy.float32)
+        return Fp4Weight(fmt, n, k, data, scales, post, cupy.cuda.runtime.getDevice())
+
+    wbytes = n * k // 2 + n * k // g
+    return rotation(make, wbytes, l2_bytes), wbytes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--fmts", default="nvfp4,mxfp4")
+    ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    ms = [int(m) for m in args.ms.split(",")]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.bench import copy_bandwidth, rotation
+    from kernelgen.fp4_gemm import fp4_gemm, select_fp4
+
+    dev = device_info()
+    copy_bw = copy_bandwidth()
+    read_bw = read_bandwidth()
+    res: dict = {"device": dev.name, "arch": dev.arch.name, "sms": dev.sm_count,
+                 "copy_GBps_read_plus_write": copy_bw / 1e9, "read_GBps": read_bw / 1e9, "rows": []}
+    print(f"{dev.name}: copy {copy_bw / 1e9:.0f} GB/s (read+write), read {read_bw / 1e9:.0f} GB/s",
+          flush=True)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    rng = np.random.default_rng(0)
+    with stream:
+        for n, k in shapes:
+            dense = rotation(lambda n=n, k=k: cupy.random.standard_normal((n, k), dtype=cupy.float32)
+                             .astype(cupy.float16), n * k * 2, dev.l2_bytes)
+            cublas = {}
+            for m in ms:
+                a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
+                out = cupy.empty((m, n), cupy.float16)
+                cublas[m] = graph_time(lambda i, a=a, out=out, d=dense: cupy.matmul(a, d[i % len(d)].T, out=out),
+                                       len(dense), stream)[0]
+            del dense
+            for fmt in args.fmts.split(","):
+                copies, wbytes = weight_copies(fmt, n, k, dev.l2_bytes)
+                for m in ms:
+                    a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
+                    out = cupy.empty((m, n), cupy.float16)
+                    t, mode = graph_time(lambda i, a=a, out=out, c=copies: fp4_gemm(a, c[i % len(c)], out=out),
+                                         len(copies), stream)
+                    rbytes = wbytes + m * k * 2
+                    tc = cublas[m]
+                    p = select_fp4(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
+                    row = {"N": n, "K": k, "fmt": fmt, "M": m, "us": t * 1e6, "read_bytes": rbytes,
+                           "floor_us": rbytes / read_bw * 1e6, "frac_read_bw": rbytes / read_bw / t,
+                           "tflops": 2 * m * n * k / t / 1e12, "cublas_fp16_us": tc * 1e6,
+                           "speedup_vs_cublas": tc / t, "timing": mode, "plan": p.short()}
+                    res["rows"].append(row)
+                    print(f"{n:>5}x{k:<5} {fmt} M={m:<4} {t * 1e6:8.2f} us  floor {row['floor_us']:7.2f}"
+                          f"  {100 * row['frac_read_bw']:5.1f}% read BW  {row['tflops']:6.1f} TF/s  "
+                          f"cuBLAS {tc * 1e6:8.2f} us ({row['speedup_vs_cublas']:.2f}x)  [{p.path} "
+                          f"split={p.split}]", flush=True)
+                if args.sweep:
+                    for m, path, split in ([(1, "gemv", s) for s in (1, 2, 3, 4, 6, 8, 12)]
+                                           + [(16, "gemv", s) for s in (2, 4, 7)]
+                                           + [(m, pth, None) for m in (16, 32, 64, 128)
+                                              for pth in ("gemv", "tile")]):
+                        a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
+                        out = cupy.empty((m, n), cupy.float16)
+                        try:
+                            t, _ = graph_time(lambda i, a=a, out=out, c=copies, pth=path, s=split: fp4_gemm(
+                                a, c[i % len(c)], out=out, path=pth, split_k=s), len(copies), stream)
+                        except ValueError as e:
+                            print(f"  sweep M={m} {path} split={split}: {e}", flush=True)
+                            continue
+                        fr = (wbytes + m * k * 2) / read_bw / t
+                        res.setdefault("sweep", []).append({"N": n, "K": k, "fmt": fmt, "M": m, "path": path,
+                                                            "split": split, "us": t * 1e6, "frac_read_bw": fr})
+                        print(f"  sweep {fmt} M={m:<3} {path:4} split={split}: {t * 1e6:8.2f} us "
+                              f"{100 * fr:5.1f}% read BW", flush=True)
+                del copies
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""fp4_gemm: D = alpha * A . W^T (+ bias) with W in NVFP4 or MXFP4, A / D fp16 or bf16.
+
+Weights are dequantized in registers into mma.sync fragments: a bandwidth (GEMV) path for
+small M, a tensor-core tile path with a cp.async pipeline above (select.py)."""
+
+from ..core.registry import Family, register_family
+from .config import Fp4GemvConfig, Fp4TileConfig
+from .select import prewarm_configs
+
+register_family(
+    Family(
+        name="fp4_gemm",
+        config_classes=(Fp4GemvConfig, Fp4TileConfig),
+        prewarm_configs=prewarm_configs,
+        description="FP4-weight (NVFP4 / MXFP4) GEMM: bandwidth path for small M, mma tiles above",
+    )
+)
+
+from .api import Fp4Weight, fp4_gemm, prepare_weight  # noqa: E402
+from .select import Plan, plan, select_fp4  # noqa: E402
+
+__all__ = ["Fp4GemvConfig", "Fp4TileConfig", "Fp4Weight", "Plan", "fp4_gemm", "plan",
+           "prepare_weight", "select_fp4"]

@@ -1,0 +1,203 @@
+"""Public FP4-weight GEMM API: D = alpha * A . W^T (+ bias), W NVFP4 or MXFP4. CuPy or torch."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..arch import device_info
+from ..core.interop import Ctx, context_of, device_array
+from ..core.jit import get_kernel
+from .config import DTYPES, FMTS, GROUP
+from .select import check_shape, plan, select_fp4
+
+
+@dataclass(frozen=True, eq=False)
+class Fp4Weight:
+    """A weight W [N, K] ready for `fp4_gemm` (built once by `prepare_weight`).
+
+    data    uint8 [N, K/2], element 2j in the low nibble of byte j (as MxTensor packs it)
+    scales  uint8 [N, K/G] row-major (the layout the kernels read): E4M3 bytes (nvfp4, G=16) or
+            E8M0 bytes relative to the row's largest, s - rowmax + 127 (mxfp4, G=32; 0xFF = NaN)
+    post    fp32: nvfp4 the global scale [1] (D is divided by it); mxfp4 the row factors
+            2^(rowmax - 127) [N] (D is multiplied by them)
+    """
+
+    fmt: str
+    n: int
+    k: int
+    data: Any
+    scales: Any
+    post: Any
+    device: int
+    source: Any = None  # the MxTensor it came from (keeps torch-owned memory alive)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.k)
+
+    def __call__(self, A: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = None,
+                 dtype: str | None = None) -> Any:
+        return fp4_gemm(A, self, bias, alpha=alpha, out=out, dtype=dtype)
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def prepare_weight(t: Any) -> Fp4Weight:
+    """An MxTensor (fmt "nvfp4" or "mxfp4", any scale layout) -> Fp4Weight, on t's device.
+
+    Row-major NVFP4 scales are used in place (no copy); swizzled scales
+    ([ceil(N/128), ceil(S/4), 32, 4, 4], padding dropped) are unswizzled once; MXFP4 scales are
+    rebased per row (see Fp4Weight). The result keeps a reference to `t`.
+    """
+    for attr in ("fmt", "shape", "data", "scales", "scale_layout", "global_scale"):
+        if not hasattr(t, attr):
+            raise ValueError(f"W: expected an MxTensor (kernelgen.mx) or an Fp4Weight, got "
+                             f"{type(t).__name__} without .{attr}")
+    fmt = t.fmt
+    if fmt not in FMTS:
+        raise ValueError(f"W: format {fmt!r}; the FP4 GEMM takes {' or '.join(FMTS)} weights")
+    shape = tuple(int(s) for s in t.shape)
+    if len(shape) != 2:
+        raise ValueError(f"W: expected a 2-D weight [N, K], got shape {shape}")
+    n, k = shape
+    check_shape(n, k)
+    cupy = _cupy()
+    ctx = context_of(t.data, "W.data")
+    data, _ = device_array(t.data, "W.data", ctx, ("uint8",))
+    if tuple(data.shape) != (n, k // 2):
+        raise ValueError(f"W.data: shape {tuple(data.shape)}; expected ({n}, {k // 2}) for a "
+                         f"[{n}, {k}] fp4 weight (two elements a byte)")
+    s_cols = k // GROUP[fmt]
+    sc, _ = device_array(t.scales, "W.scales", ctx, ("uint8",))
+    with cupy.cuda.Device(ctx.device), ctx.stream:
+        if t.scale_layout == "row_major":
+            if tuple(sc.shape) != (n, s_cols):
+                raise ValueError(f"W.scales: row_major shape {tuple(sc.shape)}; expected ({n}, {s_cols})")
+        elif t.scale_layout == "swizzled":
+            mt, kt = -(-n // 128), -(-s_cols // 4)
+            if sc.size != mt * kt * 512:
+                raise ValueError(f"W.scales: swizzled scales have {sc.size} bytes; expected "
+                                 f"[{mt}, {kt}, 32, 4, 4] for {n} rows and {s_cols} scale columns")
+            sc = sc.reshape(mt, kt, 32, 4, 4).transpose(0, 3, 2, 1, 4).reshape(mt * 128, kt * 4)
+            sc = cupy.ascontiguousarray(sc[:n, :s_cols])
+        else:
+            raise ValueError(f"W.scale_layout: {t.scale_layout!r}; expected 'row_major' or 'swizzled'")
+        if fmt == "nvfp4":
+            if t.global_scale is None:
+                raise ValueError("W.global_scale: an nvfp4 weight needs its fp32 global scale")
+            gs, _ = device_array(t.global_scale, "W.global_scale", ctx, ("float32",))
+            if gs.size != 1:
+                raise ValueError(f"W.global_scale: expected 1 element, got shape {tuple(gs.shape)}")
+            post = gs.reshape(1)
+        else:
+            s = sc.astype(cupy.int32)
+            nan = s == 0xFF
+            rowmax = cupy.where(nan, 0, s).max(axis=1, keepdims=True)
+            sc = cupy.where(nan, 0xFF, s - rowmax + 127).astype(cupy.uint8)
+            post = cupy.ldexp(cupy.ones(n, cupy.float32), (rowmax[:, 0] - 127).astype(cupy.int32))
+            post = post.astype(cupy.float32)
+    return Fp4Weight(fmt, n, k, data, sc, post, ctx.device, t)
+
+
+# prepared weights of MxTensors passed to fp4_gemm directly: id -> (weakref, Fp4Weight)
+_prepared: dict[int, tuple[Any, Fp4Weight]] = {}
+
+
+def _as_weight(W: Any) -> Fp4Weight:
+    if isinstance(W, Fp4Weight):
+        return W
+    hit = _prepared.get(id(W))
+    if hit is not None and hit[0]() is W:
+        return hit[1]
+    prep = prepare_weight(W)
+    try:
+        key = id(W)
+        ref = weakref.ref(W, lambda _r: _prepared.pop(key, None))
+    except TypeError:  # not weak-referenceable: prepare on every call
+        return prep
+    _prepared[id(W)] = (ref, prep)
+    return prep
+
+
+# (device, stream handle) -> (fp32 workspace, u32 counters): split-K scratch, reused in stream
+# order; the counters are zero between launches (the kernels reset the ones they used).
+_scratch: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def _split_scratch(ctx: Ctx, ws_elems: int, n_counters: int) -> tuple[Any, Any]:
+    cupy = _cupy()
+    key = (ctx.device, int(ctx.stream.ptr))
+    cur = _scratch.get(key)
+    if cur is not None and cur[0].size >= ws_elems and cur[1].size >= n_counters:
+        return cur
+    with cupy.cuda.Device(ctx.device), ctx.stream:
+        ws_size = max(ws_elems, cur[0].size if cur is not None else 0)
+        cnt_size = max(n_counters, cur[1].size if cur is not None else 0)
+        cur = (cupy.empty(ws_size, cupy.float32), cupy.zeros(cnt_size, cupy.uint32))
+    _scratch[key] = cur
+    return cur
+
+
+def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = None,
+             dtype: str | None = None, split_k: int | None = None, path: str | None = None) -> Any:
+    """D = alpha * A . W^T (+ bias).
+
+    A [..., K] fp16 / bf16 (contiguous, K % 128 == 0); W an MxTensor of fmt "nvfp4" / "mxfp4"
+    (prepared on first use and remembered) or an Fp4Weight from `prepare_weight`; bias [N] and
+    D [..., N] in A's dtype; fp32 accumulation, D rounded to nearest. `out` receives D.
+    `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` / `path` ("gemv" | "tile")
+    override the selector (tests, tuning). Runs on the caller's current stream; returns the
+    caller's array kind.
+    """
+    W = _as_weight(W)
+    ctx = context_of(A, "A")
+    a, dt = device_array(A, "A", ctx, DTYPES, hint=dtype)
+    if a.ndim < 2:
+        raise ValueError(f"A: expected [M, K] (or [..., K]), got shape {tuple(a.shape)}")
+    k, n = int(a.shape[-1]), W.n
+    if k != W.k:
+        raise ValueError(f"A: K={k} does not match the weight's K={W.k} (W is [{W.n}, {W.k}])")
+    if W.device != ctx.device:
+        raise ValueError(f"W: on device {W.device}, A is on device {ctx.device}")
+    if a.data.ptr % 16:
+        raise ValueError("A: data pointer must be 16-byte aligned")
+    m = int(a.size // k)
+    out_shape = tuple(int(s) for s in a.shape[:-1]) + (n,)
+    if bias is not None:
+        b, _ = device_array(bias, "bias", ctx, (dt,), hint=dt, ndim=1)
+        if b.shape[0] != n:
+            raise ValueError(f"bias: has {b.shape[0]} elements, W has N={n} rows")
+    else:
+        b = a
+    if out is None:
+        out, c = ctx.empty(out_shape, dt)
+    else:
+        c, _ = device_array(out, "out", ctx, (dt,), hint=dt)
+        if tuple(c.shape) != out_shape:
+            raise ValueError(f"out: shape {tuple(c.shape)}; expected {out_shape} (A {tuple(a.shape)}, "
+                             f"W [{n}, {k}])")
+    if m == 0:
+        return out
+    info = device_info(ctx.device)
+    if split_k is None and path is None:
+        p = select_fp4(info.arch.name, m, n, k, W.fmt, dt, info.sm_count)
+    else:
+        p = plan(info.arch.name, m, n, k, W.fmt, dt, info.sm_count, path=path,
+                 split=None if split_k is None else int(split_k))
+    if p.split > 1:
+        ws, counters = _split_scratch(ctx, p.split * m * n, p.counters)
+    else:
+        ws = counters = c
+    fn = get_kernel(p.config, ctx.device, ctx.stream).fn(p.config.symbols()[0])
+    args = (W.data, W.scales, W.post, a, b, np.int32(bias is not None), np.float32(alpha), c, ws,
+            counters, np.int32(m), np.int32(n), np.int32(k), np.int32(p.sps))
+    ctx.launch(fn, p.grid, p.block, args, smem=p.smem)
+    return out

@@ -1,0 +1,116 @@
+"""Configs of the FP4-weight GEMM: the bandwidth (GEMV) path and the tensor-core tile path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..core.config import KernelConfig
+from ..errors import UnsupportedConfigError
+
+FMTS = ("nvfp4", "mxfp4")
+FMT_ID = {"nvfp4": 0, "mxfp4": 1}
+GROUP = {"nvfp4": 16, "mxfp4": 32}
+SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}  # scale bytes per row per 128 k
+DTYPES = ("float16", "bfloat16")
+CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16"}
+STEP_K = 128  # K granularity of both kernels: 4 lanes x 32 elements
+
+# bandwidth path
+M_TILES = (8, 16)  # tokens per pass (mma n8 x 1 or 2)
+GEMV_WARPS = 8
+GEMV_MIN_BLOCKS = 2  # CTAs/SM the launch bounds ask for (<= 128 registers a thread)
+DEPTHS = (2, 4)  # quad steps in flight per warp
+# tile path
+TILE_BN = 128
+TILE_BMS = {32: 1, 64: 2, 128: 2}  # BM tokens -> warps along tokens (4 warps along W each)
+STAGES = (2, 3, 4)
+KB = 1024
+
+
+def _bad(cfg: KernelConfig, field: str, rule: str) -> UnsupportedConfigError:
+    return UnsupportedConfigError(f"{cfg.short()}: {field}={getattr(cfg, field)!r}; {rule}")
+
+
+@dataclass(frozen=True)
+class Fp4GemvConfig(KernelConfig):
+    family: ClassVar[str] = "fp4_gemm"
+    template: ClassVar[str] = "fp4_gemm/gemv.cu.jinja"
+    fmt: str = "nvfp4"
+    dtype: str = "float16"  # A, bias and C
+    m_tile: int = 8
+    warps: int = GEMV_WARPS
+    depth: int = 4
+
+    def check(self) -> None:
+        if self.fmt not in FMTS:
+            raise _bad(self, "fmt", f"expected one of {FMTS}")
+        if self.dtype not in DTYPES:
+            raise _bad(self, "dtype", f"expected one of {DTYPES}")
+        if self.m_tile not in M_TILES:
+            raise _bad(self, "m_tile", f"expected one of {M_TILES}")
+        if self.warps not in (4, 8):
+            raise _bad(self, "warps", "expected 4 or 8")
+        if self.depth not in DEPTHS:
+            raise _bad(self, "depth", f"expected one of {DEPTHS}")
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("fp4_gemv",)
+
+    def smem_bytes(self) -> int:
+        """The cap on the staged A slice (select.py keeps every launch below it)."""
+        return gemv_smem_cap(self.arch)
+
+    def template_vars(self) -> dict[str, Any]:
+        return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
+                "min_blocks": GEMV_MIN_BLOCKS}
+
+
+GEMV_SMEM_CAP = {"sm_80": 72 * KB, "sm_90a": 96 * KB, "sm_100a": 96 * KB, "sm_120a": 48 * KB}
+
+
+def gemv_smem_cap(arch: str) -> int:
+    """Bytes of A a bandwidth-path CTA may stage (two CTAs share an SM's shared memory)."""
+    return GEMV_SMEM_CAP.get(arch, 48 * KB)
+
+
+def tile_smem(fmt: str, bm: int, stages: int) -> int:
+    return stages * (TILE_BN * 64 + TILE_BN * SCALE_BYTES[fmt] + bm * 256)
+
+
+@dataclass(frozen=True)
+class Fp4TileConfig(KernelConfig):
+    family: ClassVar[str] = "fp4_gemm"
+    template: ClassVar[str] = "fp4_gemm/tile.cu.jinja"
+    fmt: str = "nvfp4"
+    dtype: str = "float16"
+    bm: int = 64
+    stages: int = 3
+
+    def check(self) -> None:
+        if self.fmt not in FMTS:
+            raise _bad(self, "fmt", f"expected one of {FMTS}")
+        if self.dtype not in DTYPES:
+            raise _bad(self, "dtype", f"expected one of {DTYPES}")
+        if self.bm not in TILE_BMS:
+            raise _bad(self, "bm", f"expected one of {tuple(TILE_BMS)}")
+        if self.stages not in STAGES:
+            raise _bad(self, "stages", f"expected one of {STAGES}")
+
+    @property
+    def warps_t(self) -> int:
+        return TILE_BMS[self.bm]
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warps_t
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("fp4_tile",)
+
+    def smem_bytes(self) -> int:
+        return tile_smem(self.fmt, self.bm, self.stages)
+
+    def template_vars(self) -> dict[str, Any]:
+        return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
+                "warps_t": self.warps_t}

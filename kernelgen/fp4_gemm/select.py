@@ -1,0 +1,220 @@
+"""Host-side selector of the FP4-weight GEMM, as data plus one pure function.
+
+(arch, M, N, K, fmt, dtype, SM count) -> Plan: the path (bandwidth GEMV for M <= GEMV_MAX_M,
+tensor-core tiles above), its config and its launch (K splits, grid, shared memory). No GPU
+work; memoised and printable (KERNELGEN_PRINT_CONFIGS=1). `prewarm_configs` walks the same
+function over the shapes of a spec, so prewarm builds exactly what dispatch can pick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..arch import get_arch
+from ..core.select import selector
+from ..errors import UnsupportedConfigError
+from .config import (
+    DEPTHS,
+    DTYPES,
+    FMTS,
+    GEMV_WARPS,
+    M_TILES,
+    STEP_K,
+    TILE_BMS,
+    TILE_BN,
+    Fp4GemvConfig,
+    Fp4TileConfig,
+    gemv_smem_cap,
+    tile_smem,
+)
+
+# Path threshold: M up to this runs the bandwidth path (one pass of <= 16 tokens reads W once);
+# above it the tile path, whose CTAs reuse each decoded weight for BM tokens.
+GEMV_MAX_M = 16
+# Bandwidth path: split K until about this many warps a SM have a work item (all resident at
+# once: 2 CTAs x 8 warps), keeping at least MIN_STEPS quad steps (128 k) per split so the
+# DEPTH-deep load ring is full. Little's law on H100: ~2 MB in flight -> 16 KB an SM; a warp
+# keeps DEPTH x 1 KB in flight, so 12 warps x 4 KB = 48 KB leave margin for the tail.
+GEMV_WARPS_PER_SM = 12
+MIN_STEPS = 4
+# Tile path: BM by M (largest M of the row), split-K until the CTAs make one wave.
+TILE_BM_TABLE: tuple[tuple[int, int], ...] = ((32, 32), (128, 64), (1 << 31, 128))
+TILE_MIN_STEPS = 4
+# stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM
+SMEM_BUDGET = {"sm_80": 160 * 1024, "sm_90a": 220 * 1024, "sm_100a": 220 * 1024, "sm_120a": 99 * 1024}
+MAX_STAGES = 4
+# SM counts of the parts each target runs on (prewarm of a spec with shapes)
+SM_COUNTS: dict[str, tuple[int, ...]] = {
+    "sm_80": (108, 72, 142, 128),
+    "sm_90a": (132, 114, 78),
+    "sm_100a": (148,),
+    "sm_120a": (170, 188, 84),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One launch: config, K splits, quad steps (128 k) per split, grid, block, dynamic smem."""
+
+    config: Fp4GemvConfig | Fp4TileConfig
+    split: int
+    sps: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+
+    @property
+    def path(self) -> str:
+        return "gemv" if isinstance(self.config, Fp4GemvConfig) else "tile"
+
+    @property
+    def counters(self) -> int:
+        """Split-K tile counters the launch uses (grid.x x the non-split grid dim)."""
+        g = self.grid
+        return g[0] * (g[2] if self.path == "gemv" else g[1])
+
+    def short(self) -> str:
+        return (f"{self.path}: {self.config.short()} split={self.split} k_per_split="
+                f"{self.sps * STEP_K} grid={self.grid} block={self.block} smem={self.smem}")
+
+
+def check_shape(n: int, k: int, name: str = "W") -> None:
+    """N >= 1 and K a positive multiple of 128 (a lane's 16-byte chunk of 32 elements, four
+    lanes a step; also a whole number of NVFP4 (16) and MXFP4 (32) groups)."""
+    if n < 1 or k < STEP_K or k % STEP_K:
+        raise ValueError(f"{name}: shape [N={n}, K={k}]; the FP4 GEMM needs N >= 1 and K a "
+                         f"positive multiple of {STEP_K}")
+
+
+def stages_for(arch: str, fmt: str, bm: int) -> int:
+    for s in range(MAX_STAGES, 1, -1):
+        if tile_smem(fmt, bm, s) <= min(SMEM_BUDGET[arch], get_arch(arch).smem_optin):
+            return s
+    raise UnsupportedConfigError(f"no stage count of BM={bm} fits {arch}")
+
+
+def bm_for(m: int) -> int:
+    for max_m, bm in TILE_BM_TABLE:
+        if m <= max_m:
+            return bm
+    raise AssertionError("unreachable")
+
+
+def _gemv(arch, m, n, k, fmt, dtype, sm_count, split):
+    m_tile = 8 if m <= 8 else 16
+    rows = min(m, m_tile)
+    m_tiles = -(-m // m_tile)
+    tiles = -(-n // 16)
+    q = k // STEP_K
+    max_sps = max(1, gemv_smem_cap(arch) // (rows * STEP_K * 2))
+    if split is None:
+        want = -(-GEMV_WARPS_PER_SM * sm_count // (tiles * m_tiles))
+        split = min(want, max(1, q // MIN_STEPS))
+        split = max(split, -(-q // max_sps), 1)
+    elif not 1 <= split <= q:
+        raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
+    sps = -(-q // split)
+    if sps > max_sps:
+        raise ValueError(f"split_k={split}: {rows} tokens x {sps * STEP_K} k of A do not fit the "
+                         f"{gemv_smem_cap(arch)} B a CTA stages; use split_k >= {-(-q // max_sps)}")
+    split = -(-q // sps)
+    depth = DEPTHS[-1] if sps >= DEPTHS[-1] else DEPTHS[0]
+    cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=GEMV_WARPS,
+                        depth=depth)
+    grid = (-(-tiles // GEMV_WARPS), split, m_tiles)
+    return Plan(cfg, split, sps, grid, (GEMV_WARPS * 32, 1, 1), rows * sps * STEP_K * 2)
+
+
+def _tile(arch, m, n, k, fmt, dtype, sm_count, split):
+    bm = bm_for(m)
+    cfg = Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm, stages=stages_for(arch, fmt, bm))
+    q = k // STEP_K
+    ctas = -(-n // TILE_BN) * -(-m // bm)
+    if split is None:
+        split = max(1, min(-(-sm_count // ctas), q // TILE_MIN_STEPS))
+    elif not 1 <= split <= q:
+        raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
+    sps = -(-q // split)
+    split = -(-q // sps)
+    grid = (-(-n // TILE_BN), -(-m // bm), split)
+    return Plan(cfg, split, sps, grid, (cfg.threads, 1, 1), cfg.smem_bytes())
+
+
+def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
+         path: str | None = None, split: int | None = None) -> Plan:
+    """Pure planner. `path` ("gemv" / "tile") and `split` force a choice (tests, tuning)."""
+    check_shape(n, k)
+    if m < 1:
+        raise ValueError(f"A: M={m}; the FP4 GEMM needs M >= 1")
+    if fmt not in FMTS:
+        raise ValueError(f"W: format {fmt!r}; the FP4 GEMM takes {FMTS}")
+    get_arch(arch)
+    if path is None:
+        path = "gemv" if m <= GEMV_MAX_M else "tile"
+    if path == "gemv":
+        return _gemv(arch, m, n, k, fmt, dtype, sm_count, split)
+    if path == "tile":
+        return _tile(arch, m, n, k, fmt, dtype, sm_count, split)
+    raise ValueError(f"path={path!r}: expected 'gemv', 'tile' or None")
+
+
+@selector
+def select_fp4(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int) -> Plan:
+    """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1)."""
+    return plan(arch, m, n, k, fmt, dtype, sm_count)
+
+
+def _shapes(spec: dict[str, Any]) -> list[tuple[int | None, int, int]]:
+    out = []
+    for s in spec.get("shapes") or ():
+        if not isinstance(s, (list, tuple)) or len(s) not in (2, 3):
+            raise UnsupportedConfigError(f"fp4_gemm spec shapes: {s!r}; expected [N, K] or [M, N, K]")
+        m, n, k = (None, *s) if len(s) == 2 else s
+        try:
+            check_shape(int(n), int(k), name=f"spec shape {list(s)}")
+        except ValueError as e:
+            raise UnsupportedConfigError(str(e)) from None
+        out.append((m, int(n), int(k)))
+    return out
+
+
+# M values that reach every bucket of the tables: each M of the bandwidth path (the depth
+# depends on the split, hence on M) and both ends of every BM bucket.
+def _probe_ms() -> list[int]:
+    ms = list(range(1, GEMV_MAX_M + 1))
+    lo = GEMV_MAX_M + 1
+    for max_m, _ in TILE_BM_TABLE:
+        ms += [lo, min(max_m, 1 << 16)]
+        lo = max_m + 1
+    return ms
+
+
+def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4GemvConfig | Fp4TileConfig]:
+    """Configs the selector can return. spec: "fmts" (nvfp4 / mxfp4), "dtypes" (others skipped),
+    "shapes" ([N, K]: every M; [M, N, K]: that M), "sm_counts". Without shapes: every config."""
+    fmts = tuple(f for f in (spec.get("fmts") or FMTS) if f in FMTS)
+    dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
+    shapes = _shapes(spec)
+    seen: set = set()
+    for arch in archs:
+        get_arch(arch)
+        for fmt in fmts:
+            for dtype in dtypes:
+                if not shapes:
+                    for m_tile in M_TILES:
+                        for depth in DEPTHS:
+                            yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
+                                                warps=GEMV_WARPS, depth=depth)
+                    for bm in TILE_BMS:
+                        yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm,
+                                            stages=stages_for(arch, fmt, bm))
+                    continue
+                for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
+                    for m, n, k in shapes:
+                        for mm in (m,) if m is not None else _probe_ms():
+                            cfg = plan(arch, int(mm), n, k, fmt, dtype, int(sms)).config
+                            if cfg not in seen:
+                                seen.add(cfg)
+                                yield cfg

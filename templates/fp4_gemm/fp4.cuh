@@ -1,0 +1,241 @@
+// FP4 (E2M1) weights for fp16 / bf16 tensor-core GEMMs: decode, scales, loads, split-K finish.
+//
+// Weight layout both kernels read (kernelgen/fp4_gemm/api.py prepare_weight makes it):
+//   W  [N, K/2] uint8, row-major; element 2j in the low nibble of byte j (the MxTensor packing)
+//   S  [N, K/G] uint8, row-major scales (G = 16 for NVFP4, 32 for MXFP4):
+//        NVFP4: E4M3 bytes as quantized;
+//        MXFP4: E8M0 bytes *relative to the row*: s' = s - rowmax + 127 (<= 127; 0xFF = NaN), so
+//               2^(s'-127) <= 1 fits fp16 / bf16; the row's 2^(rowmax-127) is applied in fp32
+//               to the accumulator (post[n]).
+//   post  NVFP4: &global_scale (D *= alpha / gs); MXFP4: [N] fp32 row factors (D *= alpha * post[n]).
+//
+// Lane work unit ("quad step", 128 k of 16 W rows): lane (g, t) = (lane / 4, lane % 4) loads the
+// 16-byte chunk t (elements 32t..32t+31) of rows g and g+8. mma k-step s (0..7) takes elements
+// 4s..4s+3 of the chunk: word s/2, nibbles 4(s%2)..4(s%2)+3. The mma's k-slots {2t,2t+1} and
+// {2t+8,2t+9} then stand for the actual k {32t+4s, +1} and {+2, +3}: the activation fragment of
+// lane t is the 8 bytes A[token][k0 + 32t + 4s .. +3], i.e. one 16-byte shared load per two
+// k-steps. A group never straddles a k-step of a lane (NVFP4: words 0-1 / 2-3 are two groups,
+// MXFP4: the chunk is one group), so each lane scales its own W pairs by its own group scale in
+// fp16 / bf16 before the mma (exact: e2m1 x e4m3 has <= 6 significant bits and fits both types).
+#pragma once
+#include "common/dtypes.cuh"
+#include "common/mma.cuh"
+#include "common/ptx.cuh"
+
+namespace kg::fp4 {
+
+constexpr int FMT_NVFP4 = 0;
+constexpr int FMT_MXFP4 = 1;
+constexpr int STEP_K = 128;  // k per quad step (4 lanes x 32 elements)
+constexpr uint32_t FULL = 0xffffffffu;
+
+// scale bytes per row per quad step: 128 / G
+template <int FMT> struct Fmt { static constexpr int SB = FMT == FMT_NVFP4 ? 8 : 4; };
+
+// prmt with a run-time selector of 3-bit byte indices (bit 3 of each nibble must be 0).
+__device__ __forceinline__ uint32_t prmt_r(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
+// -- E2M1 -> fp16 / bf16 pairs ----------------------------------------------------------------
+// Hopper has no fp4 cvt. Byte tables indexed by the 3-bit magnitude, looked up four at a time
+// with prmt: fp16 values of e2m1 have a zero low byte, so one table of high bytes suffices;
+// bf16 needs a high and a low table. The sign bits need no table: those of the odd elements
+// n1, n3, n5, n7 already sit at bit 7 of w's bytes, those of the even ones at bit 7 of the
+// bytes of w << 4; one prmt interleaves them into the byte order of the lookups.
+template <typename T> struct E2m1Lut;
+template <> struct E2m1Lut<half> {
+  static constexpr bool LOW = false;  // low bytes all zero
+  static constexpr uint32_t H0 = 0x3E3C3800u, H1 = 0x46444240u;  // 0 .5 1 1.5 | 2 3 4 6
+  static constexpr uint32_t L0 = 0u, L1 = 0u;
+};
+template <> struct E2m1Lut<__nv_bfloat16> {
+  static constexpr bool LOW = true;
+  static constexpr uint32_t H0 = 0x3F3F3F00u, H1 = 0x40404040u;
+  static constexpr uint32_t L0 = 0xC0800000u, L1 = 0xC0804000u;
+};
+
+// Word w = elements n0..n7 (nibble i = element i) -> r[p] = T pair (n_2p, n_2p+1), low half first.
+template <typename T>
+__device__ __forceinline__ void e2m1x8(uint32_t w, uint32_t (&r)[4]) {
+  using L = E2m1Lut<T>;
+  const uint32_t mag = w & 0x77777777u, w4 = w << 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t m = h ? mag >> 16 : mag;
+    const uint32_t sg = __byte_perm(w4, w, h ? 0x7362u : 0x5140u);  // bit 7 of byte i: sign of n_4h+i
+    const uint32_t hi = prmt_r(L::H0, L::H1, m) | (sg & 0x80808080u);  // one LOP3
+    if constexpr (!L::LOW) {
+      r[2 * h] = __byte_perm(hi, 0u, 0x1404u);      // [0, hi0, 0, hi1]
+      r[2 * h + 1] = __byte_perm(hi, 0u, 0x3424u);  // [0, hi2, 0, hi3]
+    } else {
+      const uint32_t lo = prmt_r(L::L0, L::L1, m);
+      r[2 * h] = __byte_perm(lo, hi, 0x5140u);      // [lo0, hi0, lo1, hi1]
+      r[2 * h + 1] = __byte_perm(lo, hi, 0x7362u);  // [lo2, hi2, lo3, hi3]
+    }
+  }
+}
+
+// -- scales -----------------------------------------------------------------------------------
+// E4M3 byte -> float, exact (through the fp16 bit pattern: e4m3 * 2^-8 is an fp16, subnormals
+// included); 0x7F / 0xFF -> NaN.
+__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
+  const uint32_t h = ((b & 0x7Fu) << 7) | ((b & 0x80u) << 8);
+  const float v = __half2float(__ushort_as_half((unsigned short)h)) * 256.0f;
+  return (b & 0x7Fu) == 0x7Fu ? __int_as_float(0x7fffffff) : v;
+}
+// Relative E8M0 byte s' -> 2^(s'-127) (0 for s' == 0, NaN for 0xFF).
+__device__ __forceinline__ float e8m0_rel_to_float(uint32_t b) {
+  return b == 0xFFu ? __int_as_float(0x7fffffff) : __uint_as_float(b << 23);
+}
+
+template <typename T> __device__ __forceinline__ uint32_t splat2(float s);
+template <> __device__ __forceinline__ uint32_t splat2<half>(float s) {
+  const __half2 h = __float2half2_rn(s);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t splat2<__nv_bfloat16>(float s) {
+  const __nv_bfloat162 h = __float2bfloat162_rn(s);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// a * s for two T (fma with -0: exact products stay exact; bf16x2 fma exists on sm_80).
+template <typename T> __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t s);
+template <> __device__ __forceinline__ uint32_t hmul2<half>(uint32_t a, uint32_t s) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
+  return r;
+}
+template <> __device__ __forceinline__ uint32_t hmul2<__nv_bfloat16>(uint32_t a, uint32_t s) {
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
+  return r;
+}
+
+// The scales of one lane's chunk of one row: `raw` = the 2 (NVFP4, u16) or 1 (MXFP4) scale
+// bytes; sc[0] for words 0-1, sc[1] for words 2-3, as T pairs.
+template <typename T, int FMT>
+__device__ __forceinline__ void chunk_scales(uint32_t raw, uint32_t (&sc)[2]) {
+  if constexpr (FMT == FMT_NVFP4) {
+    sc[0] = splat2<T>(e4m3_to_float(raw & 0xFFu));
+    sc[1] = splat2<T>(e4m3_to_float((raw >> 8) & 0xFFu));
+  } else {
+    sc[0] = sc[1] = splat2<T>(e8m0_rel_to_float(raw & 0xFFu));
+  }
+}
+
+// Word j of rows g (wa) and g+8 (wb) -> the A fragments of k-steps 2j (f[0..3]) and 2j+1
+// (f[4..7]), scaled: f = {a0, a1, a2, a3} as mma.cuh orders them.
+template <typename T>
+__device__ __forceinline__ void frags_of_word(uint32_t wa, uint32_t wb, uint32_t sa, uint32_t sb,
+                                              uint32_t (&f)[8]) {
+  uint32_t ra[4], rb[4];
+  e2m1x8<T>(wa, ra);
+  e2m1x8<T>(wb, rb);
+  f[0] = hmul2<T>(ra[0], sa); f[1] = hmul2<T>(rb[0], sb);
+  f[2] = hmul2<T>(ra[1], sa); f[3] = hmul2<T>(rb[1], sb);
+  f[4] = hmul2<T>(ra[2], sa); f[5] = hmul2<T>(rb[2], sb);
+  f[6] = hmul2<T>(ra[3], sa); f[7] = hmul2<T>(rb[3], sb);
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& u, int j) {
+  return j == 0 ? u.x : j == 1 ? u.y : j == 2 ? u.z : u.w;
+}
+
+// -- loads --------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t ld_nc_u16(const void* p) {
+  unsigned short r;
+  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint32_t ld_nc_u8(const void* p) {
+  unsigned short r;
+  asm volatile("ld.global.nc.u8 %0, [%1];" : "=h"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 r;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
+  return r;
+}
+__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
+  unsigned short r;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(addr));
+  return r;
+}
+__device__ __forceinline__ uint32_t lds_u8(uint32_t addr) {
+  unsigned short r;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=h"(r) : "r"(addr));
+  return r;
+}
+// cp.async of 16 bytes, zero-filled when !valid (src-size 0: nothing is read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+// A tile in shared memory: token rows of 256-byte segments (128 k); 16-byte chunk c of a
+// segment is stored at swz(c, row): the 8 lanes of each quarter warp (2 tokens x 4 t) reading
+// chunk 4t + j hit 8 different 16-byte bank groups.
+__device__ __forceinline__ uint32_t swz(uint32_t c, uint32_t row) {
+  return c ^ ((c >> 2) & 3u) ^ ((row & 1u) << 2);
+}
+
+// -- epilogue -----------------------------------------------------------------------------------
+// Row factor of the output: alpha / gs (NVFP4) or alpha * 2^(rowmax - 127) (MXFP4).
+template <int FMT>
+__device__ __forceinline__ float row_factor(const float* __restrict__ post, float alpha, int n) {
+  if constexpr (FMT == FMT_NVFP4) return alpha / __ldg(post);
+  else return alpha * __ldg(post + n);
+}
+
+template <typename T, int FMT>
+__device__ __forceinline__ void store_out(T* __restrict__ C, const T* __restrict__ bias,
+                                          int has_bias, const float* __restrict__ post,
+                                          float alpha, int m, int n, int N, float v) {
+  float r = v * row_factor<FMT>(post, alpha, n);
+  if (has_bias) r += to_float(bias[n]);
+  C[(size_t)m * N + n] = from_float<T>(r);
+}
+
+// Split-K finish of one CTA tile (rows [n_lo, n_lo + n_cnt) x tokens [m_lo, m_lo + m_cnt)):
+// every thread has stored its fp32 partials to ws[split]; the CTA that brings the tile's counter
+// to `splits` adds the partials in split order (deterministic), applies the row factor and bias,
+// writes C and resets the counter for the next launch (stream order).
+template <typename T, int FMT>
+__device__ __forceinline__ void split_finish(const float* __restrict__ ws, unsigned* counter,
+                                             int splits, T* __restrict__ C,
+                                             const T* __restrict__ bias, int has_bias,
+                                             const float* __restrict__ post, float alpha, int m_lo,
+                                             int m_cnt, int n_lo, int n_cnt, int M, int N) {
+  __shared__ unsigned last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned)(splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const size_t stride = (size_t)M * N;
+#pragma unroll 1
+  for (int p = threadIdx.x; p < m_cnt * n_cnt; p += blockDim.x) {
+    const int m = m_lo + p / n_cnt, n = n_lo + p % n_cnt;
+    if (m >= M || n >= N) continue;
+    const float* src = ws + (size_t)m * N + n;
+    float v = 0.0f;
+#pragma unroll 1
+    for (int y = 0; y < splits; ++y) v += __ldcg(src + y * stride);
+    store_out<T, FMT>(C, bias, has_bias, post, alpha, m, n, N, v);
+  }
+  if (threadIdx.x == 0) *counter = 0u;
+}
+
+}  // namespace kg::fp4

@@ -1,0 +1,157 @@
+// FP4-weight GEMM, tensor-core tile path (larger M):
+//   C[M, N] = alpha * A[M, K] . dequant(W)[N, K]^T (+ bias[N])
+//
+// CTA tile: BN = 128 W rows x BM tokens, BK = 128 k per stage, STAGES-deep cp.async pipeline.
+// Warps: 4 along W (32 rows each = 2 m16 tiles; weights on the mma's 16-row side, "swap_ab")
+// x WARPS_T along tokens (BM / WARPS_T tokens each = NI n8 tiles). grid (ceil(N/128),
+// ceil(M/BM), split); blockIdx.z takes a K range (split-K: fp32 partials + last-CTA reduction).
+//
+// Shared memory per stage: W [128 rows][64 B] (the row's 128 k), scales [128][SB], A [BM][256 B]
+// (chunks swizzled, fp4.cuh swz). A lane reads chunk t of its W rows (16 B = 32 elements, 8
+// k-steps) and the matching 16-byte activation chunks, as in the bandwidth path (fp4.cuh).
+#pragma once
+#include "fp4_gemm/fp4.cuh"
+
+namespace kg::fp4 {
+
+constexpr int TILE_BN = 128;
+constexpr int TILE_WARPS_W = 4;
+
+template <int FMT, int BM>
+struct TileSmem {
+  static constexpr int W_BYTES = TILE_BN * 64;
+  static constexpr int S_BYTES = TILE_BN * Fmt<FMT>::SB;
+  static constexpr int A_BYTES = BM * 256;
+  static constexpr int STAGE = W_BYTES + S_BYTES + A_BYTES;
+};
+
+template <typename T, int FMT, int BM, int WARPS_T, int STAGES>
+__device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
+                                          const float* __restrict__ post, const T* __restrict__ A,
+                                          const T* __restrict__ bias, int has_bias, float alpha,
+                                          T* __restrict__ C, float* __restrict__ ws,
+                                          unsigned* __restrict__ counters, int M, int N, int K,
+                                          int sps) {
+  constexpr int THREADS = 32 * TILE_WARPS_W * WARPS_T;
+  constexpr int NI = BM / (8 * WARPS_T);
+  constexpr int MI = 2;
+  constexpr int SB = Fmt<FMT>::SB;
+  using L = TileSmem<FMT, BM>;
+  static_assert(NI >= 1 && BM % (8 * WARPS_T) == 0, "BM must split into n8 tiles per warp");
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int wi = warp % TILE_WARPS_W, wt = warp / TILE_WARPS_W;
+  const int n0 = blockIdx.x * TILE_BN, m0 = blockIdx.y * BM;
+  const int Q = K / STEP_K;
+  const int q0 = blockIdx.z * sps;
+  const int n_k = min(Q, q0 + sps) - q0;
+  const size_t srow = (size_t)K * SB / STEP_K;  // scale bytes per W row
+
+  const auto stage_load = [&](int slot, int kq) {
+    const uint32_t sw = base + (uint32_t)(slot * L::STAGE);
+    const uint32_t ss = sw + L::W_BYTES, sa = ss + L::S_BYTES;
+#pragma unroll
+    for (int i = threadIdx.x; i < TILE_BN * 4; i += THREADS) {  // W: 4 chunks a row
+      const int r = i >> 2, c = i & 3;
+      const int n = min(n0 + r, N - 1);
+      cp_async16(sw + 16u * (uint32_t)i, W + (size_t)n * (K / 2) + (size_t)kq * 64 + 16 * c);
+    }
+#pragma unroll
+    for (int i = threadIdx.x; i < TILE_BN * SB / 4; i += THREADS) {  // scales: 4-byte pieces
+      const int r = i / (SB / 4), c = i % (SB / 4);
+      const int n = min(n0 + r, N - 1);
+      cp_async4(ss + 4u * (uint32_t)i, S + (size_t)n * srow + (size_t)kq * SB + 4 * c);
+    }
+#pragma unroll
+    for (int i = threadIdx.x; i < BM * 16; i += THREADS) {  // A: 16 chunks a token row
+      const int r = i >> 4, c = i & 15;
+      const int m = m0 + r;
+      const bool ok = m < M;
+      cp_async16(sa + 256u * (uint32_t)r + 16u * swz((uint32_t)c, (uint32_t)r),
+                 A + (size_t)(ok ? m : 0) * K + (size_t)kq * STEP_K + 8 * c, ok);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < n_k) stage_load(s, q0 + s);
+    cp_async_commit();
+  }
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
+
+  const uint32_t par = (uint32_t)(g & 1);
+#pragma unroll 1
+  for (int kt = 0; kt < n_k; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    {
+      const int nxt = kt + STAGES - 1;
+      if (nxt < n_k) stage_load(nxt % STAGES, q0 + nxt);
+      cp_async_commit();
+    }
+    const uint32_t sw = base + (uint32_t)((kt % STAGES) * L::STAGE);
+    const uint32_t ss = sw + L::W_BYTES, sa = ss + L::S_BYTES;
+    uint4 wv[MI][2];
+    uint32_t sc[MI][2][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t r = (uint32_t)(wi * 32 + mi * 16 + g + 8 * h);
+        wv[mi][h] = lds128(sw + r * 64u + 16u * (uint32_t)t);
+        const uint32_t raw = FMT == FMT_NVFP4 ? lds_u16(ss + r * SB + 2u * (uint32_t)t)
+                                              : lds_u8(ss + r * SB + (uint32_t)t);
+        chunk_scales<T, FMT>(raw, sc[mi][h]);
+      }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint4 b[NI];
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) {
+        const uint32_t r = (uint32_t)(wt * NI * 8 + ni * 8 + g);
+        b[ni] = lds128(sa + 256u * r + 16u * swz((uint32_t)(4 * t + j), par));
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        uint32_t f[8];
+        frags_of_word<T>(word_of(wv[mi][0], j), word_of(wv[mi][1], j), sc[mi][0][j >> 1],
+                         sc[mi][1][j >> 1], f);
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+          Mma<T>::run(acc[mi][ni], f[0], f[1], f[2], f[3], b[ni].x, b[ni].y);
+          Mma<T>::run(acc[mi][ni], f[4], f[5], f[6], f[7], b[ni].z, b[ni].w);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // fragment (mi, ni, 2h + e) = C[m0 + wt*NI*8 + 8ni + 2t + e, n0 + wi*32 + 16mi + g + 8h]
+  const bool split = gridDim.z > 1;
+  float* wsz = ws + (size_t)blockIdx.z * M * N;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int m = m0 + wt * NI * 8 + 8 * ni + 2 * t + (i & 1);
+        const int n = n0 + wi * 32 + 16 * mi + g + 8 * (i >> 1);
+        if (m >= M || n >= N) continue;
+        if (split) __stcg(wsz + (size_t)m * N + n, acc[mi][ni][i]);
+        else store_out<T, FMT>(C, bias, has_bias, post, alpha, m, n, N, acc[mi][ni][i]);
+      }
+  if (split)
+    split_finish<T, FMT>(ws, counters + (size_t)blockIdx.y * gridDim.x + blockIdx.x, gridDim.z, C,
+                         bias, has_bias, post, alpha, m0, BM, n0, TILE_BN, M, N);
+}
+
+}  // namespace kg::fp4

@@ -1,0 +1,162 @@
+"""FP4-weight GEMM on the GPU against the NumPy reference (W dequantized by
+kernelgen/mx/reference.py, float64 matmul): both formats x fp16/bf16 x M across both paths and
+their boundaries x shapes with partial tiles, bias, alpha, out=, split-K forced on/off, scale
+layouts, torch. Outputs are poisoned (KERNELGEN_POISON=1) or pre-filled with NaN through out=,
+so an element the kernel does not write fails the bound."""
+
+import functools
+
+import numpy as np
+import pytest
+
+from kernelgen.fp4_gemm import reference as GR
+from kernelgen.kbit import reference as KR
+
+from ._weights import device_weight
+
+pytestmark = pytest.mark.gpu
+
+FMTS = ("nvfp4", "mxfp4")
+DTYPES = ("float16", "bfloat16")
+MS = (1, 2, 3, 5, 8, 15, 16, 17, 33, 64, 127, 256, 1024)
+# N not a multiple of 16 / 128 (partial warp and CTA tiles); K = 3, 8 and 33 steps of 128
+SHAPES = ((200, 384), (96, 1024), (1000, 4224))
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setenv("KERNELGEN_POISON", "1")
+
+
+def _host(rng, shape, dtype, scale=1.0):
+    v = (rng.standard_normal(shape) * scale).astype(np.float32)
+    return KR.f32_to_bf16(v) if dtype == "bfloat16" else v.astype(np.float16)
+
+
+@functools.cache
+def _weight(fmt, n, k, layout="row_major"):
+    return device_weight(fmt, n, k, layout)
+
+
+def _check(d_dev, d_ref, dtype, ctx):
+    import cupy
+
+    d = GR.to_float64(cupy.asnumpy(d_dev), dtype)
+    assert np.all(np.isfinite(d)), f"{ctx}: {int(np.sum(~np.isfinite(d)))} elements not written / not finite"
+    err = GR.rel_error(d, d_ref)
+    if not err <= GR.REL_ERROR_BOUND[dtype]:
+        d2, r2 = d.reshape(-1, d.shape[-1]), d_ref.reshape(-1, d_ref.shape[-1])
+        bad = np.abs(d2 - r2) > 0.05 * (np.abs(r2) + np.linalg.norm(r2) / np.sqrt(r2.size))
+        ms, ns = np.nonzero(bad)
+        raise AssertionError(f"{ctx}: rel error {err:.3g}; {bad.mean():.1%} bad; tokens "
+                             f"{sorted(set(ms.tolist()))[:8]}, rows {ns[:8].tolist()}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_matches_reference(fmt, dtype):
+    import cupy
+
+    from kernelgen.fp4_gemm import fp4_gemm
+
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for n, k in SHAPES:
+        t, w64 = _weight(fmt, n, k)
+        for m in MS:
+            if m >= 256 and n * k > 10**6:
+                continue  # the big-M cases run on the smaller shapes (reference time)
+            a = _host(rng, (m, k), dtype)
+            bias = _host(rng, (n,), dtype) if m % 2 else None
+            alpha = float(rng.uniform(0.25, 2.0)) if m % 3 == 0 else 1.0
+            d_ref = GR.gemm(a, w64, bias, alpha, dtype)
+            d = fp4_gemm(cupy.asarray(a), t, None if bias is None else cupy.asarray(bias),
+                         alpha=alpha, dtype=hint)
+            ctx = f"{fmt=} {dtype=} {m=} {n=} {k=} {alpha=} bias={bias is not None}"
+            assert d.shape == (m, n) and d.dtype == (cupy.uint16 if hint else cupy.float16), ctx
+            _check(d, d_ref, dtype, ctx)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 3), ("tile", 1), ("tile", 2)])
+def test_forced_paths_and_splits(fmt, path, split):
+    """Both paths at M each would not be picked for (multi-pass GEMV, tile at M=1), split on/off."""
+    import cupy
+
+    from kernelgen.fp4_gemm import fp4_gemm
+
+    rng = np.random.default_rng()
+    for n, k in ((200, 384), (1000, 4224)):
+        t, w64 = _weight(fmt, n, k)
+        for m in (1, 7, 16, 40):
+            if path == "gemv" and split == 1 and m > 8 and k > 2048:
+                continue  # the A slice of 16 tokens x 4224 k does not fit one CTA
+            a = _host(rng, (m, k), "float16")
+            bias = _host(rng, (n,), "float16")
+            d = fp4_gemm(cupy.asarray(a), t, cupy.asarray(bias), alpha=0.75, path=path, split_k=split)
+            _check(d, GR.gemm(a, w64, bias, 0.75), "float16", f"{fmt=} {path=} {split=} {m=} {n=} {k=}")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_swizzled_scales_equal_row_major(fmt):
+    import cupy
+
+    from kernelgen.fp4_gemm import fp4_gemm
+
+    rng = np.random.default_rng()
+    n, k = 200, 1024
+    t_rm, w64 = _weight(fmt, n, k)
+    t_sw, w64_sw = _weight(fmt, n, k, "swizzled")
+    assert np.array_equal(w64, w64_sw)
+    for m in (1, 5, 64):
+        a = cupy.asarray(_host(rng, (m, k), "bfloat16"))
+        d_rm = fp4_gemm(a, t_rm, dtype="bfloat16")
+        d_sw = fp4_gemm(a, t_sw, dtype="bfloat16")
+        assert cupy.array_equal(d_rm, d_sw), f"{fmt=} {m=}"
+
+
+def test_out_buffer_leading_dims_and_prepared():
+    import cupy
+
+    from kernelgen.fp4_gemm import Fp4Weight, fp4_gemm, prepare_weight
+
+    rng = np.random.default_rng()
+    n, k = 96, 1024
+    t, w64 = _weight("mxfp4", n, k)
+    w = prepare_weight(t)
+    assert isinstance(w, Fp4Weight) and w.shape == (n, k)
+    for lead in ((2, 3), (4, 10)):
+        a = _host(rng, (*lead, k), "float16")
+        out = cupy.full((*lead, n), np.nan, cupy.float16)
+        r = fp4_gemm(cupy.asarray(a), w, out=out, alpha=2.0)
+        assert r is out
+        _check(out, GR.gemm(a, w64, None, 2.0), "float16", f"{lead=}")
+    with pytest.raises(ValueError, match=r"out: shape \(3, 96\); expected \(2, 96\)"):
+        fp4_gemm(cupy.asarray(_host(rng, (2, k), "float16")), w, out=cupy.empty((3, n), cupy.float16))
+    with pytest.raises(ValueError, match="K=512 does not match the weight's K=1024"):
+        fp4_gemm(cupy.zeros((2, 512), cupy.float16), w)
+    with pytest.raises(ValueError, match="dtype float32 not supported"):
+        fp4_gemm(cupy.zeros((2, k), cupy.float32), w)
+    with pytest.raises(ValueError, match="bias: has 95 elements"):
+        fp4_gemm(cupy.zeros((2, k), cupy.float16), w, cupy.zeros(95, cupy.float16))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_torch_tensors_on_a_side_stream(fmt):
+    torch = pytest.importorskip("torch")
+
+    from kernelgen.fp4_gemm import fp4_gemm
+
+    n, k = 200, 384
+    t, w64 = device_weight(fmt, n, k, xp=lambda x: torch.from_numpy(np.ascontiguousarray(x)).cuda())
+    rng = np.random.default_rng()
+    s = torch.cuda.Stream()
+    for m in (3, 40):
+        a = _host(rng, (m, k), "bfloat16")
+        a_t = torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
+        with torch.cuda.stream(s):
+            d = fp4_gemm(a_t, t, alpha=1.5)
+        s.synchronize()
+        assert isinstance(d, torch.Tensor) and d.dtype == torch.bfloat16 and d.shape == (m, n)
+        _check(d.view(torch.int16).cpu().numpy().view(np.uint16), GR.gemm(a, w64, None, 1.5, "bfloat16"),
+               "bfloat16", f"torch {fmt=} {m=}")
