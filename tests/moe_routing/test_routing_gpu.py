@@ -181,6 +181,7 @@ def test_graph_capture_replays_new_routing():
         return lay, xs, moe_combine(xs, lay, w, dtype="bfloat16")
 
     step()  # compile and warm the memory pool outside the capture
+    cupy.cuda.Device().synchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
@@ -188,8 +189,9 @@ def test_graph_capture_replays_new_routing():
         graph = stream.end_capture()
     for case in ("hot80", "one_expert", "duplicates"):
         new = routing(case, t, k, e, seed=3)
-        ids[...] = cupy.asarray(new.astype(np.int32))
-        graph.launch(stream)
+        with stream:  # the new ids land before the replay reads them
+            ids[...] = cupy.asarray(new.astype(np.int32))
+            graph.launch(stream)
         stream.synchronize()
         ref = R.layout(new, e, 16)
         _check_layout(lay, ref, case)
