@@ -1,0 +1,107 @@
+"""Benchmark of the MXFP8 GEMM (mx_gemm, fp8 mma.sync path) against torch._scaled_mm (cuBLASLt
+fp8, per-tensor scales) and cuBLAS bf16 (torch.matmul), all measured in the same run.
+
+    python examples/bench_mx_gemm.py [--shapes 8192x8192x8192,...] [--json out.json] [--variants]
+
+Per shape (M x N x K): median time per call over back-to-back calls (CUDA events), TFLOP/s =
+2 M N K / t. Operands are random finite E4M3 codes with E8M0 scales near 1. --variants also
+times every fp8 tile with the k-block loop rolled and unrolled (what the selector table uses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (2048, 8192, 8192), (16, 8192, 8192),
+          (128, 4096, 4096))
+
+
+def _operand(fmt: str, rows: int, k: int, seed: int):
+    import cupy
+
+    from kernelgen.mx_gemm.reference import HostMx, upload
+
+    rs = cupy.random.RandomState(seed)
+    data = rs.randint(0, 256, (rows, k), dtype=cupy.int32).astype(cupy.uint8)
+    data[(data & 0x7F) >= 0x7C] = 0x38  # no NaN / Inf codes (E4M3 NaN, E5M2 Inf / NaN): 1.0
+    s = -(-k // 32)
+    scales = rs.randint(124, 131, (-(-rows // 128), -(-s // 4), 32, 4, 4), dtype=cupy.int32)
+    return upload(HostMx(fmt, (rows, k), data, scales.astype(cupy.uint8)), cupy)
+
+
+def bench_shape(m: int, n: int, k: int, variants: bool) -> dict:
+    """One shape: mx_gemm (selector's config, and every tile if `variants`), torch._scaled_mm
+    on the same fp8 bytes with per-tensor scales, torch bf16 matmul."""
+    import cupy
+    import torch
+
+    from kernelgen.arch import device_info
+    from kernelgen.bench import time_gpu
+    from kernelgen.mx_gemm import mx_gemm, select_mx_gemm
+    from kernelgen.mx_gemm.config import FP8_TILES, MxFp8GemmConfig
+
+    info = device_info()
+    flop = 2.0 * m * n * k
+    a, b = _operand("mxfp8_e4m3", m, k, 1), _operand("mxfp8_e4m3", n, k, 2)
+    out = cupy.empty((m, n), cupy.uint16)
+    plan = select_mx_gemm(info.arch.name, "mxfp8_e4m3", "mxfp8_e4m3", m, n, k, "bfloat16",
+                          info.sm_count)
+    t_mx = time_gpu(lambda i: mx_gemm(a, b, out=out), iters=20, repeats=5)
+    var = {}
+    if variants:
+        for bm, bn, wm, wn, st in FP8_TILES:
+            for unroll in (False, True):
+                cfg = MxFp8GemmConfig(arch=info.arch.name, tile_m=bm, tile_n=bn, warps_m=wm,
+                                      warps_n=wn, stages=st, unroll_kb=unroll)
+                t = time_gpu(lambda i, c=cfg: mx_gemm(a, b, out=out, config=c), iters=20, repeats=5)
+                var[f"{bm}x{bn} unroll={unroll}"] = flop / t / 1e12
+    # cuBLASLt fp8 with per-tensor scales on the same bytes: A [M, K] . (B [N, K])^T
+    ta = torch.as_tensor(a.data, device="cuda").view(torch.float8_e4m3fn)
+    tb = torch.as_tensor(b.data, device="cuda").view(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        t_ref = time_gpu(lambda i: torch._scaled_mm(ta, tb.t(), scale_a=one, scale_b=one,
+                                                    out_dtype=torch.bfloat16), iters=20, repeats=5)
+        t_bf = time_gpu(lambda i: torch.matmul(x, w.t()), iters=20, repeats=5)
+    r = {"m": m, "n": n, "k": k, "mx_tflops": flop / t_mx / 1e12, "mx_us": t_mx * 1e6,
+         "scaled_mm_tflops": flop / t_ref / 1e12, "bf16_tflops": flop / t_bf / 1e12,
+         "config": plan.config.short(), "variants": var}
+    r["ratio"] = r["mx_tflops"] / r["scaled_mm_tflops"]
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--variants", action="store_true")
+    args = ap.parse_args()
+
+    from kernelgen.arch import device_info
+
+    info = device_info()
+    print(f"device: {info.name} ({info.arch.name}, {info.sm_count} SMs)")
+    print("| M x N x K | mx_gemm TFLOP/s | config | torch._scaled_mm fp8 TFLOP/s | ratio | "
+          "bf16 matmul TFLOP/s |")
+    print("|---|---|---|---|---|---|")
+    rows = []
+    for spec in args.shapes.split(","):
+        m, n, k = (int(v) for v in spec.split("x"))
+        r = bench_shape(m, n, k, args.variants)
+        rows.append(r)
+        print(f"| {m} x {n} x {k} | {r['mx_tflops']:.0f} | {r['config']} | "
+              f"{r['scaled_mm_tflops']:.0f} | {r['ratio']:.2f} | {r['bf16_tflops']:.0f} |",
+              flush=True)
+        if r["variants"]:
+            print("    variants: " + ", ".join(f"{k_} {v:.0f}" for k_, v in r["variants"].items()),
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": info.name, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

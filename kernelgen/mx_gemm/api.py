@@ -1,0 +1,125 @@
+"""Public API: `mx_gemm(A, B, bias=None, *, alpha=1.0, out=None, out_dtype="bfloat16")`.
+
+A [M, K] and B [N, K] are MxTensor operands (kernelgen/mx/tensor.py; any object with the same
+attributes works): packed codes `data` (uint8 [rows, K * bits / 8]), `scales` (uint8, swizzled
+[ceil(rows/128), ceil(S/4), 32, 4, 4] or row-major [rows, S]), `scale_layout`, `fmt`, `shape`
+and, for NVFP4, `global_scale` (fp32 device array of shape (1,)). CuPy or torch arrays; the
+result comes back as the same kind, launched on the caller's current stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..arch import device_info
+from ..core.interop import Ctx, context_of, device_array
+from ..core.jit import get_kernel
+from .config import FORMATS, OUT_DTYPES, MxBsGemmConfig, MxFp8GemmConfig
+from .select import forced, select_mx_gemm
+
+_BITS = {"e4m3": 8, "e5m2": 8, "e2m1": 4}
+
+
+def _operand(x: Any, name: str, ctx: Ctx | None) -> tuple[Ctx, str, int, int, Any, Any, Any]:
+    """Validate one MxTensor; returns (ctx, fmt, rows, K, data view, swizzled scales view, gs)."""
+    for attr in ("fmt", "shape", "data", "scales", "scale_layout"):
+        if not hasattr(x, attr):
+            raise ValueError(f"{name}: expected an MxTensor (kernelgen.mx), got {type(x).__name__} "
+                             f"without .{attr}")
+    fmt = x.fmt
+    if fmt not in FORMATS:
+        raise ValueError(f"{name}: format {fmt!r} is not supported by mx_gemm; expected one of "
+                         f"{sorted(FORMATS)}")
+    elem, _, group = FORMATS[fmt]
+    rows, k = (int(s) for s in x.shape)
+    if ctx is None:
+        ctx = context_of(x.data, f"{name}.data")
+    data, _ = device_array(x.data, f"{name}.data", ctx, ("uint8",), ndim=2)
+    want = (rows, k * _BITS[elem] // 8)
+    if tuple(data.shape) != want:
+        raise ValueError(f"{name}.data: shape {tuple(data.shape)}; a {fmt} tensor of shape "
+                         f"{(rows, k)} packs into {want}")
+    s_cols = k // group
+    sc, _ = device_array(x.scales, f"{name}.scales", ctx, ("uint8",))
+    swz = (-(-rows // 128), -(-s_cols // 4), 32, 4, 4)
+    if x.scale_layout == "swizzled":
+        if sc.size != int(np.prod(swz)):
+            raise ValueError(f"{name}.scales: {sc.size} bytes; the swizzled layout of {rows} rows "
+                             f"x {s_cols} scale columns is {swz}")
+    elif x.scale_layout == "row_major":
+        if tuple(sc.shape) != (rows, s_cols):
+            raise ValueError(f"{name}.scales: shape {tuple(sc.shape)}; row_major scales are "
+                             f"{(rows, s_cols)}")
+        sc = _swizzle_on_device(sc, rows, s_cols, ctx)
+    else:
+        raise ValueError(f"{name}.scale_layout={x.scale_layout!r}; expected 'swizzled' or 'row_major'")
+    gs = None
+    if fmt == "nvfp4":
+        gs, _ = device_array(getattr(x, "global_scale", None), f"{name}.global_scale", ctx,
+                             ("float32",))
+        if gs.size != 1:
+            raise ValueError(f"{name}.global_scale: {gs.size} elements; expected shape (1,)")
+    return ctx, fmt, rows, k, data, sc, gs
+
+
+def swizzle(xp: Any, sc: Any, rows: int, s_cols: int) -> Any:
+    """Row-major scale bytes [rows, S] -> the swizzled layout with `xp` (numpy or cupy), padding
+    bytes 0x00, as kernelgen/mx/reference.py swizzle_scales."""
+    mt, kt = -(-rows // 128), -(-s_cols // 4)
+    padded = xp.zeros((mt * 128, kt * 4), xp.uint8)
+    padded[:rows, :s_cols] = sc
+    return xp.ascontiguousarray(padded.reshape(mt, 4, 32, kt, 4).transpose(0, 3, 2, 1, 4))
+
+
+def _swizzle_on_device(sc: Any, rows: int, s_cols: int, ctx: Ctx) -> Any:
+    """A copy per call; quantize with the swizzled layout to skip it."""
+    import cupy
+
+    with cupy.cuda.Device(ctx.device), ctx.stream:
+        return swizzle(cupy, sc, rows, s_cols)
+
+
+def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = None,
+            out_dtype: str = "bfloat16", config: MxFp8GemmConfig | MxBsGemmConfig | None = None) -> Any:
+    """D [M, N] = alpha * A . B^T (+ bias) for block-scaled A [M, K] and B [N, K].
+
+    Format pairs by arch (others raise ValueError naming what the arch runs): sm_90a / sm_100a
+    MXFP8 x MXFP8 (E4M3 / E5M2); sm_120a also MXFP8 x MXFP4, MXFP4 x MXFP4, NVFP4 x NVFP4.
+    M >= 1, N a multiple of 8, K a multiple of 32. bias [N] and out [M, N] in out_dtype
+    ("bfloat16" or "float16"; CuPy bf16 is uint16). fp32 accumulation, D rounded to nearest.
+    `config` forces a kernel config of the selector's path (tests, tuning); None: the selector's.
+    """
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype={out_dtype!r}; expected one of {OUT_DTYPES}")
+    ctx, a_fmt, m, k, a, sa, gsa = _operand(A, "A", None)
+    _, b_fmt, n, kb, b, sb, gsb = _operand(B, "B", ctx)
+    if k != kb:
+        raise ValueError(f"B: K={kb} does not match A's K={k} (A is [{m}, {k}], B is [{n}, {kb}])")
+    info = device_info(ctx.device)
+    plan = select_mx_gemm(info.arch.name, a_fmt, b_fmt, m, n, k, out_dtype, info.sm_count)
+    if config is not None:
+        plan = forced(plan, config)
+    if out is None:
+        out, d = ctx.empty((m, n), out_dtype)
+    else:
+        d, _ = device_array(out, "out", ctx, (out_dtype,), hint=out_dtype, ndim=2)
+        if tuple(d.shape) != (m, n):
+            raise ValueError(f"out: shape {tuple(d.shape)}; expected {(m, n)}")
+    if bias is not None:
+        bv, _ = device_array(bias, "bias", ctx, (out_dtype,), hint=out_dtype, ndim=1)
+        if bv.shape[0] != n:
+            raise ValueError(f"bias: {bv.shape[0]} elements; B has N={n} rows")
+    else:
+        bv = d
+    fn = get_kernel(plan.config, ctx.device, ctx.stream).fn(plan.symbol)
+    if plan.path == "fp8_mma":
+        args = (a, b, sa, sb, bv, np.int32(bias is not None), d, np.int32(m), np.int32(n),
+                np.int32(k), np.float32(alpha))
+    else:
+        gsa_, gsb_ = (gsa, gsb) if gsa is not None else (d, d)
+        args = (a, b, sa, sb, gsa_, gsb_, bv, np.int32(bias is not None), d, np.int32(m),
+                np.int32(n), np.int32(k), np.float32(alpha))
+    ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem)
+    return out

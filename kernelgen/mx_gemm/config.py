@@ -1,0 +1,155 @@
+"""Configs of the block-scaled GEMM family `mx_gemm`: D = alpha * A . B^T (+ bias).
+
+Two kernels:
+* `MxFp8GemmConfig` - MXFP8 x MXFP8 on the fp8 `mma.sync` (sm_89+; used on sm_90a and
+  sm_100a): one mma per 32-wide k-block, its result scaled by sa * sb into fp32 accumulators.
+* `MxBsGemmConfig` - the native block-scaled `mma.sync` of sm_120a (`kind::mxf8f6f4` for
+  FP8 x FP8 / FP8 x FP4, `kind::mxf4nvf4` for MXFP4 x MXFP4 and NVFP4 x NVFP4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..arch import get_arch
+from ..core.config import KernelConfig
+from ..errors import UnsupportedConfigError
+
+OUT_DTYPES = ("bfloat16", "float16")
+CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16"}
+TK = 128  # k elements per pipeline stage (both kernels)
+
+# MxTensor.fmt -> (element format of the mma, scale format, k-group size)
+FORMATS: dict[str, tuple[str, str, int]] = {
+    "mxfp8_e4m3": ("e4m3", "ue8m0", 32),
+    "mxfp8_e5m2": ("e5m2", "ue8m0", 32),
+    "mxfp4": ("e2m1", "ue8m0", 32),
+    "nvfp4": ("e2m1", "ue4m3", 16),
+}
+FP8_ELEMS = ("e4m3", "e5m2")
+
+# fp8 mma.sync path: (tile_m, tile_n, warps_m, warps_n, stages)
+# Warp tiles stay at 64x32: each k-block's 16x8 results (zero C) are live next to the
+# accumulators until they are scaled in, so a warp holds 2 x 64 fp32 values.
+FP8_TILES: tuple[tuple[int, int, int, int, int], ...] = (
+    (128, 128, 2, 4, 4),
+    (64, 128, 1, 4, 4),
+)
+# block-scaled path of sm_120a (99 KB of shared memory a block)
+BS_TILES: tuple[tuple[int, int, int, int, int], ...] = ((128, 128, 2, 4, 2),)
+BS_KINDS = {"mxf8f6f4": 0, "mxf4": 1, "nvf4": 2}  # kind_code of templates/mx_gemm/bs_mma.cuh
+
+
+def _row_bytes(elem: str) -> int:
+    return TK // 2 if elem == "e2m1" else TK
+
+
+@dataclass(frozen=True)
+class MxFp8GemmConfig(KernelConfig):
+    family: ClassVar[str] = "mx_gemm"
+    template: ClassVar[str] = "mx_gemm/fp8_mma.cu.jinja"
+    a_elem: str = "e4m3"
+    b_elem: str = "e4m3"
+    out_dtype: str = "bfloat16"
+    tile_m: int = 128
+    tile_n: int = 256
+    warps_m: int = 2
+    warps_n: int = 4
+    stages: int = 4
+    unroll_kb: bool = False  # unroll the 4 k-blocks of a k-tile (more ILP, more registers)
+
+    def check(self) -> None:
+        def bad(field: str, rule: str) -> UnsupportedConfigError:
+            return UnsupportedConfigError(f"{self.short()}: {field}={getattr(self, field)!r}; {rule}")
+
+        if get_arch(self.arch).cc < 89:
+            raise bad("arch", "the fp8 mma.sync needs sm_89 or newer (sm_90a, sm_100a); sm_80 "
+                              "has no fp8 tensor-core instruction")
+        for f in ("a_elem", "b_elem"):
+            if getattr(self, f) not in FP8_ELEMS:
+                raise bad(f, f"expected one of {FP8_ELEMS}")
+        if self.out_dtype not in OUT_DTYPES:
+            raise bad("out_dtype", f"expected one of {OUT_DTYPES}")
+        if (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages) not in FP8_TILES:
+            raise bad("tile_m", f"(tile_m, tile_n, warps_m, warps_n, stages) must be one of {FP8_TILES}")
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("mx_gemm_fp8",)
+
+    def smem_bytes(self) -> int:
+        """templates/mx_gemm/fp8_mma.cuh Fp8Smem: A, B tiles and one 512-byte scale chunk per
+        128 rows (at least one), per stage."""
+        sa = max(1, self.tile_m // 128) * 512
+        sb = max(1, self.tile_n // 128) * 512
+        return self.stages * ((self.tile_m + self.tile_n) * TK + sa + sb)
+
+    @property
+    def threads(self) -> int:
+        return self.warps_m * self.warps_n * 32
+
+    def template_vars(self) -> dict[str, Any]:
+        return {**super().template_vars(), "ctype": CTYPE[self.out_dtype]}
+
+
+@dataclass(frozen=True)
+class MxBsGemmConfig(KernelConfig):
+    family: ClassVar[str] = "mx_gemm"
+    template: ClassVar[str] = "mx_gemm/bs_mma.cu.jinja"
+    kind: str = "mxf8f6f4"  # "mxf8f6f4" | "mxf4" (mxf4nvf4, ue8m0 x2) | "nvf4" (mxf4nvf4, ue4m3 x4)
+    a_elem: str = "e4m3"
+    b_elem: str = "e4m3"
+    out_dtype: str = "bfloat16"
+    tile_m: int = 128
+    tile_n: int = 128
+    warps_m: int = 2
+    warps_n: int = 4
+    stages: int = 2
+
+    def check(self) -> None:
+        def bad(field: str, rule: str) -> UnsupportedConfigError:
+            return UnsupportedConfigError(f"{self.short()}: {field}={getattr(self, field)!r}; {rule}")
+
+        if self.arch != "sm_120a":
+            raise bad("arch", "the block-scaled mma.sync exists on sm_120a only (sm_100a scales "
+                              "through tcgen05 / tensor memory instead)")
+        if self.kind not in BS_KINDS:
+            raise bad("kind", f"expected one of {tuple(BS_KINDS)}")
+        if self.kind == "mxf8f6f4":
+            if self.a_elem not in FP8_ELEMS:
+                raise bad("a_elem", f"kind mxf8f6f4 takes FP8 activations {FP8_ELEMS}")
+            if self.b_elem not in (*FP8_ELEMS, "e2m1"):
+                raise bad("b_elem", "kind mxf8f6f4 takes e4m3, e5m2 or e2m1 weights")
+        elif (self.a_elem, self.b_elem) != ("e2m1", "e2m1"):
+            raise bad("a_elem", f"kind {self.kind} takes e2m1 x e2m1")
+        if self.out_dtype not in OUT_DTYPES:
+            raise bad("out_dtype", f"expected one of {OUT_DTYPES}")
+        if (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages) not in BS_TILES:
+            raise bad("tile_m", f"(tile_m, tile_n, warps_m, warps_n, stages) must be one of {BS_TILES}")
+
+    @property
+    def scale(self) -> str:
+        return "ue4m3" if self.kind == "nvf4" else "ue8m0"
+
+    @property
+    def group(self) -> int:
+        return 16 if self.kind == "nvf4" else 32
+
+    @property
+    def threads(self) -> int:
+        return self.warps_m * self.warps_n * 32
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("mx_gemm_bs",)
+
+    def smem_bytes(self) -> int:
+        """templates/mx_gemm/bs_mma.cuh BsShape: A, B rows of a k-tile and the scale chunks."""
+        ch = TK // self.group // 4
+        sa = max(1, self.tile_m // 128) * ch * 512
+        sb = max(1, self.tile_n // 128) * ch * 512
+        return self.stages * (self.tile_m * _row_bytes(self.a_elem)
+                              + self.tile_n * _row_bytes(self.b_elem) + sa + sb)
+
+    def template_vars(self) -> dict[str, Any]:
+        return {**super().template_vars(), "ctype": CTYPE[self.out_dtype],
+                "kind_code": BS_KINDS[self.kind], "scale": self.scale}

@@ -1,0 +1,174 @@
+"""Host-side selector of `mx_gemm`: (arch, formats of A and B, M, N, K, out dtype, SM count)
+-> MxGemmPlan (path, config, launch). Pure, memoised and printable (KERNELGEN_PRINT_CONFIGS=1);
+`prewarm_configs` walks the same function, so prewarm builds what dispatch can pick.
+
+Paths by arch:
+* sm_90a, sm_100a: "fp8_mma" - MXFP8 x MXFP8 (E4M3 / E5M2 in any pairing) on the fp8 mma.sync.
+  sm_100a has no block-scaled mma.sync (its block scaling is tcgen05 + tensor memory, future
+  work), so it runs the Hopper-style kernel.
+* sm_120a: "bs_mma" - the native block-scaled mma.sync: MXFP8 x MXFP8 and MXFP8 x MXFP4
+  (kind::mxf8f6f4), MXFP4 x MXFP4 and NVFP4 x NVFP4 (kind::mxf4nvf4).
+* sm_80: none (no fp8 or block-scaled tensor-core instruction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..arch import get_arch
+from ..core.select import selector
+from ..errors import UnsupportedConfigError
+from .config import BS_TILES, FORMATS, FP8_TILES, OUT_DTYPES, MxBsGemmConfig, MxFp8GemmConfig
+
+MXFP8 = ("mxfp8_e4m3", "mxfp8_e5m2")
+# (arch) -> {(A format, B format): path}
+PAIRS: dict[str, dict[tuple[str, str], str]] = {
+    "sm_80": {},
+    "sm_90a": {(a, b): "fp8_mma" for a in MXFP8 for b in MXFP8},
+    "sm_100a": {(a, b): "fp8_mma" for a in MXFP8 for b in MXFP8},
+    "sm_120a": {**{(a, b): "bs_mma" for a in MXFP8 for b in (*MXFP8, "mxfp4")},
+                ("mxfp4", "mxfp4"): "bs_mma", ("nvfp4", "nvfp4"): "bs_mma"},
+}
+K_MULTIPLE = 32  # one MX group; 16-byte copies of fp4 rows (32 codes)
+N_MULTIPLE = 8   # output columns are written in pairs by 8-column mma pieces
+# fp8 path: 64-row tiles up to this M (fewer rows of zeros), 128-row tiles above.
+SMALL_M = 64
+
+
+@dataclass(frozen=True)
+class MxGemmPlan:
+    path: str
+    config: MxFp8GemmConfig | MxBsGemmConfig
+    m: int
+    n: int
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.m // self.config.tile_m) * -(-self.n // self.config.tile_n)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.tiles, 1, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.config.threads, 1, 1)
+
+    @property
+    def smem(self) -> int:
+        return self.config.smem_bytes()
+
+    @property
+    def symbol(self) -> str:
+        return self.config.symbols()[0]
+
+    def short(self) -> str:
+        return f"{self.path}: {self.config.short()} grid={self.grid} smem={self.smem}"
+
+
+def supported_pairs(arch: str) -> tuple[tuple[str, str], ...]:
+    get_arch(arch)
+    return tuple(PAIRS.get(arch, {}))
+
+
+def check_formats(arch: str, a_fmt: str, b_fmt: str) -> str:
+    """The path for (arch, A format, B format), or a ValueError naming what the arch can run."""
+    for name, f in (("A", a_fmt), ("B", b_fmt)):
+        if f not in FORMATS:
+            raise ValueError(f"{name}: format {f!r} is not supported by mx_gemm; expected one of "
+                             f"{sorted(FORMATS)} (MXFP6 is not wired to a GEMM yet)")
+    pairs = PAIRS.get(arch, {})
+    path = pairs.get((a_fmt, b_fmt))
+    if path is None:
+        can = ", ".join(f"{a} x {b}" for a, b in pairs) or "nothing: no fp8 or block-scaled mma"
+        hint = ""
+        if arch == "sm_80" or b_fmt in ("mxfp4", "nvfp4"):
+            hint = ("; FP4 weights with fp16/bf16 activations run on every arch through the "
+                    "fp4_gemm family")
+        raise ValueError(f"mx_gemm: {a_fmt} x {b_fmt} cannot run on {arch}; {arch} runs {can}{hint}")
+    return path
+
+
+def check_shape(m: int, n: int, k: int) -> None:
+    if m < 1 or n < N_MULTIPLE or n % N_MULTIPLE or k < K_MULTIPLE or k % K_MULTIPLE:
+        raise ValueError(f"mx_gemm: M={m}, N={n}, K={k}; needs M >= 1, N a positive multiple of "
+                         f"{N_MULTIPLE} and K a positive multiple of {K_MULTIPLE}")
+
+
+def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: str,
+         sm_count: int) -> MxGemmPlan:
+    """Pure planner (raises ValueError for a format pair or shape the arch cannot run)."""
+    get_arch(arch)
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype={out_dtype!r}; expected one of {OUT_DTYPES}")
+    path = check_formats(arch, a_fmt, b_fmt)
+    check_shape(m, n, k)
+    a_elem, b_elem = FORMATS[a_fmt][0], FORMATS[b_fmt][0]
+    if path == "fp8_mma":
+        big, small = FP8_TILES
+        tile = small if m <= SMALL_M else big
+        bm, bn, wm, wn, st = tile
+        cfg: MxFp8GemmConfig | MxBsGemmConfig = MxFp8GemmConfig(
+            arch=arch, a_elem=a_elem, b_elem=b_elem, out_dtype=out_dtype, tile_m=bm, tile_n=bn,
+            warps_m=wm, warps_n=wn, stages=st)
+    else:
+        kind = "nvf4" if a_fmt == "nvfp4" else "mxf4" if a_fmt == "mxfp4" else "mxf8f6f4"
+        bm, bn, wm, wn, st = BS_TILES[0]
+        cfg = MxBsGemmConfig(arch=arch, kind=kind, a_elem=a_elem, b_elem=b_elem,
+                             out_dtype=out_dtype, tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn,
+                             stages=st)
+    return MxGemmPlan(path, cfg, m, n)
+
+
+def forced(p: MxGemmPlan, cfg: MxFp8GemmConfig | MxBsGemmConfig) -> MxGemmPlan:
+    """`p` with `cfg` in place of the selector's config (same path, formats and out dtype)."""
+    keep = ("arch", "a_elem", "b_elem", "out_dtype") + (("kind",) if p.path == "bs_mma" else ())
+    if type(cfg) is not type(p.config) or any(getattr(cfg, f) != getattr(p.config, f) for f in keep):
+        raise ValueError(f"config {cfg.short()} does not fit this call ({p.config.short()}): "
+                         f"same kernel kind, {', '.join(keep)} required")
+    return MxGemmPlan(p.path, cfg, p.m, p.n)
+
+
+@selector
+def select_mx_gemm(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: str,
+                   sm_count: int) -> MxGemmPlan:
+    """The dispatch choice (memoised per argument tuple)."""
+    return plan(arch, a_fmt, b_fmt, m, n, k, out_dtype, sm_count)
+
+
+SM_COUNTS: dict[str, tuple[int, ...]] = {"sm_90a": (132, 114, 78), "sm_100a": (148,),
+                                         "sm_120a": (170, 188, 84), "sm_80": (108,)}
+
+
+def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MxFp8GemmConfig | MxBsGemmConfig]:
+    """Configs the selector can return. spec: "formats" ([[A, B], ...]; default: every pair
+    the arch runs), "out_dtypes" / "dtypes" (default both), "shapes" ([M, N, K]; default:
+    every tile of the path), "sm_counts". sm_80 yields nothing (no kernel exists for it)."""
+    outs = tuple(d for d in (spec.get("out_dtypes") or spec.get("dtypes") or OUT_DTYPES)
+                 if d in OUT_DTYPES)
+    seen: set = set()
+    for arch in archs:
+        get_arch(arch)
+        pairs = [tuple(p) for p in spec.get("formats") or PAIRS.get(arch, {})]
+        pairs = [p for p in pairs if p in PAIRS.get(arch, {})]
+        shapes = spec.get("shapes")
+        for a_fmt, b_fmt in pairs:
+            for out in outs:
+                if shapes:
+                    for s in shapes:
+                        if len(s) != 3:
+                            raise UnsupportedConfigError(f"mx_gemm spec shapes: {s!r}; expected [M, N, K]")
+                        for sms in spec.get("sm_counts") or SM_COUNTS.get(arch, (132,)):
+                            cfg = plan(arch, a_fmt, b_fmt, *map(int, s), out, sms).config
+                            if cfg not in seen:
+                                seen.add(cfg)
+                                yield cfg
+                    continue
+                # every tile the planner can pick: small M, large M
+                for m, n in ((SMALL_M, 128), (1 << 16, 1 << 16)):
+                    cfg = plan(arch, a_fmt, b_fmt, m, n, 1024, out, 132).config
+                    if cfg not in seen:
+                        seen.add(cfg)
+                        yield cfg

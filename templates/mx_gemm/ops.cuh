@@ -1,0 +1,150 @@
+// PTX wrappers of the mx_gemm kernels: fp8 mma.sync (sm_89+), the Blackwell block-scaled
+// mma.sync (sm_120a), ldmatrix and zero-filling cp.async. One wrapper per instruction shape;
+// element formats are template parameters and the PTX text is generated from them.
+#pragma once
+#include "common/dtypes.cuh"
+
+namespace kg {
+namespace mx {
+
+// Element-format codes shared with kernelgen/mx_gemm/config.py (ELEM_CODE).
+enum Elem : int { E4M3 = 0, E5M2 = 1, E2M1 = 2 };
+template <int E> struct ElemName;
+template <> struct ElemName<E4M3> { static constexpr const char* s = "e4m3"; };
+template <> struct ElemName<E5M2> { static constexpr const char* s = "e5m2"; };
+template <> struct ElemName<E2M1> { static constexpr const char* s = "e2m1"; };
+
+#define KG_MX_STR2(x) #x
+#define KG_MX_STR(x) KG_MX_STR2(x)
+
+// D[16x8] = A[16x32] . B[32x8] with fp8 operands and zero C (sm_89+). Fragments (g = lane/4,
+// t = lane%4): a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][16+4t..], a3 = A[g+8][16+4t..];
+// b0 = B[4t..4t+3][g], b1 = B[16+4t..][g]; d0,d1 = D[g][2t, 2t+1], d2,d3 = D[g+8][2t, 2t+1].
+// C = 0 so that each 32-wide k-block (one MX scale pair) comes out on its own for scaling.
+#define KG_MX_MMA_FP8(AT, BT)                                                                    \
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." AT "." BT ".f32 {%0, %1, %2, %3}, "      \
+               "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"                                \
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                   \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.f))
+
+template <int AE, int BE> struct MmaFp8;
+#define KG_MX_MMA_FP8_SPEC(AE, BE, AT, BT)                                                       \
+  template <> struct MmaFp8<AE, BE> {                                                            \
+    static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4],            \
+                                               const uint32_t (&b)[2]) {                         \
+      KG_MX_MMA_FP8(AT, BT);                                                                     \
+    }                                                                                            \
+  };
+KG_MX_MMA_FP8_SPEC(E4M3, E4M3, "e4m3", "e4m3")
+KG_MX_MMA_FP8_SPEC(E4M3, E5M2, "e4m3", "e5m2")
+KG_MX_MMA_FP8_SPEC(E5M2, E4M3, "e5m2", "e4m3")
+KG_MX_MMA_FP8_SPEC(E5M2, E5M2, "e5m2", "e5m2")
+#undef KG_MX_MMA_FP8_SPEC
+#undef KG_MX_MMA_FP8
+
+// Block-scaled mma.sync of sm_120a: D += (A * SF_A) . (B * SF_B), fp32 accumulators in place.
+// Scale operands: byte-id 0 and thread-id 0 always; every lane holds the scales of its own
+// row (A: row g + 8 * (lane & 1)) and column (B: column g), so any lane the hardware reads
+// from has the right value. Byte j of the scale register is the scale of the j-th k-group of
+// the instruction (1X: one group of 32; 2X: two of 32; 4X: four of 16).
+#define KG_MX_MMA_BS(SHAPE, KIND, VEC, AT, BT, ST)                                               \
+  asm volatile("mma.sync.aligned." SHAPE ".row.col.kind::" KIND ".block_scale.scale_vec::" VEC  \
+               ".f32." AT "." BT ".f32." ST " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "     \
+               "{%0, %1, %2, %3}, {%10}, {%11, %11}, {%12}, {%11, %11};"                           \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                   \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(sfa),      \
+                 "h"((uint16_t)0), "r"(sfb))
+
+// kind::mxf8f6f4, m16n8k32, ue8m0 scales per 32 (scale_vec::1X). Operands in 8-bit containers;
+// e2m1 sits in bits [2, 6) of its byte (fragment layout as MmaFp8).
+template <int AE, int BE> struct MmaMxf8f6f4;
+#define KG_MX_MMA_F8F6F4_SPEC(AE, BE, AT, BT)                                                    \
+  template <> struct MmaMxf8f6f4<AE, BE> {                                                       \
+    static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4],            \
+                                               const uint32_t (&b)[2], uint32_t sfa,             \
+                                               uint32_t sfb) {                                   \
+      KG_MX_MMA_BS("m16n8k32", "mxf8f6f4", "1X", AT, BT, "ue8m0");                               \
+    }                                                                                            \
+  };
+KG_MX_MMA_F8F6F4_SPEC(E4M3, E4M3, "e4m3", "e4m3")
+KG_MX_MMA_F8F6F4_SPEC(E4M3, E5M2, "e4m3", "e5m2")
+KG_MX_MMA_F8F6F4_SPEC(E5M2, E4M3, "e5m2", "e4m3")
+KG_MX_MMA_F8F6F4_SPEC(E5M2, E5M2, "e5m2", "e5m2")
+KG_MX_MMA_F8F6F4_SPEC(E4M3, E2M1, "e4m3", "e2m1")
+KG_MX_MMA_F8F6F4_SPEC(E5M2, E2M1, "e5m2", "e2m1")
+#undef KG_MX_MMA_F8F6F4_SPEC
+
+// kind::mxf4nvf4, m16n8k64, packed e2m1 (8 per register, lowest k in the low nibble):
+// a0 = A[g][8t..8t+7], a1 = A[g+8][8t..], a2 = A[g][32+8t..], a3 = A[g+8][32+8t..];
+// b0 = B[8t..8t+7][g], b1 = B[32+8t..][g]. UE8M0 per 32 (2X) or UE4M3 per 16 (4X).
+template <bool NV> struct MmaMxf4nvf4;
+template <> struct MmaMxf4nvf4<false> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2], uint32_t sfa, uint32_t sfb) {
+    KG_MX_MMA_BS("m16n8k64", "mxf4nvf4", "2X", "e2m1", "e2m1", "ue8m0");
+  }
+};
+template <> struct MmaMxf4nvf4<true> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2], uint32_t sfa, uint32_t sfb) {
+    KG_MX_MMA_BS("m16n8k64", "mxf4nvf4", "4X", "e2m1", "e2m1", "ue4m3");
+  }
+};
+#undef KG_MX_MMA_BS
+
+// Four 8x8 b16 matrices (8 rows x 16 bytes each) from shared memory; lane l gives the row
+// address of matrix l / 8, row l % 8; register i of every lane holds 4 bytes of matrix i.
+__device__ __forceinline__ void mx_ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// 16-byte cp.async that zero-fills when `valid` is false (rows past M / N, k past K): the
+// source size operand 0 reads nothing, so `src` only has to be some valid address.
+__device__ __forceinline__ void mx_cp16_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void mx_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void mx_cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// 2-byte shared load (fp4 pairs of the FP8 x FP4 path); volatile for the reason of kg::lds32.
+__device__ __forceinline__ uint32_t mx_lds16(uint32_t addr) {
+  uint16_t r;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(addr));
+  return r;
+}
+
+// Four packed e2m1 codes (16 bits, lowest k in the low nibble) -> four 8-bit containers of
+// kind::mxf8f6f4, each code in bits [2, 6) of its byte (what ldmatrix .b4x16_p64 + the
+// CUTLASS shift produce).
+__device__ __forceinline__ uint32_t e2m1x4_to_f8f6f4(uint32_t x) {
+  const uint32_t y = (x & 0xFu) | ((x & 0xF0u) << 4) | ((x & 0xF00u) << 8) | ((x & 0xF000u) << 12);
+  return y << 2;
+}
+
+__device__ __forceinline__ uint32_t mx_smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Byte offset of scale (row r, scale column c) inside the swizzled scale layout's 512-byte
+// chunks [32][4][4], for rows counted from a multiple of 128: (r / 128) chunks of 512 bytes
+// (one per 128 rows in the shared copy), then (r % 32) * 16 + (r / 32 % 4) * 4 + c.
+__device__ __forceinline__ int swz_off(int r, int c) {
+  return (r >> 7) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + c;
+}
+
+// Grouped raster over (m tiles, n tiles): GROUP m-tiles share their B columns in L2.
+template <int GROUP>
+__device__ __forceinline__ void tile_coords(int id, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int per_group = GROUP * tiles_n;
+  const int first_m = (id / per_group) * GROUP;
+  const int rows = min(tiles_m - first_m, GROUP);
+  tm = first_m + (id % per_group) % rows;
+  tn = (id % per_group) / rows;
+}
+
+}  // namespace mx
+}  // namespace kg

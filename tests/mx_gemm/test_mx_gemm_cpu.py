@@ -1,0 +1,205 @@
+"""mx_gemm on the CPU: configs, selector, format / shape errors, prewarm table, the row-major
+scale re-layout, and the NumPy emulation of the sm_120a block-scaled kernel's addressing
+(kernelgen/mx_gemm/emulate.py) against the reference GEMM."""
+
+import numpy as np
+import pytest
+
+from kernelgen.arch import ALL_ARCHS, get_arch
+from kernelgen.errors import UnsupportedConfigError
+from kernelgen.mx import reference as R
+from kernelgen.mx_gemm import reference as GR
+from kernelgen.mx_gemm.api import swizzle
+from kernelgen.mx_gemm.config import BS_TILES, FP8_TILES, MxBsGemmConfig, MxFp8GemmConfig
+from kernelgen.mx_gemm.emulate import emulate
+from kernelgen.mx_gemm.select import PAIRS, plan, prewarm_configs, select_mx_gemm, supported_pairs
+
+FP8 = ("mxfp8_e4m3", "mxfp8_e5m2")
+
+
+# -- configs ---------------------------------------------------------------------------------
+def test_fp8_config_rejects_sm80_naming_the_rule():
+    with pytest.raises(UnsupportedConfigError, match="sm_89"):
+        MxFp8GemmConfig(arch="sm_80")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a"])
+def test_block_scaled_config_only_on_sm120(arch):
+    with pytest.raises(UnsupportedConfigError, match="sm_120a only"):
+        MxBsGemmConfig(arch=arch)
+
+
+@pytest.mark.parametrize("bad", [dict(a_elem="e2m1"), dict(out_dtype="float32"),
+                                 dict(tile_m=96), dict(stages=9)])
+def test_fp8_config_field_errors(bad):
+    with pytest.raises(UnsupportedConfigError, match=next(iter(bad))):
+        MxFp8GemmConfig(arch="sm_90a", **bad)
+
+
+@pytest.mark.parametrize("bad", [dict(kind="mxf8f6f4", a_elem="e2m1", b_elem="e2m1"),
+                                 dict(kind="mxf4", a_elem="e4m3", b_elem="e2m1"),
+                                 dict(kind="nvf4", a_elem="e2m1", b_elem="e4m3"),
+                                 dict(kind="tf32")])
+def test_bs_config_kind_errors(bad):
+    with pytest.raises(UnsupportedConfigError):
+        MxBsGemmConfig(arch="sm_120a", **bad)
+
+
+@pytest.mark.parametrize("tile", FP8_TILES)
+def test_fp8_smem_fits_hopper(tile):
+    bm, bn, wm, wn, st = tile
+    cfg = MxFp8GemmConfig(arch="sm_90a", tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st)
+    assert cfg.smem_bytes() == st * ((bm + bn) * 128 + max(1, bm // 128) * 512 + max(1, bn // 128) * 512)
+    assert cfg.smem_bytes() <= get_arch("sm_90a").smem_optin
+
+
+# -- selector --------------------------------------------------------------------------------
+def test_pairs_table():
+    assert PAIRS["sm_80"] == {}
+    for arch in ("sm_90a", "sm_100a"):
+        assert set(supported_pairs(arch)) == {(a, b) for a in FP8 for b in FP8}
+    assert ("mxfp8_e4m3", "mxfp4") in PAIRS["sm_120a"]
+    assert ("nvfp4", "nvfp4") in PAIRS["sm_120a"] and ("mxfp4", "mxfp4") in PAIRS["sm_120a"]
+    assert ("mxfp4", "mxfp8_e4m3") not in PAIRS["sm_120a"]  # FP4 activations x FP8: no kind
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("m,tile_m", [(1, 64), (64, 64), (65, 128), (8192, 128)])
+def test_fp8_path_tiles(arch, m, tile_m):
+    p = plan(arch, "mxfp8_e4m3", "mxfp8_e5m2", m, 4096, 4096, "bfloat16", 132)
+    assert p.path == "fp8_mma" and p.config.tile_m == tile_m, p.short()
+    assert (p.config.a_elem, p.config.b_elem) == ("e4m3", "e5m2")
+    assert p.grid[0] == -(-m // tile_m) * -(-4096 // p.config.tile_n)
+    assert p.block == (p.config.threads, 1, 1) and p.smem == p.config.smem_bytes()
+    assert "fp8_mma" in p.short()
+
+
+@pytest.mark.parametrize("a,b,kind,elems", [
+    ("mxfp8_e4m3", "mxfp8_e4m3", "mxf8f6f4", ("e4m3", "e4m3")),
+    ("mxfp8_e5m2", "mxfp4", "mxf8f6f4", ("e5m2", "e2m1")),
+    ("mxfp4", "mxfp4", "mxf4", ("e2m1", "e2m1")),
+    ("nvfp4", "nvfp4", "nvf4", ("e2m1", "e2m1")),
+])
+def test_sm120_native_path(a, b, kind, elems):
+    p = plan("sm_120a", a, b, 300, 1024, 4096, "float16", 170)
+    assert p.path == "bs_mma" and p.config.kind == kind
+    assert (p.config.a_elem, p.config.b_elem) == elems
+    assert p.smem <= get_arch("sm_120a").smem_optin
+
+
+def test_selector_memoised():
+    args = ("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 100, 256, 512, "bfloat16", 132)
+    assert select_mx_gemm(*args) is select_mx_gemm(*args)
+
+
+def test_sm80_error_names_what_runs():
+    with pytest.raises(ValueError, match="cannot run on sm_80.*nothing.*fp4_gemm"):
+        plan("sm_80", "mxfp8_e4m3", "mxfp8_e4m3", 16, 256, 256, "bfloat16", 108)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("a,b", [("mxfp8_e4m3", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp4", "mxfp4")])
+def test_fp4_pairs_rejected_before_sm120(arch, a, b):
+    with pytest.raises(ValueError, match=f"cannot run on {arch}.*mxfp8_e4m3 x mxfp8_e4m3"):
+        plan(arch, a, b, 16, 256, 256, "bfloat16", 132)
+
+
+def test_unknown_format_rejected():
+    with pytest.raises(ValueError, match="mxfp6_e2m3.*not supported"):
+        plan("sm_120a", "mxfp6_e2m3", "mxfp6_e2m3", 16, 256, 256, "bfloat16", 170)
+
+
+@pytest.mark.parametrize("m,n,k", [(0, 256, 256), (16, 12, 256), (16, 256, 48), (16, 256, 0)])
+def test_shape_rules(m, n, k):
+    with pytest.raises(ValueError, match="multiple of"):
+        plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", m, n, k, "bfloat16", 132)
+
+
+def test_out_dtype_rule():
+    with pytest.raises(ValueError, match="out_dtype"):
+        plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 16, 256, 256, "float32", 132)
+
+
+# -- prewarm ---------------------------------------------------------------------------------
+def test_prewarm_table():
+    assert list(prewarm_configs(["sm_80"], {})) == []
+    for arch in ("sm_90a", "sm_100a", "sm_120a"):
+        cfgs = list(prewarm_configs([arch], {}))
+        assert 0 < len(cfgs) <= 40 and len(set(cfgs)) == len(cfgs)
+        assert all(c.arch == arch for c in cfgs)
+    kinds = {c.kind for c in prewarm_configs(["sm_120a"], {})}
+    assert kinds == {"mxf8f6f4", "mxf4", "nvf4"}
+    tiles = {(c.tile_m, c.tile_n) for c in prewarm_configs(["sm_90a"], {})}
+    assert tiles == {(t[0], t[1]) for t in FP8_TILES}
+
+
+def test_prewarm_spec_covers_dispatch():
+    spec = {"formats": [["mxfp8_e4m3", "mxfp8_e4m3"]], "out_dtypes": ["bfloat16"],
+            "shapes": [[1, 4096, 4096], [8192, 8192, 8192]]}
+    cfgs = set(prewarm_configs(["sm_90a"], spec))
+    for m in (1, 8192):
+        assert plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", m, 4096, 4096, "bfloat16", 132).config in cfgs
+    assert len(cfgs) == 2
+
+
+# -- scale re-layout -------------------------------------------------------------------------
+@pytest.mark.parametrize("rows,s", [(1, 1), (130, 5), (256, 8), (77, 129)])
+def test_row_major_to_swizzled_matches_reference(rows, s):
+    sc = np.random.default_rng(rows + s).integers(0, 255, (rows, s), dtype=np.uint8)
+    np.testing.assert_array_equal(swizzle(np, sc, rows, s), R.swizzle_scales(sc))
+
+
+# -- sm_120a kernel emulation ----------------------------------------------------------------
+def _operands(fmt_a, fmt_b, m, n, k, seed):
+    rng = np.random.default_rng(seed)
+    xa = (rng.standard_normal((m, k)) * rng.uniform(0.01, 10, (m, 1))).astype(np.float32)
+    xb = (rng.standard_normal((n, k)) * rng.uniform(0.01, 10, (n, 1))).astype(np.float32)
+    return GR.quantize(xa, fmt_a), GR.quantize(xb, fmt_b)
+
+
+@pytest.mark.parametrize("a_fmt,b_fmt", [
+    ("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxfp8_e4m3"), ("mxfp8_e4m3", "mxfp4"),
+    ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"),
+])
+@pytest.mark.parametrize("m,n,k", [(130, 136, 160), (40, 264, 256)])
+def test_sm120_emulation_reproduces_reference(a_fmt, b_fmt, m, n, k):
+    a, b = _operands(a_fmt, b_fmt, m, n, k, seed=m + n + k)
+    p = plan("sm_120a", a_fmt, b_fmt, m, n, k, "bfloat16", 170)
+    gsa = float(a.global_scale[0]) if a.global_scale is not None else 1.0
+    gsb = float(b.global_scale[0]) if b.global_scale is not None else 1.0
+    d = emulate(p.config, a.data, a.scales, b.data, b.scales, m, n, k, alpha=0.5, gsa=gsa, gsb=gsb)
+    ref = GR.mx_gemm(a, b, alpha=0.5)
+    assert not np.isnan(d).any(), f"{p.short()}: unwritten outputs"
+    # MX values are exact in float64 on both sides; the NVFP4 reference rounds each value
+    # e2m1 * e4m3 / gs to fp32, the kernel divides by gs_a * gs_b once at the end
+    bound = 1e-6 if a_fmt == "nvfp4" else 1e-12
+    assert GR.rel_error(d, ref) < bound, f"{a_fmt} x {b_fmt} {m=} {n=} {k=} {p.short()}"
+
+
+def test_emulation_sees_a_wrong_scale_layout():
+    """The emulation check can fail: row-major scale bytes passed as swizzled give a wrong D."""
+    m = n = 128
+    k = 256
+    a, b = _operands("mxfp8_e4m3", "mxfp8_e4m3", m, n, k, seed=3)
+    a_rm = GR.quantize(R.dequantize_mx(a.data, a.scales, a.fmt), a.fmt, "row_major")
+    p = plan("sm_120a", a.fmt, b.fmt, m, n, k, "bfloat16", 170)
+    wrong = np.zeros(a.scales.size, np.uint8)
+    wrong[: a_rm.scales.size] = a_rm.scales.reshape(-1)
+    d = emulate(p.config, a.data, wrong, b.data, b.scales, m, n, k)
+    assert GR.rel_error(d, GR.mx_gemm(a, b)) > 1e-2
+
+
+def test_reference_exact_on_representable_values():
+    # integers up to 8 with one power-of-two scale per group are exact in E4M3 and E8M0
+    rng = np.random.default_rng(0)
+    xa = rng.integers(-8, 9, (8, 64)).astype(np.float32)
+    xb = rng.integers(-8, 9, (16, 64)).astype(np.float32)
+    a, b = GR.quantize(xa, "mxfp8_e4m3"), GR.quantize(xb, "mxfp8_e4m3")
+    np.testing.assert_array_equal(GR.mx_gemm(a, b, alpha=2.0), 2.0 * xa.astype(np.float64) @ xb.T)
+
+
+def test_compile_matrix_archs():
+    # the family compiles for every arch that has a kernel; sm_80 has none (no fp8 mma)
+    archs = {c.arch for c in prewarm_configs(ALL_ARCHS, {})}
+    assert archs == set(ALL_ARCHS) - {"sm_80"}
+    assert len(BS_TILES) >= 1

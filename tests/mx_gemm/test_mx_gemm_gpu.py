@@ -1,0 +1,127 @@
+"""mx_gemm on the GPU (Hopper paths: MXFP8 x MXFP8 on the fp8 mma.sync) against the float64
+reference of the dequantized operands: E4M3 / E5M2 in every pairing, M across the 64 / 128 row
+tiles and not a multiple of them, N a multiple of 8 but not of the tile, K a multiple of 32
+but not of the 128-wide k-tile, both output dtypes, bias, alpha, both tiles forced, the
+unrolled variant, row-major scales, out=, torch tensors. Outputs are poisoned (0xFF = NaN)."""
+
+import functools
+
+import numpy as np
+import pytest
+
+from kernelgen.mx_gemm import reference as GR
+from kernelgen.mx_gemm.config import FP8_TILES, MxFp8GemmConfig
+
+pytestmark = pytest.mark.gpu
+
+FP8 = ("mxfp8_e4m3", "mxfp8_e5m2")
+PAIRS = [(a, b) for a in FP8 for b in FP8]
+SHAPES = [(1, 128, 128), (17, 264, 96), (64, 256, 256), (65, 136, 1056), (300, 1032, 4128),
+          (1024, 1024, 1024)]
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setenv("KERNELGEN_POISON", "1")
+
+
+@functools.cache
+def _host(fmt, rows, k, seed, layout="swizzled"):
+    rng = np.random.default_rng(seed)
+    # rows of very different magnitudes, so a wrong scale shows
+    x = (rng.standard_normal((rows, k)) * rng.uniform(0.01, 20.0, (rows, 1))
+         * rng.uniform(0.1, 4.0, (1, k))).astype(np.float32)
+    return GR.quantize(x, fmt, layout)
+
+
+def _bias(n, dtype, seed):
+    v = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    return GR.round_output(v, dtype)
+
+
+def _run(a_fmt, b_fmt, m, n, k, dtype, *, bias=True, alpha=1.0, config=None, layout="swizzled"):
+    import cupy
+
+    from kernelgen.mx_gemm import mx_gemm
+
+    ha, hb = _host(a_fmt, m, k, 1 + m + k, layout), _host(b_fmt, n, k, 2 + n + k, layout)
+    hbias = _bias(n, dtype, n) if bias else None
+    d = mx_gemm(GR.upload(ha, cupy), GR.upload(hb, cupy),
+                None if hbias is None else cupy.asarray(hbias), alpha=alpha, out_dtype=dtype,
+                config=config)
+    got = GR.to_float64(cupy.asnumpy(d), dtype)
+    ref = GR.mx_gemm(ha, hb, hbias, alpha, dtype)
+    err = GR.rel_error(got, ref)
+    assert err < GR.REL_ERROR_BOUND[dtype], f"{a_fmt} x {b_fmt} {m=} {n=} {k=} {dtype} {config} {err=}"
+    return d
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("a_fmt,b_fmt", PAIRS)
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_selector_choice(a_fmt, b_fmt, m, n, k, dtype):
+    _run(a_fmt, b_fmt, m, n, k, dtype, bias=(m + n) % 2 == 0, alpha=0.75)
+
+
+@pytest.mark.parametrize("tile", FP8_TILES)
+@pytest.mark.parametrize("unroll", [False, True])
+@pytest.mark.parametrize("m,n,k", [(1, 136, 160), (200, 520, 416)])
+def test_every_tile_forced(tile, unroll, m, n, k):
+    bm, bn, wm, wn, st = tile
+    cfg = MxFp8GemmConfig(arch="sm_90a", a_elem="e4m3", b_elem="e4m3", out_dtype="bfloat16",
+                          tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st, unroll_kb=unroll)
+    _run("mxfp8_e4m3", "mxfp8_e4m3", m, n, k, "bfloat16", alpha=-2.0, config=cfg)
+
+
+def test_row_major_scales():
+    _run("mxfp8_e4m3", "mxfp8_e5m2", 100, 264, 320, "bfloat16", layout="row_major")
+
+
+def test_out_buffer_written_everywhere():
+    import cupy
+
+    from kernelgen.mx_gemm import mx_gemm
+
+    m, n, k = 70, 200, 192
+    ha, hb = _host("mxfp8_e4m3", m, k, 5), _host("mxfp8_e4m3", n, k, 6)
+    out = cupy.full((m, n), np.nan, cupy.float16)
+    r = mx_gemm(GR.upload(ha, cupy), GR.upload(hb, cupy), out=out, out_dtype="float16")
+    assert r is out
+    err = GR.rel_error(cupy.asnumpy(out).astype(np.float64), GR.mx_gemm(ha, hb))
+    assert err < GR.REL_ERROR_BOUND["float16"]
+
+
+def test_torch_operands():
+    torch = pytest.importorskip("torch")
+    from kernelgen.mx_gemm import mx_gemm
+
+    m, n, k = 96, 256, 512
+    ha, hb = _host("mxfp8_e4m3", m, k, 7), _host("mxfp8_e5m2", n, k, 8)
+    put = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    d = mx_gemm(GR.upload(ha, put), GR.upload(hb, put), bias, alpha=1.5)
+    assert isinstance(d, torch.Tensor) and d.dtype == torch.bfloat16 and d.shape == (m, n)
+    hbias = bias.view(torch.int16).cpu().numpy().view(np.uint16)
+    ref = GR.mx_gemm(ha, hb, hbias, 1.5, "bfloat16")
+    assert GR.rel_error(d.float().cpu().numpy(), ref) < GR.REL_ERROR_BOUND["bfloat16"]
+
+
+def test_fp4_pair_rejected_on_hopper():
+    import cupy
+
+    from kernelgen.mx_gemm import mx_gemm
+
+    a = GR.upload(_host("mxfp4", 16, 128, 9), cupy)
+    with pytest.raises(ValueError, match="cannot run on sm_90a.*mxfp8_e4m3 x mxfp8_e4m3"):
+        mx_gemm(a, a)
+
+
+def test_mismatched_k_rejected():
+    import cupy
+
+    from kernelgen.mx_gemm import mx_gemm
+
+    a = GR.upload(_host("mxfp8_e4m3", 16, 128, 10), cupy)
+    b = GR.upload(_host("mxfp8_e4m3", 16, 256, 11), cupy)
+    with pytest.raises(ValueError, match="K=256 does not match"):
+        mx_gemm(a, b)
