@@ -83,7 +83,8 @@ def _global_scale(global_scale: Any, ctx: Ctx) -> tuple[str, Any, float]:
     if global_scale is None:
         return "auto", None, 1.0
     if isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
-        gs = np.float32(global_scale)
+        with np.errstate(over="ignore"):
+            gs = np.float32(global_scale)
         if not (math.isfinite(float(gs)) and gs > 0):
             raise ValueError(f"global_scale={global_scale!r}: must be a positive finite fp32 "
                              f"(e.g. 2688 / amax)")

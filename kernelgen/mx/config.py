@@ -38,6 +38,13 @@ def has_fused(arch: str) -> bool:
     return get_arch(arch).cc >= 90
 
 
+def hw_fp8_cvt(arch: str, fmt: str) -> bool:
+    """MXFP8 elements can use cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (sm_89+; our targets sm_90a+).
+    The fp4 / fp6 cvt forms exist only on sm_100a / sm_120a, where we cannot test them: those
+    formats always use the exact integer encoders."""
+    return elem_bits(fmt) == 8 and get_arch(arch).cc >= 90
+
+
 def _check(cfg: KernelConfig, fmt: str, dtype: str) -> None:
     if fmt not in FORMATS:
         raise UnsupportedConfigError(f"{cfg.short()}: fmt={fmt!r}; expected one of {list(FORMATS)}")
@@ -61,9 +68,13 @@ class MxQuantizeConfig(KernelConfig):
     template: ClassVar[str] = "mx/quantize.cu.jinja"
     fmt: str = "nvfp4"
     dtype: str = "float16"  # input
+    hw_cvt: bool = False  # MXFP8 elements by the hardware cvt (see hw_fp8_cvt)
 
     def check(self) -> None:
         _check(self, self.fmt, self.dtype)
+        if self.hw_cvt and not hw_fp8_cvt(self.arch, self.fmt):
+            raise UnsupportedConfigError(f"{self.short()}: hw_cvt needs an mxfp8 format and "
+                                         f"sm_90a or newer (cvt.rn.satfinite.e4m3x2/e5m2x2)")
 
     @property
     def fused(self) -> bool:

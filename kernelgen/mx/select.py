@@ -25,6 +25,7 @@ from .config import (
     THREADS,
     MxDequantizeConfig,
     MxQuantizeConfig,
+    hw_fp8_cvt,
     lane_elems,
     slots_per_thread,
 )
@@ -73,11 +74,16 @@ def slot_counts(fmt: str, rows: int, k: int, swizzled: bool) -> tuple[int, int]:
     return rows * cols * lanes, pad_words
 
 
+def quantize_config(arch: str, fmt: str, dtype: str) -> MxQuantizeConfig:
+    """The quantize config dispatch uses: the hardware fp8 cvt where the arch has it."""
+    return MxQuantizeConfig(arch=arch, fmt=fmt, dtype=dtype, hw_cvt=hw_fp8_cvt(arch, fmt))
+
+
 @selector
 def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: int,
                   swizzled: bool, gs_mode: str) -> QuantizePlan:
     """The kernels and grid for quantizing [rows, K] of `dtype` to `fmt`."""
-    cfg = MxQuantizeConfig(arch=arch, fmt=fmt, dtype=dtype)
+    cfg = quantize_config(arch, fmt, dtype)
     if gs_mode not in GS_MODES:
         raise ValueError(f"gs_mode={gs_mode!r}; expected one of {GS_MODES}")
     total, pad_words = slot_counts(fmt, rows, k, swizzled)
@@ -115,5 +121,5 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator:
     for arch in archs:
         for fmt in fmts:
             for dt in dtypes:
-                yield MxQuantizeConfig(arch=arch, fmt=fmt, dtype=dt)
+                yield quantize_config(arch, fmt, dt)
                 yield MxDequantizeConfig(arch=arch, fmt=fmt, dtype=dt)

@@ -36,24 +36,31 @@ template <class A> struct same_type<A, A> { static constexpr bool value = true; 
 
 constexpr float FLT_MAX_F = 3.40282346638528859812e+38f;
 
-// |v| as fp32 bits (not NaN; Inf saturates) -> magnitude code, round to nearest even, saturating
-// to MAX_CODE. Below 2^emin one RN fp32 add against a magic number whose ulp is the subnormal
-// step rounds exactly; above, RNE on the bit pattern (a carry walks into the exponent).
-template <class F> __device__ __forceinline__ uint32_t encode_mag(uint32_t a) {
-  constexpr int SHIFT = 23 - F::MBITS;
-  constexpr uint32_t MIN_NORMAL = uint32_t(127 + 1 - F::BIAS) << 23;           // 2^emin
-  constexpr uint32_t MAGIC = uint32_t(127 + 1 - F::BIAS - F::MBITS + 23) << 23;  // ulp = step
-  const uint32_t sub =
-      __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(MAGIC))) - MAGIC;
-  const uint32_t nrm = ((a + ((1u << (SHIFT - 1)) - 1) + ((a >> SHIFT) & 1u)) >> SHIFT) -
-                       (uint32_t(127 - F::BIAS) << F::MBITS);
-  return min(a < MIN_NORMAL ? sub : nrm, F::MAX_CODE);
+__host__ __device__ constexpr float pow2f(int e) { return e >= 0 ? float(1ull << e) : 1.0f / float(1ull << -e); }
+
+// Largest finite value of F (the saturation bound).
+template <class F> __host__ __device__ constexpr float max_value() {
+  return float((1 << F::MBITS) + (F::MAX_CODE & ((1u << F::MBITS) - 1))) *
+         pow2f(F::EMAX - F::MBITS);
 }
 
-// fp32 (not NaN) -> code with sign (-0 keeps its sign, as the reference's signbit does).
+// t = min(|v|, max) >= 0 (not NaN) -> magnitude code, round to nearest even. With e the
+// exponent of t (at least emin), one RN fp32 add of 2^(e + 23 - MBITS) - a number whose ulp is
+// the step of F in that binade - rounds t exactly; the code is linear in the rounded value within
+// the binade, and a carry into the next binade lands on the right code.
+template <class F> __device__ __forceinline__ uint32_t encode_mag(float t) {
+  constexpr uint32_t EMIN_FIELD = uint32_t(127 + 1 - F::BIAS);  // fp32 exponent field of 2^emin
+  const uint32_t eb = max(__float_as_uint(t) & 0x7f800000u, EMIN_FIELD << 23);
+  const uint32_t magic = eb + (uint32_t(23 - F::MBITS) << 23);
+  const uint32_t r = __float_as_uint(__fadd_rn(t, __uint_as_float(magic))) - magic;
+  return r + (eb >> (23 - F::MBITS)) - (EMIN_FIELD << F::MBITS);
+}
+
+// fp32 (not NaN) -> code with sign, RNE, saturating to +-max (Inf too); -0 keeps its sign, as
+// the reference's signbit does.
 template <class F> __device__ __forceinline__ uint32_t encode(float v) {
-  const uint32_t b = __float_as_uint(v);
-  return encode_mag<F>(b & 0x7fffffffu) | ((b >> 31) << (F::BITS - 1));
+  const uint32_t mag = encode_mag<F>(fminf(fabsf(v), max_value<F>()));
+  return mag | ((__float_as_uint(v) >> (32 - F::BITS)) & (1u << (F::BITS - 1)));
 }
 
 // code (low BITS bits) -> fp32, exact. The code shifted into fp32's field layout is the value
@@ -247,6 +254,11 @@ struct Shape {
   }
 };
 
+struct SlotPos {
+  uint32_t row;
+  int j;  // slot within the row
+};
+
 // Max |x| as fp32 bits over a lane's values; NaN and Inf make it >= 0x7f800000.
 template <int E> __device__ __forceinline__ uint32_t abs_max_bits(const float (&v)[E]) {
   uint32_t a = 0;
@@ -273,7 +285,22 @@ __device__ __forceinline__ float nvfp4_global_scale(uint32_t amax_bits) {
 
 // One slot: quantize E values of a lane (all lanes of the warp call this together: shuffles).
 // Returns the group's scale byte; writes the lane's packed words.
-template <class F, bool NV, int E, int L>
+// Two fp32 -> two E4M3 / E5M2 codes (lo in the low byte) with the sm_89+ cvt (RNE, satfinite);
+// the GPU tests check it against the reference like the integer path.
+template <class F> __device__ __forceinline__ uint32_t cvt_fp8x2(float lo, float hi) {
+  uint16_t r = 0;
+#if __CUDA_ARCH__ >= 890
+  if constexpr (F::EBITS == 4) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  }
+#endif
+  return r;
+}
+
+// HW: encode fp8 elements with cvt_fp8x2 (MXFP8 on sm_89+), else exact integer arithmetic.
+template <class F, bool NV, int E, int L, bool HW = false>
 __device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], float gs,
                                                   uint32_t (&w)[Pack<F::BITS, E>::WORDS]) {
   uint32_t amax = abs_max_bits(v);
@@ -285,7 +312,7 @@ __device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], float gs,
   if constexpr (NV) {
     // sf = E4M3(RN(RN(amax / 6) * gs)); elements scaled by min(RN(gs / sf), FLT_MAX) (0 if sf 0)
     const float sf32 = __fmul_rn(__fdiv_rn(__uint_as_float(amax), 6.0f), gs);
-    const uint32_t sf = encode_mag<E4M3>(__float_as_uint(sf32));
+    const uint32_t sf = encode_mag<E4M3>(fminf(sf32, max_value<E4M3>()));  // sf32 >= 0
     const float sfv = decode<E4M3>(sf);
     mult = sfv > 0.0f ? fminf(__fdiv_rn(gs, sfv), FLT_MAX_F) : 0.0f;
     sbyte = bad ? 0x7Fu : sf;
@@ -294,17 +321,31 @@ __device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], float gs,
     mult = e8m0_inverse(bad ? 127u : code);
     sbyte = bad ? 0xFFu : code;
   }
-  uint32_t c[E];
+  // Encode unconditionally (no per-element branch) and clear the words of a NaN / Inf group.
+  if constexpr (HW && F::BITS == 8) {
 #pragma unroll
-  for (int i = 0; i < E; ++i) c[i] = bad ? 0u : encode<F>(__fmul_rn(v[i], mult));
-  Pack<F::BITS, E>::pack(c, w);
+    for (int i = 0; i < E / 4; ++i) {
+      const uint32_t lo = cvt_fp8x2<F>(__fmul_rn(v[4 * i], mult), __fmul_rn(v[4 * i + 1], mult));
+      const uint32_t hi = cvt_fp8x2<F>(__fmul_rn(v[4 * i + 2], mult), __fmul_rn(v[4 * i + 3], mult));
+      w[i] = lo | (hi << 16);
+    }
+  } else {
+    uint32_t c[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) c[i] = encode<F>(__fmul_rn(v[i], mult));
+    Pack<F::BITS, E>::pack(c, w);
+  }
+  const uint32_t keep = bad ? 0u : 0xffffffffu;
+#pragma unroll
+  for (int i = 0; i < Pack<F::BITS, E>::WORDS; ++i) w[i] &= keep;
   return sbyte;
 }
 
 // Quantize the U slots idx[u] whose inputs are already loaded (the caller issues all loads
 // first, so U * 16-byte loads per thread are in flight). Writes data and scale bytes.
-template <typename T, class F, bool NV, int GROUP, int E, int U>
+template <typename T, class F, bool NV, int GROUP, int E, int U, bool HW = false>
 __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const uint32_t (&idx)[U],
+                                               const SlotPos (&pos)[U],
                                                const Shape& sh, float gs, uint8_t* __restrict__ data,
                                                uint8_t* __restrict__ scales) {
   constexpr int L = GROUP / E;
@@ -313,13 +354,13 @@ __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const bool in_range = idx[u] < sh.total;
-    const uint32_t row = in_range ? idx[u] / uint32_t(sh.slots_per_row) : 0u;
-    const int j = in_range ? int(idx[u] - row * uint32_t(sh.slots_per_row)) : 0;
+    const uint32_t row = pos[u].row;
+    const int j = pos[u].j;
     const int col = j * E;
     float v[E];
     in[u].to_float(v);
     uint32_t w[WORDS];
-    const uint32_t sbyte = quantize_slot<F, NV, E, L>(v, gs, w);
+    const uint32_t sbyte = quantize_slot<F, NV, E, L, HW>(v, gs, w);
     if (in_range && col < sh.k) store_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w);
     const int g = j / L;
     if (sh.swizzled) {
@@ -334,20 +375,28 @@ __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const
   }
 }
 
-// Slot index -> input pointer (nullptr when the slot holds no input: out of range or padding).
+// Slot index -> (row, slot in row) and the input pointer (nullptr when the slot holds no input:
+// out of range or a padding column).
 template <typename T, int E>
-__device__ __forceinline__ const T* slot_input(const T* x, uint32_t idx, const Shape& sh) {
-  if (idx >= sh.total) return nullptr;
-  const uint32_t row = idx / uint32_t(sh.slots_per_row);
-  const int col = int(idx - row * uint32_t(sh.slots_per_row)) * E;
-  return col < sh.k ? x + (long long)row * sh.k + col : nullptr;
+__device__ __forceinline__ const T* slot_input(const T* x, uint32_t idx, const Shape& sh,
+                                               SlotPos& pos) {
+  pos.row = idx / uint32_t(sh.slots_per_row);
+  pos.j = int(idx - pos.row * uint32_t(sh.slots_per_row));
+  if (idx >= sh.total) {
+    pos.row = 0;
+    pos.j = 0;
+    return nullptr;
+  }
+  const int col = pos.j * E;
+  return col < sh.k ? x + (long long)pos.row * sh.k + col : nullptr;
 }
 
 // Zero the scale words of the padding rows [rows, ceil128(rows)) (swizzled layout).
 __device__ __forceinline__ void zero_padding_rows(const Shape& sh, uint8_t* __restrict__ scales,
                                                   long long tid, long long nthreads) {
-  for (long long i = tid; i < sh.pad_words; i += nthreads) {
-    const int r = sh.rows + int(i / sh.k_tiles), q = int(i % sh.k_tiles);
+  for (long long i = tid; i < sh.pad_words; i += nthreads) {  // pad_words < 128 * k_tiles
+    const int r = sh.rows + int(uint32_t(i) / uint32_t(sh.k_tiles));
+    const int q = int(uint32_t(i) % uint32_t(sh.k_tiles));
     *reinterpret_cast<uint32_t*>(scales + swizzled_offset(r, 4 * q, sh.k_tiles)) = 0u;
   }
 }
@@ -366,7 +415,7 @@ __device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* smem) {
 
 // The direct path: U slots per thread, block b owns slots [b*THREADS*U, (b+1)*THREADS*U).
 // gs_mode (NVFP4): 0 = gs_val, 1 = *gs_in, 2 = from the finite amax partials of mx_amax.
-template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS>
+template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW>
 __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __restrict__ data,
                                          uint8_t* __restrict__ scales, const float* gs_in,
                                          const uint32_t* partials, float* gs_out, float gs_val,
@@ -374,11 +423,12 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
                                          int swizzled) {
   const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
   uint32_t idx[U];
+  SlotPos pos[U];
   InVec<T, E> in[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     idx[u] = (blockIdx.x * U + u) * THREADS + threadIdx.x;
-    const T* p = slot_input<T, E>(x, idx[u], sh);
+    const T* p = slot_input<T, E>(x, idx[u], sh, pos[u]);
     if (p) in[u].load(p); else in[u].zero();
   }
   float gs = 1.0f;
@@ -395,7 +445,7 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *gs_out = gs;
   }
-  quantize_slots<T, F, NV, GROUP, E, U>(in, idx, sh, gs, data, scales);
+  quantize_slots<T, F, NV, GROUP, E, U, HW>(in, idx, pos, sh, gs, data, scales);
   zero_padding_rows(sh, scales, (long long)blockIdx.x * THREADS + threadIdx.x,
                     (long long)gridDim.x * THREADS);
 }
@@ -454,12 +504,13 @@ __device__ __forceinline__ void quantize_fused(const T* __restrict__ x, uint8_t*
   const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
   const long long tid = (long long)blockIdx.x * THREADS + threadIdx.x;
   uint32_t idx[U];
+  SlotPos pos[U];
   InVec<T, E> in[U];
   uint32_t a = 0;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     idx[u] = uint32_t(u * THREADS * CLUSTER) + uint32_t(tid);
-    const T* p = slot_input<T, E>(x, idx[u], sh);
+    const T* p = slot_input<T, E>(x, idx[u], sh, pos[u]);
     if (p) in[u].load(p); else in[u].zero();
   }
 #pragma unroll
@@ -477,7 +528,7 @@ __device__ __forceinline__ void quantize_fused(const T* __restrict__ x, uint8_t*
   cluster_arrive();  // done reading the other blocks' shared memory (waited on before exit)
   const float gs = nvfp4_global_scale(a);
   if (tid == 0) *gs_out = gs;
-  quantize_slots<T, F, true, GROUP, E, U>(in, idx, sh, gs, data, scales);
+  quantize_slots<T, F, true, GROUP, E, U>(in, idx, pos, sh, gs, data, scales);
   zero_padding_rows(sh, scales, tid, (long long)THREADS * CLUSTER);
   cluster_wait();
 }
@@ -496,13 +547,14 @@ __device__ __forceinline__ void dequantize(const uint8_t* __restrict__ data,
   const float gs = NV ? *gs_in : 1.0f;
   uint32_t w[U][WORDS];
   uint32_t sb[U];
-  uint32_t idx[U];
+  uint32_t idx[U], rows_u[U];
+  int cols_u[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     idx[u] = (blockIdx.x * U + u) * THREADS + threadIdx.x;
+    const uint32_t row = rows_u[u] = idx[u] / uint32_t(slots_per_row);
+    const int col = cols_u[u] = int(idx[u] - row * uint32_t(slots_per_row)) * E;
     if (idx[u] < total) {
-      const uint32_t row = idx[u] / uint32_t(slots_per_row);
-      const int col = int(idx[u] - row * uint32_t(slots_per_row)) * E;
       load_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w[u]);
       const long long so = swizzled ? swizzled_offset(row, col / GROUP, k_tiles)
                                     : (long long)row * s + col / GROUP;
@@ -512,8 +564,8 @@ __device__ __forceinline__ void dequantize(const uint8_t* __restrict__ data,
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (idx[u] >= total) continue;
-    const uint32_t row = idx[u] / uint32_t(slots_per_row);
-    const int col = int(idx[u] - row * uint32_t(slots_per_row)) * E;
+    const uint32_t row = rows_u[u];
+    const int col = cols_u[u];
     uint32_t c[E];
     Pack<F::BITS, E>::unpack(w[u], c);
     float v[E];

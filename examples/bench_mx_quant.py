@@ -1,0 +1,141 @@
+"""Benchmark of issue 5 (quantization): every format x fp16/bf16 input x M in {1, 16, 4096, 16384},
+K = 4096, on the current GPU.
+
+Large M: CUDA events around back-to-back calls, inputs rotated past L2; logical bytes (input in,
+packed codes + scale bytes out) per second as a fraction of the device-copy bandwidth measured in
+the same run. Small M: the calls captured once in a CUDA graph and replayed; time per call.
+NVFP4 is timed with the global scale given (a Python float, "gs=value") and computed on the
+device from the input ("gs=auto": fused single launch for small inputs, amax + quantize else).
+
+    python examples/bench_mx_quant.py [--ms 1,16,4096,16384] [--k 4096] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2")
+DTYPES = ("float16", "bfloat16")
+GRAPH_CALLS = 20
+
+
+def make_x(m: int, k: int, dtype: str):
+    import cupy
+
+    v = cupy.random.standard_normal((m, k), dtype=cupy.float32)
+    if dtype == "bfloat16":
+        return (v.view(cupy.uint32) >> 16).astype(cupy.uint16)
+    return v.astype(cupy.float16)
+
+
+def quantizer(fmt: str, dtype: str, gs: str):
+    import kernelgen.mx as mx
+
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    if fmt == "nvfp4":
+        value = None if gs == "auto" else 2688.0 / 4.5
+        return lambda x: mx.quantize_nvfp4(x, value, dtype=hint)
+    return lambda x: mx.quantize_mx(x, fmt, dtype=hint)
+
+
+def logical_bytes(fmt: str, m: int, k: int) -> int:
+    from kernelgen.mx.tensor import data_shape, scale_shape
+
+    out = int(np.prod(data_shape(fmt, m, k))) + int(np.prod(scale_shape(fmt, m, k, "swizzled")))
+    return m * k * 2 + out
+
+
+def graph_time(call, stream) -> float:
+    """Seconds per call of GRAPH_CALLS calls captured in one CUDA graph and replayed."""
+    from kernelgen.bench import time_gpu
+
+    keep = []
+    with stream:
+        for _ in range(GRAPH_CALLS):  # compile, selector memo, pool blocks for the capture
+            keep.append(call())
+        stream.synchronize()
+        keep.clear()
+        stream.begin_capture()
+        for _ in range(GRAPH_CALLS):
+            keep.append(call())
+        graph = stream.end_capture()
+        t = time_gpu(lambda i: graph.launch(stream), iters=20, repeats=7, warmup=3)
+    return t / GRAPH_CALLS
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ms", default="1,16,4096,16384")
+    ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    ms = [int(m) for m in args.ms.split(",")]
+    k = args.k
+
+    import cupy
+
+    import kernelgen.mx as mx
+    from kernelgen.arch import device_info
+    from kernelgen.bench import copy_bandwidth, rotation, time_gpu
+    from kernelgen.mx.select import quantize_plan
+
+    info = device_info()
+    bw = copy_bandwidth()
+    print(f"# {info.name} ({info.arch.name}, {info.sm_count} SMs), device copy {bw / 1e9:.0f} GB/s "
+          f"(read + write), K = {k}")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    rows = []
+    print("| format | input | M | gs | path | time (us) | GB/s | % of copy |")
+    print("|---|---|---:|---|---|---:|---:|---:|")
+    for fmt in args.formats.split(","):
+        for dtype in DTYPES:
+            for m in ms:
+                for gs in (("value", "auto") if fmt == "nvfp4" else ("value",)):
+                    q = quantizer(fmt, dtype, gs)
+                    path = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
+                                         gs).path
+                    nbytes = logical_bytes(fmt, m, k)
+                    if m <= 64:
+                        x = make_x(m, k, dtype)
+                        t = graph_time(lambda x=x, q=q: q(x), stream)
+                        how = "graph"
+                    else:
+                        xs = rotation(lambda m=m, dtype=dtype: make_x(m, k, dtype), m * k * 2,
+                                      info.l2_bytes, factor=2)
+                        t = time_gpu(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), iters=20,
+                                     repeats=7)
+                        how = "events"
+                        del xs
+                    r = {"format": fmt, "dtype": dtype, "m": m, "k": k, "gs": gs, "path": path,
+                         "timing": how, "us": t * 1e6, "gbps": nbytes / t / 1e9,
+                         "frac_copy": nbytes / t / bw}
+                    rows.append(r)
+                    gs_col = gs if fmt == "nvfp4" else "-"
+                    print(f"| {fmt} | {dtype} | {m} | {gs_col} | {path} | {r['us']:.2f} | "
+                          f"{r['gbps']:.0f} | {100 * r['frac_copy']:.0f}% |", flush=True)
+    # dequantize to the input dtype at the largest M (not a target; for reference)
+    m = max(ms)
+    deq = []
+    for fmt in args.formats.split(","):
+        for dtype in DTYPES:
+            t_ = quantizer(fmt, dtype, "value")(make_x(m, k, dtype))
+            outs = [cupy.empty((m, k), cupy.float16) for _ in range(2)]
+            t = time_gpu(lambda i, t_=t_, outs=outs, dtype=dtype: mx.dequantize(
+                t_, dtype, out=outs[i % 2] if dtype == "float16" else None), iters=20, repeats=5)
+            nbytes = logical_bytes(fmt, m, k)
+            deq.append({"format": fmt, "dtype": dtype, "m": m, "us": t * 1e6,
+                        "frac_copy": nbytes / t / bw})
+            print(f"dequantize {fmt} -> {dtype} M={m}: {t * 1e6:.1f} us, "
+                  f"{100 * nbytes / t / bw:.0f}% of copy", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": info.name, "arch": info.arch.name, "copy_bw": bw, "k": k,
+                       "quantize": rows, "dequantize": deq}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

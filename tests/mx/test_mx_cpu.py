@@ -1,0 +1,229 @@
+"""mx family on the CPU: configs, launch plans, the prewarm table, MxTensor, argument errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernelgen.arch import ALL_ARCHS
+from kernelgen.errors import UnsupportedConfigError
+from kernelgen.mx import dequantize, quantize_mx, quantize_nvfp4
+from kernelgen.mx import reference as R
+from kernelgen.mx.config import (
+    CLUSTER,
+    FUSED_THREADS,
+    THREADS,
+    MxDequantizeConfig,
+    MxQuantizeConfig,
+    lane_elems,
+    slots_per_thread,
+)
+from kernelgen.mx.select import (
+    PAD_WORDS_PER_THREAD,
+    dequantize_plan,
+    prewarm_configs,
+    quantize_config,
+    quantize_plan,
+    slot_counts,
+)
+from kernelgen.mx.tensor import FORMATS, MX_FORMATS, MxTensor, data_shape, scale_shape
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+# -- configs -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw, match", [
+    ({"fmt": "fp4"}, "fmt='fp4'"),
+    ({"dtype": "float64"}, "dtype='float64'"),
+    ({"fmt": "mxfp4", "hw_cvt": True}, "hw_cvt"),
+    ({"fmt": "mxfp8_e4m3", "hw_cvt": True, "arch": "sm_80"}, "hw_cvt"),
+])
+def test_quantize_config_rejects(kw, match):
+    kw = {"arch": "sm_90a", **kw}
+    with pytest.raises(UnsupportedConfigError, match=match):
+        MxQuantizeConfig(**kw)
+
+
+def test_dequantize_config_rejects():
+    with pytest.raises(UnsupportedConfigError, match="dtype='int8'"):
+        MxDequantizeConfig(arch="sm_90a", fmt="mxfp4", dtype="int8")
+    with pytest.raises(UnsupportedConfigError, match="plain int|plain str"):
+        MxDequantizeConfig(arch="sm_90a", fmt=4, dtype="float16")
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+def test_symbols_follow_arch(arch):
+    nv = MxQuantizeConfig(arch=arch, fmt="nvfp4", dtype="float16")
+    fused = arch != "sm_80"  # clusters need sm_90+
+    assert nv.symbols() == ("mx_quantize", "mx_amax") + (("mx_quantize_fused",) if fused else ())
+    assert MxQuantizeConfig(arch=arch, fmt="mxfp6_e3m2", dtype="bfloat16").symbols() == \
+        ("mx_quantize",)
+    assert MxDequantizeConfig(arch=arch, fmt="nvfp4").symbols() == ("mx_dequantize",)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_slot_geometry(fmt, dtype):
+    e = lane_elems(fmt)
+    bits = R.MX_FORMATS[fmt].bits if fmt in R.MX_FORMATS else 4
+    assert bits * e % 32 == 0, "a lane writes whole 32-bit words"
+    assert e * {"float16": 2, "bfloat16": 2, "float32": 4}[dtype] % 16 == 0, "16-byte loads"
+    group = 16 if fmt == "nvfp4" else 32
+    assert group % e == 0 and 4 * (group // e) <= 32, "a 4-group scale word stays in one warp"
+    assert slots_per_thread(fmt, dtype) >= 1
+    tv = MxQuantizeConfig(arch="sm_90a", fmt=fmt, dtype=dtype).template_vars()
+    assert (tv["lane_elems"], tv["group"], tv["nv"]) == (e, group, fmt == "nvfp4")
+
+
+# -- shapes --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows, k", [(1, 32), (3, 96), (130, 320), (257, 64)])
+def test_shapes_match_reference(fmt, rows, k):
+    x = np.random.default_rng(0).standard_normal((rows, k)).astype(np.float32)
+    for layout in ("swizzled", "row_major"):
+        if fmt == "nvfp4":
+            packed, scales, _ = R.quantize_nvfp4(x, scale_layout=layout)
+        else:
+            packed, scales = R.quantize_mx(x, fmt, scale_layout=layout)
+        assert data_shape(fmt, rows, k) == packed.shape
+        assert scale_shape(fmt, rows, k, layout) == scales.shape
+    with pytest.raises(ValueError, match="scale_layout"):
+        scale_shape(fmt, rows, k, "tiled")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows, k", [(1, 32), (130, 96), (256, 4096)])
+def test_slot_counts(fmt, rows, k):
+    s = k // (16 if fmt == "nvfp4" else 32)
+    lanes = (16 if fmt == "nvfp4" else 32) // lane_elems(fmt)
+    total, pad = slot_counts(fmt, rows, k, True)
+    assert total == rows * (-(-s // 4) * 4) * lanes
+    assert pad == (-(-rows // 128) * 128 - rows) * -(-s // 4)
+    assert slot_counts(fmt, rows, k, False) == (rows * s * lanes, 0)
+
+
+# -- launch plans --------------------------------------------------------------------------------
+def test_plan_paths():
+    p = quantize_plan("sm_90a", 132, "nvfp4", "float16", 16, 4096, True, "auto")
+    assert (p.path, p.grid, p.block) == ("fused", CLUSTER, FUSED_THREADS)
+    p = quantize_plan("sm_80", 108, "nvfp4", "float16", 16, 4096, True, "auto")
+    assert p.path == "amax" and 1 <= p.amax_grid <= 4 * 108
+    p = quantize_plan("sm_90a", 132, "nvfp4", "bfloat16", 4096, 4096, True, "auto")
+    assert p.path == "amax" and p.amax_grid == 4 * 132
+    for mode in ("value", "device"):
+        assert quantize_plan("sm_90a", 132, "nvfp4", "float16", 16, 4096, True, mode).path == \
+            "direct"
+    assert quantize_plan("sm_90a", 132, "mxfp4", "float16", 16, 4096, True, "value").path == \
+        "direct"
+    assert "path=fused" in quantize_plan("sm_90a", 132, "nvfp4", "float16", 1, 64, True,
+                                         "auto").short()
+    with pytest.raises(ValueError, match="gs_mode"):
+        quantize_plan("sm_90a", 132, "nvfp4", "float16", 1, 64, True, "host")
+
+
+def test_fused_limit():
+    """The fused kernel keeps every slot in registers: up to CLUSTER * FUSED_THREADS * slots."""
+    cap = CLUSTER * FUSED_THREADS * MxQuantizeConfig(arch="sm_90a").fused_slots
+    rows = cap // (4096 // 8)  # nvfp4, fp16: 8 elements per slot, no padding columns at K=4096
+    assert quantize_plan("sm_90a", 132, "nvfp4", "float16", rows, 4096, True, "auto").path == \
+        "fused"
+    assert quantize_plan("sm_90a", 132, "nvfp4", "float16", rows + 1, 4096, True, "auto").path \
+        == "amax"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, k, swizzled", [(1, 4096, True), (1, 64, False), (130, 96, True),
+                                               (16384, 4096, True), (3, 1 << 16, True)])
+def test_direct_grid_covers_every_slot_and_padding_word(fmt, dtype, rows, k, swizzled):
+    p = quantize_plan("sm_90a", 132, fmt, dtype, rows, k, swizzled, "value")
+    total, pad = slot_counts(fmt, rows, k, swizzled)
+    per_block = THREADS * slots_per_thread(fmt, dtype)
+    assert p.path == "direct" and p.block == THREADS
+    assert p.grid * per_block >= total, p.short()
+    assert p.grid * THREADS * PAD_WORDS_PER_THREAD >= pad, p.short()
+    assert p.grid == max(1, -(-total // per_block), -(-pad // (THREADS * PAD_WORDS_PER_THREAD)))
+    d = dequantize_plan("sm_90a", fmt, dtype, rows, k)
+    assert d.grid * d.block * d.config.template_vars()["slots"] >= rows * k // lane_elems(fmt)
+
+
+def test_too_large_rejected():
+    with pytest.raises(ValueError, match="2\\*\\*31"):
+        quantize_plan("sm_90a", 132, "mxfp4", "float16", 1 << 20, 1 << 15, False, "value")
+    with pytest.raises(ValueError, match="2\\*\\*31"):
+        dequantize_plan("sm_90a", "mxfp4", "float16", 1 << 20, 1 << 15)
+
+
+# -- prewarm -------------------------------------------------------------------------------------
+def test_prewarm_table():
+    for arch in ALL_ARCHS:
+        cfgs = list(prewarm_configs([arch], {}))
+        assert len(cfgs) == len(set(cfgs)) <= 40, f"{arch}: {len(cfgs)} configs"
+        q = {(c.fmt, c.dtype) for c in cfgs if isinstance(c, MxQuantizeConfig)}
+        d = {(c.fmt, c.dtype) for c in cfgs if isinstance(c, MxDequantizeConfig)}
+        assert q == d == {(f, dt) for f in FORMATS for dt in DTYPES}
+        for c in cfgs:
+            if isinstance(c, MxQuantizeConfig):
+                assert c == quantize_config(arch, c.fmt, c.dtype), "prewarm = dispatch"
+                assert c.hw_cvt == (c.fmt.startswith("mxfp8") and arch != "sm_80"), c.short()
+    narrow = list(prewarm_configs(["sm_90a"], {"fmts": ["nvfp4"], "dtypes": ["bfloat16", "int4"]}))
+    assert {(type(c).__name__, c.fmt, c.dtype) for c in narrow} == {
+        ("MxQuantizeConfig", "nvfp4", "bfloat16"), ("MxDequantizeConfig", "nvfp4", "bfloat16")}
+
+
+# -- MxTensor ------------------------------------------------------------------------------------
+def _tensor(fmt="mxfp4", rows=3, k=64, layout="swizzled", **kw):
+    fields = {"data": np.zeros(data_shape(fmt, rows, k), np.uint8),
+              "scales": np.zeros(scale_shape(fmt, rows, k, layout), np.uint8),
+              "global_scale": np.ones(1, np.float32) if fmt == "nvfp4" else None}
+    fields.update(kw)
+    return MxTensor(fmt, (rows, k), scale_layout=layout, **fields)
+
+
+def test_mx_tensor_check():
+    for fmt in FORMATS:
+        for layout in ("swizzled", "row_major"):
+            t = _tensor(fmt, layout=layout)
+            t.check()
+            assert (t.rows, t.k, t.group) == (3, 64, 16 if fmt == "nvfp4" else 32)
+    with pytest.raises(ValueError, match="data has shape"):
+        _tensor(data=np.zeros((3, 31), np.uint8)).check()
+    with pytest.raises(ValueError, match="scales have shape"):
+        _tensor(scales=np.zeros((3, 2), np.uint8)).check()
+    with pytest.raises(ValueError, match="global_scale"):
+        _tensor("nvfp4", global_scale=None).check()
+    with pytest.raises(ValueError, match="global_scale"):
+        _tensor("mxfp8_e5m2", global_scale=np.ones(1, np.float32)).check()
+    with pytest.raises(ValueError, match="multiple of 32"):
+        MxTensor("mxfp4", (3, 48), np.zeros((3, 24), np.uint8), None, "row_major").check()
+    assert "mxfp4" in repr(_tensor())
+
+
+# -- argument errors raised before any device work -------------------------------------------------
+@pytest.mark.parametrize("call, match", [
+    (lambda: quantize_mx(np.zeros((1, 32), np.float16), "mxfp4"), "NumPy arrays live on the host"),
+    (lambda: quantize_mx(None, "nvfp4"), "quantize_nvfp4"),
+    (lambda: quantize_mx(None, "mxfp5"), "fmt='mxfp5'"),
+    (lambda: quantize_mx(None, "mxfp4", scale_layout="tiled"), "scale_layout='tiled'"),
+    (lambda: quantize_nvfp4(None, scale_layout="col_major"), "scale_layout='col_major'"),
+    (lambda: dequantize("not a tensor"), "expected an MxTensor"),
+    (lambda: dequantize(_tensor(), "float64"), "dtype='float64'"),
+])
+def test_argument_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("gs", [0.0, -1.0, float("inf"), float("nan"), 1e39])
+def test_global_scale_must_be_positive_finite_fp32(gs):
+    from kernelgen.core.interop import Ctx
+    from kernelgen.mx.api import _global_scale
+
+    with pytest.raises(ValueError, match="positive finite fp32"):
+        _global_scale(gs, Ctx("cupy", 0, None))
+    assert _global_scale(2688.0 / 3, Ctx("cupy", 0, None))[:1] == ("value",)
+    assert _global_scale(None, Ctx("cupy", 0, None))[0] == "auto"
+
+
+def test_mx_formats_listed():
+    assert set(MX_FORMATS) == set(R.MX_FORMATS) and set(FORMATS) == set(R.MX_FORMATS) | {"nvfp4"}
