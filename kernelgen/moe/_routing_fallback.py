@@ -66,7 +66,8 @@ def _view(a, ctx):
     return cp.ascontiguousarray(a)
 
 
-def moe_dispatch(x: Any, layout: MoeLayout, *, exact: bool = True, out: Any = None) -> Any:
+def moe_dispatch(x: Any, layout: MoeLayout, *, exact: bool = True, out: Any = None,
+                 dtype: str | None = None) -> Any:
     cp = _cupy()
     ctx = context_of(x, "x")
     xv = _view(x, ctx)
@@ -76,7 +77,8 @@ def moe_dispatch(x: Any, layout: MoeLayout, *, exact: bool = True, out: Any = No
     return _native(ctx, res)
 
 
-def moe_combine(y_perm: Any, layout: MoeLayout, topk_weights: Any, *, out: Any = None) -> Any:
+def moe_combine(y_perm: Any, layout: MoeLayout, topk_weights: Any, *, out: Any = None,
+                dtype: str | None = None) -> Any:
     cp = _cupy()
     ctx = context_of(y_perm, "y_perm")
     y = _view(y_perm, ctx)

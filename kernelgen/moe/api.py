@@ -118,9 +118,9 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
     top_k = ids_shape[1]
     moe_layout, moe_dispatch, moe_combine = _routing()
     layout = moe_layout(topk_ids, e, pad_to=1)
-    x_perm = moe_dispatch(x, layout, exact=not graph_safe)
+    x_perm = moe_dispatch(x, layout, exact=not graph_safe, dtype=dt)
     rows = t * top_k
     kw = dict(rows=rows, tile_m=tile_m, swap_ab=swap_ab, policy=policy, dtype=dt)
     hid = grouped_gemm(x_perm, w13, layout.offsets, activation="swiglu", **kw)
     y_perm = grouped_gemm(hid, w2, layout.offsets, **kw)
-    return moe_combine(y_perm, layout, topk_weights)
+    return moe_combine(y_perm, layout, topk_weights, dtype=dt)

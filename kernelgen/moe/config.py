@@ -21,8 +21,8 @@ KB = 1024
 
 @dataclass(frozen=True)
 class TileShape:
-    """One row of the tile table: weight rows a CTA covers, warps (P x Q x K), stages, and the
-    CTAs per SM the launch bounds ask for."""
+    """One row of the tile table: weight rows a CTA covers, warps (P x Q x K), stages (and the
+    deeper pipeline used when few CTAs share the GPU), CTAs per SM the launch bounds ask for."""
 
     tile_n: int
     warps_p: int
@@ -30,40 +30,46 @@ class TileShape:
     warps_k: int
     stages: int
     min_blocks: int
+    stages_few: int | None = None
 
 
 # (tile_m, swap_ab, tile_n) -> shape. swap_ab: weight rows on the mma's 16-row side (P), tokens
-# on its n8 side (Q); 4 warps split each stage's four k16 steps and add their partial tiles at
-# the end, and 4 CTAs share an SM (the decode path streams weights: bytes in flight matter,
-# not mma throughput). Without swap_ab: tokens on P, a classic 2-D warp grid.
+# on its n8 side (Q); the warps split each stage's four k16 steps and add their partial tiles at
+# the end (the decode path streams weights: bytes in flight matter, not mma throughput). Measured
+# on H100 (BENCHMARKS.md): 32 weight rows, 2 warps and 4 stages when there are >= 4 CTAs an SM
+# (more CTAs resident beat deeper pipelines), 8 stages when fewer. Without swap_ab: tokens on
+# P, a classic 2-D warp grid; 128 x 256 tiles cut the X re-reads of prefill.
 TILES: dict[tuple[int, bool, int], TileShape] = {
-    (8, True, 64): TileShape(64, 1, 1, 4, 6, 4),
-    (8, True, 32): TileShape(32, 1, 1, 4, 8, 4),
-    (16, True, 64): TileShape(64, 1, 1, 4, 5, 4),
-    (16, True, 32): TileShape(32, 1, 1, 4, 8, 4),
-    (32, True, 64): TileShape(64, 1, 1, 4, 4, 4),
-    (32, True, 32): TileShape(32, 1, 1, 4, 6, 4),
+    (8, True, 32): TileShape(32, 1, 1, 2, 4, 4, 8),
+    (8, True, 64): TileShape(64, 1, 1, 4, 4, 4, 8),
+    (16, True, 32): TileShape(32, 1, 1, 2, 4, 4, 8),
+    (16, True, 64): TileShape(64, 1, 1, 4, 4, 4, 8),
+    (32, True, 32): TileShape(32, 1, 1, 2, 4, 4, 8),
+    (32, True, 64): TileShape(64, 1, 1, 4, 4, 4, 6),
     (16, False, 128): TileShape(128, 1, 4, 1, 4, 2),
     (32, False, 128): TileShape(128, 1, 4, 1, 4, 2),
     (64, False, 128): TileShape(128, 2, 2, 1, 4, 2),
     (128, False, 128): TileShape(128, 2, 4, 1, 4, 1),
+    (128, False, 256): TileShape(256, 2, 4, 1, 3, 1),
     (256, False, 128): TileShape(128, 4, 2, 1, 3, 1),
 }
 # sm_120a opts in to 99 KB a block: fewer stages there
-STAGES_SM120: dict[tuple[int, bool, int], int] = {(128, False, 128): 3, (256, False, 128): 2}
+STAGES_SM120: dict[tuple[int, bool, int], int] = {
+    (128, False, 128): 3, (128, False, 256): 2, (256, False, 128): 2}
 
 
-def tile_shape(arch: str, tile_m: int, swap_ab: bool, tile_n: int) -> TileShape:
+def tile_shape(arch: str, tile_m: int, swap_ab: bool, tile_n: int, few: bool = False) -> TileShape:
+    """The table row, with the stage count for `arch` (and for few CTAs if `few`)."""
     try:
         s = TILES[(tile_m, swap_ab, tile_n)]
     except KeyError:
         have = ", ".join(f"(tile_m={m}, swap_ab={sw}, tile_n={n})" for m, sw, n in TILES)
         raise UnsupportedConfigError(f"no MoE tile (tile_m={tile_m}, swap_ab={swap_ab}, "
                                      f"tile_n={tile_n}); the table has {have}") from None
+    stages = s.stages_few if few and s.stages_few else s.stages
     if arch == "sm_120a" and (tile_m, swap_ab, tile_n) in STAGES_SM120:
-        s = TileShape(s.tile_n, s.warps_p, s.warps_q, s.warps_k,
-                      STAGES_SM120[(tile_m, swap_ab, tile_n)], s.min_blocks)
-    return s
+        stages = STAGES_SM120[(tile_m, swap_ab, tile_n)]
+    return TileShape(s.tile_n, s.warps_p, s.warps_q, s.warps_k, stages, s.min_blocks)
 
 
 @dataclass(frozen=True)
@@ -83,9 +89,9 @@ class MoeGemmConfig(KernelConfig):
 
     @classmethod
     def of(cls, arch: str, dtype: str, tile_m: int, swap_ab: bool, tile_n: int,
-           epilogue: str = "none") -> MoeGemmConfig:
-        """The config of a tile-table row."""
-        s = tile_shape(arch, tile_m, swap_ab, tile_n)
+           epilogue: str = "none", few: bool = False) -> MoeGemmConfig:
+        """The config of a tile-table row (`few`: its deep-pipeline variant, if it has one)."""
+        s = tile_shape(arch, tile_m, swap_ab, tile_n, few)
         return cls(arch=arch, dtype=dtype, tile_m=tile_m, tile_n=tile_n, swap_ab=swap_ab,
                    warps_p=s.warps_p, warps_q=s.warps_q, warps_k=s.warps_k, stages=s.stages,
                    min_blocks=s.min_blocks, epilogue=epilogue)
@@ -147,7 +153,7 @@ class MoeGemmConfig(KernelConfig):
         pipe = self.stages * (self.tp + self.tq) * ROW_BYTES
         acc = (self.tp // self.warps_p // 16) * (self.tq // self.warps_q // 8) * 4
         red = (self.warps_k - 1) * self.warps_p * self.warps_q * acc * 32 * 4
-        return max(pipe, red)
+        return max(pipe, red) + 16  # + the work item (templates/moe/grouped.cuh find_tile)
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "smem": self.smem_bytes()}

@@ -85,7 +85,7 @@ def fused_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray, w13
     if dtype is not None:
         y = round_to(y, dtype)
     wts = np.asarray(topk_weights, np.float64).reshape(-1)
-    out = (y[dest] * wts[:, None]).reshape(t, top_k, -1).sum(axis=1)
+    out = (y[dest] * wts[:, None]).reshape(t, top_k, y.shape[1]).sum(axis=1)
     return out
 
 

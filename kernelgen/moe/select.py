@@ -7,8 +7,8 @@ covers, E, N, K, dtype, epilogue, SM count. TILE_M comes from the average rows p
 - policy "waste" (option B): the tile that wastes the fewest padded rows on an expert holding
   ceil(M / E) rows, the larger tile on ties.
 swap_ab follows SWAP_AB (tokens on the mma's n8 side up to 32 rows a tile). With swap_ab the
-weight tile is 64 rows, or 32 when the experts touched (at most min(E, M)) times the N tiles
-would give fewer than MIN_CTAS_PER_SM CTAs an SM. The grid is sized from the rows of x_perm
+weight tile is 32 rows, with the deep pipeline when the experts touched (at most min(E, M))
+times the N tiles give fewer than FEW_CTAS_PER_SM CTAs an SM. The grid is sized from the rows of x_perm
 (host shape): slots = ceil(M / TILE_M) + min(E, M) (each non-empty expert adds at most one
 partial tile), so a launch is graph-safe; slots past the last tile exit at once.
 
@@ -26,15 +26,15 @@ from typing import Any
 from ..arch import get_arch
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
-from .config import DTYPES, EPILOGUES, TILE_MS, MoeGemmConfig, tile_shape
+from .config import DTYPES, EPILOGUES, TILE_MS, MoeGemmConfig
 
 # (largest average rows per expert, TILE_M); the last row takes everything above
 TILE_M_TABLE: tuple[tuple[float, int], ...] = (
     (2.0, 8), (6.0, 16), (14.0, 32), (40.0, 64), (512.0, 128), (math.inf, 256))
 SWAP_AB: dict[int, bool] = {8: True, 16: True, 32: True, 64: False, 128: False, 256: False}
-SWAP_TILE_N = (64, 32)  # weight rows of a swap_ab tile: the first that fills the GPU
-MIN_CTAS_PER_SM = 2
-PLAIN_TILE_N = 128
+SWAP_TILE_N = 32  # weight rows of a swap_ab tile
+FEW_CTAS_PER_SM = 4  # below: the deep-pipeline variant of a swap_ab row
+PLAIN_TILE_N: dict[int, int] = {16: 128, 32: 128, 64: 128, 128: 256, 256: 128}
 POLICIES = ("threshold", "waste")
 # SM counts of the parts each target runs on (prewarm of a spec walks them)
 SM_COUNTS: dict[str, tuple[int, ...]] = {
@@ -58,7 +58,8 @@ class GroupedPlan:
         return -(-m // self.config.tile_m) + min(self.experts, m)
 
     def grid(self, m: int) -> tuple[int, int, int]:
-        return (self.slots(m), self.n_tiles, 1)
+        """1-D: work items (M tile, N tile) of the row bound, expert-major in the kernel."""
+        return (self.slots(m) * self.n_tiles, 1, 1)
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -113,16 +114,9 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
     swap = SWAP_AB[tm] if swap_ab is None else bool(swap_ab)
     touched = min(e, rows)
     if tile_n is None:
-        if swap:
-            tile_n = SWAP_TILE_N[-1]
-            for tn in SWAP_TILE_N:
-                if touched * -(-n // tn) >= MIN_CTAS_PER_SM * sm_count:
-                    tile_n = tn
-                    break
-        else:
-            tile_n = PLAIN_TILE_N
-    tile_shape(arch, tm, swap, tile_n)  # raises naming the table when the row does not exist
-    cfg = MoeGemmConfig.of(arch, dtype, tm, swap, tile_n, epilogue)
+        tile_n = SWAP_TILE_N if swap else PLAIN_TILE_N[tm]
+    few = swap and touched * -(-n // tile_n) < FEW_CTAS_PER_SM * sm_count
+    cfg = MoeGemmConfig.of(arch, dtype, tm, swap, tile_n, epilogue, few)
     return GroupedPlan(cfg, e, -(-n // tile_n))
 
 
@@ -151,8 +145,9 @@ def _rows_to_walk(e: int, top_k: int) -> list[int]:
 def _default_set(arch: str, dtype: str, epilogue: str) -> Iterator[MoeGemmConfig]:
     for _, tm in TILE_M_TABLE:
         swap = SWAP_AB[tm]
-        for tn in (SWAP_TILE_N if swap else (PLAIN_TILE_N,)):
-            yield MoeGemmConfig.of(arch, dtype, tm, swap, tn, epilogue)
+        for few in ((False, True) if swap else (False,)):
+            yield MoeGemmConfig.of(arch, dtype, tm, swap, SWAP_TILE_N if swap else PLAIN_TILE_N[tm],
+                                   epilogue, few)
 
 
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MoeGemmConfig]:

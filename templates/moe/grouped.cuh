@@ -6,11 +6,12 @@
 //            segment sizes (padded or not); rows outside [0, offsets[E]) are never touched
 //   Y        [M, N]   T, or [M, N/2] with SWIGLU (below); fp32 accumulation, rounded to nearest
 //
-// Tile map. grid.x enumerates "slots": the TILE_M-row tiles of every expert in expert order
-// (expert e has ceil(count_e / TILE_M) of them), grid.y the N tiles. The host sizes grid.x
-// with an upper bound from host-side counts only (M / TILE_M + min(E, M)); warp 0 of each CTA
-// scans the offsets (32 experts per step, warp prefix sum) to find its (expert, tile), and a
-// slot past the last tile exits before loading anything. Experts with no rows own no slot.
+// Tile map. grid.x enumerates work items: expert e has ceil(count_e / TILE_M) M tiles times
+// the N tiles, ordered expert-major, N tile, then M tile fastest (see find_tile). The host
+// sizes the grid from host-side counts only ((M / TILE_M + min(E, M)) x N tiles, an upper
+// bound); warp 0 of each CTA scans the offsets (32 experts per step, warp prefix sum) to find
+// its item, and an item past the last exits before loading anything. Experts with no rows own
+// no item.
 //
 // Operands. Both X and W rows are K-contiguous, which is what mma.m16n8k16.row.col wants for A
 // (16 x k16, row-major) and for B (n8 x k16 given as rows of k). The CTA tile is TP x TQ: the
@@ -58,23 +59,28 @@ template <> __device__ __forceinline__ uint32_t pack_t2<__nv_bfloat16>(float lo,
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// (expert, first row, rows) of this CTA's slot, or e = -1 when the slot is past the last tile.
-// Warp 0 walks the experts 32 at a time: lane l of a step owns expert base + l, a warp prefix
-// sum of the tile counts says which lane's range holds the slot.
-struct TileOf { int e, row0, rows; };
+// This CTA's work item: (expert, first row, rows, N tile), or e = -1 past the last item.
+// Items are ordered expert-major, then N tile, then M tile fastest: CTAs that run together
+// share an expert's W tile (its M tiles are adjacent) and its few X tiles (reused across the N
+// tiles from L2). Warp 0 walks the experts 32 at a time: lane l of a step owns expert base + l,
+// a warp prefix sum of the item counts (M tiles x n_tiles) says whose range holds `item`.
+// `s_tile`: 4 ints of shared memory (in the dynamic allocation: no static shared memory, so
+// the launch's opt-in covers the whole CTA).
+struct TileOf { int e, row0, rows, n_tile; };
 
 template <int TILE_M>
-__device__ __forceinline__ TileOf find_tile(const int* __restrict__ offsets, int E, int slot) {
-  __shared__ int s_tile[3];
+__device__ __forceinline__ TileOf find_tile(const int* __restrict__ offsets, int E, int n_tiles,
+                                            int item, int* s_tile) {
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    int found_e = -1, found_row0 = 0, found_rows = 0;
-    int before = 0;  // tiles of the experts already walked
+    int found[4] = {-1, 0, 0, 0};
+    int before = 0;  // items of the experts already walked
     for (int base = 0; base < E; base += 32) {
       const int e = base + lane;
       int lo = 0, hi = 0;
       if (e < E) { lo = __ldg(offsets + e); hi = __ldg(offsets + e + 1); }
-      const int n = hi > lo ? (hi - lo + TILE_M - 1) / TILE_M : 0;
+      const int mt = hi > lo ? (hi - lo + TILE_M - 1) / TILE_M : 0;
+      const int n = mt * n_tiles;
       int incl = n;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -82,27 +88,27 @@ __device__ __forceinline__ TileOf find_tile(const int* __restrict__ offsets, int
         if (lane >= o) incl += v;
       }
       const int first = before + incl - n;
-      const bool mine = slot >= first && slot < first + n;
+      const bool mine = item >= first && item < first + n;
       const unsigned hit = __ballot_sync(0xffffffffu, mine);
       if (mine) {
-        found_e = e;
-        found_row0 = lo + (slot - first) * TILE_M;
-        found_rows = min(TILE_M, hi - found_row0);
+        const int local = item - first;
+        found[0] = e;
+        found[1] = lo + (local % mt) * TILE_M;
+        found[2] = min(TILE_M, hi - found[1]);
+        found[3] = local / mt;
       }
       if (hit) {
         const int src = __ffs(hit) - 1;
-        found_e = __shfl_sync(0xffffffffu, found_e, src);
-        found_row0 = __shfl_sync(0xffffffffu, found_row0, src);
-        found_rows = __shfl_sync(0xffffffffu, found_rows, src);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) found[i] = __shfl_sync(0xffffffffu, found[i], src);
         break;
       }
       before += __shfl_sync(0xffffffffu, incl, 31);
-      if (slot < before) break;  // unreachable for a well-formed (non-decreasing) offsets
     }
-    if (lane == 0) { s_tile[0] = found_e; s_tile[1] = found_row0; s_tile[2] = found_rows; }
+    if (lane < 4) s_tile[lane] = found[lane];
   }
   __syncthreads();
-  return TileOf{s_tile[0], s_tile[1], s_tile[2]};
+  return TileOf{s_tile[0], s_tile[1], s_tile[2], s_tile[3]};
 }
 
 // Global row pointers of the chunks one thread copies per stage (fixed over k): chunk column
@@ -130,7 +136,9 @@ struct Grouped {
   static_assert(!SWIGLU || (SWAP ? WP % 16 == 0 : WQ % 16 == 0), "gate/up pairs in one warp");
   static constexpr int SMEM_PIPE = STAGES * STAGE_BYTES;
   static constexpr int SMEM_RED = (WARPS_K - 1) * WARPS_P * WARPS_Q * ACC * 32 * 4;
-  static constexpr int SMEM = SMEM_PIPE > SMEM_RED ? SMEM_PIPE : SMEM_RED;
+  // + 16 bytes for the work item (find_tile)
+  static constexpr int SMEM_MAIN = SMEM_PIPE > SMEM_RED ? SMEM_PIPE : SMEM_RED;
+  static constexpr int SMEM = SMEM_MAIN + 16;
 
   // Fill a loader for tile rows [0, ROWS): x rows (tokens) or w rows (weights).
   template <int ROWS>
@@ -187,9 +195,11 @@ struct Grouped {
                                              const int* __restrict__ offsets, T* __restrict__ Y,
                                              int E, int N, int K) {
     extern __shared__ __align__(128) unsigned char smem[];
-    const TileOf tile = find_tile<TM>(offsets, E, blockIdx.x);
+    const int n_tiles = (N + TW - 1) / TW;
+    const TileOf tile = find_tile<TM>(offsets, E, n_tiles, blockIdx.x,
+                                      reinterpret_cast<int*>(smem + SMEM_MAIN));
     if (tile.e < 0) return;
-    const int n0 = blockIdx.y * TW;  // first (virtual) weight row of the tile
+    const int n0 = tile.n_tile * TW;  // first (virtual) weight row of the tile
     const T* We = W + (size_t)tile.e * N * K;
 
     Loader<T, TP, THREADS> lp;

@@ -41,6 +41,7 @@ def test_config_rules():
         MoeGemmConfig(arch="sm_90a", epilogue="gelu")
     with pytest.raises(UnsupportedConfigError, match="16-row side"):
         MoeGemmConfig(arch="sm_90a", tile_m=16, tile_n=128, warps_p=2, warps_q=4)
+    assert MoeGemmConfig.of("sm_90a", "bfloat16", 8, True, 32, few=True).stages == 8
     with pytest.raises(UnsupportedConfigError, match="gate/up n8 pairs"):
         MoeGemmConfig(arch="sm_90a", tile_m=128, tile_n=32, warps_p=2, warps_q=4, epilogue="swiglu")
     with pytest.raises(UnsupportedConfigError, match="shared memory"):
@@ -85,9 +86,11 @@ def test_selector_decode_and_prefill_choices():
                 assert p.config.swap_ab and p.config.tile_m <= 16, (name, t, p.short())
         p = select_grouped("sm_90a", 132, "bfloat16", e, 2 * i, h, 4096 * k, "swiglu")
         assert not p.config.swap_ab and p.config.tile_m >= 128, (name, p.short())
-    # the swap tile shrinks to 32 weight rows when 64 would leave SMs without 2 CTAs
+    # few CTAs (2 experts x 128 tiles on 132 SMs): the deep-pipeline variant
     p = plan_grouped("sm_90a", 132, "bfloat16", 8, 4096, 14336, 2)
-    assert p.config.tile_n == 32 and p.n_tiles == 128
+    assert p.config.tile_n == 32 and p.n_tiles == 128 and p.config.stages == 8
+    p = plan_grouped("sm_90a", 132, "bfloat16", 128, 4096, 7168, 8)
+    assert p.config.stages == 4
     assert SWAP_AB[8] and not SWAP_AB[128]
 
 
