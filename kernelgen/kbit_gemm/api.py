@@ -13,6 +13,7 @@ from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
 from .config import DTYPES, TILE_ROWS
 from .select import check_shape, plan_gemv, select_gemv
+from .tc_select import PATHS, plan_mma, select_gemm
 
 
 @dataclass(frozen=True)
@@ -94,12 +95,15 @@ def _split_scratch(ctx: Ctx, ws_elems: int, n_counters: int) -> tuple[Any, Any]:
 
 
 def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str | None = None,
-         split_k: int | None = None) -> Any:
+         split_k: int | None = None, path: str | None = None,
+         tile: tuple[int, int] | None = None) -> Any:
     """C = A . W^T (+ bias): A [..., K] fp16 / bf16 (contiguous, 16-byte aligned), W a KbitLinear
     [N, K], bias [N] and C [..., N] in A's dtype; fp32 accumulation, C rounded to nearest.
 
     `out` receives C (A's dtype, shape [..., N], contiguous). `dtype="bfloat16"` marks CuPy
-    uint16 data as bf16. `split_k` forces the number of K splits (None: the selector's choice).
+    uint16 data as bf16. The selector picks the path ("gemv": bandwidth kernel, "mma": tensor-core
+    kernel, N % 128 == 0; "dequant": W dequantized to a scratch + cuBLAS) and its plan; `path`,
+    `tile` ((tile_m, tile_n) of the mma path) and `split_k` (number of K splits) force them.
     Runs on the caller's current stream; results come back as the caller's array kind.
     """
     if not isinstance(W, KbitLinear):
@@ -133,6 +137,15 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     if m == 0:
         return out
     info = device_info(ctx.device)
+    if path is None:
+        path = "mma" if tile is not None else select_gemm(info.arch.name, m, n, k, W.bits, dt,
+                                                           info.sm_count).path
+    if path == "mma":
+        return _gemm_mma(ctx, W, a, b, bias is not None, c, out, m, n, k, dt, info, tile, split_k)
+    if path == "dequant":
+        return _gemm_dequant(ctx, W, a, b, bias is not None, c, out, m, n, k, dt)
+    if path != "gemv":
+        raise ValueError(f"path={path!r}: expected one of {PATHS} (or None: the selector's choice)")
     if split_k is None:
         plan = select_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count)
     else:
@@ -145,4 +158,59 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     args = (packed, absmax, cb, a, b, np.int32(bias is not None), c, ws, counters, np.int32(m),
             np.int32(n), np.int32(k), np.int32(plan.gps))
     ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem)
+    return out
+
+
+def _gemm_mma(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, out: Any, m: int,
+              n: int, k: int, dt: str, info: Any, tile: tuple[int, int] | None,
+              split_k: int | None) -> Any:
+    """The tensor-core path (templates/kbit_gemm/mma_gemm.cuh) on the flat layout."""
+    if tile is None and split_k is None:
+        choice = select_gemm(info.arch.name, m, n, k, W.bits, dt, info.sm_count)
+        plan = choice.plan if choice.path == "mma" else None
+    else:
+        plan = None
+    if plan is None:
+        plan = plan_mma(info.arch.name, m, n, k, W.bits, dt, info.sm_count, tile,
+                        None if split_k is None else int(split_k))
+    packed, absmax, cb = W.q._views(ctx)
+    if plan.split > 1:
+        ws, counters = _split_scratch(ctx, plan.split * m * n, plan.m_tiles * plan.n_tiles)
+    else:
+        ws = counters = c
+    fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("kbit_mma_gemm")
+    args = (packed, absmax, cb, a, b, np.int32(has_bias), c, ws, counters, np.int32(m),
+            np.int32(n), np.int32(k), np.int32(plan.kt_per_split))
+    ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem)
+    return out
+
+
+# cudaDataType / cublasComputeType_t values (library_types.h, cublas_api.h)
+_CUDA_R = {"float16": 2, "bfloat16": 14}
+_CUBLAS_COMPUTE_32F = 68
+_CUBLAS_GEMM_DEFAULT = -1
+
+
+def _gemm_dequant(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, out: Any,
+                  m: int, n: int, k: int, dt: str) -> Any:
+    """Large M: W dequantized into an [N, K] scratch of A's dtype (2*N*K bytes for the call),
+    then cuBLAS (cublasGemmEx, fp32 compute) C = A . W^T (+ bias through beta = 1)."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    w_native, wv = ctx.empty((n, k), dt)
+    dequantize_kbit(W.q, dt, out=w_native)
+    with cupy.cuda.Device(ctx.device):
+        if has_bias:
+            with ctx.stream:
+                c.reshape(m, n)[...] = b[None, :]
+        handle = cupy.cuda.device.get_cublas_handle()
+        cublas.setStream(handle, ctx.stream.ptr)
+        one = np.ones(1, np.float32)
+        beta = np.array([1.0 if has_bias else 0.0], np.float32)
+        # column-major view: C^T [N, M] = W [N, K] . A^T ([K, M] column-major = A row-major)
+        cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k, one.ctypes.data,
+                      wv.data.ptr, _CUDA_R[dt], k, a.data.ptr, _CUDA_R[dt], k, beta.ctypes.data,
+                      c.data.ptr, _CUDA_R[dt], n, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
+    del w_native  # stream-ordered pools (cupy, torch) keep it alive for the queued work
     return out

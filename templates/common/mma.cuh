@@ -30,4 +30,13 @@ template <> struct Mma<__nv_bfloat16> {
 };
 #undef KG_MMA_M16N8K16
 
+// Four 8x8 b16 matrices from shared memory (sm_75+): lane l gives the 16-byte row address of
+// matrix l / 8, row l % 8; register i receives matrix i in the mma fragment layout (row g,
+// columns 2t, 2t+1), i.e. an m16k16 A fragment when the matrices are (rows 0-7, k 0-7),
+// (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
 }  // namespace kg

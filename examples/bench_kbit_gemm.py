@@ -1,0 +1,186 @@
+"""Benchmark of the kbit GEMM over M (decode to prefill): every path the selector has (GEMV,
+tensor-core mma, dequantize + cuBLAS), the mma tiles forced one by one, against cuBLAS fp16
+(`cupy.matmul` on a dense fp16 W) and the read-bandwidth floor, all measured in the same run.
+
+    python examples/bench_kbit_gemm.py [--bits 2,3,4,5] [--ms 16,...,8192] [--tiles] [--json out.json]
+
+Per (shape, bits, M): median microseconds per call; the weights (kbit and fp16) are rotated
+past L2 (each call reads a different copy, >= 8 x L2 in all); kernel-only paths are replayed
+from a CUDA graph, the cuBLAS ones back to back. TFLOP/s = 2 M N K / t; "vs cuBLAS" = cuBLAS
+time / our time; "read BW" = kbit weight bytes (planes + E4M4 scales) / t / measured read rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
+MS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+_READ_SRC = r"""
+extern "C" __global__ void read_bw(const uint4* __restrict__ p, unsigned long long n, unsigned* out) {
+  unsigned acc = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p + i));
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) out[0] = acc;
+}
+"""
+
+
+def read_bandwidth(nbytes: int = 1 << 30) -> float:
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.bench import time_gpu
+
+    buf = cupy.ones(nbytes // 4, cupy.uint32)
+    out = cupy.zeros(1, cupy.uint32)
+    k = cupy.RawKernel(_READ_SRC, "read_bw")
+    n = np.uint64(nbytes // 16)
+    grid = device_info().sm_count * 8
+    return nbytes / time_gpu(lambda i: k((grid,), (256,), (buf, n, out)), iters=10, repeats=5)
+
+
+def timed(call, n: int, graph: bool) -> float:
+    """Median seconds per call of call(i) over a rotation of n inputs."""
+    import cupy
+
+    from kernelgen.bench import time_gpu
+
+    stream = cupy.cuda.get_current_stream()
+    for i in range(min(n, 3)):
+        call(i)
+    stream.synchronize()
+    t0 = time.perf_counter()
+    call(0)
+    stream.synchronize()
+    est = time.perf_counter() - t0
+    if graph:
+        try:
+            for i in range(n):  # warm every rotation entry before capture
+                call(i)
+            stream.synchronize()
+            stream.begin_capture()
+            for i in range(n):
+                call(i)
+            g = stream.end_capture()
+            reps = max(1, min(20, int(0.05 / max(est * n, 1e-6))))
+            return time_gpu(lambda i: g.launch(stream), iters=reps, repeats=5, warmup=1) / n
+        except Exception:
+            if stream.is_capturing():
+                stream.end_capture()
+    iters = max(3, min(200, int(0.05 / max(est, 1e-6))))
+    return time_gpu(call, iters=iters, repeats=5, warmup=1)
+
+
+def copies_of(lin, count: int):
+    """Independent device copies of a KbitLinear (same codebook), for the L2 rotation."""
+    import cupy
+
+    from kernelgen.kbit.api import KbitTensor
+    from kernelgen.kbit_gemm import KbitLinear
+
+    out = [lin]
+    for _ in range(count - 1):
+        q = lin.q
+        q2 = KbitTensor(cupy.copy(q.packed), cupy.copy(q.absmax), None, q.codebook, q.shape, q.bits,
+                        q.dtype)
+        out.append(KbitLinear(q2, lin.n, lin.k))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bits", default="2,3,4,5")
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
+    ap.add_argument("--tiles", action="store_true", help="4-bit: every mma tile forced too")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import cupy
+
+    import kernelgen as kg
+    from kernelgen.arch import device_info
+    from kernelgen.kbit_gemm.tc_config import TILES
+    from kernelgen.kbit_gemm.tc_select import plan_gemm
+
+    info = device_info()
+    l2 = info.l2_bytes or 50 << 20
+    read_bw = read_bandwidth()
+    bits_list = [int(b) for b in args.bits.split(",")]
+    ms = [int(m) for m in args.ms.split(",")]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    rows = []
+    print(f"device {info.name} sms={info.sm_count} read_bw={read_bw / 1e12:.2f} TB/s", flush=True)
+    for n, k in shapes:
+        rng = np.random.default_rng(0)
+        w = cupy.asarray(rng.standard_normal((n, k), np.float32).astype(np.float16))
+        dense = [w] + [cupy.copy(w) for _ in range(max(1, -(-8 * l2 // (2 * n * k))) - 1)]
+        lins = {}
+        for bits in bits_list:
+            lin = kg.quantize_weight(w, bits)
+            wbytes = n * k * bits // 8 + n * k // 32
+            lins[bits] = (copies_of(lin, max(2, -(-8 * l2 // wbytes))), wbytes)
+        for m in ms:
+            a = cupy.asarray(rng.standard_normal((m, k), np.float32).astype(np.float16))
+            t_cub = timed(lambda i, a=a, d=dense: cupy.matmul(a, d[i % len(d)].T), len(dense), False)
+            flops = 2.0 * m * n * k
+            base = {"n": n, "k": k, "m": m, "cublas_us": t_cub * 1e6,
+                    "cublas_tflops": flops / t_cub / 1e12}
+            print(f"{n}x{k} M={m}: cuBLAS fp16 {t_cub * 1e6:.1f} us ({flops / t_cub / 1e12:.0f} TFLOP/s)",
+                  flush=True)
+            for bits in bits_list:
+                ws, wbytes = lins[bits]
+                choice = plan_gemm(info.arch.name, m, n, k, bits, "float16", info.sm_count)
+                variants = [("auto", {})]
+                if m <= 128:
+                    variants.append(("gemv", {"path": "gemv"}))
+                if n % 128 == 0 and m <= 8192:
+                    variants.append(("mma", {"path": "mma"}))
+                    if args.tiles and bits == 4:
+                        variants += [(f"mma{tm}x{tn}", {"path": "mma", "tile": (tm, tn)})
+                                     for tm, tn in sorted(TILES) if n % tn == 0 and (tm >= 32 or m <= 256)]
+                if m >= 128:
+                    variants.append(("dequant", {"path": "dequant"}))
+                for name, kw in variants:
+                    path = kw.get("path", choice.path)
+                    try:
+                        t = timed(lambda i, a=a, ws=ws, kw=kw: kg.gemm(a, ws[i % len(ws)], **kw), len(ws),
+                                  graph=path != "dequant")
+                    except Exception as e:  # keep going: one failing variant is a finding too
+                        rows.append({**base, "bits": bits, "variant": name, "error": repr(e)[:300]})
+                        print(f"  {bits}b {name}: ERROR {e!r}"[:300], flush=True)
+                        continue
+                    row = {**base, "bits": bits, "variant": name, "path": path,
+                           "choice": choice.short() if name == "auto" else None, "us": t * 1e6,
+                           "tflops": flops / t / 1e12, "vs_cublas": t_cub / t,
+                           "read_bw_frac": wbytes / t / read_bw}
+                    rows.append(row)
+                    print(f"  {bits}b {name:>10}: {t * 1e6:9.1f} us {row['tflops']:6.1f} TFLOP/s "
+                          f"x{row['vs_cublas']:.2f} cuBLAS, {row['read_bw_frac']:.0%} read BW"
+                          + (f"  [{choice.short()}]" if name == "auto" else ""), flush=True)
+        dense = lins = None  # free before the next shape
+        cupy.get_default_memory_pool().free_all_blocks()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": info.name, "read_bw": read_bw, "rows": rows}, f, indent=1)
+    # the auto choice per (shape, bits, M), markdown
+    print("\n| shape N x K | bits | M | path | us | TFLOP/s | vs cuBLAS fp16 | read BW |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r.get("variant") == "auto" and "us" in r:
+            print(f"| {r['n']}x{r['k']} | {r['bits']} | {r['m']} | {r['path']} | {r['us']:.1f} | "
+                  f"{r['tflops']:.0f} | {r['vs_cublas']:.2f} | {r['read_bw_frac']:.0%} |")
+
+
+if __name__ == "__main__":
+    main()

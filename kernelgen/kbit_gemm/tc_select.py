@@ -1,0 +1,184 @@
+"""Host-side selector of the kbit GEMM's path (GEMV / tensor-core mma / dequantize + cuBLAS)
+and of the mma path's tile and K split, as data plus pure functions.
+
+(arch, M, N, K, bits, dtype, SM count) -> GemmChoice. No GPU work; `select_gemm` is memoised and
+printable (KERNELGEN_PRINT_CONFIGS=1) through `kernelgen.core.select.selector`;
+`prewarm_mma_configs` walks the same tables, so prewarm builds exactly what dispatch can pick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..arch import get_arch
+from ..core.select import selector
+from ..errors import UnsupportedConfigError
+from .config import BITS, DTYPES
+from .select import SM_COUNTS, SMEM_PER_SM, GemvPlan, _shapes, check_shape, plan_gemv
+from .tc_config import TILE_K, TILES, KbitMmaConfig, stages_for
+
+PATHS = ("gemv", "mma", "dequant")
+
+# -- path crossover ---------------------------------------------------------------------------
+# M <= GEMV_MAX_M: the bandwidth path (it reads W once per 16 tokens and wins while the
+# mma path's tiles are mostly empty). Measured on the H100 (examples/bench_kbit_gemm.py, weights
+# rotated past L2, CUDA graphs): see BENCHMARKS.md "kbit GEMM tensor-core path".
+GEMV_MAX_M = 16
+# M >= DEQUANT_MIN_M: dequantize W into an fp16/bf16 scratch and call cuBLAS (its wgmma kernels
+# beat our mma.sync loop once the GEMM is compute-bound; the dequant pass is amortised over M).
+DEQUANT_MIN_M = 2048
+# The mma path needs N % 128 == 0 (whole 128-row W tiles); other N stay on the GEMV path.
+TILE_N_MIN = 128
+
+# -- mma tiles ----------------------------------------------------------------------------------
+# (largest M, tile_m): the smallest M tile that covers M (fewer wasted rows), 64 above.
+TILE_M_TABLE: tuple[tuple[int, int], ...] = ((16, 16), (32, 32), (1 << 31, 64))
+# tile_n = 256 (tile_m 64 only) from this M on, when N % 256 == 0: twice the A reuse per CTA.
+TILE_N256_MIN_M = 512
+# K split: a split keeps at least this many k-tiles of 64 (pipeline fill is STAGES-1 tiles).
+MIN_KT_PER_SPLIT = 4
+# cost model of a split (in k-tiles): pipeline fill per work item, and the fp32 partial +
+# reduction of a split tile; the split-K workspace stays below this many bytes.
+FILL_KT = 3.0
+SPLIT_KT = 2.0
+MAX_WS_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class MmaPlan:
+    """One launch of the mma path: config, K splits (grid.y), k-tiles per split, tile counts."""
+
+    config: KbitMmaConfig
+    split: int
+    kt_per_split: int
+    m_tiles: int
+    n_tiles: int
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.m_tiles * self.n_tiles, self.split, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (256, 1, 1)
+
+    @property
+    def smem(self) -> int:
+        return self.config.smem_bytes()
+
+    def short(self) -> str:
+        return (f"{self.config.short()} split={self.split} k_per_split={self.kt_per_split * TILE_K} "
+                f"grid={self.grid} smem={self.smem}")
+
+
+@dataclass(frozen=True)
+class GemmChoice:
+    """The path and, for gemv / mma, its plan (dequant: dequantize + cuBLAS, no plan)."""
+
+    path: str
+    plan: GemvPlan | MmaPlan | None
+
+    def short(self) -> str:
+        return f"path={self.path}" + (f" {self.plan.short()}" if self.plan is not None else "")
+
+
+def check_mma_shape(n: int, k: int) -> None:
+    """The mma path's rule: N a multiple of 128 (whole W tiles), K a multiple of 128 (the format)."""
+    check_shape(n, k)
+    if n % TILE_N_MIN:
+        raise ValueError(f"W: N={n}; the kbit GEMM tensor-core path needs N a multiple of "
+                         f"{TILE_N_MIN} (whole 128-row tiles); path='gemv' takes any N")
+
+
+def tile_for(m: int, n: int) -> tuple[int, int]:
+    tile_m = next(t for max_m, t in TILE_M_TABLE if m <= max_m)
+    tile_n = 256 if tile_m == 64 and m >= TILE_N256_MIN_M and n % 256 == 0 else 128
+    return tile_m, tile_n
+
+
+def plan_mma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
+             tile: tuple[int, int] | None = None, split: int | None = None) -> MmaPlan:
+    """Pure planner. `tile` (tile_m, tile_n) and `split` force a choice (tests, tuning)."""
+    check_mma_shape(n, k)
+    if m < 1:
+        raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
+    tile_m, tile_n = tile_for(m, n) if tile is None else (int(tile[0]), int(tile[1]))
+    if (tile_m, tile_n) not in TILES:
+        raise ValueError(f"tile={tile}: expected one of {sorted(TILES)}")
+    if n % tile_n:
+        raise ValueError(f"tile={tile}: N={n} is not a multiple of tile_n={tile_n}")
+    cfg = KbitMmaConfig(arch=arch, bits=bits, dtype=dtype, tile_m=tile_m, tile_n=tile_n,
+                        stages=stages_for(arch, bits, tile_m, tile_n))
+    m_tiles, n_tiles, kt = -(-m // tile_m), n // tile_n, k // TILE_K
+    tiles = m_tiles * n_tiles
+    if split is None:
+        resident = max(1, min(cfg.min_blocks, SMEM_PER_SM[arch] // (cfg.smem_bytes() + 1024)))
+        slots = sm_count * resident
+
+        def cost(s: int) -> float:  # rounds of resident CTAs x k-tiles a round
+            return -(-tiles * s // slots) * (-(-kt // s) + FILL_KT + (SPLIT_KT if s > 1 else 0.0))
+
+        hi = max(1, min(kt // MIN_KT_PER_SPLIT, MAX_WS_BYTES // (4 * m * n)))
+        split = min(range(1, hi + 1), key=lambda s: (cost(s), s))
+    elif not 1 <= split <= kt:
+        raise ValueError(f"split_k={split}: must be in 1..{kt} (K/{TILE_K}) for K={k}")
+    kps = -(-kt // split)
+    return MmaPlan(cfg, -(-kt // kps), kps, m_tiles, n_tiles)  # every split non-empty
+
+
+def path_for(m: int, n: int) -> str:
+    if n % TILE_N_MIN or m <= GEMV_MAX_M:
+        return "gemv"
+    return "dequant" if m >= DEQUANT_MIN_M else "mma"
+
+
+def plan_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int) -> GemmChoice:
+    path = path_for(m, n)
+    if path == "gemv":
+        return GemmChoice(path, plan_gemv(arch, m, n, k, bits, dtype, sm_count))
+    if path == "mma":
+        return GemmChoice(path, plan_mma(arch, m, n, k, bits, dtype, sm_count))
+    check_shape(n, k)
+    return GemmChoice(path, None)
+
+
+@selector
+def select_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int) -> GemmChoice:
+    """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1)."""
+    return plan_gemm(arch, m, n, k, bits, dtype, sm_count)
+
+
+def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KbitMmaConfig]:
+    """mma configs the selector can return (spec as kbit_gemm.select.prewarm_configs). Without
+    shapes: every tile. With shapes: the tiles dispatch picks for that M, or for every M."""
+    bits_list = tuple(spec.get("bits") or BITS)
+    dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
+    shapes = _shapes(spec)
+    # the choice is constant between table thresholds: their edges cover every M
+    edges = sorted({1, GEMV_MAX_M, GEMV_MAX_M + 1, DEQUANT_MIN_M - 1, TILE_N256_MIN_M - 1,
+                    TILE_N256_MIN_M} | {e for mx, _ in TILE_M_TABLE[:-1] for e in (mx, mx + 1)})
+    seen: set[KbitMmaConfig] = set()
+    for arch in archs:
+        get_arch(arch)
+        for bits in bits_list:
+            for dtype in dtypes:
+                if not shapes:
+                    for tile_m, tile_n in TILES:
+                        yield KbitMmaConfig(arch=arch, bits=bits, dtype=dtype, tile_m=tile_m,
+                                            tile_n=tile_n,
+                                            stages=stages_for(arch, bits, tile_m, tile_n))
+                    continue
+                for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
+                    for m, n, k in shapes:
+                        for mm in (m,) if m is not None else edges:
+                            if path_for(mm, n) != "mma":
+                                continue
+                            try:
+                                cfg = plan_mma(arch, mm, n, k, bits, dtype, sms).config
+                            except ValueError as e:
+                                raise UnsupportedConfigError(str(e)) from None
+                            if cfg not in seen:
+                                seen.add(cfg)
+                                yield cfg

@@ -1,0 +1,123 @@
+"""kbit GEMM tensor-core path without a GPU: config rules, tile / split planning, the path
+selector and its thresholds, prewarm = dispatch, shape errors naming the rule."""
+
+import pytest
+
+from kernelgen.errors import UnsupportedConfigError
+from kernelgen.kbit_gemm import KbitMmaConfig
+from kernelgen.kbit_gemm import tc_select as S
+from kernelgen.kbit_gemm.select import SM_COUNTS
+from kernelgen.kbit_gemm.tc_config import TILE_K, TILES, smem_for, stages_for
+
+SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (384, 1024), (512, 4224))
+
+
+@pytest.mark.parametrize("arch", list(SM_COUNTS))
+@pytest.mark.parametrize("bits", (2, 3, 4, 5))
+def test_every_tile_fits_every_arch(arch, bits):
+    for tm, tn in TILES:
+        st = stages_for(arch, bits, tm, tn)
+        cfg = KbitMmaConfig(arch=arch, bits=bits, tile_m=tm, tile_n=tn, stages=st)
+        assert cfg.smem_bytes() == smem_for(bits, tm, tn, st)
+        assert 2 <= st <= 4 and (st == 4 or arch == "sm_120a"), cfg
+
+
+@pytest.mark.parametrize("bits", (2, 3, 4, 5))
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_mma_plans_cover_k_and_fill_the_gpu(n, k, bits):
+    for m in (17, 33, 64, 100, 128, 255, 512, 1024, 2047):
+        for sms in (132, 108, 170):
+            p = S.plan_mma("sm_90a", m, n, k, bits, "float16", sms)
+            kt = k // TILE_K
+            tm, tn = p.config.tile_m, p.config.tile_n
+            ctx = f"{m=} {n=} {k=} {sms=} {p.short()}"
+            assert p.m_tiles == -(-m // tm) and p.n_tiles == n // tn, ctx
+            assert p.kt_per_split * (p.split - 1) < kt <= p.kt_per_split * p.split, ctx  # non-empty splits
+            assert p.split == 1 or p.kt_per_split >= S.MIN_KT_PER_SPLIT, ctx
+            assert p.split * m * n * 4 <= max(S.MAX_WS_BYTES, m * n * 4), ctx
+            assert tm == S.tile_for(m, n)[0], ctx
+            # the grid fills most of the GPU when the K range allows it
+            tiles = p.m_tiles * p.n_tiles
+            assert tiles * p.split >= 0.75 * min(sms, tiles * (kt // S.MIN_KT_PER_SPLIT)), ctx
+
+
+def test_tile_table():
+    assert S.tile_for(17, 4096) == (32, 128)
+    assert S.tile_for(33, 4096) == (64, 128)
+    assert S.tile_for(S.TILE_N256_MIN_M, 4096) == (64, 256)
+    assert S.tile_for(S.TILE_N256_MIN_M, 384) == (64, 128)  # N % 256 != 0
+
+
+def test_path_thresholds():
+    assert S.path_for(1, 4096) == "gemv"
+    assert S.path_for(S.GEMV_MAX_M, 4096) == "gemv"
+    assert S.path_for(S.GEMV_MAX_M + 1, 4096) == "mma"
+    assert S.path_for(S.DEQUANT_MIN_M - 1, 4096) == "mma"
+    assert S.path_for(S.DEQUANT_MIN_M, 4096) == "dequant"
+    assert S.path_for(100, 200) == "gemv"  # N not a multiple of 128: only the GEMV takes it
+    assert S.plan_gemm("sm_90a", 4000, 200, 384, 4, "float16", 132).path == "gemv"
+
+
+def test_choice_printable_and_memoised():
+    a = S.select_gemm("sm_90a", 64, 4096, 4096, 4, "float16", 132)
+    assert a is S.select_gemm("sm_90a", 64, 4096, 4096, 4, "float16", 132)
+    assert a.path == "mma" and "tile_m=64" in a.short() and "split=" in a.short()
+    assert S.select_gemm("sm_90a", 4096, 4096, 4096, 4, "float16", 132).short() == "path=dequant"
+
+
+def test_forced_tiles_and_splits():
+    p = S.plan_mma("sm_90a", 5, 512, 4224, 4, "float16", 132, tile=(64, 256), split=3)
+    assert (p.config.tile_m, p.config.tile_n, p.split) == (64, 256, 3)
+    assert p.kt_per_split == 22
+    with pytest.raises(ValueError, match="expected one of"):
+        S.plan_mma("sm_90a", 5, 512, 4224, 4, "float16", 132, tile=(48, 128))
+    with pytest.raises(ValueError, match="not a multiple of tile_n=256"):
+        S.plan_mma("sm_90a", 5, 384, 1024, 4, "float16", 132, tile=(64, 256))
+    with pytest.raises(ValueError, match=r"split_k=17: must be in 1\.\.16"):
+        S.plan_mma("sm_90a", 5, 384, 1024, 4, "float16", 132, split=17)
+
+
+@pytest.mark.parametrize("n,k,rule", [(200, 1024, "multiple of 128"), (384, 1000, "multiple of 128"),
+                                      (384, 0, "multiple of 128")])
+def test_mma_shape_rule_names_it(n, k, rule):
+    with pytest.raises(ValueError, match=rule):
+        S.plan_mma("sm_90a", 64, n, k, 4, "float16", 132)
+
+
+@pytest.mark.parametrize("field,value", [("bits", 6), ("dtype", "float32"), ("tile_m", 48),
+                                         ("stages", 9)])
+def test_config_check_names_field(field, value):
+    with pytest.raises(UnsupportedConfigError, match=field):
+        KbitMmaConfig(arch="sm_90a", **{field: value})
+
+
+def test_config_smem_cap_per_arch():
+    with pytest.raises(UnsupportedConfigError, match="shared memory"):
+        KbitMmaConfig(arch="sm_120a", bits=5, tile_m=64, tile_n=256, stages=4)
+
+
+@pytest.mark.parametrize("arch", list(SM_COUNTS))
+def test_prewarm_equals_dispatch(arch):
+    """Every mma config dispatch picks for a spec's shapes is in prewarm, and no other."""
+    from kernelgen.kbit_gemm import prewarm_all
+
+    spec = {"shapes": [[14336, 4096], [4096, 14336], [200, 384]], "bits": [3, 4],
+            "dtypes": ["bfloat16", "float32"]}
+    pre = {c for c in S.prewarm_mma_configs([arch], spec)}
+    picked = set()
+    for sms in SM_COUNTS[arch]:
+        for bits in (3, 4):
+            for m in list(range(1, 600)) + [1000, 2047, 2048, 5000]:
+                for n, k in ((14336, 4096), (4096, 14336), (200, 384)):
+                    ch = S.select_gemm(arch, m, n, k, bits, "bfloat16", sms)
+                    if ch.path == "mma":
+                        picked.add(ch.plan.config)
+    assert picked == pre
+    assert pre <= set(prewarm_all([arch], {}))
+    assert pre <= set(prewarm_all([arch], spec))
+
+
+def test_no_spec_prewarm_has_every_tile_once():
+    for arch in SM_COUNTS:
+        cfgs = list(S.prewarm_mma_configs([arch], {}))
+        assert len(cfgs) == len(set(cfgs)) == len(TILES) * 4 * 2

@@ -1,0 +1,164 @@
+"""kbit GEMM tensor-core path (and the path dispatch, the dequantize + cuBLAS path) on the GPU
+against the NumPy reference (dequantize with the E4M4 scales, matmul in float64): relative error
+bounds per dtype, every bit-width, M across tile boundaries up to 4097, every tile the selector
+can choose forced, split-K off / auto / forced.
+
+Outputs are poisoned (KERNELGEN_POISON=1: NaN for fp16/bf16) or pre-filled with NaN through
+out=, so an element the kernel does not write fails the bound.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+
+from kernelgen.kbit import reference as R
+from kernelgen.kbit_gemm import reference as GR
+from kernelgen.kbit_gemm.tc_config import TILES
+
+pytestmark = pytest.mark.gpu
+
+BITS = (2, 3, 4, 5)
+DTYPES = ("float16", "bfloat16")
+MS = (1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33, 64, 127, 128, 255, 1024, 4097)
+# N: one 128 tile, 3 tiles (no 256 tile), 2 x 256; K: 6 k-tiles, 16, 66 (odd k-tiles for the
+# 8-byte plane copies and the scale-word halves)
+SHAPES = ((128, 384), (384, 1024), (512, 4224))
+SPLITS = (None, 1, 3)
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setenv("KERNELGEN_POISON", "1")
+
+
+def _host(rng, shape, dtype, scale=1.0):
+    v = (rng.standard_normal(shape) * scale).astype(np.float32)
+    return R.f32_to_bf16(v) if dtype == "bfloat16" else v.astype(np.float16)
+
+
+@functools.cache
+def _weight(bits, dtype, n, k):
+    """(KbitLinear, W float64 as the kernel sees it), built once per module."""
+    import cupy
+
+    import kernelgen as kg
+
+    rng = np.random.default_rng(1000 * bits + n + k)
+    w = (rng.standard_normal((n, k)) * rng.uniform(0.02, 3.0, (n, 1))).astype(np.float32)
+    w_host = R.f32_to_bf16(w) if dtype == "bfloat16" else w.astype(np.float16)
+    lin = kg.quantize_weight(cupy.asarray(w_host), bits, dtype="bfloat16" if dtype == "bfloat16" else None)
+    w64 = GR.dequantize_weight(cupy.asnumpy(lin.q.packed), cupy.asnumpy(lin.q.absmax),
+                               cupy.asnumpy(lin.q.codebook), bits, n, k)
+    return lin, w64
+
+
+def _check(c_dev, c_ref, dtype, ctx):
+    import cupy
+
+    c = GR.to_float64(cupy.asnumpy(c_dev), dtype)
+    assert np.all(np.isfinite(c)), f"{ctx}: {int(np.sum(~np.isfinite(c)))} elements not written / not finite"
+    err = GR.rel_error(c, c_ref)
+    if not err <= GR.REL_ERROR_BOUND[dtype]:
+        c2, r2 = c.reshape(-1, c.shape[-1]), c_ref.reshape(-1, c_ref.shape[-1])
+        bad = np.abs(c2 - r2) > 0.05 * (np.abs(r2) + np.linalg.norm(r2) / np.sqrt(r2.size))
+        ms, ns = np.nonzero(bad)
+        raise AssertionError(f"{ctx}: rel error {err:.3g}; {bad.mean():.1%} bad; tokens "
+                             f"{sorted(set(ms.tolist()))[:8]}, cols {ns[:8].tolist()}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", BITS)
+def test_dispatch_matches_reference(bits, dtype):
+    """The selector's path and plan for every M (gemv / mma / dequant), with and without bias."""
+    import cupy
+
+    import kernelgen as kg
+    from kernelgen.kbit_gemm.tc_select import plan_gemm
+
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for n, k in SHAPES:
+        lin, w64 = _weight(bits, dtype, n, k)
+        for m in MS:
+            a = _host(rng, (m, k), dtype)
+            bias = _host(rng, (n,), dtype) if m % 2 else None
+            c = kg.gemm(cupy.asarray(a), lin, None if bias is None else cupy.asarray(bias), dtype=hint)
+            path = plan_gemm("sm_90a", m, n, k, bits, dtype, 132).path
+            _check(c, GR.gemm(a, w64, bias, dtype), dtype, f"{bits=} {dtype=} {m=} {n=} {k=} {path=}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("tile", sorted(TILES), ids=lambda t: f"{t[0]}x{t[1]}")
+def test_mma_tiles_and_splits(tile, bits, dtype):
+    """Every tile forced, split-K auto / off / forced, M across the tile edges."""
+    import cupy
+
+    import kernelgen as kg
+
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for n, k in SHAPES:
+        if n % tile[1]:
+            continue
+        lin, w64 = _weight(bits, dtype, n, k)
+        for m in (1, 15, 17, 33, 64, 127, 255):
+            a = _host(rng, (m, k), dtype)
+            bias = _host(rng, (n,), dtype) if m % 2 else None
+            c_ref = GR.gemm(a, w64, bias, dtype)
+            a_d, b_d = cupy.asarray(a), None if bias is None else cupy.asarray(bias)
+            for split in SPLITS:
+                c = kg.gemm(a_d, lin, b_d, dtype=hint, path="mma", tile=tile, split_k=split)
+                assert c.shape == (m, n) and c.dtype == a_d.dtype
+                _check(c, c_ref, dtype, f"{tile=} {bits=} {dtype=} {m=} {n=} {k=} {split=}")
+
+
+@pytest.mark.parametrize("path", ("mma", "dequant"))
+def test_out_buffer_leading_dims_and_determinism(path):
+    import cupy
+
+    import kernelgen as kg
+
+    rng = np.random.default_rng()
+    n, k = 512, 4224
+    lin, w64 = _weight(4, "float16", n, k)
+    a = _host(rng, (3, 11, k), "float16")
+    bias = _host(rng, (n,), "float16")
+    c_ref = GR.gemm(a, w64, bias)
+    out = cupy.full((3, 11, n), np.nan, cupy.float16)
+    res = kg.gemm(cupy.asarray(a), lin, cupy.asarray(bias), out=out, path=path, split_k=None)
+    assert res is out
+    _check(out, c_ref, "float16", f"{path=} out=")
+    if path == "mma":  # the split-K reduction runs in split order: bit-identical repeats
+        a_d = cupy.asarray(a)
+        first = kg.gemm(a_d, lin, path="mma", tile=(16, 128), split_k=5)
+        for _ in range(3):
+            again = kg.gemm(a_d, lin, path="mma", tile=(16, 128), split_k=5)
+            assert bool(cupy.all(first.view(cupy.uint16) == again.view(cupy.uint16)))
+
+
+def test_torch_inputs_on_a_side_stream():
+    torch = pytest.importorskip("torch")
+
+    import kernelgen as kg
+
+    rng = np.random.default_rng()
+    n, k, m = 384, 1024, 100
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    lin = kg.quantize_weight(w, 4)
+    import cupy
+
+    w64 = GR.dequantize_weight(cupy.asnumpy(cupy.asarray(lin.q.packed)),
+                               cupy.asnumpy(cupy.asarray(lin.q.absmax)),
+                               cupy.asnumpy(cupy.asarray(lin.q.codebook)), 4, n, k)
+    a = _host(rng, (m, k), "bfloat16")
+    a_t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for path in ("mma", "dequant"):
+            c = kg.gemm(a_t, lin, path=path)
+            assert isinstance(c, torch.Tensor) and c.dtype == torch.bfloat16
+            s.synchronize()
+            c_np = c.view(torch.int16).cpu().numpy().view(np.uint16)
+            _check(c_np, GR.gemm(a, w64, None, "bfloat16"), "bfloat16", f"torch {path=}")
