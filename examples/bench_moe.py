@@ -107,7 +107,7 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
     if args.forced:
         row["forced_us"] = {f"{tm}{'s' if sw else 'n'}{tn}": timed(tile_m=tm, swap_ab=sw, tile_n=tn)
                             for tm, sw, tn in TILES if not (t >= 1024 and tm <= 16)}
-    if args.sweep and t in (1, 4096) and name != "E256":
+    if args.sweep and (t >= 1024 or (args.decode_sweep and t == 1)) and name != "E256":
         row["sweep_us"] = {label: timed(config=cfg)
                            for label, cfg in _variants(info.arch.name, t >= 1024, act)}
     gm = row.get("torch_grouped_mm_us")
@@ -125,13 +125,77 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
     return row
 
 
+def _bench_kbit(args, info, bw, name, w13, w2, bits, bf16_rows):
+    """kbit experts at decode: us, floor of the kbit bytes touched, speed-up over bf16."""
+    import torch
+
+    from kernelgen.bench import time_gpu
+    from kernelgen.moe import grouped_gemm, quantize_experts, select_kbit
+
+    e, h, i, top_k = SHAPES[name]
+    rng = np.random.default_rng(1)
+    rows = []
+    q13, q2 = quantize_experts(w13, bits), quantize_experts(w2, bits)
+    for t in (int(s) for s in args.kbit_ts.split(",")):
+        m = t * top_k
+        draws = [_routing(rng, t, e, top_k) for _ in range(DRAWS)]
+        offs = [torch.from_numpy(o).cuda() for o, _ in draws]
+        touched = float(np.mean([np.count_nonzero(c) for _, c in draws]))
+        for gemm, q, n, k, act in (("w13+swiglu", q13, 2 * i, h, "swiglu"), ("w2", q2, h, i, None)):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            n_out = n // 2 if act else n
+            out = torch.empty(m, n_out, device="cuda", dtype=torch.bfloat16)
+            wbytes = touched * n * k * (bits / 8 + 1 / 32)
+            floor = (wbytes + m * (k + n_out) * 2) / bw
+
+            def run(j, x=x, q=q, offs=offs, act=act, out=out, **kw):
+                grouped_gemm(x, q, offs[j % DRAWS], activation=act, out=out, **kw)
+
+            tt = time_gpu(run, iters=args.iters, repeats=5)
+            plan = select_kbit(info.arch.name, info.sm_count, "bfloat16", bits, e, n, k, m,
+                               "swiglu" if act else "none")
+            bf = [r["us"] for r in bf16_rows if r["shape"] == name and r["T"] == t
+                  and r["gemm"] == gemm and "bits" not in r]
+            row = {"shape": name, "T": t, "gemm": gemm, "bits": bits, "us": tt * 1e6,
+                   "floor_us": floor * 1e6, "floor_frac": floor / tt, "plan": plan.short(),
+                   "speedup_vs_bf16": (bf[0] / (tt * 1e6)) if bf else None}
+            if args.forced:
+                from kernelgen.moe import plan_kbit
+                from kernelgen.moe.config import KBIT_WARPS
+
+                forced = {}
+                for tm in (8, 16, 32):
+                    for wp, wk in KBIT_WARPS:
+                        try:
+                            cfg = plan_kbit(info.arch.name, info.sm_count, "bfloat16", bits, e, n,
+                                            k, m, "swiglu" if act else "none", tm, (wp, wk)).config
+                        except ValueError:
+                            continue
+                        forced[f"{tm}_w{wp}x{wk}_s{cfg.stages}"] = time_gpu(
+                            lambda j, cfg=cfg: run(j, config=cfg), iters=max(3, args.iters // 2),
+                            repeats=3) * 1e6
+                row["forced_us"] = forced
+            rows.append(row)
+            sp = f" {row['speedup_vs_bf16']:.2f}x bf16" if bf else ""
+            print(f"{name:5s} T={t:5d} {gemm:11s} kbit{bits} {row['us']:9.1f} us floor "
+                  f"{row['floor_us']:8.1f} ({row['floor_frac']:.2f}){sp} {plan.short()}", flush=True)
+            if "forced_us" in row:
+                print("      forced: " + " ".join(f"{kk}={v:.1f}" for kk, v in row["forced_us"].items()),
+                      flush=True)
+    del q13, q2
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="E128,E256,E8")
     ap.add_argument("--ts", default="1,2,4,8,16,64,256,4096")
     ap.add_argument("--forced", action="store_true", help="also time every tile-table row")
     ap.add_argument("--sweep", action="store_true",
-                    help="also time pipeline variants (stages, warps, CTAs/SM) at T=1 and 4096")
+                    help="also time pipeline variants (stages, warps, CTAs/SM) at T >= 1024")
+    ap.add_argument("--kbit", default="4", help="bits of the kbit-expert runs ('' = none)")
+    ap.add_argument("--kbit-ts", default="1,2,4,8,16")
+    ap.add_argument("--decode-sweep", action="store_true", help="--sweep at T=1 too")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -166,6 +230,8 @@ def main() -> None:
                 results.append(_bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs,
                                            e, n, k, act, touched))
             del x13, x2
+        for bits in (int(b) for b in args.kbit.split(",") if b):
+            results.extend(_bench_kbit(args, info, bw, name, w13, w2, bits, results))
         del w13, w2
         torch.cuda.empty_cache()
         cupy.get_default_memory_pool().free_all_blocks()

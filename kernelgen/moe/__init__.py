@@ -1,21 +1,24 @@
 """moe: the MoE grouped GEMM (one launch over per-expert row segments, TILE_M 8..256, swap_ab
-for small tiles, SwiGLU fused into the W13 epilogue) and the layer `fused_moe`."""
+for small tiles, SwiGLU fused into the W13 epilogue; bf16/fp16 or kbit experts) and the layer
+`fused_moe`."""
 
 from ..core.registry import Family, register_family
-from .config import MoeGemmConfig
+from .config import MoeGemmConfig, MoeKbitConfig
 from .select import prewarm_configs
 
 register_family(
     Family(
         name="moe",
-        config_classes=(MoeGemmConfig,),
+        config_classes=(MoeGemmConfig, MoeKbitConfig),
         prewarm_configs=prewarm_configs,
         description="MoE grouped GEMM (bf16/fp16 experts, fused SwiGLU) and fused_moe",
     )
 )
 
 from .api import fused_moe, grouped_gemm  # noqa: E402
+from .kbit import KbitExperts, plan_kbit, quantize_experts, select_kbit  # noqa: E402
 from .select import GroupedPlan, plan_grouped, select_grouped, tile_m_for  # noqa: E402
 
-__all__ = ["GroupedPlan", "MoeGemmConfig", "fused_moe", "grouped_gemm", "plan_grouped",
-           "select_grouped", "tile_m_for"]
+__all__ = ["GroupedPlan", "KbitExperts", "MoeGemmConfig", "MoeKbitConfig", "fused_moe",
+           "grouped_gemm", "plan_grouped", "plan_kbit", "quantize_experts", "select_grouped",
+           "select_kbit", "tile_m_for"]

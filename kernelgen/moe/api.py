@@ -11,6 +11,7 @@ from ..arch import device_info
 from ..core.interop import context_of, device_array
 from ..core.jit import get_kernel
 from .config import DTYPES, MoeGemmConfig
+from .kbit import KbitExperts, KbitPlan, plan_kbit, select_kbit
 from .select import GroupedPlan, check_shape, plan_grouped, select_grouped
 
 
@@ -21,7 +22,8 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     """Y[rows of e] = X[rows of e] . W[e]^T for every expert e, one launch.
 
     x [M, K] and w [E, N, K] fp16 / bf16 (same dtype, contiguous, 16-byte aligned; CuPy bf16:
-    uint16 with dtype="bfloat16"); offsets [E + 1] int32 on the device: expert e owns rows
+    uint16 with dtype="bfloat16"), or w a KbitExperts from quantize_experts (2-4 bits,
+    dequantized in registers; tile_m 8 / 16 / 32, always swap_ab); offsets [E + 1] int32 on the device: expert e owns rows
     [offsets[e], offsets[e+1]) (any segment sizes, padded or not; never read on the host).
     activation="swiglu": w is W13 [E, 2I, K] (gate rows, then up rows) and Y [M, I] =
     silu(X . gate^T) * (X . up^T). Rows of Y outside every segment are not written.
@@ -32,12 +34,16 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     """
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
-    wa, wdt = device_array(w, "w", ctx, DTYPES, hint=dt, ndim=3)
-    if wdt != dt:
-        raise ValueError(f"w: dtype {wdt}; must match x ({dt})")
+    kbit = isinstance(w, KbitExperts)
+    if kbit:
+        e, n, kw = w.shape
+    else:
+        wa, wdt = device_array(w, "w", ctx, DTYPES, hint=dt, ndim=3)
+        if wdt != dt:
+            raise ValueError(f"w: dtype {wdt}; must match x ({dt})")
+        e, n, kw = (int(s) for s in wa.shape)
     off, _ = device_array(offsets, "offsets", ctx, ("int32",), ndim=1)
     m, k = int(xa.shape[0]), int(xa.shape[1])
-    e, n, kw = (int(s) for s in wa.shape)
     if kw != k:
         raise ValueError(f"w: K={kw} does not match x's K={k} (x [{m}, {k}], w [{e}, {n}, {kw}])")
     if off.shape[0] != e + 1:
@@ -45,7 +51,7 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     epilogue = "swiglu" if activation == "swiglu" else "none"
     if activation not in (None, "swiglu"):
         raise ValueError(f"activation={activation!r}: expected None or 'swiglu'")
-    for name, arr in (("x", xa), ("w", wa)):
+    for name, arr in (("x", xa),) if kbit else (("x", xa), ("w", wa)):
         if arr.data.ptr % 16:
             raise ValueError(f"{name}: data pointer must be 16-byte aligned")
     n_out = n // 2 if epilogue == "swiglu" else n
@@ -62,6 +68,24 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
         return out
     info = device_info(ctx.device)
     r = m if rows is None else max(1, min(int(rows), m))
+    if kbit:
+        if swap_ab is False:
+            raise ValueError("swap_ab=False: kbit experts always run swap_ab (decode kernel)")
+        if config is not None:
+            if config.dtype != dt or config.epilogue != epilogue or config.bits != w.bits:
+                raise ValueError(f"config: {config.short()} does not match dtype={dt}, "
+                                 f"epilogue={epilogue}, bits={w.bits}")
+            kplan = KbitPlan(config, e, -(-n // config.tile_n))
+        elif tile_m is None:
+            kplan = select_kbit(info.arch.name, info.sm_count, dt, w.bits, e, n, k, r, epilogue)
+        else:
+            kplan = plan_kbit(info.arch.name, info.sm_count, dt, w.bits, e, n, k, r, epilogue,
+                              tile_m)
+        packed, absmax, cb = w.q._views(ctx)
+        fn = get_kernel(kplan.config, ctx.device, ctx.stream).fn("moe_grouped_kbit")
+        ctx.launch(fn, kplan.grid(m), kplan.block, (xa, packed, absmax, cb, off, ya, np.int32(e),
+                                                    np.int32(n), np.int32(k)), smem=kplan.smem)
+        return out
     if config is not None:
         if config.dtype != dt or config.epilogue != epilogue:
             raise ValueError(f"config: {config.short()} does not match dtype={dt}, "
@@ -95,7 +119,8 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
     """The MoE layer: out[t] = sum_j topk_weights[t, j] * W2[e] . silu-glu(W13[e] . x[t]).
 
     x [T, H] fp16 / bf16; topk_ids [T, top_k] int32 / int64; topk_weights [T, top_k];
-    w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I] in x's dtype.
+    w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I] in x's dtype, or either as
+    KbitExperts (quantize_experts).
     Steps: layout (pad_to=1: the grouped GEMM masks rows per expert, so segments need no
     padding and x_perm has exactly T * top_k rows) -> dispatch -> W13 + SwiGLU -> W2 ->
     combine. `graph_safe=True` asks dispatch for its no-sync upper-bound buffer (with pad_to=1
@@ -103,15 +128,20 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
     """
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
-    w13a, _ = device_array(w13, "w13", ctx, (dt,), hint=dt, ndim=3)
-    w2a, _ = device_array(w2, "w2", ctx, (dt,), hint=dt, ndim=3)
+
+    def shape_of(wt: Any, name: str) -> tuple[int, ...]:
+        if isinstance(wt, KbitExperts):
+            return wt.shape
+        return tuple(int(s) for s in device_array(wt, name, ctx, (dt,), hint=dt, ndim=3)[0].shape)
+
+    s13, s2 = shape_of(w13, "w13"), shape_of(w2, "w2")
     t, h = (int(s) for s in xa.shape)
-    e, two_i, h13 = (int(s) for s in w13a.shape)
+    e, two_i, h13 = s13
     if h13 != h:
-        raise ValueError(f"w13: shape {tuple(w13a.shape)}; its last dim must be x's H={h}")
-    if tuple(int(s) for s in w2a.shape) != (e, h, two_i // 2):
-        raise ValueError(f"w2: shape {tuple(w2a.shape)}; expected [E, H, I] = "
-                         f"{(e, h, two_i // 2)} from w13 {tuple(w13a.shape)} and x {tuple(xa.shape)}")
+        raise ValueError(f"w13: shape {s13}; its last dim must be x's H={h}")
+    if s2 != (e, h, two_i // 2):
+        raise ValueError(f"w2: shape {s2}; expected [E, H, I] = {(e, h, two_i // 2)} from w13 "
+                         f"{s13} and x {tuple(xa.shape)}")
     ids_shape = tuple(int(s) for s in topk_ids.shape)
     if len(ids_shape) != 2 or ids_shape[0] != t:
         raise ValueError(f"topk_ids: shape {ids_shape}; expected [T={t}, top_k]")
@@ -120,7 +150,12 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
     layout = moe_layout(topk_ids, e, pad_to=1)
     x_perm = moe_dispatch(x, layout, exact=not graph_safe, dtype=dt)
     rows = t * top_k
-    kw = dict(rows=rows, tile_m=tile_m, swap_ab=swap_ab, policy=policy, dtype=dt)
-    hid = grouped_gemm(x_perm, w13, layout.offsets, activation="swiglu", **kw)
-    y_perm = grouped_gemm(hid, w2, layout.offsets, **kw)
+    def forced(wt: Any) -> dict[str, Any]:  # kbit experts take tile_m 8..32, always swap_ab
+        if isinstance(wt, KbitExperts):
+            return dict(tile_m=None if tile_m is None else min(tile_m, 32))
+        return dict(tile_m=tile_m, swap_ab=swap_ab)
+
+    kw = dict(rows=rows, policy=policy, dtype=dt)
+    hid = grouped_gemm(x_perm, w13, layout.offsets, activation="swiglu", **kw, **forced(w13))
+    y_perm = grouped_gemm(hid, w2, layout.offsets, **kw, **forced(w2))
     return moe_combine(y_perm, layout, topk_weights, dtype=dt)

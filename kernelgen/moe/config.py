@@ -157,3 +157,68 @@ class MoeGemmConfig(KernelConfig):
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "smem": self.smem_bytes()}
+
+
+KBIT_BITS = (2, 3, 4)  # pair codes of two elements fit one byte
+KBIT_TILE_MS = (8, 16, 32)
+KBIT_WARPS = ((8, 1), (4, 2), (2, 4))  # (weight-row warps, k-split warps) of a CTA
+KBIT_LUT_BYTES = 256 * 32 * 4
+
+
+def kbit_stage_bytes(bits: int, warps_p: int, warps_k: int, tile_m: int) -> int:
+    """Planes + scales of 16 * warps_p rows and tile_m X rows, for warps_k sub-ranges of 128 k."""
+    return warps_k * (16 * warps_p * (16 * bits + 4) + tile_m * 256)
+
+
+@dataclass(frozen=True)
+class MoeKbitConfig(KernelConfig):
+    """Grouped GEMM over kbit experts (templates/moe/grouped_kbit.cuh): always swap_ab."""
+
+    family: ClassVar[str] = "moe"
+    template: ClassVar[str] = "moe/grouped_kbit.cu.jinja"
+    dtype: str = "bfloat16"
+    bits: int = 4
+    tile_m: int = 8
+    warps_p: int = 8
+    warps_k: int = 1
+    stages: int = 4
+    min_blocks: int = 2
+    epilogue: str = "none"
+
+    @property
+    def tile_n(self) -> int:
+        return 16 * self.warps_p
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_p * self.warps_k
+
+    def check(self) -> None:
+        def bad(field: str, rule: str) -> UnsupportedConfigError:
+            return UnsupportedConfigError(f"{self.short()}: {field}={getattr(self, field)!r}; {rule}")
+
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"expected one of {DTYPES}")
+        if self.bits not in KBIT_BITS:
+            raise bad("bits", f"kbit experts support bits in {KBIT_BITS} (pair codes of one byte)")
+        if self.tile_m not in KBIT_TILE_MS:
+            raise bad("tile_m", f"kbit experts take tile_m in {KBIT_TILE_MS} (decode)")
+        if (self.warps_p, self.warps_k) not in KBIT_WARPS:
+            raise bad("warps_p", f"(warps_p, warps_k) must be one of {KBIT_WARPS}")
+        if not 2 <= self.stages <= 8:
+            raise bad("stages", "expected 2..8")
+        if self.min_blocks not in (1, 2, 3, 4):
+            raise bad("min_blocks", "expected 1..4")
+        if self.epilogue not in EPILOGUES:
+            raise bad("epilogue", f"expected one of {EPILOGUES}")
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("moe_grouped_kbit",)
+
+    def smem_bytes(self) -> int:
+        pipe = self.stages * kbit_stage_bytes(self.bits, self.warps_p, self.warps_k, self.tile_m)
+        red = (self.warps_k - 1) * self.warps_p * (self.tile_m // 8) * 4 * 32 * 4
+        return KBIT_LUT_BYTES + max(pipe, red) + 16
+
+    def template_vars(self) -> dict[str, Any]:
+        return {**super().template_vars(), "ctype": CTYPE[self.dtype], "smem": self.smem_bytes()}

@@ -93,3 +93,13 @@ def rel_error(c: np.ndarray, c_ref: np.ndarray) -> float:
     """||c - c_ref|| / ||c_ref|| (Frobenius); NaN anywhere gives NaN (fails any bound)."""
     c, c_ref = np.asarray(c, np.float64), np.asarray(c_ref, np.float64)
     return float(np.linalg.norm(c - c_ref) / max(np.linalg.norm(c_ref), 1e-300))
+
+
+def dequantize_experts(packed: np.ndarray, absmax: np.ndarray, codebook: np.ndarray, bits: int,
+                       shape: tuple[int, int, int]) -> np.ndarray:
+    """W [E, N, K] float64 from the flat kbit layout (absmax: E4M4 bytes), as the kernel sees it
+    before its own rounding: codebook[index] * scale."""
+    e, n, k = shape
+    idx = R.unpack_indices(packed, bits)[: e * n * k // R.BLOCK]
+    scale = R.absmax_to_f32(absmax).astype(np.float64)[: idx.shape[0], None]
+    return (np.asarray(codebook, np.float64)[idx] * scale).reshape(e, n, k)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arch import get_arch
+from ..core.config import KernelConfig
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
 from .config import DTYPES, EPILOGUES, TILE_MS, MoeGemmConfig
@@ -145,15 +146,18 @@ def _rows_to_walk(e: int, top_k: int) -> list[int]:
 def _default_set(arch: str, dtype: str, epilogue: str) -> Iterator[MoeGemmConfig]:
     for _, tm in TILE_M_TABLE:
         swap = SWAP_AB[tm]
-        for few in ((False, True) if swap else (False,)):
+        for few in ((False, True) if swap and tm <= 16 else (False,)):
             yield MoeGemmConfig.of(arch, dtype, tm, swap, SWAP_TILE_N if swap else PLAIN_TILE_N[tm],
                                    epilogue, few)
 
 
-def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MoeGemmConfig]:
+def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:
     """Configs dispatch can pick. spec: "E", "H", "I", "top_k" (all four: walk the two GEMMs of
     that layer, W13 + SwiGLU and W2, over every batch size and SM count), "dtypes",
-    "policy", "sm_counts". Without the shapes: the default table for each dtype and epilogue."""
+    "policy", "sm_counts", "bits" (kbit experts: 2, 3, 4; without it bf16/fp16 experts only,
+    except the no-shape set, which adds a 4-bit decode set). Without the shapes: the default
+    table for each dtype and epilogue."""
+    from .kbit import kbit_prewarm
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     keys = ("E", "H", "I", "top_k")
     given = [spec.get(kk) for kk in keys]
@@ -162,26 +166,39 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MoeG
     policy = spec.get("policy") or "threshold"
     if policy not in POLICIES:
         raise UnsupportedConfigError(f"moe spec: policy={policy!r}; expected one of {POLICIES}")
-    seen: set[MoeGemmConfig] = set()
+    bits_list = [int(b) for b in spec.get("bits") or ()]
+    seen: set[KernelConfig] = set()
+
+    def new(cfgs: Iterable[KernelConfig]) -> Iterator[KernelConfig]:
+        for cfg in cfgs:
+            if cfg not in seen:
+                seen.add(cfg)
+                yield cfg
+
     for arch in archs:
         get_arch(arch)
-        for dtype in dtypes:
-            if not all(v is not None for v in given):
+        if not all(v is not None for v in given):
+            for dtype in dtypes:
                 for epi in EPILOGUES:
-                    for cfg in _default_set(arch, dtype, epi):
-                        if cfg not in seen:
-                            seen.add(cfg)
-                            yield cfg
-                continue
-            e, h, i, top_k = (int(v) for v in given)
-            for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
-                for rows in _rows_to_walk(e, top_k):
+                    yield from new(_default_set(arch, dtype, epi))
+            yield from new(kbit_prewarm(arch, dtypes, bits_list or [4], None, (), ()))
+            continue
+        e, h, i, top_k = (int(v) for v in given)
+        sms_list = tuple(spec.get("sm_counts") or SM_COUNTS[arch])
+        rows_list = _rows_to_walk(e, top_k)
+        if bits_list:
+            try:
+                yield from new(kbit_prewarm(arch, dtypes, bits_list, (e, h, i, top_k), sms_list,
+                                            rows_list))
+            except ValueError as err:
+                raise UnsupportedConfigError(f"moe spec {spec!r}: {err}") from None
+        for dtype in dtypes:
+            for sms in sms_list:
+                for rows in rows_list:
                     for n, k, epi in ((2 * i, h, "swiglu"), (h, i, "none")):
                         try:
                             cfg = plan_grouped(arch, sms, dtype, e, n, k, rows, epi,
                                                policy=policy).config
                         except ValueError as err:
                             raise UnsupportedConfigError(f"moe spec {spec!r}: {err}") from None
-                        if cfg not in seen:
-                            seen.add(cfg)
-                            yield cfg
+                        yield from new((cfg,))

@@ -111,6 +111,71 @@ __device__ __forceinline__ TileOf find_tile(const int* __restrict__ offsets, int
   return TileOf{s_tile[0], s_tile[1], s_tile[2], s_tile[3]};
 }
 
+// Add the WARPS_K warps' partial tiles of one (p, q) position through shared memory (lane-major:
+// no bank conflicts); returns false for the warps that are done (wk > 0). `red` reuses the
+// pipeline's buffers: every cp.async group has completed and the CTA is past a barrier.
+template <int ACC, int WARPS_PQ, int WARPS_K>
+__device__ __forceinline__ bool reduce_k(float (&acc)[ACC], float* red, int pq, int wk, int lane) {
+  if constexpr (WARPS_K > 1) {
+    __syncthreads();
+    if (wk > 0) {
+      float* dst = red + ((size_t)((wk - 1) * WARPS_PQ + pq) * ACC) * 32 + lane;
+#pragma unroll
+      for (int i = 0; i < ACC; ++i) dst[i * 32] = acc[i];
+    }
+    __syncthreads();
+    if (wk > 0) return false;
+#pragma unroll 1
+    for (int w = 1; w < WARPS_K; ++w) {
+      const float* src = red + ((size_t)((w - 1) * WARPS_PQ + pq) * ACC) * 32 + lane;
+#pragma unroll
+      for (int i = 0; i < ACC; ++i) acc[i] += src[i * 32];
+    }
+  }
+  return true;
+}
+
+// Epilogue with weight rows on P (swap_ab): fragment (mi, ni, e) holds weight row
+// p0 + mi*16 + g + 8*(e/2) (virtual rows with SWIGLU) and token q0 + ni*8 + 2t + e%2.
+template <typename T, bool SWIGLU, int MI, int NI>
+__device__ __forceinline__ void store_swap(const float (&acc)[MI][NI][4], const TileOf& tile,
+                                           int p0, int q0, T* __restrict__ Y, int N, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+    const int v = p0 + mi * 16 + g;
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int m = q0 + ni * 8 + 2 * t + e;
+        if (m >= tile.rows) continue;
+        T* yrow = Y + (size_t)(tile.row0 + m) * (SWIGLU ? N / 2 : N);
+        if constexpr (SWIGLU) {
+          const int col = (p0 + mi * 16) / 2 + g;  // rows g / g+8 = gate / up of one column
+          if (col < N / 2) yrow[col] = from_float<T>(silu(acc[mi][ni][e]) * acc[mi][ni][2 + e]);
+        } else {
+          if (v < N) yrow[v] = from_float<T>(acc[mi][ni][e]);
+          if (v + 8 < N) yrow[v + 8] = from_float<T>(acc[mi][ni][2 + e]);
+        }
+      }
+  }
+}
+
+// Weight row of virtual tile row v: itself, or with SWIGLU the gate / up row of block v / 8
+// (see the header comment); false past N (or past I).
+template <bool SWIGLU>
+__device__ __forceinline__ bool weight_row(int v, int N, int& row) {
+  if constexpr (SWIGLU) {
+    const int half_n = N / 2, b = v >> 3, col = (b >> 1) * 8 + (v & 7);
+    row = (b & 1) ? half_n + col : col;
+    return col < half_n;
+  } else {
+    row = v;
+    return v < N;
+  }
+}
+
 // Global row pointers of the chunks one thread copies per stage (fixed over k): chunk column
 // c = tid % 8, rows tid / 8 + i * THREADS / 8.
 template <typename T, int ROWS, int THREADS>
@@ -159,17 +224,8 @@ struct Grouped {
 #pragma unroll
     for (int i = 0; i < L.PER; ++i) {
       const int r = tid / 8 + i * (THREADS / 8);
-      const int v = n0 + r;
       int row;
-      bool ok;
-      if constexpr (SWIGLU) {
-        const int half_n = N / 2, b = v >> 3, col = (b >> 1) * 8 + (v & 7);
-        ok = col < half_n && r < ROWS;
-        row = (b & 1) ? half_n + col : col;
-      } else {
-        ok = v < N && r < ROWS;
-        row = v;
-      }
+      const bool ok = weight_row<SWIGLU>(n0 + r, N, row) && r < ROWS;
       L.ok[i] = ok;
       L.ptr[i] = We + (size_t)(ok ? row : 0) * K + (tid & 7) * 8;
     }
@@ -270,32 +326,11 @@ struct Grouped {
     }
     cp_async_wait<0>();
 
-    if constexpr (WARPS_K > 1) {  // add the k-split warps' partial tiles (lane-major: no conflicts)
-      __syncthreads();
-      float* red = reinterpret_cast<float*>(smem);
-      const int pq = wq * WARPS_P + wp;
-      if (wk > 0) {
-        float* dst = red + ((size_t)((wk - 1) * WARPS_P * WARPS_Q + pq) * ACC) * 32 + lane;
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-          for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dst[((mi * NI + ni) * 4 + e) * 32] = acc[mi][ni][e];
-      }
-      __syncthreads();
-      if (wk > 0) return;
-#pragma unroll 1
-      for (int w = 1; w < WARPS_K; ++w) {
-        const float* src = red + ((size_t)((w - 1) * WARPS_P * WARPS_Q + pq) * ACC) * 32 + lane;
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-          for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][ni][e] += src[((mi * NI + ni) * 4 + e) * 32];
-      }
-    }
+    float* flat = &acc[0][0][0];
+    if (!reduce_k<ACC, WARPS_P * WARPS_Q, WARPS_K>(*reinterpret_cast<float(*)[ACC]>(flat),
+                                                   reinterpret_cast<float*>(smem),
+                                                   wq * WARPS_P + wp, wk, lane))
+      return;
     epilogue(acc, tile, n0, Y, N, wp, wq, lane);
   }
 
@@ -305,26 +340,7 @@ struct Grouped {
                                                   int lane) {
     const int g = lane >> 2, t = lane & 3;
     if constexpr (SWAP) {
-      // P = weight rows (n), Q = tokens
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        const int v = n0 + wp * WP + mi * 16 + g;
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int m = wq * WQ + ni * 8 + 2 * t + e;
-            if (m >= tile.rows) continue;
-            T* yrow = Y + (size_t)(tile.row0 + m) * (SWIGLU ? N / 2 : N);
-            if constexpr (SWIGLU) {
-              const int col = (n0 + wp * WP + mi * 16) / 2 + g;  // rows g / g+8 = gate / up
-              if (col < N / 2) yrow[col] = from_float<T>(silu(acc[mi][ni][e]) * acc[mi][ni][2 + e]);
-            } else {
-              if (v < N) yrow[v] = from_float<T>(acc[mi][ni][e]);
-              if (v + 8 < N) yrow[v + 8] = from_float<T>(acc[mi][ni][2 + e]);
-            }
-          }
-      }
+      store_swap<T, SWIGLU, MI, NI>(acc, tile, n0 + wp * WP, wq * WQ, Y, N, lane);
     } else {
       // P = tokens, Q = weight rows (n): pairs of adjacent n in one 32-bit store
 #pragma unroll

@@ -183,3 +183,59 @@ def test_reference_rounding_helpers():
     assert MR.round_to(v, "bfloat16")[0] == 1.0  # ties to even at bf16's 8 bits
     assert MR.round_to(v, "float16")[0] == 1.0 + 2**-9
     assert math.isclose(MR.silu(np.array([0.0]))[0], 0.0)
+
+
+def test_kbit_configs_and_selector():
+    from kernelgen.moe import plan_kbit, select_kbit
+    from kernelgen.moe.config import KBIT_WARPS, MoeKbitConfig
+
+    for arch in ("sm_80", "sm_90a", "sm_100a", "sm_120a"):
+        for bits in (2, 3, 4):
+            for tm in (8, 16, 32):
+                for warps in KBIT_WARPS:
+                    try:
+                        p = plan_kbit(arch, 132, "bfloat16", bits, 8, 4096, 7168, 8, "swiglu", tm,
+                                      warps)
+                    except ValueError as err:
+                        assert "do not fit the shared memory" in str(err) and warps != KBIT_WARPS[0]
+                        continue
+                    assert 2 <= p.config.stages <= 8 and p.config.tile_m == tm
+                p = plan_kbit(arch, 132, "bfloat16", bits, 8, 4096, 14336, 8 * 64)  # auto fits
+                assert p.config.tile_m == 32
+    with pytest.raises(UnsupportedConfigError, match="bits=5"):
+        MoeKbitConfig(arch="sm_90a", bits=5)
+    with pytest.raises(UnsupportedConfigError, match="tile_m=64"):
+        MoeKbitConfig(arch="sm_90a", tile_m=64)
+    with pytest.raises(UnsupportedConfigError, match=r"\(warps_p, warps_k\)"):
+        MoeKbitConfig(arch="sm_90a", warps_p=8, warps_k=2)
+    # decode: wide CTAs when the experts touched fill the GPU, k-split when they do not
+    assert select_kbit("sm_90a", 132, "bfloat16", 4, 128, 4096, 7168, 64, "swiglu").config.warps_p == 8
+    assert select_kbit("sm_90a", 132, "bfloat16", 4, 8, 4096, 14336, 2).config.warps_k == 4
+    with pytest.raises(ValueError, match="K a positive multiple of 128"):
+        plan_kbit("sm_90a", 132, "bfloat16", 4, 8, 256, 200, 8)
+
+
+def test_kbit_prewarm_is_what_dispatch_picks():
+    from kernelgen.moe import plan_kbit
+
+    e, h, i, k = SHAPES["E8"]
+    spec = {"E": e, "H": h, "I": i, "top_k": k, "dtypes": ["bfloat16"], "sm_counts": [132],
+            "bits": [4]}
+    pre = set(prewarm_configs(["sm_90a"], spec))
+    for t in list(range(1, 300)) + [4096, 10**5]:
+        for n, kk, epi in ((2 * i, h, "swiglu"), (h, i, "none")):
+            assert plan_kbit("sm_90a", 132, "bfloat16", 4, e, n, kk, t * k, epi).config in pre
+
+
+def test_reference_dequantize_experts():
+    from kernelgen.kbit import reference as KR
+
+    rng = np.random.default_rng(2)
+    e, n, k, bits = 2, 3, 64, 4
+    w = rng.standard_normal((e, n, k)).astype(np.float32)
+    cb = KR.create_normal_float_codebook(bits)
+    packed, _, absmax = KR.quantize(w.reshape(-1), bits, cb)
+    w64 = MR.dequantize_experts(packed, absmax, cb, bits, (e, n, k))
+    flat = KR.dequantize(packed, absmax, cb, bits, e * n * k)
+    np.testing.assert_array_equal(w64.reshape(-1).astype(np.float32), flat)
+    assert np.abs(w64 - w).max() < 0.5 * np.abs(w).max()

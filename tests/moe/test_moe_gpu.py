@@ -230,3 +230,108 @@ def test_bad_inputs():
         grouped_gemm(x, w, off, activation="swiglu", out=cupy.empty((4, 32), cupy.float16))
     with pytest.raises(ValueError, match="no MoE tile"):
         grouped_gemm(x, w, off, tile_m=64, swap_ab=True)
+
+
+# -- kbit experts ---------------------------------------------------------------------------------
+KBIT_CASES = [("uniform", 5, 8, 2), ("hot80", 40, 8, 4), ("dup", 17, 16, 4), ("zero_rows", 30, 8, 2),
+              ("uniform", 1, 4, 2)]
+
+
+def _kbit_weight(rng, e, n, k, bits, dtype):
+    import cupy
+
+    from kernelgen.moe import quantize_experts
+
+    w = _host(rng, (e, n, k), dtype, scale=1.0 / np.sqrt(k))
+    q = quantize_experts(cupy.asarray(w), bits, dtype="bfloat16" if dtype == "bfloat16" else None)
+    w64 = MR.dequantize_experts(cupy.asnumpy(q.q.packed), cupy.asnumpy(q.q.absmax),
+                                cupy.asnumpy(q.q.codebook), bits, (e, n, k))
+    return q, w64
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", (2, 3, 4))
+def test_kbit_experts_match_reference(bits, dtype):
+    import cupy
+
+    from kernelgen.moe import grouped_gemm
+    from kernelgen.moe.config import KBIT_TILE_MS, KBIT_WARPS
+
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for act in (None, "swiglu"):
+        n, k = (208, 384) if act else (200, 640)  # partial row tiles; K = 3 / 5 steps of 128
+        for kind, t, e, top_k in KBIT_CASES:
+            q, w64 = _kbit_weight(rng, e, n, k, bits, dtype)
+            ids = routing(kind, t, e, top_k, rng)
+            off, _ = MR.layout(ids, e)
+            off = (off + 2).astype(np.int32)  # 2 unowned rows before and after
+            x = _host(rng, (int(off[-1]) + 2, k), dtype)
+            ref = MR.grouped_gemm(MR.to_float64(x, dtype), w64, off, act)
+            xd, od = cupy.asarray(x), cupy.asarray(off)
+            for tm in (None, *KBIT_TILE_MS):
+                for warps in (None, *KBIT_WARPS):
+                    if tm is None and warps is not None:
+                        continue
+                    cfg = None
+                    if warps is not None:
+                        from kernelgen.moe import plan_kbit
+
+                        try:
+                            cfg = plan_kbit("sm_90a", 132, dtype, bits, e, n, k, x.shape[0],
+                                            "swiglu" if act else "none", tm, warps).config
+                        except ValueError:  # does not fit shared memory (CPU-tested)
+                            continue
+                    y = grouped_gemm(xd, q, od, activation=act, tile_m=tm, config=cfg, dtype=hint)
+                    _check(y, ref, dtype, f"kbit {bits=} {dtype} {act} {kind=} {t=} {e=} {tm=} "
+                                          f"{warps=}")
+
+
+def test_fused_moe_kbit_experts():
+    import cupy
+
+    from kernelgen.moe import fused_moe, quantize_experts
+
+    rng = np.random.default_rng()
+    dtype = "bfloat16"
+    t, e, h, i, top_k = 24, 8, 256, 128, 2
+    x, ids, wts, w13, w2 = _layer_inputs(rng, t, e, h, i, top_k, dtype, "dup")
+    q13 = quantize_experts(cupy.asarray(w13), 4, dtype="bfloat16")
+    q2 = quantize_experts(cupy.asarray(w2), 4, dtype="bfloat16")
+
+    def deq(q):
+        return MR.dequantize_experts(cupy.asnumpy(q.q.packed), cupy.asnumpy(q.q.absmax),
+                                     cupy.asnumpy(q.q.codebook), 4, q.shape)
+
+    ref = MR.fused_moe(MR.to_float64(x, dtype), ids, wts, deq(q13), deq(q2), dtype=dtype)
+    args = [cupy.asarray(a) for a in (x, ids, wts)]
+    for w13_, w2_ in ((q13, q2), (q13, cupy.asarray(w2)), (cupy.asarray(w13), q2)):
+        if not isinstance(w2_, type(q2)):  # mixed: the bf16 side uses the exact weights
+            ref_m = MR.fused_moe(MR.to_float64(x, dtype), ids, wts, deq(q13),
+                                 MR.to_float64(w2, dtype), dtype=dtype)
+        elif not isinstance(w13_, type(q13)):
+            ref_m = MR.fused_moe(MR.to_float64(x, dtype), ids, wts, MR.to_float64(w13, dtype),
+                                 deq(q2), dtype=dtype)
+        else:
+            ref_m = ref
+        for tm in (None, 8, 64):
+            out = fused_moe(*args, w13_, w2_, tile_m=tm, dtype="bfloat16")
+            _check(out, ref_m, dtype, f"kbit layer {tm=} {type(w13_).__name__}/{type(w2_).__name__}",
+                   MR.LAYER_REL_ERROR_BOUND[dtype])
+
+
+def test_kbit_bad_inputs():
+    import cupy
+
+    from kernelgen.moe import grouped_gemm, quantize_experts
+
+    with pytest.raises(ValueError, match="K a positive multiple of 128"):
+        quantize_experts(cupy.ones((2, 16, 96), cupy.float16), 4)
+    with pytest.raises(ValueError, match="bits=5; kbit experts support bits in"):
+        quantize_experts(cupy.ones((2, 16, 128), cupy.float16), 5)
+    q = quantize_experts(cupy.ones((2, 16, 128), cupy.float16), 4)
+    off = cupy.asarray(np.array([0, 1, 2], np.int32))
+    with pytest.raises(ValueError, match="swap_ab=False"):
+        grouped_gemm(cupy.ones((2, 128), cupy.float16), q, off, swap_ab=False)
+    with pytest.raises(ValueError, match="tile_m=64: kbit experts take tile_m"):
+        grouped_gemm(cupy.ones((2, 128), cupy.float16), q, off, tile_m=64)

@@ -1,0 +1,221 @@
+// MoE grouped GEMM with kbit experts (decode-oriented):  Y[rows of e] = X[rows of e] . W[e]^T
+//
+//   X, offsets, Y, the work items and the SWIGLU row pairing: as templates/moe/grouped.cuh.
+//   W        the flat kbit layout of [E, N, K] (quantize_kbit of the 3-D weight; K % 128 == 0):
+//            row r = e*N + n is K/32 blocks; packed[(r*K/32 + kb)*BITS + b] = bit plane b of
+//            block kb (bit j = element j), absmax[r*K/32 + kb] = E4M4 scale, codebook[2^BITS]
+//
+// Always swap_ab: weight rows on the mma's 16-row side (a warp owns 16 rows), tokens on its n8
+// side. A stage is WARPS_K sub-ranges of 128 k (4 blocks); the planes, scales and X rows of a
+// stage arrive by cp.async (zero-filled past N / the segment / K). Warp (wp, wk) decodes rows
+// wp*16 + g and + 8, block t of sub-range wk, in registers:
+//   - byte q of the BITS plane words = 8 elements x BITS planes, transposed to 8 nibbles by
+//     kbit.cuh's planes_nibbles_swap (nibble 2p = element p, nibble 2p+1 = element p + 4), so
+//     byte p of the result is a "pair code" (index of element p, index of element p + 4);
+//   - a shared table maps a pair code to the two codebook values as a T pair (256 entries, one
+//     copy per lane: random codes never collide in a bank; indices masked to BITS bits, so the
+//     don't-care planes above BITS cost nothing), then one packed multiply by the block scale.
+// The mma's k order is free (a sum): lane t's k-slots {2t, 2t+1 | 2t+8, 2t+9} take elements
+// {p, p+4 | p+1, p+5} (p = 0, then 2) of sub-block q of its block t, and X is read in the
+// same order (one 16-byte shared load of 8 consecutive k per token and sub-block, paired by
+// prmt). X rows in shared memory are 256 bytes a sub-range, their 16-byte chunks swizzled so
+// that the 8 lanes of a quarter warp hit 8 different bank groups.
+#pragma once
+#include "kbit/kbit.cuh"
+#include "common/e4m4.cuh"
+#include "moe/grouped.cuh"
+
+namespace kg::moe {
+
+constexpr int KBIT_LUT_BYTES = 256 * 32 * 4;  // pair table: 256 codes x 32 lane copies x 4 B
+
+// 16-byte chunk c (0..15) of X row q in a 256-byte sub-range row: chunk groups of the quarter
+// warp {4t + q'} x {q even, q odd} are all different mod 8.
+__device__ __forceinline__ int x_chunk(int c, int q) { return c ^ (((c >> 3) & 1) | ((q & 1) << 1)); }
+
+template <typename T> __device__ __forceinline__ uint32_t scale_pair(float s) {
+  return pack_t2<T>(s, s);
+}
+// a * s for two T at once, rounded to nearest (fma with -0: bf16x2 fma exists on sm_80).
+template <typename T> __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t s);
+template <> __device__ __forceinline__ uint32_t mul2<half>(uint32_t a, uint32_t s) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
+  return r;
+}
+template <> __device__ __forceinline__ uint32_t mul2<__nv_bfloat16>(uint32_t a, uint32_t s) {
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
+  return r;
+}
+__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
+  uint32_t r;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(addr));
+  return r;
+}
+__device__ __forceinline__ uint4 lds_v4(uint32_t addr) {
+  uint4 r;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
+  return r;
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+template <typename T, int BITS, int WARPS_P, int WARPS_K, int TQ, int STAGES, bool SWIGLU>
+struct GroupedKbit {
+  static_assert(BITS >= 2 && BITS <= 4, "kbit experts: 2..4 bits (pair codes fit a byte)");
+  static constexpr int THREADS = 32 * WARPS_P * WARPS_K;
+  static constexpr int TP = 16 * WARPS_P;  // weight rows of a CTA
+  static constexpr int NI = TQ / 8;
+  static constexpr int ACC = NI * 4;
+  static constexpr int PLANE_BYTES = TP * 16 * BITS;  // per sub-range: [TP][4 blocks][BITS] u32
+  static constexpr int SCALE_BYTES = TP * 4;           // per sub-range: [TP][4 blocks] u8
+  static constexpr int X_BYTES = TQ * 256;             // per sub-range: [TQ][128 k] T
+  static constexpr int SUB_BYTES = PLANE_BYTES + SCALE_BYTES + X_BYTES;
+  static constexpr int STAGE_BYTES = WARPS_K * SUB_BYTES;
+  static constexpr int SMEM_RED = (WARPS_K - 1) * WARPS_P * ACC * 32 * 4;
+  static constexpr int SMEM_PIPE = STAGES * STAGE_BYTES > SMEM_RED ? STAGES * STAGE_BYTES : SMEM_RED;
+  static constexpr int SMEM_MAIN = KBIT_LUT_BYTES + SMEM_PIPE;
+  static constexpr int SMEM = SMEM_MAIN + 16;  // + the work item
+
+  static __device__ __forceinline__ void fill_lut(unsigned char* lut, const float* __restrict__ cb) {
+    constexpr int MASK = (1 << BITS) - 1;
+    for (int i = threadIdx.x; i < 256 * 8; i += THREADS) {  // 8 x 16 B = 32 copies an entry
+      const int c = i >> 3;
+      const uint32_t v = pack_t2<T>(__ldg(cb + (c & MASK)), __ldg(cb + ((c >> 4) & MASK)));
+      *reinterpret_cast<uint4*>(lut + c * 128 + (i & 7) * 16) = make_uint4(v, v, v, v);
+    }
+  }
+
+  static __device__ __forceinline__ void run(const T* __restrict__ X,
+                                             const uint32_t* __restrict__ packed,
+                                             const uint8_t* __restrict__ absmax,
+                                             const float* __restrict__ codebook,
+                                             const int* __restrict__ offsets, T* __restrict__ Y,
+                                             int E, int N, int K) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int n_tiles = (N + TP - 1) / TP;
+    const TileOf tile = find_tile<TQ>(offsets, E, n_tiles, blockIdx.x,
+                                      reinterpret_cast<int*>(smem + SMEM_MAIN));
+    if (tile.e < 0) return;
+    const int n0 = tile.n_tile * TP;
+    const int KB = K / 32;  // blocks per row
+    const int tid = threadIdx.x;
+
+    const uint32_t lut = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t pipe = lut + KBIT_LUT_BYTES;
+    const int k_tiles = (KB + 4 * WARPS_K - 1) / (4 * WARPS_K);
+
+    // One stage: for each sub-range s, BITS plane chunks and one scale word per weight row,
+    // 16 X chunks per token row.
+    const auto load_stage = [&](int kt) {
+      const uint32_t st = pipe + (uint32_t)((kt % STAGES) * STAGE_BYTES);
+      for (int i = tid; i < WARPS_K * TP * (BITS + 1); i += THREADS) {
+        const int s = i / (TP * (BITS + 1)), rem = i % (TP * (BITS + 1));
+        const int r = rem / (BITS + 1), c = rem % (BITS + 1);  // c == BITS: the scale word
+        const int kb = kt * 4 * WARPS_K + 4 * s;
+        int row;
+        const bool ok = weight_row<SWIGLU>(n0 + r, N, row) && kb < KB;
+        const size_t blk = ((size_t)tile.e * N + (ok ? row : 0)) * KB + (ok ? kb : 0);
+        const uint32_t sub = st + (uint32_t)(s * SUB_BYTES);
+        if (c < BITS)
+          cp_async16(sub + (uint32_t)(r * 16 * BITS + c * 16), packed + blk * BITS + c * 4, ok);
+        else
+          cp_async4(sub + PLANE_BYTES + (uint32_t)(r * 4), absmax + blk, ok);
+      }
+      for (int i = tid; i < WARPS_K * TQ * 16; i += THREADS) {
+        const int s = i / (TQ * 16), q = (i / 16) % TQ, c = i % 16;
+        const int kb = kt * 4 * WARPS_K + 4 * s;
+        const bool ok = q < tile.rows && kb < KB;
+        const T* src = X + (size_t)(tile.row0 + (ok ? q : 0)) * K + (ok ? kb * 32 + c * 8 : 0);
+        cp_async16(st + (uint32_t)(s * SUB_BYTES + PLANE_BYTES + SCALE_BYTES + q * 256 +
+                                   x_chunk(c, q) * 16),
+                   src, ok);
+      }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < k_tiles) load_stage(s);
+      cp_async_commit();
+    }
+    fill_lut(smem, codebook);  // overlaps the first stages' copies; the loop's barrier publishes it
+
+    const int lane = tid & 31, warp = tid >> 5;
+    const int wp = warp % WARPS_P, wk = warp / WARPS_P;
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t lane_lut = lut + (uint32_t)lane * 4u;
+    float acc[NI][4];
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
+    const int r0 = wp * 16 + g;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      if (kt + STAGES - 1 < k_tiles) load_stage(kt + STAGES - 1);
+      cp_async_commit();
+      const uint32_t sub = pipe + (uint32_t)((kt % STAGES) * STAGE_BYTES + wk * SUB_BYTES);
+      // rows r0, r0 + 8: block t's planes and scale
+      uint32_t w0[4] = {0u, 0u, 0u, 0u}, w1[4] = {0u, 0u, 0u, 0u};
+      {
+        const uint32_t a0 = sub + (uint32_t)((r0 * 4 + t) * 4 * BITS);
+        const uint32_t a1 = a0 + (uint32_t)(8 * 16 * BITS);
+        if constexpr (BITS == 4) {
+          const uint4 u = lds_v4(a0), v = lds_v4(a1);
+          w0[0] = u.x; w0[1] = u.y; w0[2] = u.z; w0[3] = u.w;
+          w1[0] = v.x; w1[1] = v.y; w1[2] = v.z; w1[3] = v.w;
+        } else {
+#pragma unroll
+          for (int b = 0; b < BITS; ++b) { w0[b] = lds_u32(a0 + 4 * b); w1[b] = lds_u32(a1 + 4 * b); }
+        }
+      }
+      const unsigned char* sc = smem + (sub - lut) + PLANE_BYTES;
+      const uint32_t s0 = scale_pair<T>(e4m4_decode(sc[r0 * 4 + t]));
+      const uint32_t s1 = scale_pair<T>(e4m4_decode(sc[(r0 + 8) * 4 + t]));
+      const uint32_t xs = sub + PLANE_BYTES + SCALE_BYTES;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // sub-block q: elements 8q..8q+7 of block t
+        const uint32_t sel = (uint32_t)q | ((uint32_t)(q + 4) << 4);
+        uint32_t xa = __byte_perm(w0[0], w0[1], sel), xb = __byte_perm(w1[0], w1[1], sel);
+        if constexpr (BITS >= 3) {
+          xa = __byte_perm(xa, __byte_perm(w0[2], w0[BITS - 1], sel), 0x5410u);
+          xb = __byte_perm(xb, __byte_perm(w1[2], w1[BITS - 1], sel), 0x5410u);
+        }
+        const uint32_t ya = kg::kbit::planes_nibbles_swap(xa);
+        const uint32_t yb = kg::kbit::planes_nibbles_swap(xb);
+        uint32_t pa[4], pb[4];  // pair p: (element p, element p + 4), scaled
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          pa[p] = mul2<T>(lds_u32(lane_lut + (__byte_perm(ya, 0u, 0x4440u | p) << 7)), s0);
+          pb[p] = mul2<T>(lds_u32(lane_lut + (__byte_perm(yb, 0u, 0x4440u | p) << 7)), s1);
+        }
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+          const int tok = ni * 8 + g;
+          const int c = 4 * t + q;
+          const uint4 xv = lds_v4(xs + (uint32_t)(tok * 256 + x_chunk(c, tok) * 16));
+          // k pairs (x_p, x_{p+4}) as the weights' pairs
+          const uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410u), b1 = __byte_perm(xv.x, xv.z, 0x7632u);
+          const uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410u), b3 = __byte_perm(xv.y, xv.w, 0x7632u);
+          Mma<T>::run(acc[ni], pa[0], pb[0], pa[1], pb[1], b0, b1);
+          Mma<T>::run(acc[ni], pa[2], pb[2], pa[3], pb[3], b2, b3);
+        }
+      }
+    }
+    cp_async_wait<0>();
+
+    if (!reduce_k<ACC, WARPS_P, WARPS_K>(*reinterpret_cast<float(*)[ACC]>(&acc[0][0]),
+                                         reinterpret_cast<float*>(smem + KBIT_LUT_BYTES), wp, wk,
+                                         lane))
+      return;
+    store_swap<T, SWIGLU, 1, NI>(*reinterpret_cast<const float(*)[1][NI][4]>(&acc[0][0]), tile,
+                                 n0 + wp * 16, 0, Y, N, lane);
+  }
+};
+
+}  // namespace kg::moe
