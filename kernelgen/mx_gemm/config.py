@@ -1,8 +1,10 @@
 """Configs of the block-scaled GEMM family `mx_gemm`: D = alpha * A . B^T (+ bias).
 
 Two kernels:
-* `MxFp8GemmConfig` - MXFP8 x MXFP8 on the fp8 `mma.sync` (sm_89+; used on sm_90a and
-  sm_100a): one mma per 32-wide k-block, its result scaled by sa * sb into fp32 accumulators.
+* `MxFp8GemmConfig` - MXFP8 x MXFP8 for sm_90a and sm_100a: fp8 converted once per CTA to
+  f16 in shared memory times 2^(block exponent - the row's largest), f16 `mma.sync` with fp32
+  accumulation over all of K, the rows' largest scales applied in the epilogue
+  (templates/mx_gemm/fp8_mma.cuh).
 * `MxBsGemmConfig` - the native block-scaled `mma.sync` of sm_120a (`kind::mxf8f6f4` for
   FP8 x FP8 / FP8 x FP4, `kind::mxf4nvf4` for MXFP4 x MXFP4 and NVFP4 x NVFP4).
 """
@@ -30,9 +32,9 @@ FORMATS: dict[str, tuple[str, str, int]] = {
 FP8_ELEMS = ("e4m3", "e5m2")
 
 # fp8 mma.sync path: (tile_m, tile_n, warps_m, warps_n, stages)
-# Warp tiles stay at 64x32: each k-block's 16x8 results (zero C) are live next to the
-# accumulators until they are scaled in, so a warp holds 2 x 64 fp32 values.
+# (the f16 tiles and 2 to 4 fp8 stages share 227 KB)
 FP8_TILES: tuple[tuple[int, int, int, int, int], ...] = (
+    (128, 256, 2, 4, 2),
     (128, 128, 2, 4, 4),
     (64, 128, 1, 4, 4),
 )
@@ -53,19 +55,19 @@ class MxFp8GemmConfig(KernelConfig):
     b_elem: str = "e4m3"
     out_dtype: str = "bfloat16"
     tile_m: int = 128
-    tile_n: int = 256
+    tile_n: int = 128
     warps_m: int = 2
     warps_n: int = 4
     stages: int = 4
-    unroll_kb: bool = False  # unroll the 4 k-blocks of a k-tile (more ILP, more registers)
+    unroll_kb: bool = False  # unroll the 8 k16 steps of a k-tile fully (else by 2)
 
     def check(self) -> None:
         def bad(field: str, rule: str) -> UnsupportedConfigError:
             return UnsupportedConfigError(f"{self.short()}: {field}={getattr(self, field)!r}; {rule}")
 
         if get_arch(self.arch).cc < 89:
-            raise bad("arch", "the fp8 mma.sync needs sm_89 or newer (sm_90a, sm_100a); sm_80 "
-                              "has no fp8 tensor-core instruction")
+            raise bad("arch", "the fp8 -> f16 conversion (cvt e4m3x2 / e5m2x2) needs sm_89 or "
+                              "newer (sm_90a, sm_100a); sm_80 has no fp8 instruction")
         for f in ("a_elem", "b_elem"):
             if getattr(self, f) not in FP8_ELEMS:
                 raise bad(f, f"expected one of {FP8_ELEMS}")
@@ -78,11 +80,13 @@ class MxFp8GemmConfig(KernelConfig):
         return ("mx_gemm_fp8",)
 
     def smem_bytes(self) -> int:
-        """templates/mx_gemm/fp8_mma.cuh Fp8Smem: A, B tiles and one 512-byte scale chunk per
-        128 rows (at least one), per stage."""
+        """templates/mx_gemm/fp8_mma.cuh Fp8Smem: per stage the fp8 A, B tiles and one
+        512-byte scale chunk per 128 rows (at least one); once, the f16 A, B tiles and the
+        rows' largest scale exponents."""
         sa = max(1, self.tile_m // 128) * 512
         sb = max(1, self.tile_n // 128) * 512
-        return self.stages * ((self.tile_m + self.tile_n) * TK + sa + sb)
+        rows = self.tile_m + self.tile_n
+        return self.stages * (rows * TK + sa + sb) + rows * TK * 2 + rows * 4
 
     @property
     def threads(self) -> int:

@@ -33,7 +33,8 @@ PAIRS: dict[str, dict[tuple[str, str], str]] = {
 }
 K_MULTIPLE = 32  # one MX group; 16-byte copies of fp4 rows (32 codes)
 N_MULTIPLE = 8   # output columns are written in pairs by 8-column mma pieces
-# fp8 path: 64-row tiles up to this M (fewer rows of zeros), 128-row tiles above.
+# fp8 path: 64-row tiles up to this M (fewer rows of zeros), 128-row tiles above; 128 x 256
+# once those alone fill every SM.
 SMALL_M = 64
 
 
@@ -107,8 +108,13 @@ def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: s
     check_shape(m, n, k)
     a_elem, b_elem = FORMATS[a_fmt][0], FORMATS[b_fmt][0]
     if path == "fp8_mma":
-        big, small = FP8_TILES
-        tile = small if m <= SMALL_M else big
+        big, mid, small = FP8_TILES
+        if m <= SMALL_M:
+            tile = small
+        elif -(-m // big[0]) * -(-n // big[1]) >= sm_count:
+            tile = big  # one wave of the big tile already fills every SM
+        else:
+            tile = mid
         bm, bn, wm, wn, st = tile
         cfg: MxFp8GemmConfig | MxBsGemmConfig = MxFp8GemmConfig(
             arch=arch, a_elem=a_elem, b_elem=b_elem, out_dtype=out_dtype, tile_m=bm, tile_n=bn,
@@ -166,8 +172,8 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MxFp
                                 seen.add(cfg)
                                 yield cfg
                     continue
-                # every tile the planner can pick: small M, large M
-                for m, n in ((SMALL_M, 128), (1 << 16, 1 << 16)):
+                # every tile the planner can pick: small M, mid, big
+                for m, n in ((SMALL_M, 128), (4096, 256), (1 << 16, 1 << 16)):
                     cfg = plan(arch, a_fmt, b_fmt, m, n, 1024, out, 132).config
                     if cfg not in seen:
                         seen.add(cfg)

@@ -1,5 +1,5 @@
-// PTX wrappers of the mx_gemm kernels: fp8 mma.sync (sm_89+), the Blackwell block-scaled
-// mma.sync (sm_120a), ldmatrix and zero-filling cp.async. One wrapper per instruction shape;
+// PTX wrappers of the mx_gemm kernels: f16 mma.sync and fp8 -> f16 conversion (sm_89+), the
+// Blackwell block-scaled mma.sync (sm_120a), ldmatrix and zero-filling cp.async. One wrapper per instruction shape;
 // element formats are template parameters and the PTX text is generated from them.
 #pragma once
 #include "common/dtypes.cuh"
@@ -17,30 +17,29 @@ template <> struct ElemName<E2M1> { static constexpr const char* s = "e2m1"; };
 #define KG_MX_STR2(x) #x
 #define KG_MX_STR(x) KG_MX_STR2(x)
 
-// D[16x8] = A[16x32] . B[32x8] with fp8 operands and zero C (sm_89+). Fragments (g = lane/4,
-// t = lane%4): a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][16+4t..], a3 = A[g+8][16+4t..];
-// b0 = B[4t..4t+3][g], b1 = B[16+4t..][g]; d0,d1 = D[g][2t, 2t+1], d2,d3 = D[g+8][2t, 2t+1].
-// C = 0 so that each 32-wide k-block (one MX scale pair) comes out on its own for scaling.
-#define KG_MX_MMA_FP8(AT, BT)                                                                    \
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." AT "." BT ".f32 {%0, %1, %2, %3}, "      \
-               "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"                                \
-               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                   \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.f))
+// D[16x8] += A[16x16] . B[16x8], f16 operands, fp32 accumulators in place (sm_80+). Fragments:
+// a0 = A[g][2t, 2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
+// b0 = B[2t, 2t+1][g], b1 = B[2t+8..][g].
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
-template <int AE, int BE> struct MmaFp8;
-#define KG_MX_MMA_FP8_SPEC(AE, BE, AT, BT)                                                       \
-  template <> struct MmaFp8<AE, BE> {                                                            \
-    static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4],            \
-                                               const uint32_t (&b)[2]) {                         \
-      KG_MX_MMA_FP8(AT, BT);                                                                     \
-    }                                                                                            \
-  };
-KG_MX_MMA_FP8_SPEC(E4M3, E4M3, "e4m3", "e4m3")
-KG_MX_MMA_FP8_SPEC(E4M3, E5M2, "e4m3", "e5m2")
-KG_MX_MMA_FP8_SPEC(E5M2, E4M3, "e5m2", "e4m3")
-KG_MX_MMA_FP8_SPEC(E5M2, E5M2, "e5m2", "e5m2")
-#undef KG_MX_MMA_FP8_SPEC
-#undef KG_MX_MMA_FP8
+// Two fp8 codes (the low and high byte of `x`) -> f16x2, exactly (sm_89+: one F2FP).
+template <int E> __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint16_t x);
+template <> __device__ __forceinline__ uint32_t fp8x2_to_f16x2<E4M3>(uint16_t x) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
+  return r;
+}
+template <> __device__ __forceinline__ uint32_t fp8x2_to_f16x2<E5M2>(uint16_t x) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(r) : "h"(x));
+  return r;
+}
 
 // Block-scaled mma.sync of sm_120a: D += (A * SF_A) . (B * SF_B), fp32 accumulators in place.
 // Scale operands: byte-id 0 and thread-id 0 always; every lane holds the scales of its own
@@ -108,6 +107,14 @@ __device__ __forceinline__ void mx_cp16_zfill(uint32_t dst, const void* src, boo
 __device__ __forceinline__ void mx_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void mx_cp_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// 16-byte shared load (volatile for the reason of kg::lds32).
+__device__ __forceinline__ uint4 mx_lds128(uint32_t addr) {
+  uint4 r;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
+  return r;
 }
 
 // 2-byte shared load (fp4 pairs of the FP8 x FP4 path); volatile for the reason of kg::lds32.

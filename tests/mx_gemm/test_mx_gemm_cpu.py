@@ -19,7 +19,7 @@ FP8 = ("mxfp8_e4m3", "mxfp8_e5m2")
 
 # -- configs ---------------------------------------------------------------------------------
 def test_fp8_config_rejects_sm80_naming_the_rule():
-    with pytest.raises(UnsupportedConfigError, match="sm_89"):
+    with pytest.raises(UnsupportedConfigError, match="sm_89 or newer"):
         MxFp8GemmConfig(arch="sm_80")
 
 
@@ -49,7 +49,8 @@ def test_bs_config_kind_errors(bad):
 def test_fp8_smem_fits_hopper(tile):
     bm, bn, wm, wn, st = tile
     cfg = MxFp8GemmConfig(arch="sm_90a", tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st)
-    assert cfg.smem_bytes() == st * ((bm + bn) * 128 + max(1, bm // 128) * 512 + max(1, bn // 128) * 512)
+    stage = (bm + bn) * 128 + max(1, bm // 128) * 512 + max(1, bn // 128) * 512
+    assert cfg.smem_bytes() == st * stage + (bm + bn) * 256 + (bm + bn) * 4
     assert cfg.smem_bytes() <= get_arch("sm_90a").smem_optin
 
 
@@ -64,12 +65,13 @@ def test_pairs_table():
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("m,tile_m", [(1, 64), (64, 64), (65, 128), (8192, 128)])
-def test_fp8_path_tiles(arch, m, tile_m):
+@pytest.mark.parametrize("m,tile", [(1, (64, 128)), (64, (64, 128)), (65, (128, 128)),
+                                    (256, (128, 128)), (4096, (128, 256))])
+def test_fp8_path_tiles(arch, m, tile):
     p = plan(arch, "mxfp8_e4m3", "mxfp8_e5m2", m, 4096, 4096, "bfloat16", 132)
-    assert p.path == "fp8_mma" and p.config.tile_m == tile_m, p.short()
+    assert p.path == "fp8_mma" and (p.config.tile_m, p.config.tile_n) == tile, p.short()
     assert (p.config.a_elem, p.config.b_elem) == ("e4m3", "e5m2")
-    assert p.grid[0] == -(-m // tile_m) * -(-4096 // p.config.tile_n)
+    assert p.grid[0] == -(-m // tile[0]) * -(-4096 // tile[1])
     assert p.block == (p.config.threads, 1, 1) and p.smem == p.config.smem_bytes()
     assert "fp8_mma" in p.short()
 
@@ -139,7 +141,7 @@ def test_prewarm_spec_covers_dispatch():
     cfgs = set(prewarm_configs(["sm_90a"], spec))
     for m in (1, 8192):
         assert plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", m, 4096, 4096, "bfloat16", 132).config in cfgs
-    assert len(cfgs) == 2
+    assert {(c.tile_m, c.tile_n) for c in cfgs} == {(64, 128), (128, 256)}
 
 
 # -- scale re-layout -------------------------------------------------------------------------
