@@ -9,8 +9,9 @@ target: <= 8 us for T <= 64, E <= 256, top-8), and combine; all replayed from a 
 combine bandwidth count bytes read + written (dispatch: 2 x rows x H x 2; combine: T x top_k x
 H x 2 read + T x H x 2 written), the way the device copy rate (kernelgen.bench.copy_bandwidth,
 same run) counts them. Decode-sized x fits in L2, as it does after the layer that wrote it.
-Then the layout's single- vs multi-CTA paths forced over n = T x top_k (the SINGLE_MAX choice),
-and the host wall time of the exact path (layout + dispatch with its one small copy).
+moe_route is the graph-safe layout + dispatch, one fused launch for n = T x top_k <= FUSED_MAX.
+Then the layout's single- vs multi-CTA paths forced over n (the SINGLE_MAX choice), the
+single-CTA layout at each CTA size (warps), and the host wall time of the exact path (layout + dispatch with its one small copy).
 Routing: uniform (distinct experts per token); weights fp32; x bf16.
 """
 
@@ -68,7 +69,8 @@ def uniform_ids(t: int, k: int, e: int, rng) -> np.ndarray:
 def bench_shape(e: int, k: int, h: int, t: int, copy_bw: float) -> dict:
     import cupy
 
-    from kernelgen.moe_routing import moe_combine, moe_dispatch, moe_layout
+    from kernelgen.moe_routing import moe_combine, moe_dispatch, moe_layout, moe_route
+    from kernelgen.moe_routing.config import FUSED_MAX
 
     rng = np.random.default_rng(t + e)
     ids = cupy.asarray(uniform_ids(t, k, e, rng))
@@ -82,6 +84,8 @@ def bench_shape(e: int, k: int, h: int, t: int, copy_bw: float) -> dict:
     r["dispatch_us"] = graph_us(lambda: moe_dispatch(x, lay, exact=False, out=xp, dtype="bfloat16"))
     r["layout_dispatch_us"] = graph_us(
         lambda: moe_dispatch(x, moe_layout(ids, e), exact=False, out=xp, dtype="bfloat16"))
+    r["route_fused"] = rows <= FUSED_MAX
+    r["route_us"] = graph_us(lambda: moe_route(x, ids, e, out=xp, dtype="bfloat16"))
     out = cupy.empty((t, h), cupy.uint16)
     r["combine_us"] = graph_us(lambda: moe_combine(xp, lay, w, out=out, dtype="bfloat16"))
     move = 2 * rows * h * 2
@@ -90,6 +94,24 @@ def bench_shape(e: int, k: int, h: int, t: int, copy_bw: float) -> dict:
     r["dispatch_frac_copy"] = r["dispatch_TBps"] * 1e12 / copy_bw
     r["combine_frac_copy"] = r["combine_TBps"] * 1e12 / copy_bw
     return r
+
+
+def bench_warps(e: int, k: int) -> list[dict]:
+    """Single-CTA layout with each CTA size (the selector's warps for small n)."""
+    import cupy
+
+    from kernelgen.moe_routing import moe_layout
+    from kernelgen.moe_routing.config import HIST_INTS, WARPS
+
+    out = []
+    for t in (1, 16, 64, 256, 1024):
+        ids = cupy.asarray(uniform_ids(t, k, e, np.random.default_rng(t)))
+        r = {"E": e, "top_k": k, "T": t}
+        for w in WARPS:
+            if w * e <= HIST_INTS:
+                r[f"w{w}_us"] = graph_us(lambda ids=ids, w=w: moe_layout(ids, e, multi=False, warps=w))
+        out.append(r)
+    return out
 
 
 def bench_paths(e: int, k: int) -> list[dict]:
@@ -130,7 +152,7 @@ def smoke() -> None:
     """Each kernel once on small shapes, checked against the reference (for compute-sanitizer)."""
     import cupy
 
-    from kernelgen.moe_routing import moe_combine, moe_dispatch, moe_layout
+    from kernelgen.moe_routing import moe_combine, moe_dispatch, moe_layout, moe_route
     from kernelgen.moe_routing import reference as R
 
     rng = np.random.default_rng(0)
@@ -146,6 +168,9 @@ def smoke() -> None:
         assert np.array_equal(cupy.asnumpy(lay.dest), ref.dest)
         want = R.combine(R.dispatch(x_h, ref, rows=lay.capacity), ref, w_h, "bfloat16")
         assert np.array_equal(cupy.asnumpy(out), want)
+        lay2, xr = moe_route(cupy.asarray(x_h), cupy.asarray(ids_h), e, pad_to=pad, dtype="bfloat16")
+        assert np.array_equal(cupy.asnumpy(lay2.src), ref.src)
+        assert np.array_equal(cupy.asnumpy(xr)[: ref.total], R.dispatch(x_h, ref))
     print("smoke ok")
 
 
@@ -169,14 +194,16 @@ def main() -> None:
     print(f"# {info.name}, {info.sm_count} SMs; device copy {copy_bw / 1e12:.2f} TB/s (read + write)")
     rows = []
     print("| E | top_k | H | T | layout path | layout us | dispatch us | layout+dispatch us | "
-          "combine us | dispatch TB/s (x copy) | combine TB/s (x copy) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "moe_route us | combine us | dispatch TB/s (x copy) | combine TB/s (x copy) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for e, k, h in SHAPES:
         for t in ts:
             r = bench_shape(e, k, h, t, copy_bw)
             rows.append(r)
+            route = f"{r['route_us']:.2f}" + (" (fused)" if r["route_fused"] else "")
             print(f"| {e} | {k} | {h} | {t} | {r['layout_path']} | {r['layout_us']:.2f} | "
-                  f"{r['dispatch_us']:.2f} | {r['layout_dispatch_us']:.2f} | {r['combine_us']:.2f} | "
+                  f"{r['dispatch_us']:.2f} | {r['layout_dispatch_us']:.2f} | {route} | "
+                  f"{r['combine_us']:.2f} | "
                   f"{r['dispatch_TBps']:.2f} ({r['dispatch_frac_copy']:.2f}) | "
                   f"{r['combine_TBps']:.2f} ({r['combine_frac_copy']:.2f}) |", flush=True)
             cupy.get_default_memory_pool().free_all_blocks()
@@ -186,13 +213,19 @@ def main() -> None:
     for p in paths:
         print(f"| {p['E']} | {p['top_k']} | {p['T']} | {p['n']} | {p['single_us']:.2f} | "
               f"{p['multi_us']:.2f} |", flush=True)
+    warps = bench_warps(256, 8) + bench_warps(8, 2)
+    print("\n| E | top_k | T | 4 warps us | 8 warps us | 16 warps us | 32 warps us |")
+    print("|---|---|---|---|---|---|---|")
+    for r in warps:
+        cells = " | ".join(f"{r[f'w{w}_us']:.2f}" if f"w{w}_us" in r else "-" for w in (4, 8, 16, 32))
+        print(f"| {r['E']} | {r['top_k']} | {r['T']} | {cells} |", flush=True)
     host = {t: host_exact_us(256, 8, 7168, t) for t in (1, 64)}
     print("\nhost wall us per layout + exact dispatch (E=256, top-8, H=7168): " +
           ", ".join(f"T={t}: {v:.1f}" for t, v in host.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": info.name, "copy_Bps": copy_bw, "rows": rows, "paths": paths,
-                       "host_exact_us": host}, f, indent=1)
+                       "warps": warps, "host_exact_us": host}, f, indent=1)
 
 
 if __name__ == "__main__":

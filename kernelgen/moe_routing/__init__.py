@@ -2,21 +2,29 @@
 dispatch (gather rows into expert order), combine (weighted sum back per token)."""
 
 from ..core.registry import Family, register_family
-from .config import MoeCombineConfig, MoeDispatchConfig, MoeLayoutConfig
+from .config import MoeCombineConfig, MoeDispatchConfig, MoeLayoutConfig, MoeRouteConfig
 from .select import prewarm_configs
 
 register_family(
     Family(
         name="moe_routing",
-        config_classes=(MoeLayoutConfig, MoeDispatchConfig, MoeCombineConfig),
+        config_classes=(MoeLayoutConfig, MoeRouteConfig, MoeDispatchConfig, MoeCombineConfig),
         prewarm_configs=prewarm_configs,
-        description="MoE routing: two-phase layout + dispatch, combine",
+        description="MoE routing: two-phase layout + dispatch (fused for decode), combine",
     )
 )
 
-from .api import MoeLayout, block_bytes, moe_blocks, moe_combine, moe_dispatch, moe_layout  # noqa: E402
+from .api import (  # noqa: E402
+    MoeLayout,
+    block_bytes,
+    moe_blocks,
+    moe_combine,
+    moe_dispatch,
+    moe_layout,
+    moe_route,
+)
 from .select import LayoutPlan, plan_layout, select_layout  # noqa: E402
 
 __all__ = ["LayoutPlan", "MoeCombineConfig", "MoeDispatchConfig", "MoeLayout", "MoeLayoutConfig",
-           "block_bytes", "moe_blocks", "moe_combine", "moe_dispatch", "moe_layout", "plan_layout",
-           "select_layout"]
+           "MoeRouteConfig", "block_bytes", "moe_blocks", "moe_combine", "moe_dispatch", "moe_layout",
+           "moe_route", "plan_layout", "select_layout"]

@@ -22,8 +22,25 @@ import numpy as np
 from ..arch import device_info
 from ..core.interop import context_of, device_array
 from ..core.jit import get_kernel
-from .config import DTYPES, ID_DTYPES, MOVE_THREADS, W_DTYPES, MoeCombineConfig, MoeDispatchConfig
-from .select import CHUNK, check_experts, move_grid, plan_layout, select_layout
+from .config import (
+    DTYPES,
+    FUSED_MAX,
+    ID_DTYPES,
+    MOVE_THREADS,
+    W_DTYPES,
+    MoeCombineConfig,
+    MoeDispatchConfig,
+)
+from .select import (
+    CHUNK,
+    ROUTE_FUSED_MAX,
+    check_experts,
+    combine_launch,
+    move_grid,
+    plan_layout,
+    plan_route,
+    select_layout,
+)
 
 MOVE_DTYPES = ("float16", "bfloat16", "float32", "uint16", "uint8")  # dispatch copies bytes
 INT32_LIMIT = (1 << 31) - 1
@@ -99,10 +116,40 @@ def _ctx_for(layout: MoeLayout, arr: Any, name: str):
 
 
 def moe_layout(topk_ids: Any, num_experts: int, *, pad_to: int = 1,
-               multi: bool | None = None) -> MoeLayout:
+               multi: bool | None = None, warps: int | None = None) -> MoeLayout:
     """Phase 1: counts, padded offsets and the stable permutation of topk_ids [T, top_k]
     (int32 or int64). One launch for T * top_k <= SINGLE_MAX pairs, three above; no host sync.
-    `multi` forces the multi-CTA path (True) or the single-CTA one (False)."""
+    `multi` forces the multi-CTA path (True) or the single-CTA one (False); `warps` the CTA
+    size (tests, benchmarks)."""
+    ctx, ids, idt, t, k, e = _check_ids(topk_ids, num_experts, pad_to)
+    n = t * k
+    info = device_info(ctx.device)
+    if multi is None and warps is None:
+        plan = select_layout(info.arch.name, n, e, idt)
+    else:
+        plan = plan_layout(info.arch.name, n, e, idt, multi=None if multi is None else bool(multi),
+                           warps=warps)
+    lay, (counts, offsets, invalid, dest, src, bh) = _alloc(ctx, ids, t, k, e, pad_to, plan.multi,
+                                                            plan.blocks * (e + 2) if plan.multi else 0)
+    kern = get_kernel(plan.config, ctx.device, ctx.stream)
+    i32 = np.int32
+    if not plan.multi:
+        ctx.launch(kern.fn("moe_layout_single"), (1, 1, 1), plan.block,
+                   (ids, i32(n), i32(e), i32(pad_to), i32(lay.capacity), counts, offsets, dest, src,
+                    invalid), smem=plan.smem)
+    else:
+        ctx.launch(kern.fn("moe_layout_count"), (plan.blocks, 1, 1), plan.block,
+                   (ids, i32(n), i32(e), i32(plan.chunk), bh), smem=plan.smem)
+        ctx.launch(kern.fn("moe_layout_scan"), (1, 1, 1), plan.block,
+                   (i32(plan.blocks), i32(e), i32(pad_to), i32(lay.capacity), bh, counts, offsets,
+                    src, invalid), smem=plan.smem)
+        ctx.launch(kern.fn("moe_layout_scatter"), (plan.blocks, 1, 1), plan.block,
+                   (ids, i32(n), i32(e), i32(plan.chunk), bh, offsets, dest, src), smem=plan.smem)
+    return lay
+
+
+def _check_ids(topk_ids: Any, num_experts: int, pad_to: int):
+    """(ctx, ids view, id dtype, T, top_k, E) after the argument rules of moe_layout."""
     ctx = context_of(topk_ids, "topk_ids")
     ids, idt = device_array(topk_ids, "topk_ids", ctx, ID_DTYPES, ndim=2)
     t, k = (int(s) for s in ids.shape)
@@ -114,40 +161,67 @@ def moe_layout(topk_ids: Any, num_experts: int, *, pad_to: int = 1,
     check_experts(e)
     if type(pad_to) is not int or pad_to < 1:
         raise ValueError(f"pad_to={pad_to!r}: must be an int >= 1")
-    n = t * k
-    cap = n + e * (pad_to - 1)
-    if cap > INT32_LIMIT - 32 * CHUNK:
-        raise ValueError(f"topk_ids: {t} tokens x top_k {k} (+ padding) = {cap} rows exceed int32 "
+    if t * k + e * (pad_to - 1) > INT32_LIMIT - 32 * CHUNK:
+        raise ValueError(f"topk_ids: {t} tokens x top_k {k} (+ padding) rows exceed int32 "
                          f"indexing; process the batch in blocks (moe_blocks)")
-    info = device_info(ctx.device)
-    if multi is None:
-        plan = select_layout(info.arch.name, n, e, idt)
-    else:
-        plan = plan_layout(info.arch.name, n, e, idt, multi=bool(multi))
-    bh_size = plan.blocks * (e + 2) if plan.multi else 0
+    return ctx, ids, idt, t, k, e
+
+
+def _alloc(ctx, ids, t: int, k: int, e: int, pad_to: int, multi: bool, bh_size: int):
+    """One int32 buffer [counts E | offsets E+1 | invalid 2 | dest n | src capacity | bh]:
+    one allocation a call, and offsets[E], invalid adjacent for the exact path's one copy.
+    Returns the MoeLayout and the cupy views (counts, offsets, invalid, dest, src, bh)."""
+    n, cap = t * k, t * k + e * (pad_to - 1)
     head = 2 * e + 3
     native, buf = ctx.empty((head + n + cap + bh_size,), "int32")
-    cut = (0, e, 2 * e + 1, head, head + n, head + n + cap)
-    part = [buf[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]  # counts offsets invalid dest src
+    cut = (0, e, 2 * e + 1, head, head + n, head + n + cap, head + n + cap + bh_size)
+    views = [buf[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]
     nat = [native[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]
-    kern = get_kernel(plan.config, ctx.device, ctx.stream)
-    counts, offsets, invalid, dest, src = part
-    i32 = np.int32
-    if not plan.multi:
-        ctx.launch(kern.fn("moe_layout_single"), (1, 1, 1), plan.block,
-                   (ids, i32(n), i32(e), i32(pad_to), i32(cap), counts, offsets, dest, src, invalid),
-                   smem=plan.smem)
+    lay = MoeLayout(e, k, t, pad_to, cap, nat[0], nat[1], nat[3], nat[4], nat[2], multi,
+                    {"buf": buf, "offsets": views[1], "dest": views[3], "src": views[4], "ids": ids})
+    return lay, views
+
+
+def moe_route(x: Any, topk_ids: Any, num_experts: int, *, pad_to: int = 1, exact: bool = False,
+              out: Any = None, dtype: str | None = None,
+              fused: bool | None = None) -> tuple[MoeLayout, Any]:
+    """Layout and dispatch in one call: (layout, x_perm). exact=False (default) gives the
+    graph-safe [capacity, H] x_perm with no host sync; for T * top_k <= ROUTE_FUSED_MAX (1024)
+    pairs it is one fused launch (the decode path), else moe_layout + moe_dispatch. exact=True is
+    moe_layout + moe_dispatch(exact=True). `fused` forces the choice (tests, benchmarks)."""
+    ctx, ids, idt, t, k, e = _check_ids(topk_ids, num_experts, pad_to)
+    n = t * k
+    if fused is None:
+        fused = not exact and n <= ROUTE_FUSED_MAX
+    elif fused and n > FUSED_MAX:
+        raise ValueError(f"moe_route: fused=True takes at most {FUSED_MAX} pairs, got {n}")
+    if not fused:
+        lay = moe_layout(topk_ids, num_experts, pad_to=pad_to)
+        return lay, moe_dispatch(x, lay, exact=exact, out=out, dtype=dtype)
+    if exact:
+        raise ValueError("moe_route: fused=True is the graph-safe path; it needs exact=False")
+    xa, dt = device_array(x, "x", ctx, MOVE_DTYPES, hint=dtype, ndim=2)
+    if int(xa.shape[0]) != t:
+        raise ValueError(f"x: {xa.shape[0]} rows; topk_ids has {t} tokens")
+    vpr, _ = _rows_of(xa, "x")
+    info = device_info(ctx.device)
+    plan = plan_route(info.arch.name, n, e, idt, info.sm_count)
+    lay, (counts, offsets, invalid, dest, src, _) = _alloc(ctx, ids, t, k, e, pad_to, False, 0)
+    h = int(xa.shape[1])
+    if out is None:
+        out, o = ctx.empty((lay.capacity, h), dt)
     else:
-        bh = buf[head + n + cap:]
-        ctx.launch(kern.fn("moe_layout_count"), (plan.blocks, 1, 1), plan.block,
-                   (ids, i32(n), i32(e), i32(plan.chunk), bh), smem=plan.smem)
-        ctx.launch(kern.fn("moe_layout_scan"), (1, 1, 1), plan.block,
-                   (i32(plan.blocks), i32(e), i32(pad_to), i32(cap), bh, counts, offsets, src,
-                    invalid), smem=plan.smem)
-        ctx.launch(kern.fn("moe_layout_scatter"), (plan.blocks, 1, 1), plan.block,
-                   (ids, i32(n), i32(e), i32(plan.chunk), bh, offsets, dest, src), smem=plan.smem)
-    return MoeLayout(e, k, t, pad_to, cap, nat[0], nat[1], nat[3], nat[4], nat[2], plan.multi,
-                     {"buf": buf, "offsets": offsets, "dest": dest, "src": src, "ids": ids})
+        o, _ = device_array(out, "out", ctx, (dt,), hint=dt, ndim=2)
+        if int(o.shape[1]) != h or int(o.shape[0]) < lay.capacity:
+            raise ValueError(f"out: shape {tuple(o.shape)}; expected at least "
+                             f"[{lay.capacity}, {h}] (capacity rows of x's width)")
+        _rows_of(o, "out")
+    fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_route_fused")
+    i32 = np.int32
+    ctx.launch(fn, (plan.ctas, 1, 1), (MOVE_THREADS, 1, 1),
+               (ids, i32(n), i32(e), i32(pad_to), i32(lay.capacity), i32(plan.pairs_per_cta), xa, o,
+                i32(vpr), i32(k), counts, offsets, dest, src, invalid), smem=plan.smem)
+    return lay, out
 
 
 def _rows_of(a: Any, name: str) -> tuple[int, int]:
@@ -225,10 +299,12 @@ def moe_combine(y_perm: Any, layout: MoeLayout, topk_weights: Any, *, out: Any =
     if t == 0 or vpr == 0:
         return out
     info = device_info(ctx.device)
-    cfg = MoeCombineConfig(arch=info.arch.name, dtype=dt, w_dtype=wdt)
+    split, grid = combine_launch(t, vpr, info.sm_count)
+    cfg = MoeCombineConfig(arch=info.arch.name, dtype=dt, w_dtype=wdt, split=split)
     fn = get_kernel(cfg, ctx.device, ctx.stream).fn("moe_combine")
-    ctx.launch(fn, (move_grid(t, info.sm_count), 1, 1), (MOVE_THREADS, 1, 1),
-               (y, np.int32(y.shape[0]), layout._views["dest"], w, o, np.int32(t), np.int32(k), np.int32(vpr)))
+    ctx.launch(fn, grid, (MOVE_THREADS, 1, 1),
+               (y, np.int32(y.shape[0]), layout._views["dest"], w, o, np.int32(t), np.int32(k),
+                np.int32(vpr)))
     return out
 
 
@@ -272,4 +348,5 @@ def moe_blocks(num_tokens: int, top_k: int, hidden: int, max_bytes: int, *,
         yield a, min(a + step, num_tokens)
 
 
-__all__ = ["MoeLayout", "block_bytes", "moe_blocks", "moe_combine", "moe_dispatch", "moe_layout"]
+__all__ = ["MoeLayout", "block_bytes", "moe_blocks", "moe_combine", "moe_dispatch", "moe_layout",
+           "moe_route"]

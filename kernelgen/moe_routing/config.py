@@ -17,8 +17,14 @@ WARPS = (4, 8, 16, 32)  # layout CTA: warps; each owns a histogram row of E ints
 MAX_EXPERTS = 2048  # smem (warps + 1) * E * 4 stays <= 40 KB with 4 warps
 HIST_INTS = 8192  # warps * E budget of the layout histograms (32 KB)
 ITEMS = 4  # ids a lane loads ahead in the layout passes
-MOVE_THREADS = 128  # dispatch / combine CTA
+MOVE_THREADS = 128  # dispatch / combine / fused route CTA
+FUSED_MAX = 2048  # pairs (T * top_k) the fused route takes: every CTA holds all ids in smem
 MOVE_UNROLL = 8  # 16-byte vectors a dispatch thread has in flight
+
+
+def max_experts(warps: int) -> int:
+    """Most experts a layout CTA of `warps` takes: its histograms fit HIST_INTS."""
+    return min(MAX_EXPERTS, HIST_INTS // warps)
 
 
 def layout_smem(warps: int, num_experts: int) -> int:
@@ -47,10 +53,11 @@ class MoeLayoutConfig(KernelConfig):
         return ("moe_layout_single", "moe_layout_count", "moe_layout_scan", "moe_layout_scatter")
 
     def smem_bytes(self) -> int:
-        return layout_smem(self.warps, HIST_INTS // self.warps)
+        return layout_smem(self.warps, max_experts(self.warps))
 
     def template_vars(self) -> dict[str, Any]:
-        return {**super().template_vars(), "id_ctype": CTYPE[self.id_dtype], "items": ITEMS}
+        return {**super().template_vars(), "id_ctype": CTYPE[self.id_dtype], "items": ITEMS,
+                "max_experts": max_experts(self.warps)}
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,35 @@ class MoeDispatchConfig(KernelConfig):
         return {**super().template_vars(), "threads": MOVE_THREADS, "unroll": MOVE_UNROLL}
 
 
+def route_smem(num_experts: int, pairs_per_cta: int) -> int:
+    """Shared bytes of a fused-route CTA: all ids, histogram, offsets, scan scratch, its rows."""
+    return (FUSED_MAX + 2 * num_experts + 34 + pairs_per_cta) * 4
+
+
+@dataclass(frozen=True)
+class MoeRouteConfig(KernelConfig):
+    """Layout + dispatch fused in one launch for n <= FUSED_MAX pairs (graph-safe x_perm)."""
+
+    family: ClassVar[str] = "moe_routing"
+    template: ClassVar[str] = "moe_routing/route.cu.jinja"
+    id_dtype: str = "int32"
+
+    def check(self) -> None:
+        if self.id_dtype not in ID_DTYPES:
+            raise UnsupportedConfigError(f"{self.short()}: id_dtype={self.id_dtype!r}; expected one "
+                                         f"of {ID_DTYPES}")
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("moe_route_fused",)
+
+    def smem_bytes(self) -> int:
+        return route_smem(MAX_EXPERTS, FUSED_MAX // 32)
+
+    def template_vars(self) -> dict[str, Any]:
+        return {**super().template_vars(), "id_ctype": CTYPE[self.id_dtype], "threads": MOVE_THREADS,
+                "max_pairs": FUSED_MAX, "unroll": MOVE_UNROLL}
+
+
 @dataclass(frozen=True)
 class MoeCombineConfig(KernelConfig):
     """out[t] = sum_j w[t, j] * y_perm[dest[t * top_k + j]], fp32, fixed order."""
@@ -75,6 +111,7 @@ class MoeCombineConfig(KernelConfig):
     template: ClassVar[str] = "moe_routing/combine.cu.jinja"
     dtype: str = "bfloat16"
     w_dtype: str = "float32"
+    split: bool = False  # columns over grid.y (tiny batches) instead of a CTA a token
 
     def check(self) -> None:
         if self.dtype not in DTYPES:

@@ -1,8 +1,11 @@
 """Host-side planner of the MoE routing kernels: data plus pure functions, no GPU work.
 
 Layout: one CTA for n = T * top_k <= SINGLE_MAX pairs (one launch, the decode path); above,
-the three-kernel multi-CTA path over CHUNK pairs a CTA. The CTA's warps are the most whose
-histograms (warps x E ints) fit HIST_INTS. `prewarm_configs` walks the same tables.
+the three-kernel multi-CTA path over CHUNK pairs a CTA. The single CTA's size comes from
+SINGLE_WARPS by n, capped by the most warps whose histograms (warps x E ints) fit HIST_INTS;
+the multi-CTA path uses that cap. Route (graph-safe layout + dispatch): one fused launch for
+n <= ROUTE_FUSED_MAX. The tables are measured on an H100 (BENCHMARKS.md, moe_routing).
+`prewarm_configs` walks the same tables.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from ..core.select import selector
 from ..errors import UnsupportedConfigError
 from .config import (
     DTYPES,
+    FUSED_MAX,
     HIST_INTS,
     ID_DTYPES,
     ITEMS,
@@ -26,12 +30,19 @@ from .config import (
     MoeCombineConfig,
     MoeDispatchConfig,
     MoeLayoutConfig,
+    MoeRouteConfig,
     layout_smem,
+    route_smem,
 )
 
 SINGLE_MAX = 8192  # pairs; the one-CTA layout up to here (measured crossover: BENCHMARKS.md)
+# (largest n, warps) of the one-CTA layout: 8 warps fastest up to 2048 pairs (3.5-5 us at
+# E = 8..256 vs 4.4-5.8 with 32), 16 from there to SINGLE_MAX (21.0 us at n = 8192, E = 256)
+SINGLE_WARPS: tuple[tuple[int, int], ...] = ((2048, 8), (SINGLE_MAX, 16))
+ROUTE_FUSED_MAX = 1024  # pairs; the fused route measured faster than two launches up to here
 CHUNK = 4096  # pairs a CTA of the multi-CTA layout (a multiple of 32 * ITEMS * max(WARPS))
 MOVE_CTAS_PER_SM = 16  # dispatch / combine grid: resident CTAs of MOVE_THREADS (2048 threads/SM)
+ROUTE_CTAS_PER_SM = 8  # fused route: CTAs an SM before a CTA takes two pairs
 assert CHUNK % (32 * ITEMS * max(WARPS)) == 0
 
 
@@ -65,12 +76,20 @@ class LayoutPlan:
 
 
 def plan_layout(arch: str, pairs: int, num_experts: int, id_dtype: str,
-                multi: bool | None = None) -> LayoutPlan:
-    """Pure planner; `multi` forces the path (tests, benchmarks), None picks by SINGLE_MAX."""
-    warps = warps_for(num_experts)
-    cfg = MoeLayoutConfig(arch=arch, id_dtype=id_dtype, warps=warps)
+                multi: bool | None = None, warps: int | None = None) -> LayoutPlan:
+    """Pure planner; `multi` forces the path and `warps` the CTA size (tests, benchmarks);
+    None picks by SINGLE_MAX and warps_for."""
     if multi is None:
         multi = pairs > SINGLE_MAX
+    if warps is None:
+        warps = warps_for(num_experts)
+        if not multi:
+            warps = min(warps, next(w for n, w in SINGLE_WARPS if pairs <= n) if pairs <= SINGLE_MAX
+                        else warps)
+    elif warps not in WARPS or warps * num_experts > max(HIST_INTS, WARPS[0] * num_experts):
+        raise ValueError(f"warps={warps}: expected one of {WARPS} with warps x E <= {HIST_INTS} "
+                         f"(E={num_experts})")
+    cfg = MoeLayoutConfig(arch=arch, id_dtype=id_dtype, warps=warps)
     blocks = max(1, -(-pairs // CHUNK)) if multi else 1
     return LayoutPlan(cfg, bool(multi), blocks, CHUNK if multi else pairs,
                       layout_smem(warps, num_experts))
@@ -80,6 +99,38 @@ def plan_layout(arch: str, pairs: int, num_experts: int, id_dtype: str,
 def select_layout(arch: str, pairs: int, num_experts: int, id_dtype: str) -> LayoutPlan:
     """The dispatch choice (memoised; printed with KERNELGEN_PRINT_CONFIGS=1)."""
     return plan_layout(arch, pairs, num_experts, id_dtype)
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """The fused route launch: one CTA per `pairs_per_cta` pairs."""
+
+    config: MoeRouteConfig
+    pairs_per_cta: int
+    ctas: int
+    smem: int
+
+
+def plan_route(arch: str, pairs: int, num_experts: int, id_dtype: str, sm_count: int) -> RoutePlan:
+    """Fused route for pairs <= FUSED_MAX: a pair a CTA while that fills ROUTE_CTAS_PER_SM
+    CTAs an SM, more pairs a CTA above (every CTA redoes the histogram of all pairs)."""
+    check_experts(num_experts)
+    if pairs > FUSED_MAX:
+        raise ValueError(f"fused route: {pairs} pairs; it takes at most {FUSED_MAX}")
+    per = max(1, -(-pairs // (sm_count * ROUTE_CTAS_PER_SM)))
+    ctas = max(1, -(-pairs // per))
+    return RoutePlan(MoeRouteConfig(arch=arch, id_dtype=id_dtype), per, ctas,
+                     route_smem(num_experts, per))
+
+
+def combine_launch(tokens: int, vpr: int, sm_count: int) -> tuple[bool, tuple[int, int, int]]:
+    """(split, grid) of combine. Columns split over grid.y only while the whole grid stays
+    under half the SMs (T = 1, H = 7168 on an H100: 2.2 us split vs 6.0 us a CTA a token; at
+    T = 16..64 the split measured slower, 8.0 vs 6.3 us)."""
+    chunks = -(-vpr // MOVE_THREADS)
+    if tokens * chunks <= sm_count // 2:
+        return True, (max(1, tokens), chunks, 1)
+    return False, (move_grid(tokens, sm_count), 1, 1)
 
 
 def move_grid(rows: int, sm_count: int) -> int:
@@ -93,7 +144,11 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Any]
     experts = spec.get("num_experts")
     if isinstance(experts, int):
         experts = [experts]
-    warps_list = sorted({warps_for(int(e)) for e in experts}) if experts else list(WARPS)
+    if experts:  # the multi-CTA size and every single-CTA size the table can pick
+        warps_list = sorted({min(w, warps_for(int(e))) for e in experts
+                             for w in (warps_for(int(e)), *(w for _, w in SINGLE_WARPS))})
+    else:
+        warps_list = list(WARPS)
     id_dtypes = tuple(spec.get("id_dtypes") or ID_DTYPES)
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     w_dtypes = tuple(spec.get("w_dtypes") or W_DTYPES)
@@ -104,11 +159,14 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Any]
         for id_dtype in id_dtypes:
             for warps in warps_list:
                 yield MoeLayoutConfig(arch=arch, id_dtype=id_dtype, warps=warps)
+            yield MoeRouteConfig(arch=arch, id_dtype=id_dtype)
         yield MoeDispatchConfig(arch=arch)
         for dtype in dtypes:
             for w_dtype in w_dtypes:
-                yield MoeCombineConfig(arch=arch, dtype=dtype, w_dtype=w_dtype)
+                for split in (False, True):
+                    yield MoeCombineConfig(arch=arch, dtype=dtype, w_dtype=w_dtype, split=split)
 
 
-__all__ = ["CHUNK", "LayoutPlan", "MOVE_THREADS", "SINGLE_MAX", "check_experts", "move_grid",
-           "plan_layout", "prewarm_configs", "select_layout", "warps_for"]
+__all__ = ["CHUNK", "LayoutPlan", "MOVE_THREADS", "ROUTE_FUSED_MAX", "RoutePlan", "SINGLE_MAX",
+           "SINGLE_WARPS", "check_experts", "combine_launch",
+           "move_grid", "plan_layout", "plan_route", "prewarm_configs", "select_layout", "warps_for"]

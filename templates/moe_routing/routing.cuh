@@ -19,6 +19,7 @@
 // warp bases, then pass B).
 #pragma once
 #include "common/dtypes.cuh"
+#include "common/ptx.cuh"
 
 namespace kg::moe_routing {
 
@@ -167,7 +168,9 @@ struct Smem {
       : hist(base), seg(base + WARPS * E), tot(base + (WARPS + 1) * E), acc(tot + 32) {}
 };
 
-template <typename IdT, int WARPS, int ITEMS>
+// MAXE: the most experts a launch of this CTA size takes; a thread owns experts
+// tid + m * WARPS * 32 (m < EPT) and keeps their counts in registers.
+template <typename IdT, int WARPS, int ITEMS, int MAXE>
 __device__ __forceinline__ void layout_single(const IdT* __restrict__ ids, int n, int E, int pad_to,
                                               int capacity, int* __restrict__ counts,
                                               int* __restrict__ offsets, int* __restrict__ dest,
@@ -181,21 +184,31 @@ __device__ __forceinline__ void layout_single(const IdT* __restrict__ ids, int n
   count_span<IdT, ITEMS>(ids, wlo, whi, E, s.hist + warp * E, bad, first_bad);
   reduce_bad(bad, first_bad, s.acc);
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {  // warp bases within e; counts
-    int c = 0;
+  constexpr int EPT = (MAXE + WARPS * 32 - 1) / (WARPS * 32);
+  int cnt[EPT];
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
-      const int h = s.hist[w * E + e];
-      s.hist[w * E + e] = c;
-      c += h;
+  for (int m = 0; m < EPT; ++m) {  // warp bases within e; counts
+    const int e = threadIdx.x + m * WARPS * 32;
+    int c = 0;
+    if (e < E) {
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) {
+        const int h = s.hist[w * E + e];
+        s.hist[w * E + e] = c;
+        c += h;
+      }
+      counts[e] = c;
+      s.seg[e] = c;
     }
-    counts[e] = c;
-    s.seg[e] = c;
+    cnt[m] = c;
   }
   __syncthreads();
   write_offsets(s.seg, s.tot, E, pad_to, capacity, offsets, src);
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {  // padding rows; bases become rows
-    const int start = s.seg[e], c = counts[e];  // counts[e] was written by this thread
+#pragma unroll
+  for (int m = 0; m < EPT; ++m) {  // padding rows; bases become rows
+    const int e = threadIdx.x + m * WARPS * 32;
+    if (e >= E) continue;
+    const int start = s.seg[e], c = cnt[m];
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) s.hist[w * E + e] += start;
     for (int r = start + c; r < (start + (c + pad_to - 1) / pad_to * pad_to); ++r) src[r] = -1;
@@ -238,7 +251,7 @@ __device__ __forceinline__ void layout_count(const IdT* __restrict__ ids, int n,
 
 // Multi-CTA scan (one CTA): bh[b][e] becomes the exclusive prefix over CTAs; counts, offsets,
 // padding rows, invalid.
-template <int WARPS>
+template <int WARPS, int MAXE>
 __device__ __forceinline__ void layout_scan(int blocks, int E, int pad_to, int capacity,
                                             int* __restrict__ bh, int* __restrict__ counts,
                                             int* __restrict__ offsets, int* __restrict__ src,
@@ -251,7 +264,13 @@ __device__ __forceinline__ void layout_scan(int blocks, int E, int pad_to, int c
   }
   __syncthreads();
   const long long stride = E + 2;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+  constexpr int EPT = (MAXE + WARPS * 32 - 1) / (WARPS * 32);
+  int cnt[EPT];
+#pragma unroll
+  for (int m = 0; m < EPT; ++m) {
+    const int e = threadIdx.x + m * WARPS * 32;
+    cnt[m] = 0;
+    if (e >= E) continue;
     int c = 0;
     int* p = bh + e;
     int b = 0;
@@ -271,6 +290,7 @@ __device__ __forceinline__ void layout_scan(int blocks, int E, int pad_to, int c
     }
     counts[e] = c;
     s.seg[e] = c;
+    cnt[m] = c;
   }
   int bad = 0, first_bad = INT_MAX_;
   for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
@@ -280,8 +300,11 @@ __device__ __forceinline__ void layout_scan(int blocks, int E, int pad_to, int c
   reduce_bad(bad, first_bad, s.acc);
   __syncthreads();
   write_offsets(s.seg, s.tot, E, pad_to, capacity, offsets, src);
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const int start = s.seg[e], c = counts[e];
+#pragma unroll
+  for (int m = 0; m < EPT; ++m) {
+    const int e = threadIdx.x + m * WARPS * 32;
+    if (e >= E) continue;
+    const int start = s.seg[e], c = cnt[m];
     for (int r = start + c; r < start + (c + pad_to - 1) / pad_to * pad_to; ++r) src[r] = -1;
   }
   if (threadIdx.x == 0) {
@@ -318,6 +341,110 @@ __device__ __forceinline__ void layout_scatter(const IdT* __restrict__ ids, int 
   }
   __syncthreads();
   scatter_span<IdT, ITEMS>(ids, wlo, whi, E, s.hist + warp * E, dest, src);
+}
+
+// -- fused layout + dispatch for small n (graph-safe route) --------------------------------
+// Every CTA loads all n <= MAXN ids into smem, builds the histogram and the padded offsets
+// itself (n and E are small: cheaper than a second launch and a dependent global round trip),
+// then handles its own pairs [lo, hi): stable rank = equal ids before the pair (counted in
+// smem), dest / src, and the copy of their rows. CTA b zero-fills the padding rows of experts
+// b, b + G, ... and a share of src's tail; CTA 0 writes counts, offsets and invalid.
+// smem: ids [MAXN], hist [E], seg [E], tot [32], acc [2], rows [pairs_per_cta].
+template <typename IdT, int THREADS, int MAXN, int UNROLL>
+__device__ __forceinline__ void route_fused(const IdT* __restrict__ ids, int n, int E, int pad_to,
+                                            int capacity, int pairs_per_cta,
+                                            const uint4* __restrict__ x, uint4* __restrict__ xp,
+                                            int vpr, int top_k, int* __restrict__ counts,
+                                            int* __restrict__ offsets, int* __restrict__ dest,
+                                            int* __restrict__ src, int* __restrict__ invalid) {
+  constexpr int PER = MAXN / THREADS;  // ids a thread loads
+  constexpr int WARPS = THREADS / 32;
+  extern __shared__ int smem_raw[];
+  int* s_ids = smem_raw;
+  int* hist = s_ids + MAXN;
+  int* seg = hist + E;
+  int* tot = seg + E;
+  int* acc = tot + 32;
+  int* s_rows = acc + 2;
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  for (int k = tid; k < E; k += THREADS) hist[k] = 0;
+  if (tid == 0) {
+    acc[0] = 0;
+    acc[1] = INT_MAX_;
+  }
+  int e[PER];  // all loads in flight before the first use
+#pragma unroll
+  for (int u = 0; u < PER; ++u) e[u] = expert_of(ids, u * THREADS + warp * 32 + lane, n, E);
+  __syncthreads();
+  int bad = 0, first_bad = INT_MAX_;
+#pragma unroll
+  for (int u = 0; u < PER; ++u) {
+    const int i = u * THREADS + warp * 32 + lane;
+    if (u * THREADS + warp * 32 >= n) continue;  // warp-uniform: the warp's lanes all skip
+    if (i < n) s_ids[i] = e[u];
+    const unsigned peers = __match_any_sync(FULL, e[u]);
+    if (e[u] >= 0 && lane == 31 - __clz(peers)) atomicAdd(&hist[e[u]], __popc(peers));
+    if (e[u] == DROPPED) {
+      ++bad;
+      first_bad = min(first_bad, i);
+    }
+  }
+  reduce_bad(bad, first_bad, acc);
+  __syncthreads();
+  for (int k = tid; k < E; k += THREADS) seg[k] = (hist[k] + pad_to - 1) / pad_to * pad_to;
+  __syncthreads();
+  const int total = block_exclusive_scan(seg, E, tot);  // seg = offsets; ends with a barrier
+  const int lo = blockIdx.x * pairs_per_cta, hi = min(lo + pairs_per_cta, n);
+  for (int p = lo + warp; p < hi; p += WARPS) {  // a warp a pair
+    const int ep = s_ids[p];
+    int c = 0;
+    if (ep >= 0) {
+      for (int j = lane; j < p; j += 32) c += s_ids[j] == ep;
+    }
+    c = __reduce_add_sync(FULL, c);
+    const int row = ep >= 0 ? seg[ep] + c : -1;
+    if (lane == 0) {
+      s_rows[p - lo] = row;
+      if (ep != PAST_END) dest[p] = row;
+      if (row >= 0) src[row] = p;
+    }
+  }
+  for (int x_e = blockIdx.x; x_e < E; x_e += gridDim.x) {  // padding rows of my experts
+    const int start = seg[x_e] + hist[x_e];
+    const int end = seg[x_e] + (hist[x_e] + pad_to - 1) / pad_to * pad_to;
+    for (int r = start; r < end; ++r) {
+      if (tid == 0) src[r] = -1;
+      for (int v = tid; v < vpr; v += THREADS) xp[(long long)r * vpr + v] = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  for (int r = total + blockIdx.x * THREADS + tid; r < capacity; r += gridDim.x * THREADS) src[r] = -1;
+  if (blockIdx.x == 0) {
+    for (int k = tid; k < E; k += THREADS) {
+      counts[k] = hist[k];
+      offsets[k] = seg[k];
+    }
+    if (tid == 0) {
+      offsets[E] = total;
+      invalid[0] = acc[0];
+      invalid[1] = acc[1];
+    }
+  }
+  __syncthreads();  // s_rows
+  for (int q = 0; q < hi - lo; ++q) {
+    const int row = s_rows[q];
+    if (row < 0) continue;
+    const uint4* in = x + (long long)((lo + q) / top_k) * vpr;
+    uint4* o = xp + (long long)row * vpr;
+    for (int v0 = tid; v0 < vpr; v0 += THREADS * UNROLL) {
+      uint4 buf[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+        if (v0 + u * THREADS < vpr) buf[u] = __ldg(in + v0 + u * THREADS);
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+        if (v0 + u * THREADS < vpr) o[v0 + u * THREADS] = buf[u];
+    }
+  }
 }
 
 // -- phase 2: x_perm[r] = x[src[r] / top_k] (padding rows zero), rows of vpr 16-byte vectors --
@@ -362,15 +489,34 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b
          ((uint32_t)(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
 }
 
-// A CTA per token (grid-stride); a thread owns 16-byte columns v and loads the GROUP slots'
-// vectors before accumulating them in slot order. rows bounds y (dest < rows always holds for
-// a layout's own y_perm; the guard keeps a short y from being read out of bounds).
+// Two launch shapes, chosen by the host (kernelgen/moe_routing/api.py, measured on an H100):
+// combine_token: a CTA per token (grid-stride over tokens), threads loop over the 16-byte
+// columns; combine_split (tiny batches): grid.y splits the columns, a thread owns one column of
+// a token and loads the GROUP slots' vectors before accumulating them in slot order. rows
+// bounds y (dest < rows always holds for a layout's own y_perm; the guard keeps a short y from
+// being read out of bounds).
+template <typename T>
+__device__ __forceinline__ void accumulate(float (&acc)[8], float wj, const uint4& q) {
+  const uint32_t word[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = unpack2<T>(word[k]);
+    acc[2 * k] = __fadd_rn(acc[2 * k], __fmul_rn(wj, f.x));
+    acc[2 * k + 1] = __fadd_rn(acc[2 * k + 1], __fmul_rn(wj, f.y));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 pack8(const float (&acc)[8]) {
+  return make_uint4(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]), pack2<T>(acc[4], acc[5]),
+                    pack2<T>(acc[6], acc[7]));
+}
+
 template <typename T, typename W, int THREADS>
-__device__ __forceinline__ void combine_rows(const uint4* __restrict__ y, int rows,
-                                             const int* __restrict__ dest, const W* __restrict__ w,
-                                             uint4* __restrict__ out, int tokens, int top_k,
-                                             int vpr) {
-  constexpr int GROUP = 8;
+__device__ __forceinline__ void combine_token(const uint4* __restrict__ y, int rows,
+                                              const int* __restrict__ dest, const W* __restrict__ w,
+                                              uint4* __restrict__ out, int tokens, int top_k,
+                                              int vpr) {
   for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int* d = dest + (long long)t * top_k;
     const W* wt = w + (long long)t * top_k;
@@ -378,33 +524,49 @@ __device__ __forceinline__ void combine_rows(const uint4* __restrict__ y, int ro
       float acc[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[k] = 0.f;
-      for (int j0 = 0; j0 < top_k; j0 += GROUP) {
-        uint4 q[GROUP];
-        float wj[GROUP];
-        bool ok[GROUP];
-#pragma unroll
-        for (int u = 0; u < GROUP; ++u) {
-          const int j = j0 + u;
-          const int r = j < top_k ? __ldg(d + j) : -1;
-          ok[u] = r >= 0 && r < rows;  // a dropped id (-1) contributes nothing
-          wj[u] = ok[u] ? to_float<W>(wt[j]) : 0.f;
-          q[u] = ok[u] ? __ldg(y + (long long)r * vpr + v) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < GROUP; ++u) {
-          if (!ok[u]) continue;
-          const uint32_t word[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 f = unpack2<T>(word[k]);
-            acc[2 * k] = __fadd_rn(acc[2 * k], __fmul_rn(wj[u], f.x));
-            acc[2 * k + 1] = __fadd_rn(acc[2 * k + 1], __fmul_rn(wj[u], f.y));
-          }
-        }
+#pragma unroll 4
+      for (int j = 0; j < top_k; ++j) {
+        const int r = d[j];
+        if (r < 0 || r >= rows) continue;  // a dropped id (-1) contributes nothing
+        accumulate<T>(acc, to_float<W>(wt[j]), ld_nc_v4(y + (long long)r * vpr + v));
       }
-      out[(long long)t * vpr + v] = make_uint4(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]),
-                                               pack2<T>(acc[4], acc[5]), pack2<T>(acc[6], acc[7]));
+      const uint4 o = pack8<T>(acc);
+      st_v4(out + (long long)t * vpr + v, o.x, o.y, o.z, o.w);
     }
+  }
+}
+
+template <typename T, typename W, int THREADS>
+__device__ __forceinline__ void combine_split(const uint4* __restrict__ y, int rows,
+                                              const int* __restrict__ dest, const W* __restrict__ w,
+                                              uint4* __restrict__ out, int tokens, int top_k,
+                                              int vpr) {
+  constexpr int GROUP = 8;
+  const int v = blockIdx.y * THREADS + threadIdx.x;
+  if (v >= vpr) return;  // no barriers below
+  for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const int* d = dest + (long long)t * top_k;
+    const W* wt = w + (long long)t * top_k;
+    float acc[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] = 0.f;
+    for (int j0 = 0; j0 < top_k; j0 += GROUP) {
+      uint4 q[GROUP];
+      float wj[GROUP];
+      bool ok[GROUP];
+#pragma unroll
+      for (int u = 0; u < GROUP; ++u) {
+        const int j = j0 + u;
+        const int r = j < top_k ? __ldg(d + j) : -1;
+        ok[u] = r >= 0 && r < rows;  // a dropped id (-1) contributes nothing
+        wj[u] = ok[u] ? to_float<W>(wt[j]) : 0.f;
+        q[u] = ok[u] ? __ldg(y + (long long)r * vpr + v) : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < GROUP; ++u)
+        if (ok[u]) accumulate<T>(acc, wj[u], q[u]);
+    }
+    out[(long long)t * vpr + v] = pack8<T>(acc);
   }
 }
 

@@ -10,18 +10,22 @@ from kernelgen.errors import UnsupportedConfigError
 from kernelgen.moe_routing import reference as R
 from kernelgen.moe_routing.api import block_bytes, moe_blocks
 from kernelgen.moe_routing.config import (
+    FUSED_MAX,
     HIST_INTS,
     MAX_EXPERTS,
     MoeCombineConfig,
     MoeDispatchConfig,
     MoeLayoutConfig,
+    MoeRouteConfig,
     layout_smem,
 )
 from kernelgen.moe_routing.select import (
     CHUNK,
     SINGLE_MAX,
+    combine_launch,
     move_grid,
     plan_layout,
+    plan_route,
     prewarm_configs,
     warps_for,
 )
@@ -146,6 +150,9 @@ def test_configs_check_their_fields():
         MoeDispatchConfig(arch="sm_75")
     for w in (4, 8, 16, 32):  # the largest E a warps bucket serves fits the default 48 KB
         assert layout_smem(w, HIST_INTS // w) <= 48 * 1024
+    with pytest.raises(UnsupportedConfigError, match="id_dtype"):
+        MoeRouteConfig(arch="sm_90a", id_dtype="uint8")
+    assert MoeRouteConfig(arch="sm_90a").smem_bytes() <= 48 * 1024
 
 
 def test_planner():
@@ -155,24 +162,53 @@ def test_planner():
         warps_for(MAX_EXPERTS + 1)
     with pytest.raises(ValueError, match="num_experts"):
         warps_for(0)
-    p = plan_layout("sm_90a", 512, 256, "int32")
-    assert not p.multi and p.blocks == 1 and p.config.warps == 32
+    p = plan_layout("sm_90a", 512, 256, "int32")  # SINGLE_WARPS: 8 up to 2048 pairs
+    assert not p.multi and p.blocks == 1 and p.config.warps == 8
+    assert plan_layout("sm_90a", 2049, 256, "int32").config.warps == 16
+    assert plan_layout("sm_90a", SINGLE_MAX, 1024, "int32").config.warps == 8  # E caps it
+    assert plan_layout("sm_90a", 100, 2048, "int32").config.warps == 4
+    assert plan_layout("sm_90a", SINGLE_MAX + 1, 256, "int32").config.warps == 32  # multi
     p = plan_layout("sm_90a", SINGLE_MAX + 1, 128, "int64")
     assert p.multi and p.blocks == -(-(SINGLE_MAX + 1) // CHUNK) and p.chunk == CHUNK
     assert plan_layout("sm_90a", 100, 8, "int32", multi=True).blocks == 1
+    assert plan_layout("sm_90a", 512, 256, "int32", warps=4).config.warps == 4
+    with pytest.raises(ValueError, match="warps=32"):
+        plan_layout("sm_90a", 512, 257, "int32", warps=32)
+    with pytest.raises(ValueError, match="warps=12"):
+        plan_layout("sm_90a", 512, 8, "int32", warps=12)
+    r = plan_route("sm_90a", 512, 256, "int32", 132)
+    assert (r.pairs_per_cta, r.ctas) == (1, 512) and r.smem <= r.config.smem_bytes()
+    r = plan_route("sm_90a", FUSED_MAX, 2048, "int64", 132)
+    assert (r.pairs_per_cta, r.ctas) == (2, FUSED_MAX // 2) and r.smem <= r.config.smem_bytes()
+    assert plan_route("sm_90a", 0, 8, "int32", 132).ctas == 1
+    with pytest.raises(ValueError, match="at most"):
+        plan_route("sm_90a", FUSED_MAX + 1, 8, "int32", 132)
+    assert combine_launch(1, 896, 132) == (True, (1, 7, 1))  # T = 1, H = 7168 bf16
+    assert combine_launch(16, 896, 132) == (False, (16, 1, 1))
+    assert combine_launch(10**6, 512, 132) == (False, (132 * 16, 1, 1))
     assert move_grid(0, 132) == 1 and move_grid(512, 132) == 512 and move_grid(10**7, 132) == 132 * 16
 
 
 def test_prewarm_set():
     for arch in ("sm_80", "sm_90a", "sm_100a", "sm_120a"):
         cfgs = list(prewarm_configs([arch], {}))
-        assert len(cfgs) == len(set(cfgs)) <= 40
+        assert len(cfgs) == len(set(cfgs)) == 23
         assert sum(isinstance(c, MoeLayoutConfig) for c in cfgs) == 8
     spec = {"num_experts": [256], "id_dtypes": ["int32"], "dtypes": ["bfloat16"], "w_dtypes": ["float32"]}
     cfgs = list(prewarm_configs(["sm_90a"], spec))
-    assert cfgs == [MoeLayoutConfig(arch="sm_90a", id_dtype="int32", warps=32),
+    assert cfgs == [MoeLayoutConfig(arch="sm_90a", id_dtype="int32", warps=8),
+                    MoeLayoutConfig(arch="sm_90a", id_dtype="int32", warps=16),
+                    MoeLayoutConfig(arch="sm_90a", id_dtype="int32", warps=32),
+                    MoeRouteConfig(arch="sm_90a", id_dtype="int32"),
                     MoeDispatchConfig(arch="sm_90a"),
-                    MoeCombineConfig(arch="sm_90a", dtype="bfloat16", w_dtype="float32")]
+                    MoeCombineConfig(arch="sm_90a", dtype="bfloat16", w_dtype="float32", split=False),
+                    MoeCombineConfig(arch="sm_90a", dtype="bfloat16", w_dtype="float32", split=True)]
+    # every layout config the planner picks for E in the spec is prewarmed
+    for e in (8, 256, 300, 2048):
+        spec = {"num_experts": [e], "id_dtypes": ["int64"]}
+        cfgs = set(prewarm_configs(["sm_90a"], spec))
+        for n in (0, 1, 512, 2048, 2049, SINGLE_MAX, SINGLE_MAX + 1, 10**6):
+            assert plan_layout("sm_90a", n, e, "int64").config in cfgs, (e, n)
     with pytest.raises(UnsupportedConfigError, match="id_dtypes"):
         list(prewarm_configs(["sm_90a"], {"id_dtypes": ["int8"]}))
 

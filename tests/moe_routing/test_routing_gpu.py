@@ -68,6 +68,73 @@ def test_layout_equals_reference(case, t, k, e, multi):
         _check_layout(lay, R.layout(ids, e, pad_to), ctx)
 
 
+@pytest.mark.parametrize("warps", (4, 8, 16))
+@pytest.mark.parametrize("t,k,e", [(1, 8, 256), (64, 8, 256), (300, 4, 3), (1000, 8, 16), (6000, 2, 200)])
+@pytest.mark.parametrize("multi", (False, True))
+def test_layout_forced_cta_size(warps, t, k, e, multi):
+    import cupy
+
+    from kernelgen.moe_routing import moe_layout
+
+    ids = routing("hot80", t, k, e)
+    lay = moe_layout(cupy.asarray(ids), e, pad_to=4, multi=multi, warps=warps)
+    _check_layout(lay, R.layout(ids, e, 4), f"{warps=} {t=} {k=} {e=} {multi=}")
+
+
+# n = T * top_k <= FUSED_MAX (2048, the fused kernel's limit; auto picks it up to 1024);
+# (1000, 2, 16) and (256, 8, 64) put 2 pairs on a CTA (132 SMs)
+ROUTE_SHAPES = ((0, 8, 256), (1, 8, 256), (1, 1, 1), (7, 2, 8), (16, 8, 256), (64, 8, 256),
+                (64, 8, 128), (100, 3, 2048), (256, 8, 64), (1000, 2, 16))
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("t,k,e", ROUTE_SHAPES)
+def test_fused_route_equals_reference(case, t, k, e):
+    import cupy
+
+    from kernelgen.moe_routing import moe_route
+
+    rng = np.random.default_rng(t + e)
+    ids = routing(case, t, k, e)
+    h = 7168 if t <= 16 else 256
+    x_h = _host(rng, (t, h), "bfloat16")
+    for id_dtype, pad_to in (("int32", 1), ("int64", 16)):
+        ctx = f"{case=} {t=} {k=} {e=} {id_dtype=} {pad_to=}"
+        lay, xp = moe_route(cupy.asarray(x_h), cupy.asarray(ids.astype(id_dtype)), e, pad_to=pad_to,
+                            dtype="bfloat16", fused=True)
+        ref = R.layout(ids, e, pad_to)
+        _check_layout(lay, ref, ctx)
+        assert xp.shape == (lay.capacity, h), ctx
+        assert np.array_equal(cupy.asnumpy(xp)[: ref.total], R.dispatch(x_h, ref)), ctx
+
+
+def test_route_paths_and_invalid_ids():
+    import cupy
+
+    from kernelgen.moe_routing import moe_route
+
+    t, k, e, h = 40, 4, 16, 64
+    ids = routing("uniform", t, k, e)
+    ids[5, 3], ids[30, 0] = e, -7
+    x_h = _host(np.random.default_rng(2), (t, h), "float16")
+    ref = R.layout(ids, e, 2)
+    want = R.dispatch(x_h, ref)
+    for fused in (True, False):
+        lay, xp = moe_route(cupy.asarray(x_h), cupy.asarray(ids), e, pad_to=2, fused=fused)
+        _check_layout(lay, ref, f"{fused=}")
+        assert np.array_equal(cupy.asnumpy(xp)[: ref.total], want)
+        with pytest.raises(ValueError, match="token 5 slot 3 names expert 16"):
+            lay.check()
+    with pytest.raises(ValueError, match="token 5 slot 3"):
+        moe_route(cupy.asarray(x_h), cupy.asarray(ids), e, exact=True)
+    ids[5, 3], ids[30, 0] = 0, 1
+    lay, xp = moe_route(cupy.asarray(x_h), cupy.asarray(ids), e, exact=True)
+    ref = R.layout(ids, e)
+    assert xp.shape == (ref.total, h) and np.array_equal(cupy.asnumpy(xp), R.dispatch(x_h, ref))
+    with pytest.raises(ValueError, match="fused=True is the graph-safe path"):
+        moe_route(cupy.asarray(x_h), cupy.asarray(ids), e, exact=True, fused=True)
+
+
 @pytest.mark.parametrize("t,k,e,multi", [(0, 8, 256, None), (1, 1, 1, None), (1, 8, 256, True),
                                          (0, 2, 8, True), (150_000, 8, 256, None)])
 def test_layout_edges_and_large_t(t, k, e, multi):
@@ -164,10 +231,11 @@ def test_invalid_ids():
         assert np.array_equal(out, want)
 
 
-def test_graph_capture_replays_new_routing():
+@pytest.mark.parametrize("fused", (False, True))
+def test_graph_capture_replays_new_routing(fused):
     import cupy
 
-    from kernelgen.moe_routing import moe_combine, moe_dispatch, moe_layout
+    from kernelgen.moe_routing import moe_combine, moe_dispatch, moe_layout, moe_route
 
     t, k, e, h = 64, 8, 256, 1024
     rng = np.random.default_rng(5)
@@ -176,8 +244,11 @@ def test_graph_capture_replays_new_routing():
     w = cupy.asarray(rng.random((t, k)).astype(np.float32))
 
     def step():
-        lay = moe_layout(ids, e, pad_to=16)
-        xs = moe_dispatch(x, lay, exact=False, dtype="bfloat16")
+        if fused:
+            lay, xs = moe_route(x, ids, e, pad_to=16, dtype="bfloat16", fused=True)
+        else:
+            lay = moe_layout(ids, e, pad_to=16)
+            xs = moe_dispatch(x, lay, exact=False, dtype="bfloat16")
         return lay, xs, moe_combine(xs, lay, w, dtype="bfloat16")
 
     step()  # compile and warm the memory pool outside the capture
