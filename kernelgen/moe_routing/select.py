@@ -125,10 +125,10 @@ def plan_route(arch: str, pairs: int, num_experts: int, id_dtype: str, sm_count:
 
 def combine_launch(tokens: int, vpr: int, sm_count: int) -> tuple[bool, tuple[int, int, int]]:
     """(split, grid) of combine. Columns split over grid.y only while the whole grid stays
-    under half the SMs (T = 1, H = 7168 on an H100: 2.2 us split vs 6.0 us a CTA a token; at
-    T = 16..64 the split measured slower, 8.0 vs 6.3 us)."""
+    within an eighth of the SMs (H100, T = 1: 2.2 us split vs 6.0 a CTA a token at H = 7168,
+    2.3 vs 4.1 at H = 4096; the split measured slower at T = 16: 8.0 vs 6.3 and 4.3 vs 3.7)."""
     chunks = -(-vpr // MOVE_THREADS)
-    if tokens * chunks <= sm_count // 2:
+    if tokens * chunks <= sm_count // 8:
         return True, (max(1, tokens), chunks, 1)
     return False, (move_grid(tokens, sm_count), 1, 1)
 
