@@ -9,7 +9,7 @@ target: <= 8 us for T <= 64, E <= 256, top-8), and combine; all replayed from a 
 combine bandwidth count bytes read + written (dispatch: 2 x rows x H x 2; combine: T x top_k x
 H x 2 read + T x H x 2 written), the way the device copy rate (kernelgen.bench.copy_bandwidth,
 same run) counts them. Decode-sized x fits in L2, as it does after the layer that wrote it.
-moe_route is the graph-safe layout + dispatch, one fused launch for n = T x top_k <= FUSED_MAX.
+moe_route is the graph-safe layout + dispatch, one fused launch for n = T x top_k <= ROUTE_FUSED_MAX.
 Then the layout's single- vs multi-CTA paths forced over n (the SINGLE_MAX choice), the
 single-CTA layout at each CTA size (warps), and the host wall time of the exact path (layout + dispatch with its one small copy).
 Routing: uniform (distinct experts per token); weights fp32; x bf16.
@@ -70,7 +70,7 @@ def bench_shape(e: int, k: int, h: int, t: int, copy_bw: float) -> dict:
     import cupy
 
     from kernelgen.moe_routing import moe_combine, moe_dispatch, moe_layout, moe_route
-    from kernelgen.moe_routing.config import FUSED_MAX
+    from kernelgen.moe_routing.select import ROUTE_FUSED_MAX
 
     rng = np.random.default_rng(t + e)
     ids = cupy.asarray(uniform_ids(t, k, e, rng))
@@ -84,7 +84,7 @@ def bench_shape(e: int, k: int, h: int, t: int, copy_bw: float) -> dict:
     r["dispatch_us"] = graph_us(lambda: moe_dispatch(x, lay, exact=False, out=xp, dtype="bfloat16"))
     r["layout_dispatch_us"] = graph_us(
         lambda: moe_dispatch(x, moe_layout(ids, e), exact=False, out=xp, dtype="bfloat16"))
-    r["route_fused"] = rows <= FUSED_MAX
+    r["route_fused"] = rows <= ROUTE_FUSED_MAX
     r["route_us"] = graph_us(lambda: moe_route(x, ids, e, out=xp, dtype="bfloat16"))
     out = cupy.empty((t, h), cupy.uint16)
     r["combine_us"] = graph_us(lambda: moe_combine(xp, lay, w, out=out, dtype="bfloat16"))

@@ -46,7 +46,7 @@ MOVE_DTYPES = ("float16", "bfloat16", "float32", "uint16", "uint8")  # dispatch 
 INT32_LIMIT = (1 << 31) - 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MoeLayout:
     """Phase-1 result; arrays are int32 of the caller's kind (CuPy or torch), on its device.
 
@@ -95,14 +95,15 @@ class MoeLayout:
         return self._host["total"]
 
     def total(self) -> int:
-        """offsets[E] on the host (synchronises the current stream); raises on a dropped id."""
+        """offsets[E] read now (synchronises the current stream; after a graph replay too);
+        raises ValueError naming the first out-of-range id."""
         import cupy
 
+        self._host.pop("total", None)
         return self._meta(cupy.cuda.get_current_stream(self.device))
 
     def check(self) -> int:
-        """Alias of total(): the exact-path validation, e.g. after a graph replay."""
-        self._host.pop("total", None)
+        """Alias of total(): the exact path's validation, for graph-safe callers."""
         return self.total()
 
 
