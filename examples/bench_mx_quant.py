@@ -1,11 +1,14 @@
 """Benchmark of issue 5 (quantization): every format x fp16/bf16 input x M in {1, 16, 4096, 16384},
 K = 4096, on the current GPU.
 
-Large M: CUDA events around back-to-back calls, inputs rotated past L2; logical bytes (input in,
-packed codes + scale bytes out) per second as a fraction of the device-copy bandwidth measured in
-the same run. Small M: the calls captured once in a CUDA graph and replayed; time per call.
+Every size: 20 calls captured once in a CUDA graph and replayed (GPU time per call, no host work
+in between); large M rotates inputs spanning 2 x L2 so each call reads DRAM, and also reports the
+eager per-call time (CUDA events around back-to-back Python calls: host overhead included).
+Bandwidth = logical bytes (input in, packed codes + scale bytes out) per second, as a fraction of
+the device-copy bandwidth measured in the same run.
 NVFP4 is timed with the global scale given (a Python float, "gs=value") and computed on the
-device from the input ("gs=auto": fused single launch for small inputs, amax + quantize else).
+device from the input ("gs=auto": fused single launch for small inputs, amax + quantize else;
+"auto:redundant": the sm_80 small-input path, forced, for comparison).
 
     python examples/bench_mx_quant.py [--ms 1,16,4096,16384] [--k 4096] [--json out.json]
 """
@@ -36,7 +39,7 @@ def quantizer(fmt: str, dtype: str, gs: str):
 
     hint = "bfloat16" if dtype == "bfloat16" else None
     if fmt == "nvfp4":
-        value = None if gs == "auto" else 2688.0 / 4.5
+        value = None if gs.startswith("auto") else 2688.0 / 4.5
         return lambda x: mx.quantize_nvfp4(x, value, dtype=hint)
     return lambda x: mx.quantize_mx(x, fmt, dtype=hint)
 
@@ -49,20 +52,21 @@ def logical_bytes(fmt: str, m: int, k: int) -> int:
 
 
 def graph_time(call, stream) -> float:
-    """Seconds per call of GRAPH_CALLS calls captured in one CUDA graph and replayed."""
+    """Seconds per call of call(0..GRAPH_CALLS-1) captured in one CUDA graph and replayed: the
+    GPU time of the kernels with no host work between them."""
     from kernelgen.bench import time_gpu
 
     keep = []
     with stream:
-        for _ in range(GRAPH_CALLS):  # compile, selector memo, pool blocks for the capture
-            keep.append(call())
+        for i in range(GRAPH_CALLS):  # compile, selector memo, pool blocks for the capture
+            keep.append(call(i))
         stream.synchronize()
         keep.clear()
         stream.begin_capture()
-        for _ in range(GRAPH_CALLS):
-            keep.append(call())
+        for i in range(GRAPH_CALLS):
+            keep.append(call(i))
         graph = stream.end_capture()
-        t = time_gpu(lambda i: graph.launch(stream), iters=20, repeats=7, warmup=3)
+        t = time_gpu(lambda i: graph.launch(stream), iters=10, repeats=7, warmup=2)
     return t / GRAPH_CALLS
 
 
@@ -81,7 +85,7 @@ def main() -> None:
     import kernelgen.mx as mx
     from kernelgen.arch import device_info
     from kernelgen.bench import copy_bandwidth, rotation, time_gpu
-    from kernelgen.mx.select import quantize_plan
+    from kernelgen.mx.select import force_small_auto_path, quantize_plan
 
     info = device_info()
     bw = copy_bandwidth()
@@ -89,34 +93,41 @@ def main() -> None:
           f"(read + write), K = {k}")
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = []
-    print("| format | input | M | gs | path | time (us) | GB/s | % of copy |")
-    print("|---|---|---:|---|---|---:|---:|---:|")
+    print("| format | input | M | gs | path | graph us/call | GB/s | % of copy | eager us/call |")
+    print("|---|---|---:|---|---|---:|---:|---:|---:|")
     for fmt in args.formats.split(","):
         for dtype in DTYPES:
             for m in ms:
-                for gs in (("value", "auto") if fmt == "nvfp4" else ("value",)):
+                modes = ("value",)
+                if fmt == "nvfp4":
+                    modes = ("value", "auto") + (("auto:redundant",) if m <= 64 else ())
+                for gs in modes:
+                    force_small_auto_path("redundant" if gs == "auto:redundant" else None)
                     q = quantizer(fmt, dtype, gs)
                     path = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
-                                         gs).path
+                                         gs.split(":")[0]).path
                     nbytes = logical_bytes(fmt, m, k)
-                    if m <= 64:
-                        x = make_x(m, k, dtype)
-                        t = graph_time(lambda x=x, q=q: q(x), stream)
-                        how = "graph"
-                    else:
+                    if m <= 64:  # L2-resident anyway; graph replay only
+                        xs = [make_x(m, k, dtype)]
+                    else:  # distinct inputs spanning 2 x L2, so each call reads from DRAM
                         xs = rotation(lambda m=m, dtype=dtype: make_x(m, k, dtype), m * k * 2,
                                       info.l2_bytes, factor=2)
-                        t = time_gpu(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), iters=20,
-                                     repeats=7)
-                        how = "events"
-                        del xs
+                    t = graph_time(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), stream)
+                    eager = None
+                    if m > 64:
+                        eager = time_gpu(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), iters=20,
+                                         repeats=5)
+                    del xs
                     r = {"format": fmt, "dtype": dtype, "m": m, "k": k, "gs": gs, "path": path,
-                         "timing": how, "us": t * 1e6, "gbps": nbytes / t / 1e9,
-                         "frac_copy": nbytes / t / bw}
+                         "us": t * 1e6, "gbps": nbytes / t / 1e9, "frac_copy": nbytes / t / bw,
+                         "eager_us": None if eager is None else eager * 1e6}
                     rows.append(r)
                     gs_col = gs if fmt == "nvfp4" else "-"
+                    eager_col = "-" if eager is None else f"{eager * 1e6:.1f}"
                     print(f"| {fmt} | {dtype} | {m} | {gs_col} | {path} | {r['us']:.2f} | "
-                          f"{r['gbps']:.0f} | {100 * r['frac_copy']:.0f}% |", flush=True)
+                          f"{r['gbps']:.0f} | {100 * r['frac_copy']:.0f}% | {eager_col} |",
+                          flush=True)
+    force_small_auto_path(None)
     # dequantize to the input dtype at the largest M (not a target; for reference)
     m = max(ms)
     deq = []

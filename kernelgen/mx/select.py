@@ -5,6 +5,9 @@ Quantize paths:
   fused   NVFP4 with the global scale computed from the input, small inputs, sm_90+: one cluster
           of 8 x 1024 threads reads the input once, reduces the amax through distributed shared
           memory and quantizes from registers (one launch, no scratch).
+  redundant  NVFP4 with the global scale computed from the input, small inputs where there is
+          no fused path (sm_80): one `mx_quantize` launch whose every block reduces the whole
+          (L2-resident) input itself.
   amax    NVFP4 with the global scale computed from the input otherwise: `mx_amax` writes
           per-block partial maxima, `mx_quantize` reduces them per block (two launches, no
           memset, no host sync).
@@ -35,20 +38,33 @@ GS_MODES = ("value", "device", "auto")  # NVFP4 global scale: Python value, devi
 PAD_WORDS_PER_THREAD = 4  # padding-row scale words a thread zeroes before the grid grows for them
 AMAX_UNROLL = 4  # 16-byte loads in flight per thread in mx_amax
 MAX_SLOTS = 1 << 31  # slot indices are 32-bit on the device
+REDUNDANT_MAX_BYTES = 256 * 1024  # input size up to which every block may re-read it for amax
+_small_auto_path: str | None = None  # tests / benchmarks: force "fused" or "redundant"
+
+
+def force_small_auto_path(path: str | None) -> None:
+    """Force the small-input NVFP4 path ("fused" / "redundant"; None: by arch). For tests and
+    benchmarks that compare the paths; clears the plan memo."""
+    global _small_auto_path
+    if path not in (None, "fused", "redundant"):
+        raise ValueError(f"path={path!r}; expected None, 'fused' or 'redundant'")
+    _small_auto_path = path
+    quantize_plan.cache_clear()
 
 
 @dataclass(frozen=True)
 class QuantizePlan:
     config: MxQuantizeConfig
-    path: str  # "direct" | "fused" | "amax"
+    path: str  # "direct" | "fused" | "redundant" | "amax"
     grid: int
     block: int
+    slots: int = 1  # lane slots per thread of mx_quantize (its runtime u_count)
     amax_grid: int = 0  # blocks of mx_amax (path "amax"), = number of partial maxima
 
     def short(self) -> str:
         extra = f", amax_grid={self.amax_grid}" if self.path == "amax" else ""
         return f"QuantizePlan({self.config.short()}, path={self.path}, grid={self.grid}, " \
-               f"block={self.block}{extra})"
+               f"block={self.block}, slots={self.slots}{extra})"
 
 
 @dataclass(frozen=True)
@@ -90,16 +106,26 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
     if total >= MAX_SLOTS:
         raise ValueError(f"x: {rows} rows x K={k} is too large for one launch (rows * K / "
                          f"{lane_elems(fmt)} must be < 2**31)")
+    path, amax_grid = "direct", 0
     if fmt == "nvfp4" and gs_mode == "auto":
-        if cfg.fused and total <= CLUSTER * FUSED_THREADS * cfg.fused_slots:
-            return QuantizePlan(cfg, "fused", CLUSTER, FUSED_THREADS)
-        n16 = rows * k * ESIZE[dtype] // 16
-        amax_grid = max(1, min(_cdiv(n16, THREADS * AMAX_UNROLL), 4 * sm_count))
-    else:
-        amax_grid = 0
-    per_block = THREADS * slots_per_thread(fmt, dtype)
-    grid = max(1, _cdiv(total, per_block), _cdiv(pad_words, THREADS * PAD_WORDS_PER_THREAD))
-    return QuantizePlan(cfg, "amax" if amax_grid else "direct", grid, THREADS, amax_grid)
+        small = _small_auto_path or ("fused" if cfg.fused else "redundant")
+        if small == "fused" and cfg.fused and total <= CLUSTER * FUSED_THREADS * cfg.fused_slots:
+            return QuantizePlan(cfg, "fused", CLUSTER, FUSED_THREADS,
+                                _cdiv(total, CLUSTER * FUSED_THREADS))
+        if small == "redundant" and rows * k * ESIZE[dtype] <= REDUNDANT_MAX_BYTES:
+            path = "redundant"
+        else:
+            path = "amax"
+            n16 = rows * k * ESIZE[dtype] // 16
+            amax_grid = max(1, min(_cdiv(n16, THREADS * AMAX_UNROLL), 4 * sm_count))
+    # Full slots per thread (loads in flight) once the grid fills the GPU twice over; below
+    # that one slot per thread: more blocks, shorter dependent chains (small-M latency).
+    slots = slots_per_thread(fmt, dtype)
+    if _cdiv(total, THREADS * slots) < 2 * sm_count:
+        slots = 1
+    grid = max(1, _cdiv(total, THREADS * slots),
+               _cdiv(pad_words, THREADS * PAD_WORDS_PER_THREAD))
+    return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid)
 
 
 @selector

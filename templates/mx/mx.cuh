@@ -175,6 +175,26 @@ template <typename T, int E> struct InVec {
 #pragma unroll
     for (int v = 0; v < VECS; ++v) raw[v] = make_uint4(0, 0, 0, 0);
   }
+  // max |x| as fp32 bits (NaN / Inf give >= 0x7f800000); 16-bit inputs compare their raw pairs
+  // (sign cleared, the bit order of magnitudes) and convert the winner once.
+  __device__ __forceinline__ uint32_t abs_max_bits() const {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(raw);
+    uint32_t m = 0;
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+      for (int i = 0; i < VECS * 4; ++i) m = max(m, w[i] & 0x7fffffffu);
+      return m;
+    } else {
+#pragma unroll
+      for (int i = 0; i < VECS * 4; ++i) m = __vmaxu2(m, w[i] & 0x7fff7fffu);
+      const uint32_t h = max(m & 0xffffu, m >> 16);
+      if constexpr (same_type<T, half>::value) {
+        return __float_as_uint(__half2float(__ushort_as_half((unsigned short)h)));
+      } else {
+        return h << 16;
+      }
+    }
+  }
   __device__ __forceinline__ void to_float(float (&f)[E]) const {
     const uint32_t* w = reinterpret_cast<const uint32_t*>(raw);
 #pragma unroll
@@ -259,14 +279,7 @@ struct SlotPos {
   int j;  // slot within the row
 };
 
-// Max |x| as fp32 bits over a lane's values; NaN and Inf make it >= 0x7f800000.
-template <int E> __device__ __forceinline__ uint32_t abs_max_bits(const float (&v)[E]) {
-  uint32_t a = 0;
-#pragma unroll
-  for (int i = 0; i < E; ++i) a = max(a, __float_as_uint(v[i]) & 0x7fffffffu);
-  return a;
-}
-// The same over finite values only (the NVFP4 global amax ignores NaN / Inf).
+// Max |x| as fp32 bits over finite values only (the NVFP4 global amax ignores NaN / Inf).
 template <int E> __device__ __forceinline__ uint32_t finite_max_bits(const float (&v)[E]) {
   uint32_t a = 0;
 #pragma unroll
@@ -301,9 +314,9 @@ template <class F> __device__ __forceinline__ uint32_t cvt_fp8x2(float lo, float
 
 // HW: encode fp8 elements with cvt_fp8x2 (MXFP8 on sm_89+), else exact integer arithmetic.
 template <class F, bool NV, int E, int L, bool HW = false>
-__device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], float gs,
+__device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], uint32_t amax, float gs,
                                                   uint32_t (&w)[Pack<F::BITS, E>::WORDS]) {
-  uint32_t amax = abs_max_bits(v);
+  // amax: the lane's max |x| as fp32 bits; reduced over the group's L lanes here
 #pragma unroll
   for (int o = 1; o < L; o <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const bool bad = amax >= 0x7f800000u;  // NaN or Inf in the group
@@ -345,7 +358,7 @@ __device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], float gs,
 // first, so U * 16-byte loads per thread are in flight). Writes data and scale bytes.
 template <typename T, class F, bool NV, int GROUP, int E, int U, bool HW = false>
 __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const uint32_t (&idx)[U],
-                                               const SlotPos (&pos)[U],
+                                               const SlotPos (&pos)[U], int u_count,
                                                const Shape& sh, float gs, uint8_t* __restrict__ data,
                                                uint8_t* __restrict__ scales) {
   constexpr int L = GROUP / E;
@@ -353,6 +366,7 @@ __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const
   const long long row_bytes = (long long)sh.k * F::BITS / 8;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
+    if (u >= u_count) break;  // uniform: the launch covers u_count slots per thread
     const bool in_range = idx[u] < sh.total;
     const uint32_t row = pos[u].row;
     const int j = pos[u].j;
@@ -360,7 +374,7 @@ __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const
     float v[E];
     in[u].to_float(v);
     uint32_t w[WORDS];
-    const uint32_t sbyte = quantize_slot<F, NV, E, L, HW>(v, gs, w);
+    const uint32_t sbyte = quantize_slot<F, NV, E, L, HW>(v, in[u].abs_max_bits(), gs, w);
     if (in_range && col < sh.k) store_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w);
     const int g = j / L;
     if (sh.swizzled) {
@@ -413,53 +427,14 @@ __device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* smem) {
   return v;
 }
 
-// The direct path: U slots per thread, block b owns slots [b*THREADS*U, (b+1)*THREADS*U).
-// gs_mode (NVFP4): 0 = gs_val, 1 = *gs_in, 2 = from the finite amax partials of mx_amax.
-template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW>
-__device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __restrict__ data,
-                                         uint8_t* __restrict__ scales, const float* gs_in,
-                                         const uint32_t* partials, float* gs_out, float gs_val,
-                                         int gs_mode, int n_partials, int rows, int k,
-                                         int swizzled) {
-  const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
-  uint32_t idx[U];
-  SlotPos pos[U];
-  InVec<T, E> in[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    idx[u] = (blockIdx.x * U + u) * THREADS + threadIdx.x;
-    const T* p = slot_input<T, E>(x, idx[u], sh, pos[u]);
-    if (p) in[u].load(p); else in[u].zero();
-  }
-  float gs = 1.0f;
-  if constexpr (NV) {
-    if (gs_mode == 0) {
-      gs = gs_val;
-    } else if (gs_mode == 1) {
-      gs = *gs_in;
-    } else {
-      __shared__ uint32_t red[32];
-      uint32_t a = 0;
-      for (int i = threadIdx.x; i < n_partials; i += THREADS) a = max(a, partials[i]);
-      gs = nvfp4_global_scale(block_max(a, red));
-    }
-    if (blockIdx.x == 0 && threadIdx.x == 0) *gs_out = gs;
-  }
-  quantize_slots<T, F, NV, GROUP, E, U, HW>(in, idx, pos, sh, gs, data, scales);
-  zero_padding_rows(sh, scales, (long long)blockIdx.x * THREADS + threadIdx.x,
-                    (long long)gridDim.x * THREADS);
-}
-
-// Finite amax of n16 16-byte vectors of x, one partial (fp32 bits) per block.
+// Finite amax (fp32 bits) of this thread's share of n16 16-byte vectors: start, start + stride, ...
 template <typename T, int THREADS>
-__device__ __forceinline__ void amax_partials(const T* __restrict__ x, uint32_t* partials,
-                                              long long n16) {
+__device__ __forceinline__ uint32_t finite_amax_strided(const T* __restrict__ x, long long n16,
+                                                        long long start, long long stride) {
   constexpr int E = 16 / sizeof(T);
   constexpr int UNROLL = 4;
-  __shared__ uint32_t red[32];
   uint32_t a = 0;
-  const long long stride = (long long)gridDim.x * THREADS;
-  for (long long i = (long long)blockIdx.x * THREADS + threadIdx.x; i < n16; i += UNROLL * stride) {
+  for (long long i = start; i < n16; i += UNROLL * stride) {
     InVec<T, E> in[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -472,8 +447,63 @@ __device__ __forceinline__ void amax_partials(const T* __restrict__ x, uint32_t*
       a = max(a, finite_max_bits(v));
     }
   }
-  a = block_max(a, red);
-  if (threadIdx.x == 0) partials[blockIdx.x] = a;
+  return a;
+}
+
+// Finite amax of n16 16-byte vectors of x, one partial (fp32 bits) per block.
+template <typename T, int THREADS>
+__device__ __forceinline__ void amax_partials(const T* __restrict__ x, uint32_t* partials,
+                                              long long n16) {
+  __shared__ uint32_t red[32];
+  const uint32_t a = finite_amax_strided<T, THREADS>(
+      x, n16, (long long)blockIdx.x * THREADS + threadIdx.x, (long long)gridDim.x * THREADS);
+  const uint32_t m = block_max(a, red);
+  if (threadIdx.x == 0) partials[blockIdx.x] = m;
+}
+
+// The direct path: U slots per thread, block b owns slots [b*THREADS*U, (b+1)*THREADS*U).
+// gs_mode (NVFP4): 0 = gs_val, 1 = *gs_in, 2 = from the finite amax partials of mx_amax,
+// 3 = each block reduces the finite amax of the whole input (small inputs: one launch, any arch).
+template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW>
+__device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __restrict__ data,
+                                         uint8_t* __restrict__ scales, const float* gs_in,
+                                         const uint32_t* partials, float* gs_out, float gs_val,
+                                         int gs_mode, int n_partials, int rows, int k,
+                                         int swizzled, int u_count) {
+  // u_count (1..U, uniform): slots per thread of this launch; 1 spreads small inputs over more
+  // blocks (shorter per-thread chains), U keeps U loads in flight for large ones.
+  const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
+  uint32_t idx[U];
+  SlotPos pos[U];
+  InVec<T, E> in[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    idx[u] = u < u_count ? (blockIdx.x * u_count + u) * THREADS + threadIdx.x : 0xffffffffu;
+    const T* p = slot_input<T, E>(x, idx[u], sh, pos[u]);
+    if (p) in[u].load(p); else in[u].zero();
+  }
+  float gs = 1.0f;
+  if constexpr (NV) {
+    if (gs_mode == 0) {
+      gs = gs_val;
+    } else if (gs_mode == 1) {
+      gs = *gs_in;
+    } else if (gs_mode == 2) {
+      __shared__ uint32_t red[32];
+      uint32_t a = 0;
+      for (int i = threadIdx.x; i < n_partials; i += THREADS) a = max(a, partials[i]);
+      gs = nvfp4_global_scale(block_max(a, red));
+    } else {  // 3: every block reduces the whole (small, L2-resident) input itself
+      __shared__ uint32_t red[32];
+      gs = nvfp4_global_scale(block_max(
+          finite_amax_strided<T, THREADS>(x, (long long)rows * k * sizeof(T) / 16, threadIdx.x,
+                                          THREADS), red));
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *gs_out = gs;
+  }
+  quantize_slots<T, F, NV, GROUP, E, U, HW>(in, idx, pos, u_count, sh, gs, data, scales);
+  zero_padding_rows(sh, scales, (long long)blockIdx.x * THREADS + threadIdx.x,
+                    (long long)gridDim.x * THREADS);
 }
 
 #if __CUDA_ARCH__ >= 900
@@ -507,14 +537,16 @@ __device__ __forceinline__ void quantize_fused(const T* __restrict__ x, uint8_t*
   SlotPos pos[U];
   InVec<T, E> in[U];
   uint32_t a = 0;
+  const int u_count = int((sh.total + THREADS * CLUSTER - 1) / (THREADS * CLUSTER));  // <= U
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    idx[u] = uint32_t(u * THREADS * CLUSTER) + uint32_t(tid);
+    idx[u] = u < u_count ? uint32_t(u * THREADS * CLUSTER) + uint32_t(tid) : 0xffffffffu;
     const T* p = slot_input<T, E>(x, idx[u], sh, pos[u]);
     if (p) in[u].load(p); else in[u].zero();
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
+    if (u >= u_count) break;
     float v[E];
     in[u].to_float(v);
     a = max(a, finite_max_bits(v));
@@ -528,7 +560,7 @@ __device__ __forceinline__ void quantize_fused(const T* __restrict__ x, uint8_t*
   cluster_arrive();  // done reading the other blocks' shared memory (waited on before exit)
   const float gs = nvfp4_global_scale(a);
   if (tid == 0) *gs_out = gs;
-  quantize_slots<T, F, true, GROUP, E, U>(in, idx, pos, sh, gs, data, scales);
+  quantize_slots<T, F, true, GROUP, E, U>(in, idx, pos, u_count, sh, gs, data, scales);
   zero_padding_rows(sh, scales, tid, (long long)THREADS * CLUSTER);
   cluster_wait();
 }

@@ -105,9 +105,11 @@ def test_slot_counts(fmt, rows, k):
 # -- launch plans --------------------------------------------------------------------------------
 def test_plan_paths():
     p = quantize_plan("sm_90a", 132, "nvfp4", "float16", 16, 4096, True, "auto")
-    assert (p.path, p.grid, p.block) == ("fused", CLUSTER, FUSED_THREADS)
+    assert (p.path, p.grid, p.block, p.slots) == ("fused", CLUSTER, FUSED_THREADS, 1)
     p = quantize_plan("sm_80", 108, "nvfp4", "float16", 16, 4096, True, "auto")
-    assert p.path == "amax" and 1 <= p.amax_grid <= 4 * 108
+    assert (p.path, p.amax_grid, p.slots) == ("redundant", 0, 1), "no clusters on sm_80"
+    p = quantize_plan("sm_80", 108, "nvfp4", "float16", 64, 4096, True, "auto")
+    assert p.path == "amax" and 1 <= p.amax_grid <= 4 * 108, "512 KB: too big to re-read"
     p = quantize_plan("sm_90a", 132, "nvfp4", "bfloat16", 4096, 4096, True, "auto")
     assert p.path == "amax" and p.amax_grid == 4 * 132
     for mode in ("value", "device"):
@@ -121,12 +123,30 @@ def test_plan_paths():
         quantize_plan("sm_90a", 132, "nvfp4", "float16", 1, 64, True, "host")
 
 
+def test_force_small_auto_path():
+    from kernelgen.mx.select import force_small_auto_path
+
+    try:
+        force_small_auto_path("redundant")
+        assert quantize_plan("sm_90a", 132, "nvfp4", "bfloat16", 16, 4096, True, "auto").path \
+            == "redundant"
+        force_small_auto_path("fused")
+        assert quantize_plan("sm_80", 108, "nvfp4", "bfloat16", 16, 4096, True, "auto").path \
+            == "amax", "no fused path on sm_80: the forced choice falls back"
+        with pytest.raises(ValueError, match="expected None"):
+            force_small_auto_path("cluster")
+    finally:
+        force_small_auto_path(None)
+    assert quantize_plan("sm_90a", 132, "nvfp4", "bfloat16", 16, 4096, True, "auto").path == \
+        "fused"
+
+
 def test_fused_limit():
     """The fused kernel keeps every slot in registers: up to CLUSTER * FUSED_THREADS * slots."""
     cap = CLUSTER * FUSED_THREADS * MxQuantizeConfig(arch="sm_90a").fused_slots
-    rows = cap // (4096 // 8)  # nvfp4, fp16: 8 elements per slot, no padding columns at K=4096
-    assert quantize_plan("sm_90a", 132, "nvfp4", "float16", rows, 4096, True, "auto").path == \
-        "fused"
+    rows = cap // (4096 // lane_elems("nvfp4"))  # no padding columns at K=4096
+    p = quantize_plan("sm_90a", 132, "nvfp4", "float16", rows, 4096, True, "auto")
+    assert (p.path, p.slots) == ("fused", MxQuantizeConfig(arch="sm_90a").fused_slots)
     assert quantize_plan("sm_90a", 132, "nvfp4", "float16", rows + 1, 4096, True, "auto").path \
         == "amax"
 
@@ -138,7 +158,9 @@ def test_fused_limit():
 def test_direct_grid_covers_every_slot_and_padding_word(fmt, dtype, rows, k, swizzled):
     p = quantize_plan("sm_90a", 132, fmt, dtype, rows, k, swizzled, "value")
     total, pad = slot_counts(fmt, rows, k, swizzled)
-    per_block = THREADS * slots_per_thread(fmt, dtype)
+    full = slots_per_thread(fmt, dtype)
+    assert p.slots == (full if -(-total // (THREADS * full)) >= 2 * 132 else 1), p.short()
+    per_block = THREADS * p.slots
     assert p.path == "direct" and p.block == THREADS
     assert p.grid * per_block >= total, p.short()
     assert p.grid * THREADS * PAD_WORDS_PER_THREAD >= pad, p.short()

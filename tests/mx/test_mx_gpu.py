@@ -147,33 +147,40 @@ def test_quantize_nvfp4_exact(dtype, layout):
                 _check_dequantize(t, packed, scales, "nvfp4", gs, ctx)
 
 
+@pytest.mark.parametrize("small", [None, "fused", "redundant"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_nvfp4_every_global_scale_path(dtype):
-    """fused (one cluster), amax + quantize, and the direct path agree with the reference on
-    shapes around the fused limit (the path is taken from the plan, so none goes untested)."""
+def test_nvfp4_every_global_scale_path(dtype, small):
+    """The global scale computed on the device: fused (one cluster), redundant (every block
+    reduces the input), amax + quantize - each against the reference on shapes around the
+    limits (the path is taken from the plan, so none goes untested)."""
     import cupy
 
     import kernelgen.mx as mx
     from kernelgen.arch import device_info
-    from kernelgen.mx.select import quantize_plan
+    from kernelgen.mx.select import force_small_auto_path, quantize_plan
 
     info = device_info()
     rng = np.random.default_rng(7)
     seen = set()
-    for rows, k in ((16, 4096), (64, 4096), (65, 4096), (300, 4096), (1, 16), (2049, 64)):
-        xh = _values(rng, (rows, k), dtype, True)
-        x2, hint = _ref_input(xh, dtype)
-        packed, scales, gs = R.quantize_nvfp4(x2, dtype=hint)
-        t = mx.quantize_nvfp4(cupy.asarray(xh), dtype=hint)
-        path = quantize_plan(info.arch.name, info.sm_count, "nvfp4", dtype, rows, k, True,
-                             "auto").path
-        seen.add(path)
-        ctx = f"{dtype=} {rows=} {k=} {path=}"
-        assert cupy.asnumpy(t.global_scale).view(np.uint32)[0] == np.float32(gs).view(np.uint32), ctx
-        _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
-        _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
-    want = {"amax", "fused"} if info.arch.cc >= 90 else {"amax"}
-    assert seen == want, f"paths exercised {seen}, expected {want}"
+    force_small_auto_path(small)
+    try:
+        for rows, k in ((16, 4096), (64, 4096), (65, 4096), (300, 4096), (1, 16), (2049, 64)):
+            xh = _values(rng, (rows, k), dtype, True)
+            x2, hint = _ref_input(xh, dtype)
+            packed, scales, gs = R.quantize_nvfp4(x2, dtype=hint)
+            t = mx.quantize_nvfp4(cupy.asarray(xh), dtype=hint)
+            path = quantize_plan(info.arch.name, info.sm_count, "nvfp4", dtype, rows, k, True,
+                                 "auto").path
+            seen.add(path)
+            ctx = f"{dtype=} {rows=} {k=} {path=}"
+            got = cupy.asnumpy(t.global_scale).view(np.uint32)[0]
+            assert got == np.float32(gs).view(np.uint32), ctx
+            _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
+            _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
+    finally:
+        force_small_auto_path(None)
+    fused = info.arch.cc >= 90 and small != "redundant"
+    assert seen == {"amax", "fused" if fused else "redundant"}, f"paths exercised {seen}"
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8_e4m3", "mxfp6_e3m2"])
