@@ -38,7 +38,8 @@ class TileShape:
 # the end (the decode path streams weights: bytes in flight matter, not mma throughput). Measured
 # on H100 (BENCHMARKS.md): 32 weight rows, 2 warps and 4 stages when there are >= 4 CTAs an SM
 # (more CTAs resident beat deeper pipelines), 8 stages when fewer. Without swap_ab: tokens on
-# P, a classic 2-D warp grid; 128 x 256 tiles cut the X re-reads of prefill.
+# P, a classic 2-D warp grid; 128 x 256 tiles with 2 stages were the fastest prefill variant
+# measured (fewer X re-reads; 210 registers: one CTA an SM either way).
 TILES: dict[tuple[int, bool, int], TileShape] = {
     (8, True, 32): TileShape(32, 1, 1, 2, 4, 4, 8),
     (8, True, 64): TileShape(64, 1, 1, 4, 4, 4, 8),
@@ -50,12 +51,11 @@ TILES: dict[tuple[int, bool, int], TileShape] = {
     (32, False, 128): TileShape(128, 1, 4, 1, 4, 2),
     (64, False, 128): TileShape(128, 2, 2, 1, 4, 2),
     (128, False, 128): TileShape(128, 2, 4, 1, 4, 1),
-    (128, False, 256): TileShape(256, 2, 4, 1, 3, 1),
+    (128, False, 256): TileShape(256, 2, 4, 1, 2, 1),
     (256, False, 128): TileShape(128, 4, 2, 1, 3, 1),
 }
 # sm_120a opts in to 99 KB a block: fewer stages there
-STAGES_SM120: dict[tuple[int, bool, int], int] = {
-    (128, False, 128): 3, (128, False, 256): 2, (256, False, 128): 2}
+STAGES_SM120: dict[tuple[int, bool, int], int] = {(128, False, 128): 3, (256, False, 128): 2}
 
 
 def tile_shape(arch: str, tile_m: int, swap_ab: bool, tile_n: int, few: bool = False) -> TileShape:

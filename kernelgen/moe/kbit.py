@@ -28,7 +28,9 @@ from .config import (
     kbit_stage_bytes,
 )
 
-KBIT_TILE_M_TABLE: tuple[tuple[float, int], ...] = ((2.0, 8), (6.0, 16), (float("inf"), 32))
+# measured (BENCHMARKS.md): the kbit kernel is decode-bound, so TILE_M=8 stays faster than 16
+# even where some experts then take two passes over their weights (E=8, top-2, T=16)
+KBIT_TILE_M_TABLE: tuple[tuple[float, int], ...] = ((8.0, 8), (16.0, 16), (float("inf"), 32))
 MIN_CTAS_PER_SM = 2
 MAX_STAGES = 8
 # shared memory (bytes) one CTA may take so that two stay resident on an SM

@@ -29,9 +29,11 @@ from ..core.select import selector
 from ..errors import UnsupportedConfigError
 from .config import DTYPES, EPILOGUES, TILE_MS, MoeGemmConfig
 
-# (largest average rows per expert, TILE_M); the last row takes everything above
+# (largest average rows per expert, TILE_M); the last row takes everything above. TILE_M=256
+# stays available (forced, policy "waste") but the threshold table never picks it: at 1024
+# rows per expert 128 x 256 tiles measured faster than 256 x 128 (BENCHMARKS.md).
 TILE_M_TABLE: tuple[tuple[float, int], ...] = (
-    (2.0, 8), (6.0, 16), (14.0, 32), (40.0, 64), (512.0, 128), (math.inf, 256))
+    (2.0, 8), (6.0, 16), (14.0, 32), (40.0, 64), (math.inf, 128))
 SWAP_AB: dict[int, bool] = {8: True, 16: True, 32: True, 64: False, 128: False, 256: False}
 SWAP_TILE_N = 32  # weight rows of a swap_ab tile
 FEW_CTAS_PER_SM = 4  # below: the deep-pipeline variant of a swap_ab row

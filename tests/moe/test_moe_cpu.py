@@ -62,7 +62,7 @@ def test_tile_m_threshold_policy():
         rows = int(bound * e)
         assert tile_m_for(rows, e) == tile, (bound, tile)
     assert tile_m_for(1, 128) == 8
-    assert tile_m_for(10**7, 8) == 256
+    assert tile_m_for(10**7, 8) == 128  # 256 only forced or by the waste policy
     prev = 0
     for rows in range(1, 100_000, 97):  # monotone in the rows
         tm = tile_m_for(rows, 64)
@@ -128,7 +128,7 @@ def test_prewarm_default_set_is_modest_and_valid():
         cfgs = list(prewarm_configs([arch], {}))
         assert 0 < len(cfgs) <= 40 and len(set(cfgs)) == len(cfgs)
         assert {c.epilogue for c in cfgs} == {"none", "swiglu"}
-        assert {c.tile_m for c in cfgs} == {8, 16, 32, 64, 128, 256}
+        assert {c.tile_m for c in cfgs if isinstance(c, MoeGemmConfig)} == {8, 16, 32, 64, 128}
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
