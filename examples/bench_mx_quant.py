@@ -7,8 +7,8 @@ eager per-call time (CUDA events around back-to-back Python calls: host overhead
 Bandwidth = logical bytes (input in, packed codes + scale bytes out) per second, as a fraction of
 the device-copy bandwidth measured in the same run.
 NVFP4 is timed with the global scale given (a Python float, "gs=value") and computed on the
-device from the input ("gs=auto": fused single launch for small inputs, amax + quantize else;
-"auto:redundant": the sm_80 small-input path, forced, for comparison).
+device from the input ("gs=auto": one launch for small inputs, amax + quantize else;
+"auto:fused": the sm_90+ cluster kernel, forced, for comparison).
 
     python examples/bench_mx_quant.py [--ms 1,16,4096,16384] [--k 4096] [--json out.json]
 """
@@ -100,9 +100,9 @@ def main() -> None:
             for m in ms:
                 modes = ("value",)
                 if fmt == "nvfp4":
-                    modes = ("value", "auto") + (("auto:redundant",) if m <= 64 else ())
+                    modes = ("value", "auto") + (("auto:fused",) if m <= 64 else ())
                 for gs in modes:
-                    force_small_auto_path("redundant" if gs == "auto:redundant" else None)
+                    force_small_auto_path("fused" if gs == "auto:fused" else None)
                     q = quantizer(fmt, dtype, gs)
                     path = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
                                          gs.split(":")[0]).path

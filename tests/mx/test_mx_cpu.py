@@ -104,10 +104,9 @@ def test_slot_counts(fmt, rows, k):
 
 # -- launch plans --------------------------------------------------------------------------------
 def test_plan_paths():
-    p = quantize_plan("sm_90a", 132, "nvfp4", "float16", 16, 4096, True, "auto")
-    assert (p.path, p.grid, p.block, p.slots) == ("fused", CLUSTER, FUSED_THREADS, 1)
-    p = quantize_plan("sm_80", 108, "nvfp4", "float16", 16, 4096, True, "auto")
-    assert (p.path, p.amax_grid, p.slots) == ("redundant", 0, 1), "no clusters on sm_80"
+    for arch, sms in (("sm_90a", 132), ("sm_80", 108)):
+        p = quantize_plan(arch, sms, "nvfp4", "float16", 16, 4096, True, "auto")
+        assert (p.path, p.amax_grid, p.slots) == ("redundant", 0, 1), p.short()
     p = quantize_plan("sm_80", 108, "nvfp4", "float16", 64, 4096, True, "auto")
     assert p.path == "amax" and 1 <= p.amax_grid <= 4 * 108, "512 KB: too big to re-read"
     p = quantize_plan("sm_90a", 132, "nvfp4", "bfloat16", 4096, 4096, True, "auto")
@@ -117,8 +116,8 @@ def test_plan_paths():
             "direct"
     assert quantize_plan("sm_90a", 132, "mxfp4", "float16", 16, 4096, True, "value").path == \
         "direct"
-    assert "path=fused" in quantize_plan("sm_90a", 132, "nvfp4", "float16", 1, 64, True,
-                                         "auto").short()
+    assert "path=redundant" in quantize_plan("sm_90a", 132, "nvfp4", "float16", 1, 64, True,
+                                             "auto").short()
     with pytest.raises(ValueError, match="gs_mode"):
         quantize_plan("sm_90a", 132, "nvfp4", "float16", 1, 64, True, "host")
 
@@ -127,10 +126,9 @@ def test_force_small_auto_path():
     from kernelgen.mx.select import force_small_auto_path
 
     try:
-        force_small_auto_path("redundant")
-        assert quantize_plan("sm_90a", 132, "nvfp4", "bfloat16", 16, 4096, True, "auto").path \
-            == "redundant"
         force_small_auto_path("fused")
+        p = quantize_plan("sm_90a", 132, "nvfp4", "bfloat16", 16, 4096, True, "auto")
+        assert (p.path, p.grid, p.block, p.slots) == ("fused", CLUSTER, FUSED_THREADS, 1)
         assert quantize_plan("sm_80", 108, "nvfp4", "bfloat16", 16, 4096, True, "auto").path \
             == "amax", "no fused path on sm_80: the forced choice falls back"
         with pytest.raises(ValueError, match="expected None"):
@@ -138,11 +136,21 @@ def test_force_small_auto_path():
     finally:
         force_small_auto_path(None)
     assert quantize_plan("sm_90a", 132, "nvfp4", "bfloat16", 16, 4096, True, "auto").path == \
-        "fused"
+        "redundant"
 
 
 def test_fused_limit():
     """The fused kernel keeps every slot in registers: up to CLUSTER * FUSED_THREADS * slots."""
+    from kernelgen.mx.select import force_small_auto_path
+
+    force_small_auto_path("fused")
+    try:
+        _check_fused_limit()
+    finally:
+        force_small_auto_path(None)
+
+
+def _check_fused_limit():
     cap = CLUSTER * FUSED_THREADS * MxQuantizeConfig(arch="sm_90a").fused_slots
     rows = cap // (4096 // lane_elems("nvfp4"))  # no padding columns at K=4096
     p = quantize_plan("sm_90a", 132, "nvfp4", "float16", rows, 4096, True, "auto")
