@@ -20,6 +20,9 @@ class Family:
     # (archs, spec) -> configs; spec is a dict from a profile file or CLI flags (may be empty)
     prewarm_configs: Callable[[Iterable[str], dict[str, Any]], Iterable[KernelConfig]]
     description: str = ""
+    # targets the family has kernels for (None: every arch in kernelgen.arch.ALL_ARCHS); the
+    # compile matrix checks prewarm yields configs for exactly these
+    archs: tuple[str, ...] | None = None
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -13,6 +13,7 @@ register_family(
         name="mx_gemm",
         config_classes=(MxFp8GemmConfig, MxBsGemmConfig),
         prewarm_configs=prewarm_configs,
+        archs=("sm_90a", "sm_100a", "sm_120a"),  # fp8 mma needs sm_89+: nothing for sm_80
         description="block-scaled GEMM: MXFP8 on fp8 mma.sync (sm_90a/sm_100a), native "
                     "block-scaled mma.sync on sm_120a",
     )
