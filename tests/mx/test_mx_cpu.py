@@ -257,3 +257,70 @@ def test_global_scale_must_be_positive_finite_fp32(gs):
 
 def test_mx_formats_listed():
     assert set(MX_FORMATS) == set(R.MX_FORMATS) and set(FORMATS) == set(R.MX_FORMATS) | {"nvfp4"}
+
+
+# -- the kernels' slot mapping, emulated from the launch plan --------------------------------------
+def _slot_indices(plan, total):
+    """Slot index of every (thread, slot) the launch runs, as mx.cuh computes it."""
+    if plan.path == "fused":
+        tid = np.arange(plan.grid * plan.block)
+        u_count = -(-total // (plan.grid * plan.block))
+        return (np.arange(u_count)[:, None] * plan.grid * plan.block + tid[None, :]).ravel()
+    b, u, t = np.meshgrid(np.arange(plan.grid), np.arange(plan.slots), np.arange(plan.block),
+                          indexing="ij")
+    return ((b * plan.slots + u) * plan.block + t).ravel()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt, rows, k", [
+    (f, r, k) for f in FORMATS
+    for r, k in ((1, 64), (16, 4096), (130, 96), (257, 320), (3, 16), (300, 4096))
+    if k % (16 if f == "nvfp4" else 32) == 0])
+@pytest.mark.parametrize("layout", ["swizzled", "row_major"])
+def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
+    """Every packed byte and every scale byte (padding included) is written by exactly one lane,
+    and the 4 groups of a swizzled scale word sit in 4L lanes of one warp, one row."""
+    from kernelgen.mx.select import force_small_auto_path
+
+    group = 16 if fmt == "nvfp4" else 32
+    e, bits = lane_elems(fmt), data_shape(fmt, 1, 8)[1]  # bytes per 8 elements = bits
+    lanes = group // e
+    swz = layout == "swizzled"
+    total, pad_words = slot_counts(fmt, rows, k, swz)
+    s, kt = k // group, -(-(k // group) // 4)
+    spr = (4 * kt if swz else s) * lanes
+    for small in ((None, "fused") if fmt == "nvfp4" else (None,)):
+        force_small_auto_path(small)
+        try:
+            plan = quantize_plan("sm_90a", 132, fmt, dtype, rows, k, swz,
+                                 "auto" if fmt == "nvfp4" else "value")
+        finally:
+            force_small_auto_path(None)
+        idx = _slot_indices(plan, total)
+        idx = idx[idx < total]
+        assert np.unique(idx).size == total, f"{plan.short()}: slots missed or repeated"
+        row, j = idx // spr, idx % spr
+        col = j * e
+        # packed data: E * bits / 8 bytes per live lane
+        live = col < k
+        start = row[live] * (k * bits // 8) + col[live] * bits // 8
+        cover = np.zeros(rows * k * bits // 8, np.int64)
+        np.add.at(cover, (start[:, None] + np.arange(e * bits // 8)[None, :]).ravel(), 1)
+        assert np.all(cover == 1), f"{plan.short()}: data bytes written {set(cover.tolist())}"
+        g = j // lanes
+        if swz:
+            lead = j % (4 * lanes) == 0
+            # the xor partners (L, 2L) of a leader stay in its warp and its row
+            assert np.array_equal(lead, (idx % 32) % (4 * lanes) == 0)
+            r, c = row[lead], g[lead]
+            off = ((r // 128) * kt + c // 4) * 512 + (r % 32) * 16 + (r // 32 % 4) * 4
+            pr = rows + np.arange(pad_words) // kt
+            pq = np.arange(pad_words) % kt
+            poff = ((pr // 128) * kt + pq) * 512 + (pr % 32) * 16 + (pr // 32 % 4) * 4
+            cover = np.zeros(int(np.prod(scale_shape(fmt, rows, k, layout))), np.int64)
+            np.add.at(cover, (np.concatenate([off, poff])[:, None] + np.arange(4)).ravel(), 1)
+        else:
+            lead = j % lanes == 0
+            cover = np.zeros(rows * s, np.int64)
+            np.add.at(cover, row[lead] * s + g[lead], 1)
+        assert np.all(cover == 1), f"{plan.short()}: scale bytes written {set(cover.tolist())}"
