@@ -9,19 +9,17 @@
 // side. A stage is WARPS_K sub-ranges of 128 k (4 blocks); the planes, scales and X rows of a
 // stage arrive by cp.async (zero-filled past N / the segment / K). Warp (wp, wk) decodes rows
 // wp*16 + g and + 8, block t of sub-range wk, in registers:
-//   - byte q of the BITS plane words = 8 elements x BITS planes, transposed to 8 nibbles by
-//     kbit.cuh's planes_nibbles_swap (nibble 2p = element p, nibble 2p+1 = element p + 4), so
-//     byte p of the result is a "pair code" (index of element p, index of element p + 4);
+//   - a few bit selects turn the BITS plane words into "pair codes" of two adjacent elements
+//     (make_codes: 16 pairs a block, 4 per code word, one per byte);
 //   - a shared table maps a pair code to the two codebook values as a T pair (256 entries, one
-//     copy per lane: random codes never collide in a bank; indices masked to BITS bits, so the
-//     don't-care planes above BITS cost nothing), then one packed multiply by the block scale.
+//     copy per lane: random codes never collide in a bank), then one packed multiply by the
+//     block scale (exact E4M4 scale, one rounding in T).
 // The mma's k order is free (a sum): lane t's k-slots {2t, 2t+1 | 2t+8, 2t+9} take elements
-// {p, p+4 | p+1, p+5} (p = 0, then 2) of sub-block q of its block t, and X is read in the
-// same order (one 16-byte shared load of 8 consecutive k per token and sub-block, paired by
-// prmt). X rows in shared memory are 256 bytes a sub-range, their 16-byte chunks swizzled so
-// that the 8 lanes of a quarter warp hit 8 different bank groups.
+// {8r, 8r+1 | 8r+2, 8r+3} (then {8r+4, 8r+5 | 8r+6, 8r+7}) of its block t, so X is read as it
+// lies: one 16-byte shared load of 8 consecutive k per token and byte r feeds two mmas. X rows
+// in shared memory are 256 bytes a sub-range, their 16-byte chunks swizzled so that the 8
+// lanes of a quarter warp hit 8 different bank groups.
 #pragma once
-#include "kbit/kbit.cuh"
 #include "common/e4m4.cuh"
 #include "moe/grouped.cuh"
 
@@ -65,6 +63,38 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool va
                : "memory");
 }
 
+// Pair codes of one block (BITS plane words, element j in bit j): byte r of
+//   le = elements (8r, 8r+1)   he = (8r+2, 8r+3)   lo = (8r+4, 8r+5)   ho = (8r+6, 8r+7)
+// with bit 2b + i = plane b of the pair's element i (planes >= BITS are 0). A handful of bit
+// selects for 32 elements (the construction of templates/kbit_gemm/gemv.cuh).
+struct Codes { uint32_t le, lo, he, ho; };
+
+__device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) {
+  return (a & m) | (b & ~m);  // one LOP3
+}
+
+template <int BITS>
+__device__ __forceinline__ Codes make_codes(const uint32_t (&w)[4]) {
+  constexpr uint32_t M2 = 0x33333333u, M4 = 0x0F0F0F0Fu;
+  // nibble n: planes 0, 1 of elements (4n, 4n+1) (l01) / (4n+2, 4n+3) (h01)
+  const uint32_t l01 = bitsel(M2, w[0], w[1] << 2);
+  const uint32_t h01 = bitsel(M2, w[0] >> 2, w[1]);
+  if constexpr (BITS == 2) {
+    return Codes{l01 & M4, (l01 >> 4) & M4, h01 & M4, (h01 >> 4) & M4};
+  } else {
+    const uint32_t l23 = BITS == 3 ? (w[2] & M2) : bitsel(M2, w[2], w[3] << 2);
+    const uint32_t h23 = BITS == 3 ? ((w[2] >> 2) & M2) : bitsel(M2, w[2] >> 2, w[3]);
+    return Codes{bitsel(M4, l01, l23 << 4), bitsel(M4, l01 >> 4, l23), bitsel(M4, h01, h23 << 4),
+                 bitsel(M4, h01 >> 4, h23)};
+  }
+}
+
+// The scaled T pair of the code in byte r of `codes`: this lane's copy of the table entry.
+template <typename T>
+__device__ __forceinline__ uint32_t pair(uint32_t lane_lut, uint32_t codes, int r, uint32_t scale) {
+  return mul2<T>(lds_u32(lane_lut + (__byte_perm(codes, 0u, 0x4440u | (uint32_t)r) << 7)), scale);
+}
+
 template <typename T, int BITS, int WARPS_P, int WARPS_K, int TQ, int STAGES, bool SWIGLU>
 struct GroupedKbit {
   static_assert(BITS >= 2 && BITS <= 4, "kbit experts: 2..4 bits (pair codes fit a byte)");
@@ -82,11 +112,18 @@ struct GroupedKbit {
   static constexpr int SMEM_MAIN = KBIT_LUT_BYTES + SMEM_PIPE;
   static constexpr int SMEM = SMEM_MAIN + 16;  // + the work item
 
+  // Entry c (bit 2b + i = plane b of element i) = (cb[index 0], cb[index 1]) as a T pair.
   static __device__ __forceinline__ void fill_lut(unsigned char* lut, const float* __restrict__ cb) {
     constexpr int MASK = (1 << BITS) - 1;
     for (int i = threadIdx.x; i < 256 * 8; i += THREADS) {  // 8 x 16 B = 32 copies an entry
       const int c = i >> 3;
-      const uint32_t v = pack_t2<T>(__ldg(cb + (c & MASK)), __ldg(cb + ((c >> 4) & MASK)));
+      int i0 = 0, i1 = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        i0 |= ((c >> (2 * b)) & 1) << b;
+        i1 |= ((c >> (2 * b + 1)) & 1) << b;
+      }
+      const uint32_t v = pack_t2<T>(__ldg(cb + (i0 & MASK)), __ldg(cb + (i1 & MASK)));
       *reinterpret_cast<uint4*>(lut + c * 128 + (i & 7) * 16) = make_uint4(v, v, v, v);
     }
   }
@@ -178,32 +215,21 @@ struct GroupedKbit {
       const uint32_t s0 = scale_pair<T>(e4m4_decode(sc[r0 * 4 + t]));
       const uint32_t s1 = scale_pair<T>(e4m4_decode(sc[(r0 + 8) * 4 + t]));
       const uint32_t xs = sub + PLANE_BYTES + SCALE_BYTES;
+      const Codes ca = make_codes<BITS>(w0), cb = make_codes<BITS>(w1);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {  // sub-block q: elements 8q..8q+7 of block t
-        const uint32_t sel = (uint32_t)q | ((uint32_t)(q + 4) << 4);
-        uint32_t xa = __byte_perm(w0[0], w0[1], sel), xb = __byte_perm(w1[0], w1[1], sel);
-        if constexpr (BITS >= 3) {
-          xa = __byte_perm(xa, __byte_perm(w0[2], w0[BITS - 1], sel), 0x5410u);
-          xb = __byte_perm(xb, __byte_perm(w1[2], w1[BITS - 1], sel), 0x5410u);
-        }
-        const uint32_t ya = kg::kbit::planes_nibbles_swap(xa);
-        const uint32_t yb = kg::kbit::planes_nibbles_swap(xb);
-        uint32_t pa[4], pb[4];  // pair p: (element p, element p + 4), scaled
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          pa[p] = mul2<T>(lds_u32(lane_lut + (__byte_perm(ya, 0u, 0x4440u | p) << 7)), s0);
-          pb[p] = mul2<T>(lds_u32(lane_lut + (__byte_perm(yb, 0u, 0x4440u | p) << 7)), s1);
-        }
+      for (int r = 0; r < 4; ++r) {  // byte r: elements 8r..8r+7 of block t
+        // W pairs (8r, 8r+1) (8r+2, 8r+3) (8r+4, 8r+5) (8r+6, 8r+7) of rows r0 and r0 + 8
+        const uint32_t a_le = pair<T>(lane_lut, ca.le, r, s0), b_le = pair<T>(lane_lut, cb.le, r, s1);
+        const uint32_t a_he = pair<T>(lane_lut, ca.he, r, s0), b_he = pair<T>(lane_lut, cb.he, r, s1);
+        const uint32_t a_lo = pair<T>(lane_lut, ca.lo, r, s0), b_lo = pair<T>(lane_lut, cb.lo, r, s1);
+        const uint32_t a_ho = pair<T>(lane_lut, ca.ho, r, s0), b_ho = pair<T>(lane_lut, cb.ho, r, s1);
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
           const int tok = ni * 8 + g;
-          const int c = 4 * t + q;
+          const int c = 4 * t + r;  // X chunk: k 32t + 8r .. + 7, in the weights' pair order
           const uint4 xv = lds_v4(xs + (uint32_t)(tok * 256 + x_chunk(c, tok) * 16));
-          // k pairs (x_p, x_{p+4}) as the weights' pairs
-          const uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410u), b1 = __byte_perm(xv.x, xv.z, 0x7632u);
-          const uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410u), b3 = __byte_perm(xv.y, xv.w, 0x7632u);
-          Mma<T>::run(acc[ni], pa[0], pb[0], pa[1], pb[1], b0, b1);
-          Mma<T>::run(acc[ni], pa[2], pb[2], pa[3], pb[3], b2, b3);
+          Mma<T>::run(acc[ni], a_le, b_le, a_he, b_he, xv.x, xv.y);
+          Mma<T>::run(acc[ni], a_lo, b_lo, a_ho, b_ho, xv.z, xv.w);
         }
       }
     }

@@ -239,3 +239,36 @@ def test_reference_dequantize_experts():
     flat = KR.dequantize(packed, absmax, cb, bits, e * n * k)
     np.testing.assert_array_equal(w64.reshape(-1).astype(np.float32), flat)
     assert np.abs(w64 - w).max() < 0.5 * np.abs(w).max()
+
+
+def test_kbit_pair_codes_model():
+    """The pair-code construction of templates/moe/grouped_kbit.cuh (make_codes) and its table,
+    modelled on Python ints: byte r of le / he / lo / ho = elements (8r, 8r+1) / (8r+2, 8r+3) /
+    (8r+4, 8r+5) / (8r+6, 8r+7), bit 2b + i = plane b of element i."""
+    m2, m4, mask = 0x33333333, 0x0F0F0F0F, 0xFFFFFFFF
+
+    def bitsel(m, a, b):
+        return ((a & m) | (b & ~m)) & mask
+
+    def codes(w, bits):
+        l01, h01 = bitsel(m2, w[0], (w[1] << 2) & mask), bitsel(m2, w[0] >> 2, w[1])
+        if bits == 2:
+            return l01 & m4, h01 & m4, (l01 >> 4) & m4, (h01 >> 4) & m4
+        l23 = (w[2] & m2) if bits == 3 else bitsel(m2, w[2], (w[3] << 2) & mask)
+        h23 = ((w[2] >> 2) & m2) if bits == 3 else bitsel(m2, w[2] >> 2, w[3])
+        return (bitsel(m4, l01, (l23 << 4) & mask), bitsel(m4, h01, (h23 << 4) & mask),
+                bitsel(m4, l01 >> 4, l23), bitsel(m4, h01 >> 4, h23))
+
+    rng = np.random.default_rng(3)
+    for bits in (2, 3, 4):
+        lut = [(sum(((c >> (2 * b)) & 1) << b for b in range(4)) & ((1 << bits) - 1),
+                sum(((c >> (2 * b + 1)) & 1) << b for b in range(4)) & ((1 << bits) - 1))
+               for c in range(256)]
+        for _ in range(20):
+            idx = rng.integers(0, 1 << bits, 32)
+            w = [int(sum(((int(idx[j]) >> b) & 1) << j for j in range(32))) for b in range(bits)]
+            got = np.empty(32, np.int64)
+            for word, off in zip(codes(w, bits), (0, 2, 4, 6), strict=True):
+                for r in range(4):
+                    got[8 * r + off: 8 * r + off + 2] = lut[(word >> (8 * r)) & 0xFF]
+            assert np.array_equal(got, idx), bits
