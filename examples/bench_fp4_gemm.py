@@ -97,12 +97,87 @@ def weight_copies(fmt, n, k, l2_bytes):
     return rotation(make, wbytes, l2_bytes), wbytes
 
 
+def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng) -> None:
+    """Variants the selector would not pick, each checked against the default launch."""
+    import dataclasses
+
+    import cupy
+
+    from kernelgen.fp4_gemm import fp4_gemm, plan
+
+    def variants(m):
+        base = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
+        if base.path == "gemv":
+            yield "hint=off", dataclasses.replace(base, config=base.config.replace(hint=False))
+            if base.config.depth != 2:
+                yield "depth=2", dataclasses.replace(base, config=base.config.replace(depth=2))
+            if m == 1:
+                for s in (1, 2, 3, 4, 6, 8, 12):
+                    try:
+                        yield f"split={s}", plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count,
+                                                 split=s)
+                    except ValueError:
+                        pass
+        else:
+            for bm, wt, st in ((64, 2, 3), (64, 4, 3), (128, 2, 2), (128, 2, 4), (128, 4, 2),
+                               (128, 4, 3), (128, 4, 4)):
+                p = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
+                cfg = p.config.replace(bm=bm, stages=st, warps_t=wt)
+                grid = (p.grid[0], -(-m // bm), p.grid[2])
+                yield f"bm={bm} wt={wt} st={st}", dataclasses.replace(
+                    p, config=cfg, grid=grid, block=(cfg.threads, 1, 1), smem=cfg.smem_bytes())
+
+    for m in (1, 16, 256, 1024, 4096):
+        a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
+        ref = fp4_gemm(a, copies[0]).astype(cupy.float32)
+        for name, p in variants(m):
+            out = cupy.full((m, n), np.nan, cupy.float16)
+            fp4_gemm(a, copies[0], out=out, _plan=p)
+            err = float(cupy.linalg.norm(out.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
+            t, _ = graph_time(lambda i, a=a, out=out, c=copies, p=p: fp4_gemm(
+                a, c[i % len(c)], out=out, _plan=p), len(copies), stream)
+            fr = (wbytes + m * k * 2) / read_bw / t
+            res.setdefault("variants", []).append({"N": n, "K": k, "fmt": fmt, "M": m, "variant": name,
+                                                   "us": t * 1e6, "frac_read_bw": fr, "err": err})
+            print(f"  variant {fmt} {n}x{k} M={m:<4} {name:18} {t * 1e6:8.2f} us {100 * fr:5.1f}% read BW"
+                  f"  {2 * m * n * k / t / 1e12:6.1f} TF/s  err {err:.1e}", flush=True)
+
+
+def sass_histogram(path, dev) -> None:
+    """Opcode counts of the M=1 bandwidth kernel (cuobjdump -sass), to compare with estimates."""
+    import collections
+    import re
+    import subprocess
+    import tempfile
+
+    from kernelgen.core.jit import build
+    from kernelgen.fp4_gemm import select_fp4
+
+    lines = []
+    for fmt in ("nvfp4", "mxfp4"):
+        for m in (1, 16):
+            cfg = select_fp4(dev.arch.name, m, 14336, 4096, fmt, "float16", dev.sm_count).config
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(build(cfg).cubin)
+                f.flush()
+                sass = subprocess.run(["cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
+            ops = collections.Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", sass))
+            lines.append(f"{cfg.short()}: {sum(ops.values())} instructions; " +
+                         ", ".join(f"{o} {c}" for o, c in ops.most_common(24)))
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--fmts", default="nvfp4,mxfp4")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--variants", action="store_true",
+                    help="time launch variants (load hint, depth, splits, tile BM / stages)")
+    ap.add_argument("--sass", default=None, help="write a SASS opcode histogram of the M=1 kernel here")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
@@ -171,7 +246,11 @@ def main() -> None:
                                                             "split": split, "us": t * 1e6, "frac_read_bw": fr})
                         print(f"  sweep {fmt} M={m:<3} {path:4} split={split}: {t * 1e6:8.2f} us "
                               f"{100 * fr:5.1f}% read BW", flush=True)
+                if args.variants:
+                    run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng)
                 del copies
+    if args.sass:
+        sass_histogram(args.sass, dev)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

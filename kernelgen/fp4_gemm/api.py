@@ -11,17 +11,20 @@ import numpy as np
 from ..arch import device_info
 from ..core.interop import Ctx, context_of, device_array
 from ..core.jit import get_kernel
-from .config import DTYPES, FMTS, GROUP
-from .select import check_shape, plan, select_fp4
+from .config import DTYPES, FMTS, GROUP, SCALE_BYTES
+from .layout import tile_data, tile_scales
+from .select import Plan, check_shape, plan, select_fp4
 
 
 @dataclass(frozen=True, eq=False)
 class Fp4Weight:
     """A weight W [N, K] ready for `fp4_gemm` (built once by `prepare_weight`).
 
-    data    uint8 [N, K/2], element 2j in the low nibble of byte j (as MxTensor packs it)
-    scales  uint8 [N, K/G] row-major (the layout the kernels read): E4M3 bytes (nvfp4, G=16) or
-            E8M0 bytes relative to the row's largest, s - rowmax + 127 (mxfp4, G=32; 0xFF = NaN)
+    data    uint8, the packed E2M1 bytes (element 2j in the low nibble of byte j, as MxTensor
+            packs them) in the tiled layout of layout.py: [ceil(N/16), K/128, 2, 8, 4, 16]
+    scales  uint8, tiled the same way ([ceil(N/16), K/128, 8, 4, 2, SB/4]): E4M3 bytes (nvfp4,
+            groups of 16, SB=8) or E8M0 bytes relative to the row's largest, s - rowmax + 127
+            (mxfp4, groups of 32, SB=4; 0xFF = NaN)
     post    fp32: nvfp4 the global scale [1] (D is divided by it); mxfp4 the row factors
             2^(rowmax - 127) [N] (D is multiplied by them)
     """
@@ -33,7 +36,6 @@ class Fp4Weight:
     scales: Any
     post: Any
     device: int
-    source: Any = None  # the MxTensor it came from (keeps torch-owned memory alive)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -53,9 +55,10 @@ def _cupy():
 def prepare_weight(t: Any) -> Fp4Weight:
     """An MxTensor (fmt "nvfp4" or "mxfp4", any scale layout) -> Fp4Weight, on t's device.
 
-    Row-major NVFP4 scales are used in place (no copy); swizzled scales
-    ([ceil(N/128), ceil(S/4), 32, 4, 4], padding dropped) are unswizzled once; MXFP4 scales are
-    rebased per row (see Fp4Weight). The result keeps a reference to `t`.
+    Makes a copy in the kernels' tiled layout (layout.py; W's bytes + its scales): keep the
+    Fp4Weight and drop the MxTensor. Scales may be row-major [N, S] or swizzled
+    ([ceil(N/128), ceil(S/4), 32, 4, 4], padding dropped); MXFP4 scales are rebased per row
+    (see Fp4Weight).
     """
     for attr in ("fmt", "shape", "data", "scales", "scale_layout", "global_scale"):
         if not hasattr(t, attr):
@@ -104,7 +107,9 @@ def prepare_weight(t: Any) -> Fp4Weight:
             sc = cupy.where(nan, 0xFF, s - rowmax + 127).astype(cupy.uint8)
             post = cupy.ldexp(cupy.ones(n, cupy.float32), (rowmax[:, 0] - 127).astype(cupy.int32))
             post = post.astype(cupy.float32)
-    return Fp4Weight(fmt, n, k, data, sc, post, ctx.device, t)
+        data = tile_data(cupy, data, n, k)
+        sc = tile_scales(cupy, sc, n, k, SCALE_BYTES[fmt])
+    return Fp4Weight(fmt, n, k, data, sc, post, ctx.device)
 
 
 # prepared weights of MxTensors passed to fp4_gemm directly: id -> (weakref, Fp4Weight)
@@ -147,14 +152,15 @@ def _split_scratch(ctx: Ctx, ws_elems: int, n_counters: int) -> tuple[Any, Any]:
 
 
 def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = None,
-             dtype: str | None = None, split_k: int | None = None, path: str | None = None) -> Any:
+             dtype: str | None = None, split_k: int | None = None, path: str | None = None,
+             _plan: Plan | None = None) -> Any:
     """D = alpha * A . W^T (+ bias).
 
     A [..., K] fp16 / bf16 (contiguous, K % 128 == 0); W an MxTensor of fmt "nvfp4" / "mxfp4"
     (prepared on first use and remembered) or an Fp4Weight from `prepare_weight`; bias [N] and
     D [..., N] in A's dtype; fp32 accumulation, D rounded to nearest. `out` receives D.
     `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` / `path` ("gemv" | "tile")
-    override the selector (tests, tuning). Runs on the caller's current stream; returns the
+    override the selector (tests, tuning; `_plan` replaces it, for benchmarks of variants). Runs on the caller's current stream; returns the
     caller's array kind.
     """
     W = _as_weight(W)
@@ -187,7 +193,9 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     if m == 0:
         return out
     info = device_info(ctx.device)
-    if split_k is None and path is None:
+    if _plan is not None:
+        p = _plan
+    elif split_k is None and path is None:
         p = select_fp4(info.arch.name, m, n, k, W.fmt, dt, info.sm_count)
     else:
         p = plan(info.arch.name, m, n, k, W.fmt, dt, info.sm_count, path=path,

@@ -23,7 +23,8 @@ GEMV_MIN_BLOCKS = 2  # CTAs/SM the launch bounds ask for (<= 128 registers a thr
 DEPTHS = (2, 4)  # quad steps in flight per warp
 # tile path
 TILE_BN = 128
-TILE_BMS = {32: 1, 64: 2, 128: 2}  # BM tokens -> warps along tokens (4 warps along W each)
+TILE_BMS = {32: 1, 64: 2, 128: 2}  # BM tokens -> default warps along tokens (4 along W each)
+WARPS_T = (1, 2, 4)
 STAGES = (2, 3, 4)
 KB = 1024
 
@@ -41,6 +42,7 @@ class Fp4GemvConfig(KernelConfig):
     m_tile: int = 8
     warps: int = GEMV_WARPS
     depth: int = 4
+    hint: bool = True  # weight loads skip L1 and prefetch 256-byte L2 segments
 
     def check(self) -> None:
         if self.fmt not in FMTS:
@@ -53,6 +55,8 @@ class Fp4GemvConfig(KernelConfig):
             raise _bad(self, "warps", "expected 4 or 8")
         if self.depth not in DEPTHS:
             raise _bad(self, "depth", f"expected one of {DEPTHS}")
+        if not isinstance(self.hint, bool):
+            raise _bad(self, "hint", "expected a bool")
 
     def symbols(self) -> tuple[str, ...]:
         return ("fp4_gemv",)
@@ -86,6 +90,7 @@ class Fp4TileConfig(KernelConfig):
     dtype: str = "float16"
     bm: int = 64
     stages: int = 3
+    warps_t: int = 2  # warps along tokens (x 4 along W rows)
 
     def check(self) -> None:
         if self.fmt not in FMTS:
@@ -96,10 +101,8 @@ class Fp4TileConfig(KernelConfig):
             raise _bad(self, "bm", f"expected one of {tuple(TILE_BMS)}")
         if self.stages not in STAGES:
             raise _bad(self, "stages", f"expected one of {STAGES}")
-
-    @property
-    def warps_t(self) -> int:
-        return TILE_BMS[self.bm]
+        if self.warps_t not in WARPS_T or self.bm % (8 * self.warps_t):
+            raise _bad(self, "warps_t", f"expected one of {WARPS_T} dividing BM={self.bm} into n8 tiles")
 
     @property
     def threads(self) -> int:
@@ -113,4 +116,10 @@ class Fp4TileConfig(KernelConfig):
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
-                "warps_t": self.warps_t}
+                "min_blocks": self.min_blocks}
+
+    @property
+    def min_blocks(self) -> int:
+        """CTAs/SM the launch bounds ask for: 3 of 4-warp CTAs (<= 168 registers a thread);
+        larger CTAs need more than 128 registers (8 warps) or get 128 (16 warps), so one."""
+        return 3 if self.warps_t == 1 else 1

@@ -33,11 +33,13 @@ from .config import (
 # Path threshold: M up to this runs the bandwidth path (one pass of <= 16 tokens reads W once);
 # above it the tile path, whose CTAs reuse each decoded weight for BM tokens.
 GEMV_MAX_M = 16
-# Bandwidth path: split K until about this many warps a SM have a work item (all resident at
-# once: 2 CTAs x 8 warps), keeping at least MIN_STEPS quad steps (128 k) per split so the
-# DEPTH-deep load ring is full. Little's law on H100: ~2 MB in flight -> 16 KB an SM; a warp
-# keeps DEPTH x 1 KB in flight, so 12 warps x 4 KB = 48 KB leave margin for the tail.
-GEMV_WARPS_PER_SM = 12
+# Bandwidth path: the most K splits whose CTAs all fit one wave (GEMV_CTAS_PER_SM resident an
+# SM: 8 warps x <= 128 registers), keeping at least MIN_STEPS quad steps (128 k) per split so
+# the DEPTH-deep load ring is full. The kernel is bound by per-warp latency, not by bytes in
+# flight (DEPTH 4 keeps 4 KB a warp, ~64 KB an SM: Little's law asks ~16 KB), so what counts is
+# warps busy on every SM until the end: measured on H100 (M=1) 14336x4096 fastest at 2 splits
+# (224 CTAs), 4096x14336 at 8 (256 CTAs), both one wave of <= 264.
+GEMV_CTAS_PER_SM = 2
 MIN_STEPS = 4
 # Tile path: BM by M (largest M of the row), split-K until the CTAs make one wave.
 TILE_BM_TABLE: tuple[tuple[int, int], ...] = ((32, 32), (128, 64), (1 << 31, 128))
@@ -109,10 +111,10 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split):
     tiles = -(-n // 16)
     q = k // STEP_K
     max_sps = max(1, gemv_smem_cap(arch) // (rows * STEP_K * 2))
+    ctas_x = -(-tiles // GEMV_WARPS)
     if split is None:
-        want = -(-GEMV_WARPS_PER_SM * sm_count // (tiles * m_tiles))
-        split = min(want, max(1, q // MIN_STEPS))
-        split = max(split, -(-q // max_sps), 1)
+        one_wave = GEMV_CTAS_PER_SM * sm_count // (ctas_x * m_tiles)
+        split = max(1, min(one_wave, q // MIN_STEPS), -(-q // max_sps))
     elif not 1 <= split <= q:
         raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
     sps = -(-q // split)
@@ -123,13 +125,14 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split):
     depth = DEPTHS[-1] if sps >= DEPTHS[-1] else DEPTHS[0]
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=GEMV_WARPS,
                         depth=depth)
-    grid = (-(-tiles // GEMV_WARPS), split, m_tiles)
+    grid = (ctas_x, split, m_tiles)
     return Plan(cfg, split, sps, grid, (GEMV_WARPS * 32, 1, 1), rows * sps * STEP_K * 2)
 
 
 def _tile(arch, m, n, k, fmt, dtype, sm_count, split):
     bm = bm_for(m)
-    cfg = Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm, stages=stages_for(arch, fmt, bm))
+    cfg = Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm, stages=stages_for(arch, fmt, bm),
+                        warps_t=TILE_BMS[bm])
     q = k // STEP_K
     ctas = -(-n // TILE_BN) * -(-m // bm)
     if split is None:
@@ -209,7 +212,7 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4G
                                                 warps=GEMV_WARPS, depth=depth)
                     for bm in TILE_BMS:
                         yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm,
-                                            stages=stages_for(arch, fmt, bm))
+                                            stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])
                     continue
                 for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
                     for m, n, k in shapes:

@@ -1,12 +1,15 @@
 // FP4 (E2M1) weights for fp16 / bf16 tensor-core GEMMs: decode, scales, loads, split-K finish.
 //
-// Weight layout both kernels read (kernelgen/fp4_gemm/api.py prepare_weight makes it):
-//   W  [N, K/2] uint8, row-major; element 2j in the low nibble of byte j (the MxTensor packing)
-//   S  [N, K/G] uint8, row-major scales (G = 16 for NVFP4, 32 for MXFP4):
-//        NVFP4: E4M3 bytes as quantized;
+// Weight layout both kernels read (kernelgen/fp4_gemm/layout.py; prepare_weight makes it):
+//   W  packed E2M1 (two a byte, element 2j in the low nibble of byte j) tiled per 16 rows and
+//      128 k: [T, Q, 2 (h), 8 (g), 4 (t), 16 B], row = 16*tile + 8h + g (T = ceil(N/16), rows
+//      past N zero, Q = K/128): the 1 KB a warp loads per step is contiguous.
+//   S  scale bytes of the same blocks: [T, Q, 8 (g), 4 (t), 2 (h), SB/4] (SB = 128 / group):
+//        NVFP4: E4M3 bytes as quantized (groups of 16);
 //        MXFP4: E8M0 bytes *relative to the row*: s' = s - rowmax + 127 (<= 127; 0xFF = NaN), so
 //               2^(s'-127) <= 1 fits fp16 / bf16; the row's 2^(rowmax-127) is applied in fp32
 //               to the accumulator (post[n]).
+//      A lane's scales of rows g and g+8 are one 4-byte (NVFP4) / 2-byte (MXFP4) word.
 //   post  NVFP4: &global_scale (D *= alpha / gs); MXFP4: [N] fp32 row factors (D *= alpha * post[n]).
 //
 // Lane work unit ("quad step", 128 k of 16 W rows): lane (g, t) = (lane / 4, lane % 4) loads the
@@ -57,16 +60,17 @@ template <> struct E2m1Lut<__nv_bfloat16> {
   static constexpr uint32_t L0 = 0xC0800000u, L1 = 0xC0804000u;
 };
 
-// Word w = elements n0..n7 (nibble i = element i) -> r[p] = T pair (n_2p, n_2p+1), low half first.
+// Word w = elements n0..n7 (nibble i = element i) -> r[p] = T pair (n_2p, n_2p+1), low half
+// first. h0, h1: the high-byte table (E2m1Lut::H0/H1, or a scaled copy, see RowScale).
 template <typename T>
-__device__ __forceinline__ void e2m1x8(uint32_t w, uint32_t (&r)[4]) {
+__device__ __forceinline__ void e2m1x8(uint32_t w, uint32_t h0, uint32_t h1, uint32_t (&r)[4]) {
   using L = E2m1Lut<T>;
   const uint32_t mag = w & 0x77777777u, w4 = w << 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint32_t m = h ? mag >> 16 : mag;
     const uint32_t sg = __byte_perm(w4, w, h ? 0x7362u : 0x5140u);  // bit 7 of byte i: sign of n_4h+i
-    const uint32_t hi = prmt_r(L::H0, L::H1, m) | (sg & 0x80808080u);  // one LOP3
+    const uint32_t hi = prmt_r(h0, h1, m) | (sg & 0x80808080u);  // one LOP3
     if constexpr (!L::LOW) {
       r[2 * h] = __byte_perm(hi, 0u, 0x1404u);      // [0, hi0, 0, hi1]
       r[2 * h + 1] = __byte_perm(hi, 0u, 0x3424u);  // [0, hi2, 0, hi3]
@@ -79,13 +83,6 @@ __device__ __forceinline__ void e2m1x8(uint32_t w, uint32_t (&r)[4]) {
 }
 
 // -- scales -----------------------------------------------------------------------------------
-// E4M3 byte -> float, exact (through the fp16 bit pattern: e4m3 * 2^-8 is an fp16, subnormals
-// included); 0x7F / 0xFF -> NaN.
-__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
-  const uint32_t h = ((b & 0x7Fu) << 7) | ((b & 0x80u) << 8);
-  const float v = __half2float(__ushort_as_half((unsigned short)h)) * 256.0f;
-  return (b & 0x7Fu) == 0x7Fu ? __int_as_float(0x7fffffff) : v;
-}
 // Relative E8M0 byte s' -> 2^(s'-127) (0 for s' == 0, NaN for 0xFF).
 __device__ __forceinline__ float e8m0_rel_to_float(uint32_t b) {
   return b == 0xFFu ? __int_as_float(0x7fffffff) : __uint_as_float(b << 23);
@@ -113,30 +110,82 @@ template <> __device__ __forceinline__ uint32_t hmul2<__nv_bfloat16>(uint32_t a,
   return r;
 }
 
-// The scales of one lane's chunk of one row: `raw` = the 2 (NVFP4, u16) or 1 (MXFP4) scale
-// bytes; sc[0] for words 0-1, sc[1] for words 2-3, as T pairs.
-template <typename T, int FMT>
-__device__ __forceinline__ void chunk_scales(uint32_t raw, uint32_t (&sc)[2]) {
-  if constexpr (FMT == FMT_NVFP4) {
-    sc[0] = splat2<T>(e4m3_to_float(raw & 0xFFu));
-    sc[1] = splat2<T>(e4m3_to_float((raw >> 8) & 0xFFu));
-  } else {
-    sc[0] = sc[1] = splat2<T>(e8m0_rel_to_float(raw & 0xFFu));
-  }
+// The scales of one lane's chunk of one row: `raw` = the 2 (NVFP4) or 1 (MXFP4) scale bytes
+// in its low bits; sc[0] for words 0-1, sc[1] for words 2-3, as T pairs.
+// NVFP4 scales are produced as e4m3 * 2^-8 (the fp16 bit pattern of the e4m3 byte: no
+// conversion for fp16; NVFP4_UNIT below undoes the 2^-8 in the epilogue). W pairs times that
+// stay exact in fp16: products of e2m1 and e4m3 are multiples of 2^-10 below 2688, so after
+// the 2^-8 multiples of 2^-18 (>= fp16's 2^-24 step) below 10.5. NaN bytes (0x7F / 0xFF) give NaN.
+constexpr float NVFP4_UNIT = 256.0f;
+__device__ __forceinline__ uint32_t e4m3x2_to_half2_unit(uint32_t raw) {
+  const uint32_t x = __byte_perm(raw, 0u, 0x4140u);  // [b0, 0, b1, 0]: one byte a 16-bit lane
+  uint32_t h = ((x & 0x007F007Fu) << 7) | ((x & 0x00800080u) << 8);
+  const uint32_t nan = (((x & 0x007F007Fu) + 0x00010001u) & 0x00800080u) * 0xFCu;  // 0x7E00 a NaN lane
+  return h | nan;
 }
 
-// Word j of rows g (wa) and g+8 (wb) -> the A fragments of k-steps 2j (f[0..3]) and 2j+1
-// (f[4..7]), scaled: f = {a0, a1, a2, a3} as mma.cuh orders them.
-template <typename T>
-__device__ __forceinline__ void frags_of_word(uint32_t wa, uint32_t wb, uint32_t sa, uint32_t sb,
-                                              uint32_t (&f)[8]) {
+// MXFP4 with fp16: the group scale 2^(s'-127) is a power of two, so it goes into the table
+// instead of a multiply per W pair: every non-zero e2m1 value is a normal fp16, and adding d to
+// its exponent is adding 4d to its high byte (the zero entry stays 0). The table holds
+// e2m1 * 2^(s'-127+13) for s'-127 in [-26, 0] (largest 6 * 2^13 < 65504; MX_UNIT undoes the 2^13
+// in the epilogue); groups more than 2^26 below their row's largest are flushed to zero, a NaN
+// scale gives a table of NaNs.
+template <typename T, int FMT>
+struct RowScale {
+  static constexpr bool IN_TABLE = FMT == FMT_MXFP4 && !E2m1Lut<T>::LOW;
+  uint32_t h0, h1;  // high-byte table
+  uint32_t s[2];    // T pair scales of words 0-1 and 2-3 (unused when IN_TABLE)
+};
+template <typename T, int FMT>
+constexpr float MX_UNIT = RowScale<T, FMT>::IN_TABLE ? 1.0f / 8192.0f : 1.0f;
+
+// The scales of one lane's chunk of one row: `raw` = the 2 (NVFP4) or 1 (MXFP4) scale bytes in
+// its low bits.
+template <typename T, int FMT>
+__device__ __forceinline__ RowScale<T, FMT> chunk_scales(uint32_t raw) {
+  RowScale<T, FMT> r;
+  r.h0 = E2m1Lut<T>::H0;
+  r.h1 = E2m1Lut<T>::H1;
+  if constexpr (FMT == FMT_NVFP4) {
+    const uint32_t h2 = e4m3x2_to_half2_unit(raw);  // (lo, hi) = groups (first, second)
+    if constexpr (E2m1Lut<T>::LOW) {  // bf16: exact through fp32
+      const __half2 hh = *reinterpret_cast<const __half2*>(&h2);
+      r.s[0] = splat2<T>(__low2float(hh));
+      r.s[1] = splat2<T>(__high2float(hh));
+    } else {
+      r.s[0] = __byte_perm(h2, 0u, 0x1010u);  // (lo, lo)
+      r.s[1] = __byte_perm(h2, 0u, 0x3232u);  // (hi, hi)
+    }
+  } else if constexpr (RowScale<T, FMT>::IN_TABLE) {
+    const int d = (int)(raw & 0xFFu) - 127 + 13;
+    const uint32_t add = (uint32_t)(4 * d);
+    const bool nan = (raw & 0xFFu) == 0xFFu, flush = d < -13;
+    r.h0 = nan ? 0x7E7E7E7Eu : flush ? 0u : r.h0 + add * 0x01010100u;
+    r.h1 = nan ? 0x7E7E7E7Eu : flush ? 0u : r.h1 + add * 0x01010101u;
+  } else {
+    r.s[0] = r.s[1] = splat2<T>(e8m0_rel_to_float(raw & 0xFFu));
+  }
+  return r;
+}
+
+// Word j of rows g (wa, scales a) and g+8 (wb, scales b) -> the A fragments of k-steps 2j
+// (f[0..3]) and 2j+1 (f[4..7]), scaled: f = {a0, a1, a2, a3} as mma.cuh orders them.
+template <typename T, int FMT>
+__device__ __forceinline__ void frags_of_word(uint32_t wa, uint32_t wb, const RowScale<T, FMT>& a,
+                                              const RowScale<T, FMT>& b, int j, uint32_t (&f)[8]) {
   uint32_t ra[4], rb[4];
-  e2m1x8<T>(wa, ra);
-  e2m1x8<T>(wb, rb);
-  f[0] = hmul2<T>(ra[0], sa); f[1] = hmul2<T>(rb[0], sb);
-  f[2] = hmul2<T>(ra[1], sa); f[3] = hmul2<T>(rb[1], sb);
-  f[4] = hmul2<T>(ra[2], sa); f[5] = hmul2<T>(rb[2], sb);
-  f[6] = hmul2<T>(ra[3], sa); f[7] = hmul2<T>(rb[3], sb);
+  e2m1x8<T>(wa, a.h0, a.h1, ra);
+  e2m1x8<T>(wb, b.h0, b.h1, rb);
+  if constexpr (RowScale<T, FMT>::IN_TABLE) {
+    f[0] = ra[0]; f[1] = rb[0]; f[2] = ra[1]; f[3] = rb[1];
+    f[4] = ra[2]; f[5] = rb[2]; f[6] = ra[3]; f[7] = rb[3];
+  } else {
+    const uint32_t sa = a.s[j >> 1], sb = b.s[j >> 1];
+    f[0] = hmul2<T>(ra[0], sa); f[1] = hmul2<T>(rb[0], sb);
+    f[2] = hmul2<T>(ra[1], sa); f[3] = hmul2<T>(rb[1], sb);
+    f[4] = hmul2<T>(ra[2], sa); f[5] = hmul2<T>(rb[2], sb);
+    f[6] = hmul2<T>(ra[3], sa); f[7] = hmul2<T>(rb[3], sb);
+  }
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4& u, int j) {
@@ -144,14 +193,18 @@ __device__ __forceinline__ uint32_t word_of(const uint4& u, int j) {
 }
 
 // -- loads --------------------------------------------------------------------------------------
+// Streaming 16-byte weight load: read once, so no L1 line; ask L2 for the whole 256-byte
+// segment (the tiled layout makes the next bytes the ones the neighbouring lanes want).
+template <bool HINT> __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+  if constexpr (!HINT) return ld_nc_v4(p);
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
 __device__ __forceinline__ uint32_t ld_nc_u16(const void* p) {
   unsigned short r;
   asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(r) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint32_t ld_nc_u8(const void* p) {
-  unsigned short r;
-  asm volatile("ld.global.nc.u8 %0, [%1];" : "=h"(r) : "l"(p));
   return r;
 }
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
@@ -165,18 +218,10 @@ __device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
   asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(addr));
   return r;
 }
-__device__ __forceinline__ uint32_t lds_u8(uint32_t addr) {
-  unsigned short r;
-  asm volatile("ld.shared.u8 %0, [%1];" : "=h"(r) : "r"(addr));
-  return r;
-}
 // cp.async of 16 bytes, zero-filled when !valid (src-size 0: nothing is read).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid = true) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
@@ -191,18 +236,19 @@ __device__ __forceinline__ uint32_t swz(uint32_t c, uint32_t row) {
 }
 
 // -- epilogue -----------------------------------------------------------------------------------
-// Row factor of the output: alpha / gs (NVFP4) or alpha * 2^(rowmax - 127) (MXFP4).
-template <int FMT>
+// Row factor of the output: alpha / gs (NVFP4) or alpha * 2^(rowmax - 127) (MXFP4), times the
+// units the fragments were scaled in (NVFP4_UNIT, MX_UNIT).
+template <typename T, int FMT>
 __device__ __forceinline__ float row_factor(const float* __restrict__ post, float alpha, int n) {
-  if constexpr (FMT == FMT_NVFP4) return alpha / __ldg(post);
-  else return alpha * __ldg(post + n);
+  if constexpr (FMT == FMT_NVFP4) return alpha * NVFP4_UNIT / __ldg(post);
+  else return alpha * MX_UNIT<T, FMT> * __ldg(post + n);
 }
 
 template <typename T, int FMT>
 __device__ __forceinline__ void store_out(T* __restrict__ C, const T* __restrict__ bias,
                                           int has_bias, const float* __restrict__ post,
                                           float alpha, int m, int n, int N, float v) {
-  float r = v * row_factor<FMT>(post, alpha, n);
+  float r = v * row_factor<T, FMT>(post, alpha, n);
   if (has_bias) r += to_float(bias[n]);
   C[(size_t)m * N + n] = from_float<T>(r);
 }

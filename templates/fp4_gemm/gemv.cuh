@@ -2,7 +2,7 @@
 //   C[M, N] = alpha * A[M, K] . dequant(W)[N, K]^T (+ bias[N])
 //
 //   A  [M, K] T = half | bf16, row-major, K % 128 == 0 (16-byte aligned rows)
-//   W, S, post: see fp4.cuh (prepared weight, row-major scales)
+//   W, S, post: see fp4.cuh (prepared weight, tiled layout)
 //   C  [M, N] T; fp32 accumulation; ws [split, M, N] fp32 + counters [m_tiles, ctas_x] (split-K)
 //
 // grid (ceil(N / (16 WARPS)), split, m_tiles), WARPS warps a CTA. Warp w of CTA x owns the 16
@@ -10,14 +10,14 @@
 // M wastes no weight bytes) over the CTA's K range (blockIdx.y); blockIdx.z is the pass of
 // M_TILE tokens. A[m0:m0+M_TILE, K range] is staged in shared memory once per CTA (cp.async,
 // swizzled, see fp4.cuh swz). Each weight byte is loaded once, as 16-byte ld.global.nc by lanes
-// whose quad covers 64 contiguous bytes of a row; DEPTH quad steps per warp are in flight (a
+// that together cover 1 KB of contiguous memory a step (tiled layout); DEPTH quad steps per warp are in flight (a
 // register ring: step i+DEPTH is issued as soon as step i is taken out of its slot).
 #pragma once
 #include "fp4_gemm/fp4.cuh"
 
 namespace kg::fp4 {
 
-template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH>
+template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, bool HINT>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
@@ -41,30 +41,30 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   const int tile = blockIdx.x * WARPS + warp;
   const bool active = tile * 16 < N;
 
-  // rows g, g+8 of the tile (rows past N re-read row N-1; nothing is stored for them)
-  const int r0 = min(tile * 16 + g, N - 1), r1 = min(tile * 16 + g + 8, N - 1);
-  const uint8_t* wa_p = W + (size_t)r0 * (K / 2) + (size_t)q0 * 64 + 16 * t;
-  const uint8_t* wb_p = W + (size_t)r1 * (K / 2) + (size_t)q0 * 64 + 16 * t;
-  const uint8_t* sa_p = S + (size_t)r0 * (K / (STEP_K / SB)) + (size_t)q0 * SB + (SB / 4) * t;
-  const uint8_t* sb_p = S + (size_t)r1 * (K / (STEP_K / SB)) + (size_t)q0 * SB + (SB / 4) * t;
+  // this warp's (tile, step) blocks of the tiled layout: 1 KB of W, 16 * SB scale bytes each;
+  // lane (g, t) reads chunk t of rows g (w_p) and g+8 (w_p + 512) and one scale word
+  const size_t blk = (size_t)tile * Q + q0;
+  const uint8_t* w_p = W + blk * 1024 + 64 * g + 16 * t;
+  const uint8_t* s_p = S + blk * (16 * SB) + (size_t)(4 * g + t) * (SB / 2);
 
   uint4 wa[DEPTH], wb[DEPTH];
-  uint32_t sa[DEPTH], sb[DEPTH];
-  const auto load = [&](int d, int it) {
-    wa[d] = ld_nc_v4(wa_p + 64 * it);
-    wb[d] = ld_nc_v4(wb_p + 64 * it);
-    if constexpr (FMT == FMT_NVFP4) {
-      sa[d] = ld_nc_u16(sa_p + SB * it);
-      sb[d] = ld_nc_u16(sb_p + SB * it);
-    } else {
-      sa[d] = ld_nc_u8(sa_p + SB * it);
-      sb[d] = ld_nc_u8(sb_p + SB * it);
-    }
+  uint32_t sr[DEPTH];  // rows g (low half) and g+8 (high half)
+  // The ring loads the steps in order through running pointers.
+  const uint8_t* w_next = w_p;
+  const uint8_t* s_next = s_p;
+  const auto load = [&](int d) {
+    wa[d] = ld_stream_v4<HINT>(w_next);
+    wb[d] = ld_stream_v4<HINT>(w_next + 512);
+    sr[d] = FMT == FMT_NVFP4 ? ld_nc_u32(s_next) : ld_nc_u16(s_next);
+    w_next += 1024;
+    s_next += 16 * SB;
   };
   // weights first: their latency overlaps the A staging
+  if (active) {
 #pragma unroll
-  for (int d = 0; d < DEPTH; ++d)
-    if (active && d < n_it) load(d, d);
+    for (int d = 0; d < DEPTH; ++d)
+      if (d < n_it) load(d);
+  }
 
   // A slice: rows x kr, 256-byte segments per 128 k, 16-byte chunks swizzled per token row
   {
@@ -81,16 +81,16 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     __syncthreads();
   }
 
-  // this lane's token rows: g (+8); tokens past `rows` read as zero
-  uint32_t arow[NT];
-  bool a_ok[NT];
+  // This lane's token rows g (+8): rows past `rows` re-read row rows-1 (valid shared memory);
+  // their output columns are tokens >= M and are never stored, so they need no zeroing. The
+  // four chunk offsets of word j (swizzle of chunk 4t + j) are the same every step.
+  uint32_t arow[NT];  // advanced by one 256-byte segment a step
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int m = g + 8 * nt;
-    a_ok[nt] = m < rows;
-    arow[nt] = as_base + (uint32_t)(min(m, rows - 1) * kr * 2);
-  }
-  const uint32_t par = (uint32_t)(g & 1);  // swizzle row parity (token rows g and g+8 agree)
+  for (int nt = 0; nt < NT; ++nt)
+    arow[nt] = as_base + (uint32_t)(min(g + 8 * nt, rows - 1) * kr * 2);
+  uint32_t aoff[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) aoff[j] = 16u * swz((uint32_t)(4 * t + j), (uint32_t)(g & 1));
 
   float acc[2][NT][4];
 #pragma unroll
@@ -105,23 +105,22 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
       const int it = it0 + d;
       if (it < n_run) {
         const uint4 u = wa[d], v = wb[d];
-        uint32_t sca[2], scb[2];
-        chunk_scales<T, FMT>(sa[d], sca);
-        chunk_scales<T, FMT>(sb[d], scb);
-        if (it + DEPTH < n_run) load(d, it + DEPTH);
+        const RowScale<T, FMT> sca = chunk_scales<T, FMT>(sr[d]);
+        const RowScale<T, FMT> scb = chunk_scales<T, FMT>(FMT == FMT_NVFP4 ? sr[d] >> 16 : sr[d] >> 8);
+        if (it + DEPTH < n_run) load(d);  // warp-uniform
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t f[8];
-          frags_of_word<T>(word_of(u, j), word_of(v, j), sca[j >> 1], scb[j >> 1], f);
-          const uint32_t off = 256u * (uint32_t)it + 16u * swz((uint32_t)(4 * t + j), par);
+          frags_of_word<T, FMT>(word_of(u, j), word_of(v, j), sca, scb, j, f);
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
-            uint4 b = make_uint4(0u, 0u, 0u, 0u);
-            if (a_ok[nt]) b = lds128(arow[nt] + off);
+            const uint4 b = lds128(arow[nt] + aoff[j]);
             Mma<T>::run(acc[j & 1][nt], f[0], f[1], f[2], f[3], b.x, b.y);
             Mma<T>::run(acc[j & 1][nt], f[4], f[5], f[6], f[7], b.z, b.w);
           }
         }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) arow[nt] += 256u;
       }
     }
   }

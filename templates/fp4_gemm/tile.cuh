@@ -6,8 +6,8 @@
 // x WARPS_T along tokens (BM / WARPS_T tokens each = NI n8 tiles). grid (ceil(N/128),
 // ceil(M/BM), split); blockIdx.z takes a K range (split-K: fp32 partials + last-CTA reduction).
 //
-// Shared memory per stage: W [128 rows][64 B] (the row's 128 k), scales [128][SB], A [BM][256 B]
-// (chunks swizzled, fp4.cuh swz). A lane reads chunk t of its W rows (16 B = 32 elements, 8
+// Shared memory per stage: W [8 tiles][1 KB] and scales [8 tiles][16 * SB] as in the tiled
+// layout (fp4.cuh), A [BM][256 B] (chunks swizzled, fp4.cuh swz). A lane reads chunk t of its W rows (16 B = 32 elements, 8
 // k-steps) and the matching 16-byte activation chunks, as in the bandwidth path (fp4.cuh).
 #pragma once
 #include "fp4_gemm/fp4.cuh"
@@ -48,22 +48,22 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
   const int Q = K / STEP_K;
   const int q0 = blockIdx.z * sps;
   const int n_k = min(Q, q0 + sps) - q0;
-  const size_t srow = (size_t)K * SB / STEP_K;  // scale bytes per W row
+  const int n_tiles = (N + 15) / 16;  // 16-row tiles of the tiled layout
 
+  // stage = 8 tiles x (1 KB of W, 16 * SB scale bytes) from the tiled layout (tiles past the
+  // last re-read it; nothing is stored for them) + BM token rows of A
   const auto stage_load = [&](int slot, int kq) {
     const uint32_t sw = base + (uint32_t)(slot * L::STAGE);
     const uint32_t ss = sw + L::W_BYTES, sa = ss + L::S_BYTES;
 #pragma unroll
-    for (int i = threadIdx.x; i < TILE_BN * 4; i += THREADS) {  // W: 4 chunks a row
-      const int r = i >> 2, c = i & 3;
-      const int n = min(n0 + r, N - 1);
-      cp_async16(sw + 16u * (uint32_t)i, W + (size_t)n * (K / 2) + (size_t)kq * 64 + 16 * c);
+    for (int i = threadIdx.x; i < TILE_BN * 4; i += THREADS) {  // W: 64 chunks a tile
+      const size_t blk = (size_t)min(n0 / 16 + (i >> 6), n_tiles - 1) * Q + kq;
+      cp_async16(sw + 16u * (uint32_t)i, W + blk * 1024 + 16 * (i & 63));
     }
 #pragma unroll
-    for (int i = threadIdx.x; i < TILE_BN * SB / 4; i += THREADS) {  // scales: 4-byte pieces
-      const int r = i / (SB / 4), c = i % (SB / 4);
-      const int n = min(n0 + r, N - 1);
-      cp_async4(ss + 4u * (uint32_t)i, S + (size_t)n * srow + (size_t)kq * SB + 4 * c);
+    for (int i = threadIdx.x; i < TILE_BN * SB / 16; i += THREADS) {  // scales: SB chunks a tile
+      const size_t blk = (size_t)min(n0 / 16 + i / SB, n_tiles - 1) * Q + kq;
+      cp_async16(ss + 16u * (uint32_t)i, S + blk * (16 * SB) + 16 * (i % SB));
     }
 #pragma unroll
     for (int i = threadIdx.x; i < BM * 16; i += THREADS) {  // A: 16 chunks a token row
@@ -100,17 +100,18 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
     const uint32_t sw = base + (uint32_t)((kt % STAGES) * L::STAGE);
     const uint32_t ss = sw + L::W_BYTES, sa = ss + L::S_BYTES;
     uint4 wv[MI][2];
-    uint32_t sc[MI][2][2];
+    RowScale<T, FMT> sc[MI][2];
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
+    for (int mi = 0; mi < MI; ++mi) {
+      const uint32_t tl = (uint32_t)(wi * 2 + mi);  // tile of this m16 block in the stage
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t r = (uint32_t)(wi * 32 + mi * 16 + g + 8 * h);
-        wv[mi][h] = lds128(sw + r * 64u + 16u * (uint32_t)t);
-        const uint32_t raw = FMT == FMT_NVFP4 ? lds_u16(ss + r * SB + 2u * (uint32_t)t)
-                                              : lds_u8(ss + r * SB + (uint32_t)t);
-        chunk_scales<T, FMT>(raw, sc[mi][h]);
-      }
+      for (int h = 0; h < 2; ++h)
+        wv[mi][h] = lds128(sw + tl * 1024u + (uint32_t)(512 * h + 64 * g + 16 * t));
+      const uint32_t sbase = ss + tl * (16u * SB) + (uint32_t)(4 * g + t) * (SB / 2);
+      const uint32_t raw = FMT == FMT_NVFP4 ? lds32(sbase) : lds_u16(sbase);
+      sc[mi][0] = chunk_scales<T, FMT>(raw);
+      sc[mi][1] = chunk_scales<T, FMT>(FMT == FMT_NVFP4 ? raw >> 16 : raw >> 8);
+    }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint4 b[NI];
@@ -122,8 +123,8 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         uint32_t f[8];
-        frags_of_word<T>(word_of(wv[mi][0], j), word_of(wv[mi][1], j), sc[mi][0][j >> 1],
-                         sc[mi][1][j >> 1], f);
+        frags_of_word<T, FMT>(word_of(wv[mi][0], j), word_of(wv[mi][1], j), sc[mi][0], sc[mi][1],
+                              j, f);
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
           Mma<T>::run(acc[mi][ni], f[0], f[1], f[2], f[3], b[ni].x, b[ni].y);

@@ -266,3 +266,22 @@ def test_api_rules_before_launch():
     t = FakeMxTensor("nvfp4", (16, 128), np.zeros((16, 64), np.uint8), None, "row_major", None)
     with pytest.raises(ValueError, match="NumPy arrays live on the host"):
         prepare_weight(t)
+
+
+def test_mx_fp16_scaled_table_exact():
+    # fp4.cuh chunk_scales (MXFP4, fp16): high-byte table + 4d per byte (zero entry kept) is
+    # e2m1 * 2^d for every d in [-13, 13]; decoded through e2m1x8 with that table
+    lut = _lut("half")
+    codes = np.arange(16)
+    w = sum(int(c) << (4 * i) for i, c in enumerate(codes[:8])), sum(int(c) << (4 * i) for i, c in enumerate(codes[8:]))
+    want_base = MR.decode(codes.astype(np.uint8), MR.E2M1).astype(np.float64)
+    for d in range(-13, 14):
+        add = (4 * d) & 0xFFFFFFFF
+        t = {"H0": (lut["H0"] + add * 0x01010100) & 0xFFFFFFFF, "H1": (lut["H1"] + add * 0x01010101) & 0xFFFFFFFF}
+        got = []
+        for word in w:
+            regs = _e2m1x8(word, t, False)
+            got += [(r >> (16 * i)) & 0xFFFF for r in regs for i in range(2)]
+        got = np.array(got, np.uint16).view(np.float16).astype(np.float64)
+        assert np.array_equal(got, want_base * 2.0 ** d), d
+        assert np.array_equal(np.signbit(got), np.signbit(want_base)), d

@@ -97,6 +97,31 @@ def test_forced_paths_and_splits(fmt, path, split):
             _check(d, GR.gemm(a, w64, bias, 0.75), "float16", f"{fmt=} {path=} {split=} {m=} {n=} {k=}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mxfp4_wide_scale_range(dtype):
+    """Groups 2^-24 .. 2^4 apart within a row (fp16: the scale goes into the decode table)."""
+    import cupy
+
+    from kernelgen.fp4_gemm import fp4_gemm
+    from kernelgen.fp4_gemm.reference import dequantize
+    from kernelgen.mx import reference as MR
+
+    from ._weights import mx_tensor_class
+
+    rng = np.random.default_rng()
+    n, k = 96, 1024
+    w = rng.standard_normal((n, k)) * np.exp2(rng.integers(-24, 5, (n, k // 32))).repeat(32, axis=1)
+    packed, scales = MR.quantize_mx(w.astype(np.float32), "mxfp4", scale_layout="row_major")
+    t = mx_tensor_class()(fmt="mxfp4", shape=(n, k), data=cupy.asarray(packed),
+                          scales=cupy.asarray(scales), scale_layout="row_major", global_scale=None)
+    w64 = dequantize("mxfp4", packed, scales)
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for m in (1, 40):
+        a = _host(rng, (m, k), dtype)
+        d = fp4_gemm(cupy.asarray(a), t, dtype=hint)
+        _check(d, GR.gemm(a, w64, None, 1.0, dtype), dtype, f"wide mxfp4 {dtype=} {m=}")
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 def test_swizzled_scales_equal_row_major(fmt):
     import cupy

@@ -1,0 +1,30 @@
+"""The tiled layout (kernelgen/fp4_gemm/layout.py) puts every byte where the kernels read it."""
+
+import numpy as np
+import pytest
+
+from kernelgen.fp4_gemm.layout import tile_data, tile_scales
+
+
+@pytest.mark.parametrize("n,k,sb", [(16, 128, 8), (200, 384, 8), (37, 512, 4)])
+def test_tiled_offsets_match_the_kernels(n, k, sb):
+    rng = np.random.default_rng(n + k)
+    data = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scales = rng.integers(0, 256, (n, k * sb // 128), dtype=np.uint8)
+    td, ts = tile_data(np, data, n, k).ravel(), tile_scales(np, scales, n, k, sb).ravel()
+    q_steps, tiles = k // 128, -(-n // 16)
+    assert td.size == tiles * 16 * k // 2 and ts.size == tiles * 16 * k * sb // 128
+    for r in range(n):
+        tile, h, g = r // 16, (r % 16) // 8, r % 8
+        for q in range(q_steps):
+            blk = tile * q_steps + q
+            for t in range(4):  # gemv.cuh / tile.cuh: lane (g, t), rows g (h = 0) and g + 8
+                off = blk * 1024 + 512 * h + 64 * g + 16 * t
+                assert np.array_equal(td[off:off + 16], data[r, 64 * q + 16 * t: 64 * q + 16 * t + 16])
+                soff = blk * 16 * sb + (4 * g + t) * (sb // 2) + h * (sb // 4)
+                col = q * sb + t * (sb // 4)
+                assert np.array_equal(ts[soff:soff + sb // 4], scales[r, col:col + sb // 4])
+    pad = tile_data(np, data, n, k).reshape(tiles * 16 // 16, q_steps, 2, 8, 4, 16)
+    if n % 16:  # rows past N are zero
+        last = pad[-1].transpose(1, 2, 0, 3, 4).reshape(16, q_steps * 64)
+        assert not last[n % 16:].any()
