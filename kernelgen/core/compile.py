@@ -8,6 +8,7 @@ paths are not (they are absolute and machine-specific).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -122,7 +123,36 @@ def compile_cubin(config: KernelConfig, rendered: Rendered) -> Compiled:
                 config, nvrtc.getProgramLog(prog).rstrip("\x00"), rendered.source, options
             ) from None
         log = nvrtc.getProgramLog(prog).rstrip("\x00")
-        cubin = nvrtc.getCUBIN(prog)
+        cubin = _get_cubin(prog)
     finally:
         nvrtc.destroyProgram(prog)
-    return Compiled(cubin=bytes(cubin), log=log, seconds=time.perf_counter() - t0)
+    return Compiled(cubin=cubin, log=log, seconds=time.perf_counter() - t0)
+
+
+@functools.lru_cache(maxsize=1)
+def _nvrtc_lib() -> ctypes.CDLL:
+    """The libnvrtc CuPy loaded (found in this process's mappings; dlopen hands back the same
+    handle)."""
+    with open("/proc/self/maps") as f:
+        paths = [ln.split()[-1] for ln in f if "libnvrtc.so" in ln and "builtins" not in ln]
+    if not paths:
+        raise OSError("libnvrtc is not mapped into this process")
+    return ctypes.CDLL(paths[0])
+
+
+def _get_cubin(prog: int) -> bytes:
+    """The whole cubin: CuPy's getCUBIN returns the image one byte short (it sizes it as a
+    C string), which the driver tolerates but nvdisasm / cuobjdump reject."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    try:
+        lib = _nvrtc_lib()
+    except OSError:  # not Linux, or an unusual loader: the short image still loads
+        return bytes(nvrtc.getCUBIN(prog))
+    size = ctypes.c_size_t()
+    if lib.nvrtcGetCUBINSize(ctypes.c_void_p(prog), ctypes.byref(size)) != 0:
+        return bytes(nvrtc.getCUBIN(prog))
+    buf = ctypes.create_string_buffer(size.value)
+    if lib.nvrtcGetCUBIN(ctypes.c_void_p(prog), buf) != 0:
+        return bytes(nvrtc.getCUBIN(prog))
+    return buf.raw

@@ -149,3 +149,18 @@ def test_resource_summary_parse():
     )
     assert resource_summary(log) == {"registers": 255, "spill_bytes": 32}
     assert resource_summary("") == {"registers": None, "spill_bytes": None}
+
+
+def test_cubin_is_whole_elf():
+    """The image ends where its ELF tables say (CuPy's getCUBIN drops the last byte)."""
+    import struct
+
+    from kernelgen.kbit.config import KbitDequantizeConfig
+
+    cfg = KbitDequantizeConfig(arch="sm_90a")
+    c = compile_cubin(cfg, render(cfg)).cubin
+    shoff, = struct.unpack_from("<Q", c, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", c, 0x3A)
+    phoff, = struct.unpack_from("<Q", c, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", c, 0x36)
+    assert len(c) >= max(shoff + shentsize * shnum, phoff + phentsize * phnum)
