@@ -142,3 +142,104 @@ def test_gemv_emulation_matches_reference(fmt, dtype, m, split):
         w64 = (codes * MR.decode(scales, MR.E4M3).astype(np.float64)[..., None]).reshape(n, k) / float(gs)
     want = 0.5 * a @ w64.T + bias
     assert np.allclose(got, want, rtol=1e-12, atol=1e-12), f"{fmt=} {dtype=} {m=} {split=} {p.short()}"
+
+
+def emulate_tile(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
+    """templates/fp4_gemm/tile.cuh: stage loads into 'shared memory', lane reads, mma fragments."""
+    cfg = p.config
+    BM, WT = cfg.bm, cfg.warps_t
+    NI, MI = BM // (8 * WT), 2
+    SB = 8 if fmt == "nvfp4" else 4
+    Q, n_tiles = k // 128, -(-n // 16)
+    ws = np.zeros((p.split, m, n))
+    gx, gy, gz = p.grid
+    for bz in range(gz):
+        q0 = bz * p.sps
+        n_k = min(Q, q0 + p.sps) - q0
+        for by in range(gy):
+            m0 = by * BM
+            for bx in range(gx):
+                n0 = bx * 128
+                acc = np.zeros((4, WT, MI, NI, 16, 8))
+                for kt in range(n_k):
+                    kq = q0 + kt
+                    sw = np.zeros(128 * 64, np.uint8)
+                    for i in range(512):
+                        blk = min(n0 // 16 + (i >> 6), n_tiles - 1) * Q + kq
+                        sw[16 * i: 16 * i + 16] = td[blk * 1024 + 16 * (i & 63): blk * 1024 + 16 * (i & 63) + 16]
+                    ss = np.zeros(128 * SB, np.uint8)
+                    for i in range(128 * SB // 16):
+                        blk = min(n0 // 16 + i // SB, n_tiles - 1) * Q + kq
+                        o = blk * 16 * SB + 16 * (i % SB)
+                        ss[16 * i: 16 * i + 16] = ts[o: o + 16]
+                    sa = np.zeros((BM, 16, 8))
+                    for r in range(BM):
+                        if m0 + r < m:
+                            for c in range(16):
+                                sa[r, swz(c, r)] = a[m0 + r, kq * 128 + 8 * c: kq * 128 + 8 * c + 8]
+                    for wi in range(4):
+                        for wt in range(WT):
+                            af = np.zeros((MI, 4, 2, 16, 16))
+                            bf = np.zeros((NI, 4, 2, 16, 8))
+                            for lane in range(32):
+                                g, t = lane >> 2, lane & 3
+                                for mi in range(MI):
+                                    tl = wi * 2 + mi
+                                    so = tl * 16 * SB + (4 * g + t) * (SB // 2)
+                                    raw = int.from_bytes(bytes(ss[so: so + SB // 2]), "little")
+                                    sc = (chunk_scales(raw, fmt, dtype),
+                                          chunk_scales(raw >> 16 if fmt == "nvfp4" else raw >> 8, fmt, dtype))
+                                    for h in range(2):
+                                        wo = tl * 1024 + 512 * h + 64 * g + 16 * t
+                                        for j in range(4):
+                                            word = int.from_bytes(bytes(sw[wo + 4 * j: wo + 4 * j + 4]), "little")
+                                            vals = [E2M1[(word >> (4 * e)) & 0xF] * sc[h][j >> 1] for e in range(8)]
+                                            for hf in range(2):
+                                                af[mi, j, hf, g + 8 * h, 2 * t: 2 * t + 2] = vals[4 * hf: 4 * hf + 2]
+                                                af[mi, j, hf, g + 8 * h, 2 * t + 8: 2 * t + 10] = vals[4 * hf + 2: 4 * hf + 4]
+                                for ni in range(NI):
+                                    r = wt * NI * 8 + ni * 8 + g
+                                    for j in range(4):
+                                        bv = sa[r, swz(4 * t + j, g & 1)]
+                                        for hf in range(2):
+                                            bf[ni, j, hf, 2 * t: 2 * t + 2, g] = bv[4 * hf: 4 * hf + 2]
+                                            bf[ni, j, hf, 2 * t + 8: 2 * t + 10, g] = bv[4 * hf + 2: 4 * hf + 4]
+                            for mi in range(MI):
+                                for ni in range(NI):
+                                    for j in range(4):
+                                        for hf in range(2):
+                                            acc[wi, wt, mi, ni] += af[mi, j, hf] @ bf[ni, j, hf]
+                for wi in range(4):
+                    for wt in range(WT):
+                        for mi in range(MI):
+                            for ni in range(NI):
+                                for row in range(16):
+                                    for col in range(8):
+                                        mm = m0 + wt * NI * 8 + 8 * ni + col
+                                        nn = n0 + wi * 32 + 16 * mi + row
+                                        if mm < m and nn < n:
+                                            ws[bz, mm, nn] = acc[wi, wt, mi, ni, row, col]
+    post = np.asarray(post, np.float64)
+    f = alpha * unit(fmt, dtype) * (1.0 / post[0] if fmt == "nvfp4" else post[None, :])
+    return ws.sum(axis=0) * f + (0.0 if bias is None else bias[None, :])
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m,split", [(5, 1), (40, 2)])
+def test_tile_emulation_matches_reference(fmt, dtype, m, split):
+    n, k = 136, 256
+    packed, scales, gs, w64 = host_weight(fmt, n, k)
+    sb = 8 if fmt == "nvfp4" else 4
+    if fmt == "mxfp4":
+        rel, post = GR.prepare_scales_mx(scales)
+    else:
+        rel, post = scales, np.array([gs], np.float32)
+        codes = E2M1[MR.unpack_fp4(packed)].reshape(n, k // 16, 16)
+        w64 = (codes * MR.decode(scales, MR.E4M3).astype(np.float64)[..., None]).reshape(n, k) / float(gs)
+    td, ts = tile_data(np, packed, n, k).ravel(), tile_scales(np, rel, n, k, sb).ravel()
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, k)).astype(np.float16).astype(np.float64)
+    p = plan("sm_90a", m, n, k, fmt, dtype, 132, path="tile", split=split)
+    got = emulate_tile(p, td, ts, post, a, None, 2.0, fmt, dtype, m, n, k)
+    assert np.allclose(got, 2.0 * a @ w64.T, rtol=1e-12, atol=1e-12), f"{fmt=} {dtype=} {m=} {p.short()}"
