@@ -5,8 +5,8 @@ tensor-core mma, dequantize + cuBLAS), the mma tiles forced one by one, against 
     python examples/bench_kbit_gemm.py [--bits 2,3,4,5] [--ms 16,...,8192] [--tiles] [--json out.json]
 
 Per (shape, bits, M): median microseconds per call; the weights (kbit and fp16) are rotated
-past L2 (each call reads a different copy, >= 8 x L2 in all); kernel-only paths are replayed
-from a CUDA graph, the cuBLAS ones back to back. TFLOP/s = 2 M N K / t; "vs cuBLAS" = cuBLAS
+past L2 (each call reads a different copy, >= 8 x L2 in all); every path is replayed from a CUDA
+graph (GPU time; cuBLAS fp16 runs back to back). TFLOP/s = 2 M N K / t; "vs cuBLAS" = cuBLAS
 time / our time; "read BW" = kbit weight bytes (planes + E4M4 scales) / t / measured read rate.
 """
 
@@ -49,8 +49,8 @@ def read_bandwidth(nbytes: int = 1 << 30) -> float:
     return nbytes / time_gpu(lambda i: k((grid,), (256,), (buf, n, out)), iters=10, repeats=5)
 
 
-def timed(call, n: int, graph: bool) -> float:
-    """Median seconds per call of call(i) over a rotation of n inputs."""
+def timed(call, n: int, graph: bool) -> tuple[float, str]:
+    """(median seconds per call of call(i) over a rotation of n inputs, "graph" | "stream")."""
     import cupy
 
     from kernelgen.bench import time_gpu
@@ -73,12 +73,12 @@ def timed(call, n: int, graph: bool) -> float:
                 call(i)
             g = stream.end_capture()
             reps = max(1, min(20, int(0.05 / max(est * n, 1e-6))))
-            return time_gpu(lambda i: g.launch(stream), iters=reps, repeats=5, warmup=1) / n
+            return time_gpu(lambda i: g.launch(stream), iters=reps, repeats=5, warmup=1) / n, "graph"
         except Exception:
             if stream.is_capturing():
                 stream.end_capture()
     iters = max(3, min(200, int(0.05 / max(est, 1e-6))))
-    return time_gpu(call, iters=iters, repeats=5, warmup=1)
+    return time_gpu(call, iters=iters, repeats=5, warmup=1), "stream"
 
 
 def copies_of(lin, count: int):
@@ -114,6 +114,8 @@ def main() -> None:
     from kernelgen.kbit_gemm.tc_select import plan_gemm
 
     info = device_info()
+    stream = cupy.cuda.Stream(non_blocking=True)  # graphs cannot capture the legacy default stream
+    stream.use()
     l2 = info.l2_bytes or 50 << 20
     read_bw = read_bandwidth()
     bits_list = [int(b) for b in args.bits.split(",")]
@@ -132,7 +134,7 @@ def main() -> None:
             lins[bits] = (copies_of(lin, max(2, -(-8 * l2 // wbytes))), wbytes)
         for m in ms:
             a = cupy.asarray(rng.standard_normal((m, k), np.float32).astype(np.float16))
-            t_cub = timed(lambda i, a=a, d=dense: cupy.matmul(a, d[i % len(d)].T), len(dense), False)
+            t_cub, _ = timed(lambda i, a=a, d=dense: cupy.matmul(a, d[i % len(d)].T), len(dense), False)
             flops = 2.0 * m * n * k
             base = {"n": n, "k": k, "m": m, "cublas_us": t_cub * 1e6,
                     "cublas_tflops": flops / t_cub / 1e12}
@@ -148,25 +150,26 @@ def main() -> None:
                     variants.append(("mma", {"path": "mma"}))
                     if args.tiles and bits == 4:
                         variants += [(f"mma{tm}x{tn}", {"path": "mma", "tile": (tm, tn)})
-                                     for tm, tn in sorted(TILES) if n % tn == 0 and (tm >= 32 or m <= 256)]
-                if m >= 128:
+                                     for tm, tn in sorted(TILES) if n % tn == 0 and m <= 512
+                                     and (tm >= 32 or m <= 256)]
+                if m >= 64:
                     variants.append(("dequant", {"path": "dequant"}))
                 for name, kw in variants:
                     path = kw.get("path", choice.path)
-                    try:
-                        t = timed(lambda i, a=a, ws=ws, kw=kw: kg.gemm(a, ws[i % len(ws)], **kw), len(ws),
-                                  graph=path != "dequant")
+                    try:  # GPU time: every path replayed from a CUDA graph (cuBLAS is capturable)
+                        t, mode = timed(lambda i, a=a, ws=ws, kw=kw: kg.gemm(a, ws[i % len(ws)], **kw), len(ws),
+                                  graph=True)
                     except Exception as e:  # keep going: one failing variant is a finding too
                         rows.append({**base, "bits": bits, "variant": name, "error": repr(e)[:300]})
                         print(f"  {bits}b {name}: ERROR {e!r}"[:300], flush=True)
                         continue
                     row = {**base, "bits": bits, "variant": name, "path": path,
-                           "choice": choice.short() if name == "auto" else None, "us": t * 1e6,
+                           "choice": choice.short() if name == "auto" else None, "us": t * 1e6, "timing": mode,
                            "tflops": flops / t / 1e12, "vs_cublas": t_cub / t,
                            "read_bw_frac": wbytes / t / read_bw}
                     rows.append(row)
                     print(f"  {bits}b {name:>10}: {t * 1e6:9.1f} us {row['tflops']:6.1f} TFLOP/s "
-                          f"x{row['vs_cublas']:.2f} cuBLAS, {row['read_bw_frac']:.0%} read BW"
+                          f"x{row['vs_cublas']:.2f} cuBLAS, {row['read_bw_frac']:.0%} read BW {mode}"
                           + (f"  [{choice.short()}]" if name == "auto" else ""), flush=True)
         dense = lins = None  # free before the next shape
         cupy.get_default_memory_pool().free_all_blocks()

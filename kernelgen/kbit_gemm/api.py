@@ -161,6 +161,25 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     return out
 
 
+# (device, stream handle) -> (fp32 workspace, u32 counters) of the mma path's split-K: its own,
+# so the two paths' counter protocols never meet (the kernel resets the counters it used).
+_mma_scratch_cache: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def _mma_scratch(ctx: Ctx, ws_elems: int, n_counters: int) -> tuple[Any, Any]:
+    import cupy
+
+    key = (ctx.device, int(ctx.stream.ptr))
+    cur = _mma_scratch_cache.get(key)
+    if cur is not None and cur[0].size >= ws_elems and cur[1].size >= n_counters:
+        return cur
+    with cupy.cuda.Device(ctx.device), ctx.stream:
+        cur = (cupy.empty(max(ws_elems, cur[0].size if cur is not None else 0), cupy.float32),
+               cupy.zeros(max(n_counters, cur[1].size if cur is not None else 0), cupy.uint32))
+    _mma_scratch_cache[key] = cur
+    return cur
+
+
 def _gemm_mma(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, out: Any, m: int,
               n: int, k: int, dt: str, info: Any, tile: tuple[int, int] | None,
               split_k: int | None) -> Any:
@@ -175,7 +194,7 @@ def _gemm_mma(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, o
                         None if split_k is None else int(split_k))
     packed, absmax, cb = W.q._views(ctx)
     if plan.split > 1:
-        ws, counters = _split_scratch(ctx, plan.split * m * n, plan.m_tiles * plan.n_tiles)
+        ws, counters = _mma_scratch(ctx, plan.split * m * n, plan.m_tiles * plan.n_tiles)
     else:
         ws = counters = c
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("kbit_mma_gemm")

@@ -16,15 +16,16 @@ from .config import CTYPE, DTYPES
 
 TILE_K = 64  # two kbit blocks a row per k-tile
 WARPS = 8
-# (tile_m, tile_n) -> (warps along M, CTAs/SM the launch bounds ask for). A warp owns
-# (tile_m / warps_m) x (tile_n * warps_m / 8) of C; a decoded W pair serves its m16 tiles.
-# Warps side by side along N (warps_m = 1): each decodes its own W columns once for all its m16
-# tiles (decode is most of a warp's instructions; measured 1.7x slower at warps_m = 2).
+# (tile_m, tile_n) -> (warps along M, CTAs/SM the launch bounds ask for). Warps sit side by
+# side along N (warps_m = 1): each decodes its own W columns once for all its m16 tiles (decode
+# is most of a warp's instructions). A warp owns tile_m x (tile_n / 8) of C.
+# Measured on the H100 (examples/bench_kbit_gemm.py --tiles, 4 bits): 16-row tiles and 32x256
+# were never faster than these three for M >= 17 (the GEMV path takes M <= 16), so they are not
+# built.
 TILES: dict[tuple[int, int], tuple[int, int]] = {
-    (16, 128): (1, 2),  # warp 16 x 16
     (32, 128): (1, 2),  # warp 32 x 16
     (64, 128): (1, 2),  # warp 64 x 16
-    (64, 256): (1, 1),  # warp 64 x 32: 64 fp32 accumulators, ~130 registers
+    (64, 256): (1, 1),  # warp 64 x 32: 64 fp32 accumulators (~180 registers: one CTA/SM)
 }
 STAGES = (2, 3, 4, 5, 6)
 MAX_STAGES = 4  # the selector's choice, fewer where shared memory does not fit (sm_120a)

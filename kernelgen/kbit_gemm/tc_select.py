@@ -22,21 +22,30 @@ from .tc_config import TILE_K, TILES, KbitMmaConfig, stages_for
 PATHS = ("gemv", "mma", "dequant")
 
 # -- path crossover ---------------------------------------------------------------------------
-# M <= GEMV_MAX_M: the bandwidth path (it reads W once per 16 tokens and wins while the
-# mma path's tiles are mostly empty). Measured on the H100 (examples/bench_kbit_gemm.py, weights
-# rotated past L2, CUDA graphs): see BENCHMARKS.md "kbit GEMM tensor-core path".
+# Measured on the H100 (examples/bench_kbit_gemm.py, 4096x4096, 14336x4096, 4096x14336, every
+# path forced, weights rotated past L2, back-to-back calls; BENCHMARKS.md "kbit GEMM tensor-core
+# path"):
+# M <= GEMV_MAX_M: the bandwidth path. At M = 32 the mma path was faster for every bit-width on
+# the large shapes (14336x4096 4 bits: 44 vs 59 us, 4096x14336: 49 vs 62 us); at M = 16 the GEMV
+# was (36 vs >= 48 us).
 GEMV_MAX_M = 16
-# M >= DEQUANT_MIN_M: dequantize W into an fp16/bf16 scratch and call cuBLAS (its wgmma kernels
-# beat our mma.sync loop once the GEMM is compute-bound; the dequant pass is amortised over M).
-DEQUANT_MIN_M = 2048
+# M >= DEQUANT_MIN_M[bits]: dequantize W into an fp16/bf16 scratch and call cuBLAS. The mma.sync
+# loop runs at ~150-200 TFLOP/s (decode into fragments + A re-read from shared memory by every
+# warp bound it), cuBLAS at 600-700, and the dequant pass (2 bytes written per weight) costs as
+# much as ~100 rows of mma work, independent of N and K; where the two lines crossed on
+# 14336x4096 (4096x14336 agreed within one step): 2 bits 86 vs 101 us at M = 128, 172 vs 108
+# at 256; 3 bits 103 vs 102 at 128; 4 bits 94 vs 105 at 128, 162 vs 106 at 192; 5 bits 75 vs 105
+# at 64, 126 vs 106 at 128.
+DEQUANT_MIN_M: dict[int, int] = {2: 160, 3: 128, 4: 144, 5: 112}
 # The mma path needs N % 128 == 0 (whole 128-row W tiles); other N stay on the GEMV path.
 TILE_N_MIN = 128
 
 # -- mma tiles ----------------------------------------------------------------------------------
 # (largest M, tile_m): the smallest M tile that covers M (fewer wasted rows), 64 above.
-TILE_M_TABLE: tuple[tuple[int, int], ...] = ((16, 16), (32, 32), (1 << 31, 64))
-# tile_n = 256 (tile_m 64 only) from this M on, when N % 256 == 0: twice the A reuse per CTA.
-TILE_N256_MIN_M = 512
+TILE_M_TABLE: tuple[tuple[int, int], ...] = ((32, 32), (1 << 31, 64))
+# tile_n = 256 (tile_m 64 only) from this M on, when N % 256 == 0: twice the A reuse per CTA
+# (measured: 64x256 ahead of 64x128 from M = 256 on the large shapes, behind below).
+TILE_N256_MIN_M = 256
 # K split: a split keeps at least this many k-tiles of 64 (pipeline fill is STAGES-1 tiles).
 MIN_KT_PER_SPLIT = 4
 # cost model of a split (in k-tiles): pipeline fill per work item, and the fp32 partial +
@@ -128,14 +137,14 @@ def plan_mma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count:
     return MmaPlan(cfg, -(-kt // kps), kps, m_tiles, n_tiles)  # every split non-empty
 
 
-def path_for(m: int, n: int) -> str:
+def path_for(m: int, n: int, bits: int) -> str:
     if n % TILE_N_MIN or m <= GEMV_MAX_M:
         return "gemv"
-    return "dequant" if m >= DEQUANT_MIN_M else "mma"
+    return "dequant" if m >= DEQUANT_MIN_M[bits] else "mma"
 
 
 def plan_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int) -> GemmChoice:
-    path = path_for(m, n)
+    path = path_for(m, n, bits)
     if path == "gemv":
         return GemmChoice(path, plan_gemv(arch, m, n, k, bits, dtype, sm_count))
     if path == "mma":
@@ -157,8 +166,9 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)
     # the choice is constant between table thresholds: their edges cover every M
-    edges = sorted({1, GEMV_MAX_M, GEMV_MAX_M + 1, DEQUANT_MIN_M - 1, TILE_N256_MIN_M - 1,
-                    TILE_N256_MIN_M} | {e for mx, _ in TILE_M_TABLE[:-1] for e in (mx, mx + 1)})
+    edges = sorted({1, GEMV_MAX_M, GEMV_MAX_M + 1, TILE_N256_MIN_M - 1, TILE_N256_MIN_M}
+                   | {d + e for d in DEQUANT_MIN_M.values() for e in (-1, 0)}
+                   | {e for mx, _ in TILE_M_TABLE[:-1] for e in (mx, mx + 1)})
     seen: set[KbitMmaConfig] = set()
     for arch in archs:
         get_arch(arch)
@@ -173,7 +183,7 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
                 for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
                     for m, n, k in shapes:
                         for mm in (m,) if m is not None else edges:
-                            if path_for(mm, n) != "mma":
+                            if path_for(mm, n, bits) != "mma":
                                 continue
                             try:
                                 cfg = plan_mma(arch, mm, n, k, bits, dtype, sms).config

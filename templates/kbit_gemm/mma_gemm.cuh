@@ -191,23 +191,26 @@ __device__ __forceinline__ uint32_t pair_addr(const Codes<BITS>& c, uint32_t lan
   }
 }
 
-// k16 step H of block J of the stage: B fragments of the warp's NT n8 tiles, mma with MT m16.
+// k16 step H of block J of the stage: B fragments of the warp's NT n8 tiles first (2 registers
+// each), then one m16 A fragment at a time (ldmatrix) against all of them: MT*4 + ... registers
+// of A would not leave room for a 64 x 32 warp tile at 2 CTAs/SM.
 template <typename T, int BITS, int MT, int NT, int J, int H>
 __device__ __forceinline__ void mma_step(const Codes<BITS> (&codes)[NT], const uint32_t (&sc)[NT],
                                          uint32_t lane_addr, uint32_t a_row_addr, uint32_t a_xor,
                                          float (&acc)[MT][NT][4]) {
   constexpr int S = 2 * J + H;  // k16 step within the k-tile
-  uint32_t a[MT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)  // 16 rows per m16 tile: 2 KB of the 128-byte rows
-    ldmatrix_x4(a[mt], a_row_addr + (uint32_t)(mt * 16 * 128) + (((uint32_t)(2 * S) << 4) ^ a_xor));
+  uint32_t b[NT][2];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const uint32_t b0 = hmul2<T>(lds32(pair_addr<BITS, 2 * H>(codes[nt], lane_addr)), sc[nt]);
-    const uint32_t b1 = hmul2<T>(lds32(pair_addr<BITS, 2 * H + 1>(codes[nt], lane_addr)), sc[nt]);
+    b[nt][0] = hmul2<T>(lds32(pair_addr<BITS, 2 * H>(codes[nt], lane_addr)), sc[nt]);
+    b[nt][1] = hmul2<T>(lds32(pair_addr<BITS, 2 * H + 1>(codes[nt], lane_addr)), sc[nt]);
+  }
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-      Mma<T>::run(acc[mt][nt], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+  for (int mt = 0; mt < MT; ++mt) {  // 16 rows per m16 tile: 2 KB of the 128-byte rows
+    uint32_t a[4];
+    ldmatrix_x4(a, a_row_addr + (uint32_t)(mt * 16 * 128) + (((uint32_t)(2 * S) << 4) ^ a_xor));
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) Mma<T>::run(acc[mt][nt], a[0], a[1], a[2], a[3], b[nt][0], b[nt][1]);
   }
 }
 
