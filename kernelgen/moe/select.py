@@ -19,6 +19,7 @@ Memoised and printable (KERNELGEN_PRINT_CONFIGS=1) through `kernelgen.core.selec
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -153,19 +154,45 @@ def _default_set(arch: str, dtype: str, epilogue: str) -> Iterator[MoeGemmConfig
                                    epilogue, few)
 
 
-def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:
-    """Configs dispatch can pick. spec: "E", "H", "I", "top_k" (all four: walk the two GEMMs of
-    that layer, W13 + SwiGLU and W2, over every batch size and SM count), "dtypes",
-    "policy", "sm_counts", "bits" (kbit experts: 2, 3, 4; without it bf16/fp16 experts only,
-    except the no-shape set, which adds a 4-bit decode set). Without the shapes: the default
-    table for each dtype and epilogue."""
-    from .kbit import kbit_prewarm
-    dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
+def _layer_shapes(spec: dict[str, Any]) -> list[tuple[int, int, int, int]]:
+    """(E, H, I, top_k) of every layer a spec names: "shapes" [[E, H, I, top_k], ...] (the
+    profile-file form) and / or the scalar keys "E", "H", "I", "top_k" (all four)."""
     keys = ("E", "H", "I", "top_k")
     given = [spec.get(kk) for kk in keys]
     if any(v is not None for v in given) and not all(v is not None for v in given):
         raise UnsupportedConfigError(f"moe spec: give all of {keys} or none, got {spec!r}")
+    shapes = [tuple(given)] if all(v is not None for v in given) else []
+    for sh in spec.get("shapes") or ():
+        if not isinstance(sh, (list, tuple)) or len(sh) != 4:
+            raise UnsupportedConfigError(f"moe spec shapes: {sh!r}; expected [E, H, I, top_k]")
+        shapes.append(tuple(sh))
+    out = []
+    for sh in shapes:
+        try:
+            e, h, i, top_k = (operator.index(v) for v in sh)
+        except TypeError:
+            raise UnsupportedConfigError(f"moe spec: layer {list(sh)}: E, H, I, top_k must be "
+                                         f"integers") from None
+        if min(e, h, i, top_k) < 1:
+            raise UnsupportedConfigError(f"moe spec: layer {list(sh)}: E, H, I, top_k must be >= 1")
+        out.append((e, h, i, top_k))
+    return out
+
+
+def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:
+    """Configs dispatch can pick. spec: the layers, as "shapes" [[E, H, I, top_k], ...] or the
+    keys "E", "H", "I", "top_k" (walk the two GEMMs of each layer, W13 + SwiGLU and W2, over
+    every batch size and SM count); "dtypes"; "bits" (kbit experts: 2, 3, 4; with layers it
+    adds their kbit configs to the bf16 / fp16 ones); "policy"; "sm_counts". Without layers:
+    the default table for each dtype and epilogue plus a kbit decode set (4 bits unless
+    "bits" says otherwise)."""
+    from .kbit import kbit_prewarm
+
+    dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
+    layers = _layer_shapes(spec)
     policy = spec.get("policy") or "threshold"
+    if isinstance(policy, (list, tuple)) and len(policy) == 1:  # profile files hold lists
+        policy = policy[0]
     if policy not in POLICIES:
         raise UnsupportedConfigError(f"moe spec: policy={policy!r}; expected one of {POLICIES}")
     bits_list = [int(b) for b in spec.get("bits") or ()]
@@ -179,28 +206,26 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kern
 
     for arch in archs:
         get_arch(arch)
-        if not all(v is not None for v in given):
+        if not layers:
             for dtype in dtypes:
                 for epi in EPILOGUES:
                     yield from new(_default_set(arch, dtype, epi))
             yield from new(kbit_prewarm(arch, dtypes, bits_list or [4], None, (), ()))
             continue
-        e, h, i, top_k = (int(v) for v in given)
         sms_list = tuple(spec.get("sm_counts") or SM_COUNTS[arch])
-        rows_list = _rows_to_walk(e, top_k)
-        if bits_list:
+        for e, h, i, top_k in layers:
+            rows_list = _rows_to_walk(e, top_k)
             try:
-                yield from new(kbit_prewarm(arch, dtypes, bits_list, (e, h, i, top_k), sms_list,
-                                            rows_list))
+                if bits_list:
+                    yield from new(kbit_prewarm(arch, dtypes, bits_list, (e, h, i, top_k),
+                                                sms_list, rows_list))
+                for dtype in dtypes:
+                    for sms in sms_list:
+                        for rows in rows_list:
+                            for n, k, epi in ((2 * i, h, "swiglu"), (h, i, "none")):
+                                yield from new((plan_grouped(arch, sms, dtype, e, n, k, rows, epi,
+                                                             policy=policy).config,))
             except ValueError as err:
+                if isinstance(err, UnsupportedConfigError):
+                    raise
                 raise UnsupportedConfigError(f"moe spec {spec!r}: {err}") from None
-        for dtype in dtypes:
-            for sms in sms_list:
-                for rows in rows_list:
-                    for n, k, epi in ((2 * i, h, "swiglu"), (h, i, "none")):
-                        try:
-                            cfg = plan_grouped(arch, sms, dtype, e, n, k, rows, epi,
-                                               policy=policy).config
-                        except ValueError as err:
-                            raise UnsupportedConfigError(f"moe spec {spec!r}: {err}") from None
-                        yield from new((cfg,))

@@ -143,6 +143,14 @@ def test_prewarm_spec_is_what_dispatch_picks(name):
     assert picked <= pre, sorted(c.short() for c in picked - pre)
     with pytest.raises(UnsupportedConfigError, match="give all of"):
         list(prewarm_configs(["sm_90a"], {"E": 8}))
+    # the profile-file form: a list of layers, list-valued policy
+    spec2 = {"shapes": [[e, h, i, k]], "dtypes": ["bfloat16"], "sm_counts": [132],
+             "policy": ["threshold"]}
+    assert set(prewarm_configs(["sm_90a"], spec2)) == pre
+    with pytest.raises(UnsupportedConfigError, match=r"expected \[E, H, I, top_k\]"):
+        list(prewarm_configs(["sm_90a"], {"shapes": [[8, 4096]]}))
+    with pytest.raises(UnsupportedConfigError, match="multiple of 16"):
+        list(prewarm_configs(["sm_90a"], {"shapes": [[8, 4096, 100, 2]]}))
 
 
 def test_reference_grouped_gemm_and_layer():
