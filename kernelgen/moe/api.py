@@ -10,7 +10,8 @@ import numpy as np
 from ..arch import device_info
 from ..core.interop import context_of, device_array
 from ..core.jit import get_kernel
-from .config import DTYPES, MoeGemmConfig
+from ..moe_routing import moe_combine, moe_dispatch, moe_layout
+from .config import DTYPES, MoeGemmConfig, MoeKbitConfig
 from .kbit import KbitExperts, KbitPlan, plan_kbit, select_kbit
 from .select import GroupedPlan, check_shape, plan_grouped, select_grouped
 
@@ -18,19 +19,21 @@ from .select import GroupedPlan, check_shape, plan_grouped, select_grouped
 def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None, out: Any = None,
                  rows: int | None = None, tile_m: int | None = None, swap_ab: bool | None = None,
                  tile_n: int | None = None, policy: str = "threshold",
-                 dtype: str | None = None, config: MoeGemmConfig | None = None) -> Any:
+                 dtype: str | None = None,
+                 config: MoeGemmConfig | MoeKbitConfig | None = None) -> Any:
     """Y[rows of e] = X[rows of e] . W[e]^T for every expert e, one launch.
 
     x [M, K] and w [E, N, K] fp16 / bf16 (same dtype, contiguous, 16-byte aligned; CuPy bf16:
     uint16 with dtype="bfloat16"), or w a KbitExperts from quantize_experts (2-4 bits,
-    dequantized in registers; tile_m 8 / 16 / 32, always swap_ab); offsets [E + 1] int32 on the device: expert e owns rows
-    [offsets[e], offsets[e+1]) (any segment sizes, padded or not; never read on the host).
+    dequantized in registers; tile_m 8 / 16 / 32, always swap_ab). offsets [E + 1] int32 on
+    the device: expert e owns rows [offsets[e], offsets[e+1]) (any segment sizes, padded or
+    not; never read on the host).
     activation="swiglu": w is W13 [E, 2I, K] (gate rows, then up rows) and Y [M, I] =
     silu(X . gate^T) * (X . up^T). Rows of Y outside every segment are not written.
     `rows`: the host-side row count the selector uses (default M; e.g. T * top_k when x is a
     capacity-sized buffer). tile_m / swap_ab / tile_n force a table row; policy "threshold"
     (default) or "waste" picks TILE_M (kernelgen.moe.select); `config` forces a whole
-    MoeGemmConfig (tuning; its dtype and epilogue must match the call).
+    MoeGemmConfig / MoeKbitConfig (tuning; dtype, epilogue and bits must match the call).
     """
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
@@ -103,16 +106,6 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     return out
 
 
-def _routing():
-    """moe_layout / moe_dispatch / moe_combine of kernelgen.moe_routing, or the CuPy stand-in
-    while that family is not installed."""
-    try:
-        from ..moe_routing import moe_combine, moe_dispatch, moe_layout
-    except ImportError:
-        from ._routing_fallback import moe_combine, moe_dispatch, moe_layout
-    return moe_layout, moe_dispatch, moe_combine
-
-
 def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
               graph_safe: bool = False, tile_m: int | None = None, swap_ab: bool | None = None,
               policy: str = "threshold", dtype: str | None = None) -> Any:
@@ -124,7 +117,9 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
     Steps: layout (pad_to=1: the grouped GEMM masks rows per expert, so segments need no
     padding and x_perm has exactly T * top_k rows) -> dispatch -> W13 + SwiGLU -> W2 ->
     combine. `graph_safe=True` asks dispatch for its no-sync upper-bound buffer (with pad_to=1
-    it has the same T * top_k rows); every launch size comes from host shapes.
+    it has the same T * top_k rows); every launch size comes from host shapes and nothing
+    syncs. Under CUDA-graph capture the kernels must be compiled already (an eager call or
+    `kernelgen prewarm`).
     """
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
@@ -146,10 +141,10 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
     if len(ids_shape) != 2 or ids_shape[0] != t:
         raise ValueError(f"topk_ids: shape {ids_shape}; expected [T={t}, top_k]")
     top_k = ids_shape[1]
-    moe_layout, moe_dispatch, moe_combine = _routing()
     layout = moe_layout(topk_ids, e, pad_to=1)
     x_perm = moe_dispatch(x, layout, exact=not graph_safe, dtype=dt)
     rows = t * top_k
+
     def forced(wt: Any) -> dict[str, Any]:  # kbit experts take tile_m 8..32, always swap_ab
         if isinstance(wt, KbitExperts):
             return dict(tile_m=None if tile_m is None else min(tile_m, 32))
