@@ -125,3 +125,49 @@ def test_no_spec_prewarm_has_every_tile_once():
     for arch in SM_COUNTS:
         cfgs = list(S.prewarm_mma_configs([arch], {}))
         assert len(cfgs) == len(set(cfgs)) == len(TILES) * 4 * 2
+
+
+def _rotr(x: int, s: int) -> int:
+    s &= 31
+    return ((x >> s) | (x << (32 - s))) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("bits", (2, 3, 4, 5))
+def test_fragment_decode_model(bits):
+    """A NumPy model of what lane (g, t) of mma_gemm.cuh feeds the mma for one W row and k-tile:
+    the stage copy (2 blocks x bits words from the flat layout), the rotate-and-mask pair codes,
+    the pair table's index split, and the scale byte of the aligned scale word. It must name
+    exactly the codebook indices / scales of W[n, 16s + {2t, 2t+1, 2t+8, 2t+9}] that the m16n8k16
+    B fragment (registers b0, b1 of k16 step s) holds."""
+    import numpy as np
+
+    from kernelgen.kbit import reference as R
+
+    rng = np.random.default_rng(bits)
+    n_rows, k = 3, 384
+    w = rng.standard_normal((n_rows, k)).astype(np.float32) * rng.uniform(0.1, 3, (n_rows, 1))
+    packed, _, amax8 = R.quantize(w, bits, R.create_normal_float_codebook(bits))
+    idx = R.unpack_indices(packed, bits).reshape(n_rows, k)  # [n, k] codebook indices
+    kb = k // 32
+    for n in range(n_rows):
+        for kt in range(k // TILE_K):
+            words = packed[(n * kb + 2 * kt) * bits:(n * kb + 2 * kt + 2) * bits]  # the stage copy
+            base = (n * kb + 2 * kt) & ~3  # the aligned scale word
+            sword = int.from_bytes(bytes(amax8[base:base + 4]), "little")
+            for t in range(4):
+                for j in range(2):
+                    wj = [int(x) for x in words[j * bits:(j + 1) * bits]]
+                    lo = 0
+                    for b in range(min(bits, 4)):
+                        lo |= _rotr(wj[b], 2 * t - 2 * b) & (0x03030303 << (2 * b))
+                    hi = _rotr(wj[4], 2 * t) & 0x03030303 if bits == 5 else 0
+                    s_byte = (sword >> (16 * (kt & 1) + 8 * j)) & 0xFF
+                    assert s_byte == amax8[n * kb + 2 * kt + j], (n, kt, j)
+                    for h in range(2):
+                        s = 2 * j + h
+                        for reg, q in ((0, 2 * h), (1, 2 * h + 1)):
+                            code = ((lo >> (8 * q)) & 0xFF) | (((hi >> (8 * q)) & 0xFF) << 8)
+                            i0 = sum(((code >> (2 * b)) & 1) << b for b in range(bits))
+                            i1 = sum(((code >> (2 * b + 1)) & 1) << b for b in range(bits))
+                            k0 = kt * TILE_K + 16 * s + 2 * t + 8 * reg  # B fragment row of reg
+                            assert (i0, i1) == (idx[n, k0], idx[n, k0 + 1]), (n, kt, t, s, reg)
