@@ -23,8 +23,8 @@
 // memory, 64 k per stage, rows of 128 B with their 16-byte chunks XOR-swizzled by row % 8 so
 // that ldmatrix reads hit 8 different bank groups. Warps are WARPS_P x WARPS_Q x WARPS_K; the
 // WARPS_K warps of one (p, q) position take alternate k16 steps of every stage and add their
-// accumulators through shared memory at the end (decode tiles are small; this keeps 4 warps
-// busy on one 64 x 8 tile).
+// accumulators through shared memory at the end (decode tiles are small: 2 or 4 warps share
+// one 32 x 8 or 64 x 8 tile).
 //
 // SWIGLU (W13 [E, 2I, K]: rows [0, I) gate, rows [I, 2I) up, the usual concatenation). The
 // weight side of a tile covers 2 x (TW / 2) "virtual" rows v, loaded in blocks of 8:
