@@ -140,6 +140,8 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     if path is None:
         path = "mma" if tile is not None else select_gemm(info.arch.name, m, n, k, W.bits, dt,
                                                            info.sm_count).path
+    if tile is not None and path != "mma":
+        raise ValueError(f"tile={tile}: only the mma path has tiles; path={path!r}")
     if path == "mma":
         return _gemm_mma(ctx, W, a, b, bias is not None, c, out, m, n, k, dt, info, tile, split_k)
     if path == "dequant":
