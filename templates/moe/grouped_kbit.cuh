@@ -147,32 +147,77 @@ struct GroupedKbit {
     const uint32_t pipe = lut + KBIT_LUT_BYTES;
     const int k_tiles = (KB + 4 * WARPS_K - 1) / (4 * WARPS_K);
 
-    // One stage: for each sub-range s, BITS plane chunks and one scale word per weight row,
-    // 16 X chunks per token row.
+    // Copy slots, fixed over k (only the k offset moves from stage to stage): slot j of a
+    // thread is item tid + j * THREADS of the stage's plane chunks (WARPS_K x TP x BITS, 16 B),
+    // scale words (WARPS_K x TP, 4 B) and X chunks (WARPS_K x TQ x 16, 16 B). Per slot: the
+    // source at stage 0, the shared offset in a stage, the sub-range's first block (a stage
+    // past K reads nothing) and whether the row exists.
+    constexpr int P_ITEMS = WARPS_K * TP * BITS, S_ITEMS = WARPS_K * TP, X_ITEMS = WARPS_K * TQ * 16;
+    constexpr int P_SLOTS = (P_ITEMS + THREADS - 1) / THREADS;
+    constexpr int S_SLOTS = (S_ITEMS + THREADS - 1) / THREADS;
+    constexpr int X_SLOTS = (X_ITEMS + THREADS - 1) / THREADS;
+    const uint32_t* p_src[P_SLOTS];
+    const uint8_t* s_src[S_SLOTS];
+    const T* x_src[X_SLOTS];
+    uint32_t p_dst[P_SLOTS], s_dst[S_SLOTS], x_dst[X_SLOTS];
+    int p_kb[P_SLOTS], s_kb[S_SLOTS], x_kb[X_SLOTS];  // first block of the slot's sub-range
+    bool p_ok[P_SLOTS], s_ok[S_SLOTS], x_ok[X_SLOTS];  // the item exists and its row does
+    const auto w_block = [&](int r, int s, bool& ok) -> size_t {  // block of (row r, sub-range s)
+      int row;
+      ok = weight_row<SWIGLU>(n0 + r, N, row);
+      return ((size_t)tile.e * N + (ok ? row : 0)) * KB + (ok ? 4 * s : 0);
+    };
+#pragma unroll
+    for (int j = 0; j < P_SLOTS; ++j) {
+      const int i = min(tid + j * THREADS, P_ITEMS - 1);
+      const int s = i / (TP * BITS), r = (i / BITS) % TP, c = i % BITS;
+      p_src[j] = packed + w_block(r, s, p_ok[j]) * BITS + c * 4;
+      p_ok[j] = p_ok[j] && tid + j * THREADS < P_ITEMS;
+      p_dst[j] = (uint32_t)(s * SUB_BYTES + r * 16 * BITS + c * 16);
+      p_kb[j] = 4 * s;
+    }
+#pragma unroll
+    for (int j = 0; j < S_SLOTS; ++j) {
+      const int i = min(tid + j * THREADS, S_ITEMS - 1);
+      const int s = i / TP, r = i % TP;
+      s_src[j] = absmax + w_block(r, s, s_ok[j]);
+      s_ok[j] = s_ok[j] && tid + j * THREADS < S_ITEMS;
+      s_dst[j] = (uint32_t)(s * SUB_BYTES + PLANE_BYTES + r * 4);
+      s_kb[j] = 4 * s;
+    }
+#pragma unroll
+    for (int j = 0; j < X_SLOTS; ++j) {
+      const int i = min(tid + j * THREADS, X_ITEMS - 1);
+      const int s = i / (TQ * 16), q = (i / 16) % TQ, c = i % 16;
+      x_ok[j] = q < tile.rows && tid + j * THREADS < X_ITEMS;
+      x_src[j] = X + (size_t)(tile.row0 + (x_ok[j] ? q : 0)) * K + (x_ok[j] ? 128 * s + c * 8 : 0);
+      x_dst[j] = (uint32_t)(s * SUB_BYTES + PLANE_BYTES + SCALE_BYTES + q * 256 + x_chunk(c, q) * 16);
+      x_kb[j] = 4 * s;
+    }
+    // Stage kt: blocks kt * 4 * WARPS_K + 4s .. + 3 of every row, k 32x that of X. Items past
+    // the end copy nothing (their threads skip); rows that do not exist and sub-ranges past K
+    // are zero-filled (the source address stays a valid one).
     const auto load_stage = [&](int kt) {
       const uint32_t st = pipe + (uint32_t)((kt % STAGES) * STAGE_BYTES);
-      for (int i = tid; i < WARPS_K * TP * (BITS + 1); i += THREADS) {
-        const int s = i / (TP * (BITS + 1)), rem = i % (TP * (BITS + 1));
-        const int r = rem / (BITS + 1), c = rem % (BITS + 1);  // c == BITS: the scale word
-        const int kb = kt * 4 * WARPS_K + 4 * s;
-        int row;
-        const bool ok = weight_row<SWIGLU>(n0 + r, N, row) && kb < KB;
-        const size_t blk = ((size_t)tile.e * N + (ok ? row : 0)) * KB + (ok ? kb : 0);
-        const uint32_t sub = st + (uint32_t)(s * SUB_BYTES);
-        if (c < BITS)
-          cp_async16(sub + (uint32_t)(r * 16 * BITS + c * 16), packed + blk * BITS + c * 4, ok);
-        else
-          cp_async4(sub + PLANE_BYTES + (uint32_t)(r * 4), absmax + blk, ok);
-      }
-      for (int i = tid; i < WARPS_K * TQ * 16; i += THREADS) {
-        const int s = i / (TQ * 16), q = (i / 16) % TQ, c = i % 16;
-        const int kb = kt * 4 * WARPS_K + 4 * s;
-        const bool ok = q < tile.rows && kb < KB;
-        const T* src = X + (size_t)(tile.row0 + (ok ? q : 0)) * K + (ok ? kb * 32 + c * 8 : 0);
-        cp_async16(st + (uint32_t)(s * SUB_BYTES + PLANE_BYTES + SCALE_BYTES + q * 256 +
-                                   x_chunk(c, q) * 16),
-                   src, ok);
-      }
+      const int kb0 = kt * 4 * WARPS_K;
+#pragma unroll
+      for (int j = 0; j < P_SLOTS; ++j)
+        if (tid + j * THREADS < P_ITEMS) {
+          const bool ok = p_ok[j] && kb0 + p_kb[j] < KB;
+          cp_async16(st + p_dst[j], ok ? p_src[j] + (size_t)kb0 * BITS : p_src[j], ok);
+        }
+#pragma unroll
+      for (int j = 0; j < S_SLOTS; ++j)
+        if (tid + j * THREADS < S_ITEMS) {
+          const bool ok = s_ok[j] && kb0 + s_kb[j] < KB;
+          cp_async4(st + s_dst[j], ok ? s_src[j] + kb0 : s_src[j], ok);
+        }
+#pragma unroll
+      for (int j = 0; j < X_SLOTS; ++j)
+        if (tid + j * THREADS < X_ITEMS) {
+          const bool ok = x_ok[j] && kb0 + x_kb[j] < KB;
+          cp_async16(st + x_dst[j], ok ? x_src[j] + (size_t)kb0 * 32 : x_src[j], ok);
+        }
     };
 
 #pragma unroll
