@@ -37,6 +37,7 @@ FP8_TILES: tuple[tuple[int, int, int, int, int], ...] = (
     (128, 256, 2, 4, 2),
     (128, 128, 2, 4, 4),
     (64, 128, 1, 4, 4),
+    (64, 64, 1, 4, 4),
 )
 # block-scaled path of sm_120a (99 KB of shared memory a block)
 BS_TILES: tuple[tuple[int, int, int, int, int], ...] = ((128, 128, 2, 4, 2),)

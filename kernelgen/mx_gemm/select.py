@@ -108,9 +108,9 @@ def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: s
     check_shape(m, n, k)
     a_elem, b_elem = FORMATS[a_fmt][0], FORMATS[b_fmt][0]
     if path == "fp8_mma":
-        big, mid, small = FP8_TILES
-        if m <= SMALL_M:
-            tile = small
+        big, mid, small, narrow = FP8_TILES
+        if m <= SMALL_M:  # decode sizes: 64-wide N tiles until 128-wide ones fill the SMs
+            tile = small if -(-n // small[1]) >= sm_count else narrow
         elif -(-m // big[0]) * -(-n // big[1]) >= sm_count:
             tile = big  # one wave of the big tile already fills every SM
         else:
@@ -172,8 +172,8 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MxFp
                                 seen.add(cfg)
                                 yield cfg
                     continue
-                # every tile the planner can pick: small M, mid, big
-                for m, n in ((SMALL_M, 128), (4096, 256), (1 << 16, 1 << 16)):
+                # every tile the planner can pick: small M (narrow, wide N), mid, big
+                for m, n in ((SMALL_M, 128), (SMALL_M, 1 << 16), (4096, 256), (1 << 16, 1 << 16)):
                     cfg = plan(arch, a_fmt, b_fmt, m, n, 1024, out, 132).config
                     if cfg not in seen:
                         seen.add(cfg)

@@ -65,7 +65,7 @@ def test_pairs_table():
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("m,tile", [(1, (64, 128)), (64, (64, 128)), (65, (128, 128)),
+@pytest.mark.parametrize("m,tile", [(1, (64, 64)), (64, (64, 64)), (65, (128, 128)),
                                     (256, (128, 128)), (4096, (128, 256))])
 def test_fp8_path_tiles(arch, m, tile):
     p = plan(arch, "mxfp8_e4m3", "mxfp8_e5m2", m, 4096, 4096, "bfloat16", 132)
@@ -141,7 +141,9 @@ def test_prewarm_spec_covers_dispatch():
     cfgs = set(prewarm_configs(["sm_90a"], spec))
     for m in (1, 8192):
         assert plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", m, 4096, 4096, "bfloat16", 132).config in cfgs
-    assert {(c.tile_m, c.tile_n) for c in cfgs} == {(64, 128), (128, 256)}
+    assert {(c.tile_m, c.tile_n) for c in cfgs} == {(64, 64), (128, 256)}
+    wide = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 16, 128 * 132, 256, "bfloat16", 132)
+    assert (wide.config.tile_m, wide.config.tile_n) == (64, 128)
 
 
 # -- scale re-layout -------------------------------------------------------------------------
