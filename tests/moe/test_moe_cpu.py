@@ -280,3 +280,25 @@ def test_kbit_pair_codes_model():
                 for r in range(4):
                     got[8 * r + off: 8 * r + off + 2] = lut[(word >> (8 * r)) & 0xFF]
             assert np.array_equal(got, idx), bits
+
+
+def test_kbit_mma_fragment_order_model():
+    """grouped_kbit.cuh feeds lane (g, t) the weight pairs (8r, 8r+1 | 8r+2, 8r+3), then
+    (8r+4, 8r+5 | 8r+6, 8r+7) of its block t, and X's 16-byte chunk of the same 8 k as b0 / b1:
+    assembled by the m16n8k16 fragment layout, the 8 mmas of a 128-k sub-range give W . X^T."""
+    rng = np.random.default_rng(4)
+    w, x = rng.standard_normal((16, 128)), rng.standard_normal((8, 128))
+    d = np.zeros((16, 8))
+    for r in range(4):
+        for step in range(2):
+            a, b = np.full((16, 16), np.nan), np.full((16, 8), np.nan)
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                e0 = 32 * t + 8 * r + (4 if step else 0)
+                e1 = e0 + 2
+                for row in (g, g + 8):  # a0 / a1 at k-slots 2t, 2t+1; a2 / a3 at 2t+8, 2t+9
+                    a[row, 2 * t:2 * t + 2], a[row, 2 * t + 8:2 * t + 10] = w[row, e0:e0 + 2], w[row, e1:e1 + 2]
+                b[2 * t:2 * t + 2, g], b[2 * t + 8:2 * t + 10, g] = x[g, e0:e0 + 2], x[g, e1:e1 + 2]
+            assert not np.isnan(a).any() and not np.isnan(b).any()
+            d += a @ b
+    np.testing.assert_allclose(d, w @ x.T, rtol=1e-12, atol=1e-12)
