@@ -5,7 +5,8 @@ fp8, per-tensor scales) and cuBLAS bf16 (torch.matmul), all measured in the same
 
 Per shape (M x N x K): median time per call over back-to-back calls (CUDA events), TFLOP/s =
 2 M N K / t. Operands are random finite E4M3 codes with E8M0 scales near 1. --variants also
-times every fp8 tile with the k-block loop rolled and unrolled (what the selector table uses).
+times every fp8 tile with the k16 loop unrolled by 2 and fully, and the opt-in wgmma variant
+on sm_90a (what the selector table is set from).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def bench_shape(m: int, n: int, k: int, variants: bool) -> dict:
     from kernelgen.arch import device_info
     from kernelgen.bench import time_gpu
     from kernelgen.mx_gemm import mx_gemm, select_mx_gemm
-    from kernelgen.mx_gemm.config import FP8_TILES, MxFp8GemmConfig
+    from kernelgen.mx_gemm.config import FP8_TILES, WG_TILES, MxFp8GemmConfig
 
     info = device_info()
     flop = 2.0 * m * n * k
@@ -50,12 +51,14 @@ def bench_shape(m: int, n: int, k: int, variants: bool) -> dict:
     t_mx = time_gpu(lambda i: mx_gemm(a, b, out=out), iters=20, repeats=5)
     var = {}
     if variants:
-        for bm, bn, wm, wn, st in FP8_TILES:
-            for unroll in (False, True):
-                cfg = MxFp8GemmConfig(arch=info.arch.name, tile_m=bm, tile_n=bn, warps_m=wm,
-                                      warps_n=wn, stages=st, unroll_kb=unroll)
-                t = time_gpu(lambda i, c=cfg: mx_gemm(a, b, out=out, config=c), iters=20, repeats=5)
-                var[f"{bm}x{bn} unroll={unroll}"] = flop / t / 1e12
+        kinds = [(t, u, False) for t in FP8_TILES for u in (False, True)]
+        if info.arch.name == "sm_90a":
+            kinds += [(t, False, True) for t in WG_TILES]
+        for (bm, bn, wm, wn, st), unroll, wg in kinds:
+            cfg = MxFp8GemmConfig(arch=info.arch.name, tile_m=bm, tile_n=bn, warps_m=wm,
+                                  warps_n=wn, stages=st, unroll_kb=unroll, wgmma=wg)
+            t = time_gpu(lambda i, c=cfg: mx_gemm(a, b, out=out, config=c), iters=20, repeats=5)
+            var[f"{bm}x{bn}{' wgmma' if wg else ''}{' unroll' if unroll else ''}"] = flop / t / 1e12
     # cuBLASLt fp8 with per-tensor scales on the same bytes: A [M, K] . (B [N, K])^T
     ta = torch.as_tensor(a.data, device="cuda").view(torch.float8_e4m3fn)
     tb = torch.as_tensor(b.data, device="cuda").view(torch.float8_e4m3fn)

@@ -31,13 +31,19 @@ FORMATS: dict[str, tuple[str, str, int]] = {
 }
 FP8_ELEMS = ("e4m3", "e5m2")
 
-# fp8 mma.sync path: (tile_m, tile_n, warps_m, warps_n, stages)
+# fp8 path (sm_90a / sm_100a): (tile_m, tile_n, warps_m, warps_n, stages)
 # (the f16 tiles and 2 to 4 fp8 stages share 227 KB)
 FP8_TILES: tuple[tuple[int, int, int, int, int], ...] = (
     (128, 256, 2, 4, 2),
     (128, 128, 2, 4, 4),
     (64, 128, 1, 4, 4),
     (64, 64, 1, 4, 4),
+)
+# wgmma variant (sm_90a, opt-in until measured): 8 warps stacked along M, 2 warpgroups of
+# 64 rows x tile_n
+WG_TILES: tuple[tuple[int, int, int, int, int], ...] = (
+    (128, 256, 8, 1, 2),
+    (128, 128, 8, 1, 4),
 )
 # block-scaled path of sm_120a (99 KB of shared memory a block)
 BS_TILES: tuple[tuple[int, int, int, int, int], ...] = ((128, 128, 2, 4, 2),)
@@ -61,6 +67,7 @@ class MxFp8GemmConfig(KernelConfig):
     warps_n: int = 4
     stages: int = 4
     unroll_kb: bool = False  # unroll the 8 k16 steps of a k-tile fully (else by 2)
+    wgmma: bool = False  # sm_90a: wgmma from the f16 tiles instead of ldmatrix + mma.sync
 
     def check(self) -> None:
         def bad(field: str, rule: str) -> UnsupportedConfigError:
@@ -74,8 +81,12 @@ class MxFp8GemmConfig(KernelConfig):
                 raise bad(f, f"expected one of {FP8_ELEMS}")
         if self.out_dtype not in OUT_DTYPES:
             raise bad("out_dtype", f"expected one of {OUT_DTYPES}")
-        if (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages) not in FP8_TILES:
-            raise bad("tile_m", f"(tile_m, tile_n, warps_m, warps_n, stages) must be one of {FP8_TILES}")
+        tiles = WG_TILES if self.wgmma else FP8_TILES
+        if (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages) not in tiles:
+            raise bad("tile_m", f"(tile_m, tile_n, warps_m, warps_n, stages) must be one of {tiles}"
+                                f"{' with wgmma' if self.wgmma else ''}")
+        if self.wgmma and self.arch != "sm_90a":
+            raise bad("wgmma", "wgmma exists on sm_90a only")
 
     def symbols(self) -> tuple[str, ...]:
         return ("mx_gemm_fp8",)

@@ -25,6 +25,22 @@ def htile_off(r, c):
     return r * 2 * TK + ((c ^ (r & 7)) << 4)
 
 
+def wg_off(rows, r, c8):
+    return (c8 >> 3) * rows * 128 + r * 128 + (((c8 & 7) ^ (r & 7)) << 4)
+
+
+def _wgmma_operand(h: np.ndarray, start: int, rows: int) -> np.ndarray:
+    """[rows, 16] f16 values a K-major, 128-byte-swizzled descriptor at `start` (stride 1024
+    per 8 rows) points to: element (r, kk) at L = start + (r // 8) * 1024 + (r % 8) * 128 + 2 kk,
+    bits 4-6 of L XOR bits 7-9 (the swizzle atom's row)."""
+    r = np.arange(rows)[:, None]
+    kk = np.arange(16)[None, :]
+    lin = start + (r // 8) * 1024 + (r % 8) * 128 + 2 * kk
+    phys = lin ^ (((lin >> 7) & 7) << 4)
+    u = h[phys].astype(np.uint16) | (h[phys + 1].astype(np.uint16) << 8)
+    return u.view(np.float16).astype(np.float64)
+
+
 def swz_off(r, c):
     return (r >> 7) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + c
 
@@ -144,8 +160,23 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
                         vals = R.decode(st[src:src + 16], fmt).astype(np.float16) * s2
                         dst = (0 if is_a else h_b)
                         hb = vals.astype(np.float16).view(np.uint8)
-                        d0, d1 = dst + htile_off(r, 2 * c16), dst + htile_off(r, 2 * c16 + 1)
+                        if cfg.wgmma:
+                            rows = BM if is_a else BN
+                            d0, d1 = dst + wg_off(rows, r, 2 * c16), dst + wg_off(rows, r, 2 * c16 + 1)
+                        else:
+                            d0, d1 = dst + htile_off(r, 2 * c16), dst + htile_off(r, 2 * c16 + 1)
                         h[d0:d0 + 16], h[d1:d1 + 16] = hb[:16], hb[16:]
+            if cfg.wgmma:  # two warpgroups of 64 rows; warp w holds rows 16 (w % 4) of its group
+                for w4 in range(WMn * WNn // 4):
+                    d = np.zeros((64, BN))
+                    for ks in range(TK // 16):
+                        a_ = _wgmma_operand(h, w4 * 64 * 128 + (ks >> 2) * BM * 128 + (ks & 3) * 32, 64)
+                        b_ = _wgmma_operand(h, h_b + (ks >> 2) * BN * 128 + (ks & 3) * 32, BN)
+                        d += a_ @ b_.T
+                    for w in range(4):
+                        for j in range(NI):
+                            acc[4 * w4 + w, 0, j] += d[16 * w:16 * w + 16, 8 * j:8 * j + 8]
+                continue
             for warp in range(WMn * WNn):  # ldmatrix + mma
                 wm, wn = warp // WNn, warp % WNn
                 for ks in range(TK // 16):

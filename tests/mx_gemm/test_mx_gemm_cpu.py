@@ -10,7 +10,7 @@ from kernelgen.errors import UnsupportedConfigError
 from kernelgen.mx import reference as R
 from kernelgen.mx_gemm import reference as GR
 from kernelgen.mx_gemm.api import swizzle
-from kernelgen.mx_gemm.config import BS_TILES, FP8_TILES, MxBsGemmConfig, MxFp8GemmConfig
+from kernelgen.mx_gemm.config import BS_TILES, FP8_TILES, WG_TILES, MxBsGemmConfig, MxFp8GemmConfig
 from kernelgen.mx_gemm.emulate import emulate
 from kernelgen.mx_gemm.select import PAIRS, plan, prewarm_configs, select_mx_gemm, supported_pairs
 
@@ -210,15 +210,16 @@ def test_compile_matrix_archs():
 
 
 # -- Hopper kernel emulation (fp8 -> scaled f16 tiles, f16 mma, row scales in the epilogue) --
-@pytest.mark.parametrize("tile", FP8_TILES)
+@pytest.mark.parametrize("tile", [*FP8_TILES, *(("wgmma", *t) for t in WG_TILES)])
 @pytest.mark.parametrize("a_fmt,b_fmt", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxfp8_e4m3")])
 def test_fp8_kernel_emulation_reproduces_reference(tile, a_fmt, b_fmt):
     from kernelgen.mx_gemm.emulate_fp8 import emulate_fp8
 
     m, n, k = 70, 264, 288  # partial row / column tiles, K not a multiple of the 128 k-tile
-    bm, bn, wm, wn, st = tile
+    wg = tile[0] == "wgmma"
+    bm, bn, wm, wn, st = tile[1:] if wg else tile
     cfg = MxFp8GemmConfig(arch="sm_90a", a_elem=a_fmt[-4:], b_elem=b_fmt[-4:], tile_m=bm,
-                          tile_n=bn, warps_m=wm, warps_n=wn, stages=st)
+                          tile_n=bn, warps_m=wm, warps_n=wn, stages=st, wgmma=wg)
     a, b = _operands(a_fmt, b_fmt, m, n, k, seed=bm + bn)
     d = emulate_fp8(cfg, a.data, a.scales, b.data, b.scales, m, n, k, alpha=-1.5)
     assert not np.isnan(d).any(), f"{cfg.short()}: unwritten outputs"
@@ -238,3 +239,25 @@ def test_fp8_kernel_emulation_wide_scale_spread():
     cfg = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e5m2", m, n, k, "bfloat16", 132).config
     d = emulate_fp8(cfg, a.data, a.scales, b.data, b.scales, m, n, k)
     assert GR.rel_error(d, GR.mx_gemm(a, b)) < 1e-6
+
+
+@pytest.mark.parametrize("tile", WG_TILES)
+def test_wgmma_variant_compiles_without_spills(tile):
+    """Opt-in (not in the prewarm table until measured), so compiled here instead."""
+    from kernelgen.core.compile import compile_cubin, resource_summary
+    from kernelgen.core.render import render
+
+    bm, bn, wm, wn, st = tile
+    cfg = MxFp8GemmConfig(arch="sm_90a", tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st,
+                          wgmma=True)
+    out = compile_cubin(cfg, render(cfg))
+    res = resource_summary(out.log)
+    assert res["registers"] and res["spill_bytes"] == 0, out.log
+    assert cfg.smem_bytes() <= get_arch("sm_90a").smem_optin
+
+
+def test_wgmma_variant_only_sm90a():
+    bm, bn, wm, wn, st = WG_TILES[0]
+    with pytest.raises(UnsupportedConfigError, match="sm_90a only"):
+        MxFp8GemmConfig(arch="sm_100a", tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st,
+                        wgmma=True)

@@ -1,8 +1,8 @@
 """mx_gemm on the GPU (Hopper paths: MXFP8 x MXFP8 on the fp8 mma.sync) against the float64
 reference of the dequantized operands: E4M3 / E5M2 in every pairing, M across the 64 / 128 row
 tiles and not a multiple of them, N a multiple of 8 but not of the tile, K a multiple of 32
-but not of the 128-wide k-tile, both output dtypes, bias, alpha, both tiles forced, the
-unrolled variant, row-major scales, out=, torch tensors. Outputs are poisoned (0xFF = NaN)."""
+but not of the 128-wide k-tile, both output dtypes, bias, alpha, every tile forced, the
+unrolled and the (opt-in) wgmma variants, row-major scales, out=, torch tensors. Outputs are poisoned (0xFF = NaN)."""
 
 import functools
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kernelgen.mx_gemm import reference as GR
-from kernelgen.mx_gemm.config import FP8_TILES, MxFp8GemmConfig
+from kernelgen.mx_gemm.config import FP8_TILES, WG_TILES, MxFp8GemmConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -64,13 +64,17 @@ def test_selector_choice(a_fmt, b_fmt, m, n, k, dtype):
     _run(a_fmt, b_fmt, m, n, k, dtype, bias=(m + n) % 2 == 0, alpha=0.75)
 
 
-@pytest.mark.parametrize("tile", FP8_TILES)
-@pytest.mark.parametrize("unroll", [False, True])
+VARIANTS = [(t, False, False) for t in FP8_TILES] + [(t, True, False) for t in FP8_TILES] + \
+           [(t, False, True) for t in WG_TILES]
+
+
+@pytest.mark.parametrize("tile,unroll,wgmma", VARIANTS)
 @pytest.mark.parametrize("m,n,k", [(1, 136, 160), (200, 520, 416)])
-def test_every_tile_forced(tile, unroll, m, n, k):
+def test_every_tile_forced(tile, unroll, wgmma, m, n, k):
     bm, bn, wm, wn, st = tile
     cfg = MxFp8GemmConfig(arch="sm_90a", a_elem="e4m3", b_elem="e4m3", out_dtype="bfloat16",
-                          tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st, unroll_kb=unroll)
+                          tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st, unroll_kb=unroll,
+                          wgmma=wgmma)
     _run("mxfp8_e4m3", "mxfp8_e4m3", m, n, k, "bfloat16", alpha=-2.0, config=cfg)
 
 
