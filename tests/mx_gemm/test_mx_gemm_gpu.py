@@ -68,7 +68,12 @@ VARIANTS = [(t, False, False) for t in FP8_TILES] + [(t, True, False) for t in F
            [(t, False, True) for t in WG_TILES]
 
 
-@pytest.mark.parametrize("tile,unroll,wgmma", VARIANTS)
+def _variant_id(v):
+    (bm, bn, *_), unroll, wgmma = v
+    return f"{bm}x{bn}" + ("-unroll" if unroll else "") + ("-wgmma" if wgmma else "")
+
+
+@pytest.mark.parametrize("tile,unroll,wgmma", VARIANTS, ids=[_variant_id(v) for v in VARIANTS])
 @pytest.mark.parametrize("m,n,k", [(1, 136, 160), (200, 520, 416)])
 def test_every_tile_forced(tile, unroll, wgmma, m, n, k):
     bm, bn, wm, wn, st = tile
