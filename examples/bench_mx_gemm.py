@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 
 SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (2048, 8192, 8192), (16, 8192, 8192),
           (128, 4096, 4096))
@@ -55,7 +56,10 @@ def bench_shape(m: int, n: int, k: int, variants: bool) -> dict:
     one = torch.ones((), device="cuda", dtype=torch.float32)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+    with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; it is the handle form
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch_stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    with torch_stream:
         t_ref = time_gpu(lambda i: torch._scaled_mm(ta, tb.t(), scale_a=one, scale_b=one,
                                                     out_dtype=torch.bfloat16), iters=20, repeats=5)
         t_bf = time_gpu(lambda i: torch.matmul(x, w.t()), iters=20, repeats=5)

@@ -1,21 +1,14 @@
 // PTX wrappers of the mx_gemm kernels: f16 mma.sync and fp8 -> f16 conversion (sm_89+), the
-// Blackwell block-scaled mma.sync (sm_120a), ldmatrix and zero-filling cp.async. One wrapper per instruction shape;
-// element formats are template parameters and the PTX text is generated from them.
+// Blackwell block-scaled mma.sync (sm_120a), ldmatrix and zero-filling cp.async. One wrapper
+// per instruction shape; element formats are template parameters.
 #pragma once
 #include "common/dtypes.cuh"
 
 namespace kg {
 namespace mx {
 
-// Element-format codes shared with kernelgen/mx_gemm/config.py (ELEM_CODE).
+// Element formats; the kernel templates name them from the config (a_elem / b_elem upper-cased).
 enum Elem : int { E4M3 = 0, E5M2 = 1, E2M1 = 2 };
-template <int E> struct ElemName;
-template <> struct ElemName<E4M3> { static constexpr const char* s = "e4m3"; };
-template <> struct ElemName<E5M2> { static constexpr const char* s = "e5m2"; };
-template <> struct ElemName<E2M1> { static constexpr const char* s = "e2m1"; };
-
-#define KG_MX_STR2(x) #x
-#define KG_MX_STR(x) KG_MX_STR2(x)
 
 // D[16x8] += A[16x16] . B[16x8], f16 operands, fp32 accumulators in place (sm_80+). Fragments:
 // a0 = A[g][2t, 2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
