@@ -261,3 +261,15 @@ def test_wgmma_variant_only_sm90a():
     with pytest.raises(UnsupportedConfigError, match="sm_90a only"):
         MxFp8GemmConfig(arch="sm_100a", tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st,
                         wgmma=True)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("layout", ["swizzled", "row_major"])
+def test_operands_are_valid_mxtensors(fmt, layout):
+    """What the tests and the benchmark feed mx_gemm is the mx-quant contract's MxTensor."""
+    from kernelgen.mx.tensor import MxTensor
+
+    x = np.random.default_rng(1).standard_normal((130, 96)).astype(np.float32)
+    t = GR.upload(GR.quantize(x, fmt, layout), np)
+    assert isinstance(t, MxTensor)
+    t.check()
