@@ -65,13 +65,14 @@ def bench_shape(m: int, n: int, k: int, variants: bool) -> dict:
         t_bf = time_gpu(lambda i: torch.matmul(x, w.t()), iters=20, repeats=5)
     var = {}  # last: a failing opt-in variant cannot spoil the numbers above
     if variants:
-        kinds = [(t, u, False) for t in FP8_TILES for u in (False, True)]
+        kinds = [((*t, 1), u, False) for t in FP8_TILES for u in (False, True)]
         if info.arch.name == "sm_90a":
             kinds += [(t, False, True) for t in WG_TILES]
-        for (bm, bn, wm, wn, st), unroll, wg in kinds:
+        for (bm, bn, wm, wn, st, hb), unroll, wg in kinds:
             cfg = MxFp8GemmConfig(arch=info.arch.name, tile_m=bm, tile_n=bn, warps_m=wm,
-                                  warps_n=wn, stages=st, unroll_kb=unroll, wgmma=wg)
-            name = f"{bm}x{bn}{' wgmma' if wg else ''}{' unroll' if unroll else ''}"
+                                  warps_n=wn, stages=st, unroll_kb=unroll, wgmma=wg, hbufs=hb)
+            name = (f"{bm}x{bn}" + (f" wgmma s{st} h{hb}" if wg else "") +
+                    (" unroll" if unroll else ""))
             try:
                 t = time_gpu(lambda i, c=cfg: mx_gemm(a, b, out=out, config=c), iters=20, repeats=5)
             except Exception as e:  # the opt-in variants come last: report and stop there

@@ -40,10 +40,11 @@ FP8_TILES: tuple[tuple[int, int, int, int, int], ...] = (
     (64, 64, 1, 4, 4),
 )
 # wgmma variant (sm_90a, opt-in until measured): 8 warps stacked along M, 2 warpgroups of
-# 64 rows x tile_n
-WG_TILES: tuple[tuple[int, int, int, int, int], ...] = (
-    (128, 256, 8, 1, 2),
-    (128, 128, 8, 1, 4),
+# 64 rows x tile_n; (tile_m, tile_n, warps_m, warps_n, stages, f16 tile sets)
+WG_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (128, 256, 8, 1, 2, 1),
+    (128, 128, 8, 1, 4, 1),
+    (128, 128, 8, 1, 2, 2),
 )
 # block-scaled path of sm_120a (99 KB of shared memory a block)
 BS_TILES: tuple[tuple[int, int, int, int, int], ...] = ((128, 128, 2, 4, 2),)
@@ -68,6 +69,7 @@ class MxFp8GemmConfig(KernelConfig):
     stages: int = 4
     unroll_kb: bool = False  # unroll the 8 k16 steps of a k-tile fully (else by 2)
     wgmma: bool = False  # sm_90a: wgmma from the f16 tiles instead of ldmatrix + mma.sync
+    hbufs: int = 1  # f16 tile sets; 2 (wgmma only): convert the next k-tile under the wgmma
 
     def check(self) -> None:
         def bad(field: str, rule: str) -> UnsupportedConfigError:
@@ -81,10 +83,14 @@ class MxFp8GemmConfig(KernelConfig):
                 raise bad(f, f"expected one of {FP8_ELEMS}")
         if self.out_dtype not in OUT_DTYPES:
             raise bad("out_dtype", f"expected one of {OUT_DTYPES}")
-        tiles = WG_TILES if self.wgmma else FP8_TILES
-        if (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages) not in tiles:
-            raise bad("tile_m", f"(tile_m, tile_n, warps_m, warps_n, stages) must be one of {tiles}"
-                                f"{' with wgmma' if self.wgmma else ''}")
+        shape = (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages)
+        if self.wgmma:
+            if (*shape, self.hbufs) not in WG_TILES:
+                raise bad("tile_m", f"(tile_m, tile_n, warps_m, warps_n, stages, hbufs) must be "
+                                    f"one of {WG_TILES} with wgmma")
+        elif shape not in FP8_TILES or self.hbufs != 1:
+            raise bad("tile_m", f"(tile_m, tile_n, warps_m, warps_n, stages) must be one of "
+                                f"{FP8_TILES} (hbufs=1)")
         if self.wgmma and self.arch != "sm_90a":
             raise bad("wgmma", "wgmma exists on sm_90a only")
 
@@ -98,7 +104,7 @@ class MxFp8GemmConfig(KernelConfig):
         sa = max(1, self.tile_m // 128) * 512
         sb = max(1, self.tile_n // 128) * 512
         rows = self.tile_m + self.tile_n
-        return self.stages * (rows * TK + sa + sb) + rows * TK * 2 + rows * 4
+        return self.stages * (rows * TK + sa + sb) + self.hbufs * rows * TK * 2 + rows * 4
 
     @property
     def threads(self) -> int:

@@ -119,6 +119,7 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
                 words = [(saf if is_a else sbf)[base + kt * 512: base + kt * 512 + 4] for kt in range(KT)]
                 e_rows[row] = int(np.max(np.concatenate(words)))
         acc = np.zeros((WMn * WNn, MI, NI, 16, 8))
+        hsets = [np.zeros((BM + BN) * TK * 2, np.uint8) for _ in range(cfg.hbufs)]
         for kt in range(KT):
             st = np.zeros(STAGE, np.uint8)
             kbyte = kt * TK
@@ -145,7 +146,9 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
                     dst = A_B + B_B + tid * 16
                     st[dst:dst + 16] = (saf if is_a else sbf)[src:src + 16] if ok else 0
             ssa, ssb = A_B + B_B, A_B + B_B + SA_B
-            h = np.zeros((BM + BN) * TK * 2, np.uint8)
+            # f16 tile set kt % hbufs (the kernel's h_a / h_b of this k-tile); the emulation
+            # keeps one array per set and starts each k-tile's set from the previous contents
+            h = hsets[kt % cfg.hbufs]
             h_b = BM * TK * 2
             for tid in range(NT):  # conversion
                 c16, r_base = tid & 7, tid >> 3

@@ -15,7 +15,9 @@
 //
 // Pipeline per k-tile: cp.async of fp8 tiles + scale chunks (STAGES deep) -> barrier ->
 // convert to the f16 tiles -> barrier -> ldmatrix + mma over the f16 tiles. The first barrier
-// of the next k-tile orders its conversion after every warp's mma reads.
+// of the next k-tile orders its conversion after every warp's mma reads. The opt-in wgmma
+// variant (sm_90a) issues wgmma from the f16 tiles instead; with two f16 tile sets (HB = 2)
+// it leaves the wgmma running while the next k-tile is converted.
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/ptx.cuh"
@@ -28,11 +30,12 @@ using namespace kg::mx;
 
 constexpr int TK = 128;  // k per pipeline stage (bytes of an fp8 row)
 
-template <int BM, int BN, int STAGES> struct Fp8Smem {
+template <int BM, int BN, int STAGES, int HB> struct Fp8Smem {
   static constexpr int A = BM * TK, B = BN * TK;
   static constexpr int SA = (BM > 128 ? BM / 128 : 1) * 512, SB = (BN > 128 ? BN / 128 : 1) * 512;
   static constexpr int STAGE = A + B + SA + SB;
-  static constexpr int H = (BM + BN) * TK * 2;  // the f16 tiles
+  static constexpr int H1 = (BM + BN) * TK * 2;  // one set of f16 tiles
+  static constexpr int H = HB * H1;
   static constexpr int E = (BM + BN) * 4;        // per-row largest scale exponent
   static constexpr int TOTAL = STAGES * STAGE + H + E;
 };
@@ -96,8 +99,8 @@ __device__ __forceinline__ void convert_chunk(uint32_t src, uint32_t dst0, uint3
                "r"(h[6]), "r"(h[7]) : "memory");
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool UNROLL_KB, bool WG, int AE, int BE,
-          typename OutT>
+template <int BM, int BN, int WM, int WN, int STAGES, bool UNROLL_KB, bool WG, int HB, int AE,
+          int BE, typename OutT>
 __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const uint8_t* __restrict__ B,
                                          const uint8_t* __restrict__ SA, const uint8_t* __restrict__ SB,
                                          const OutT* __restrict__ bias, int has_bias, OutT* __restrict__ D,
@@ -107,7 +110,8 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
   constexpr int MI = WTM / 16, NI = WTN / 8;   // mma pieces per warp
   static_assert(MI >= 1 && NI % 2 == 0, "warp tile must be 16 x 16 multiples");
   static_assert(!WG || (WTM == 16 && WN == 1 && BM % 64 == 0), "wgmma: warps stacked along M");
-  using S = Fp8Smem<BM, BN, STAGES>;
+  using S = Fp8Smem<BM, BN, STAGES, HB>;
+  static_assert(HB == 1 || (HB == 2 && WG), "two f16 tile sets: the overlapped wgmma variant");
   extern __shared__ __align__(1024) uint8_t smem[];  // 1024: the wgmma swizzle atoms
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -120,7 +124,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
   const int KT = (K + TK - 1) / TK;                 // k-tiles = scale chunks per 128 rows
   const int mchunks = (M + 127) / 128, nchunks = (N + 127) / 128;
   const uint32_t sbase = mx_smem_addr(smem);
-  const uint32_t h_a = sbase + STAGES * S::STAGE, h_b = h_a + BM * TK * 2;
+  const uint32_t h_base = sbase + STAGES * S::STAGE;
 
   // ---- producer: one k-tile of A, B and their scale chunks into stage `slot` -------------
   // Thread tid copies 16-byte chunk c = tid % 8 of rows tid / 8 + it * NT / 8: one base
@@ -212,6 +216,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
     }
     const uint32_t st = sbase + (kt % STAGES) * S::STAGE;
     const uint32_t ssa = st + S::A + S::B, ssb = ssa + S::SA;
+    const uint32_t h_a = h_base + (HB == 2 ? (kt & 1) * S::H1 : 0), h_b = h_a + BM * TK * 2;
 
     // ---- convert: fp8 chunk (row r, k 16c..16c+15) -> f16 times 2^(e_kb - E(row)) ---------
 #pragma unroll
@@ -235,6 +240,9 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
     if constexpr (WG) {
       // generic-proxy stores -> visible to the tensor core's async proxy
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      // HB == 2: the previous k-tile's wgmma ran during this conversion; finish it before the
+      // barrier, after which the next conversion may overwrite its tiles
+      if constexpr (HB == 2) asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     }
     __syncthreads();  // f16 tiles ready
 
@@ -248,7 +256,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
         WgmmaF16<BN>::run(acc, wg_desc(a_rows + (ks >> 2) * BM * 128 + (ks & 3) * 32),
                           wg_desc(h_b + (ks >> 2) * BN * 128 + (ks & 3) * 32));
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      if constexpr (HB == 1) asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     } else {
 #pragma unroll (UNROLL_KB ? 8 : 2)
       for (int ks = 0; ks < TK / 16; ++ks) {
@@ -270,6 +278,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
       }
     }
   }
+  if constexpr (WG && HB == 2) asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   mx_cp_wait<0>();
 
   // ---- epilogue: alpha * 2^(E(m) - 127) * 2^(E(n) - 127) * acc + bias, pairs of columns --

@@ -217,9 +217,9 @@ def test_fp8_kernel_emulation_reproduces_reference(tile, a_fmt, b_fmt):
 
     m, n, k = 70, 264, 288  # partial row / column tiles, K not a multiple of the 128 k-tile
     wg = tile[0] == "wgmma"
-    bm, bn, wm, wn, st = tile[1:] if wg else tile
+    bm, bn, wm, wn, st, hb = tile[1:] if wg else (*tile, 1)
     cfg = MxFp8GemmConfig(arch="sm_90a", a_elem=a_fmt[-4:], b_elem=b_fmt[-4:], tile_m=bm,
-                          tile_n=bn, warps_m=wm, warps_n=wn, stages=st, wgmma=wg)
+                          tile_n=bn, warps_m=wm, warps_n=wn, stages=st, wgmma=wg, hbufs=hb)
     a, b = _operands(a_fmt, b_fmt, m, n, k, seed=bm + bn)
     d = emulate_fp8(cfg, a.data, a.scales, b.data, b.scales, m, n, k, alpha=-1.5)
     assert not np.isnan(d).any(), f"{cfg.short()}: unwritten outputs"
@@ -247,9 +247,9 @@ def test_wgmma_variant_compiles_without_spills(tile):
     from kernelgen.core.compile import compile_cubin, resource_summary
     from kernelgen.core.render import render
 
-    bm, bn, wm, wn, st = tile
+    bm, bn, wm, wn, st, hb = tile
     cfg = MxFp8GemmConfig(arch="sm_90a", tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st,
-                          wgmma=True)
+                          wgmma=True, hbufs=hb)
     out = compile_cubin(cfg, render(cfg))
     res = resource_summary(out.log)
     assert res["registers"] and res["spill_bytes"] == 0, out.log
@@ -257,10 +257,12 @@ def test_wgmma_variant_compiles_without_spills(tile):
 
 
 def test_wgmma_variant_only_sm90a():
-    bm, bn, wm, wn, st = WG_TILES[0]
+    bm, bn, wm, wn, st, hb = WG_TILES[0]
     with pytest.raises(UnsupportedConfigError, match="sm_90a only"):
         MxFp8GemmConfig(arch="sm_100a", tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st,
-                        wgmma=True)
+                        wgmma=True, hbufs=hb)
+    with pytest.raises(UnsupportedConfigError, match="hbufs=1"):
+        MxFp8GemmConfig(arch="sm_90a", hbufs=2)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4"])

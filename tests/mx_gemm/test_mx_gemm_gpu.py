@@ -64,22 +64,23 @@ def test_selector_choice(a_fmt, b_fmt, m, n, k, dtype):
     _run(a_fmt, b_fmt, m, n, k, dtype, bias=(m + n) % 2 == 0, alpha=0.75)
 
 
-VARIANTS = [(t, False, False) for t in FP8_TILES] + [(t, True, False) for t in FP8_TILES] + \
-           [(t, False, True) for t in WG_TILES]
+VARIANTS = [((*t, 1), False, False) for t in FP8_TILES] + \
+           [((*t, 1), True, False) for t in FP8_TILES] + [(t, False, True) for t in WG_TILES]
 
 
 def _variant_id(v):
-    (bm, bn, *_), unroll, wgmma = v
-    return f"{bm}x{bn}" + ("-unroll" if unroll else "") + ("-wgmma" if wgmma else "")
+    (bm, bn, _, _, st, hb), unroll, wgmma = v
+    return (f"{bm}x{bn}" + ("-unroll" if unroll else "") +
+            (f"-wgmma-s{st}-h{hb}" if wgmma else ""))
 
 
 @pytest.mark.parametrize("tile,unroll,wgmma", VARIANTS, ids=[_variant_id(v) for v in VARIANTS])
 @pytest.mark.parametrize("m,n,k", [(1, 136, 160), (200, 520, 416)])
 def test_every_tile_forced(tile, unroll, wgmma, m, n, k):
-    bm, bn, wm, wn, st = tile
+    bm, bn, wm, wn, st, hb = tile
     cfg = MxFp8GemmConfig(arch="sm_90a", a_elem="e4m3", b_elem="e4m3", out_dtype="bfloat16",
                           tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st, unroll_kb=unroll,
-                          wgmma=wgmma)
+                          wgmma=wgmma, hbufs=hb)
     _run("mxfp8_e4m3", "mxfp8_e4m3", m, n, k, "bfloat16", alpha=-2.0, config=cfg)
 
 
