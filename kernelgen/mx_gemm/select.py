@@ -21,7 +21,15 @@ from typing import Any
 from ..arch import get_arch
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
-from .config import BS_TILES, FORMATS, FP8_TILES, OUT_DTYPES, MxBsGemmConfig, MxFp8GemmConfig
+from .config import (
+    BS_TILES,
+    FORMATS,
+    FP8_TILES,
+    OUT_DTYPES,
+    WG_TILES,
+    MxBsGemmConfig,
+    MxFp8GemmConfig,
+)
 
 MXFP8 = ("mxfp8_e4m3", "mxfp8_e5m2")
 # (arch) -> {(A format, B format): path}
@@ -34,6 +42,10 @@ PAIRS: dict[str, dict[tuple[str, str], str]] = {
 }
 K_MULTIPLE = 32  # one MX group; 16-byte copies of fp4 rows (32 codes)
 N_MULTIPLE = 8   # output columns are written in pairs by 8-column mma pieces
+# sm_90a: take the wgmma variant (WG_TILES[WGMMA_TILE]) above SMALL_M. Off until the GPU
+# tests pass on it and examples/bench_mx_gemm.py --variants shows it faster.
+SM90_WGMMA = False
+WGMMA_TILE = 2
 # fp8 path: 64-row tiles up to this M (fewer rows of zeros), 128-row tiles above; 128 x 256
 # once those alone fill every SM.
 SMALL_M = 64
@@ -117,9 +129,12 @@ def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: s
         else:
             tile = mid
         bm, bn, wm, wn, st = tile
+        wg, hb = False, 1
+        if SM90_WGMMA and arch == "sm_90a" and m > SMALL_M:
+            (bm, bn, wm, wn, st, hb), wg = WG_TILES[WGMMA_TILE], True
         cfg: MxFp8GemmConfig | MxBsGemmConfig = MxFp8GemmConfig(
             arch=arch, a_elem=a_elem, b_elem=b_elem, out_dtype=out_dtype, tile_m=bm, tile_n=bn,
-            warps_m=wm, warps_n=wn, stages=st)
+            warps_m=wm, warps_n=wn, stages=st, wgmma=wg, hbufs=hb)
     else:
         kind = "nvf4" if a_fmt == "nvfp4" else "mxf4" if a_fmt == "mxfp4" else "mxf8f6f4"
         bm, bn, wm, wn, st = BS_TILES[0]

@@ -275,3 +275,14 @@ def test_operands_are_valid_mxtensors(fmt, layout):
     t = GR.upload(GR.quantize(x, fmt, layout), np)
     assert isinstance(t, MxTensor)
     t.check()
+
+
+def test_wgmma_switch(monkeypatch):
+    import kernelgen.mx_gemm.select as sel
+
+    monkeypatch.setattr(sel, "SM90_WGMMA", True)
+    big = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 4096, 4096, 4096, "bfloat16", 132).config
+    assert big.wgmma and (big.tile_m, big.tile_n, big.hbufs) == (128, 128, 2)
+    assert not plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 16, 4096, 4096, "bfloat16", 132).config.wgmma
+    assert not plan("sm_100a", "mxfp8_e4m3", "mxfp8_e4m3", 4096, 4096, 4096, "bfloat16", 148).config.wgmma
+    assert big in set(prewarm_configs(["sm_90a"], {}))
