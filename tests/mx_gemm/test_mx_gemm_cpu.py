@@ -161,11 +161,13 @@ def _operands(fmt_a, fmt_b, m, n, k, seed):
     return GR.quantize(xa, fmt_a), GR.quantize(xb, fmt_b)
 
 
-@pytest.mark.parametrize("a_fmt,b_fmt", [
+SM120_CASES = [(a, b, 130, 136, 160) for a, b in [
     ("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxfp8_e4m3"), ("mxfp8_e4m3", "mxfp4"),
-    ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"),
-])
-@pytest.mark.parametrize("m,n,k", [(130, 136, 160), (40, 264, 256)])
+    ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4")]] + \
+    [(a, b, 40, 264, 256) for a, b in [("mxfp8_e4m3", "mxfp4"), ("nvfp4", "nvfp4")]]
+
+
+@pytest.mark.parametrize("a_fmt,b_fmt,m,n,k", SM120_CASES)
 def test_sm120_emulation_reproduces_reference(a_fmt, b_fmt, m, n, k):
     a, b = _operands(a_fmt, b_fmt, m, n, k, seed=m + n + k)
     p = plan("sm_120a", a_fmt, b_fmt, m, n, k, "bfloat16", 170)
@@ -210,8 +212,11 @@ def test_compile_matrix_archs():
 
 
 # -- Hopper kernel emulation (fp8 -> scaled f16 tiles, f16 mma, row scales in the epilogue) --
-@pytest.mark.parametrize("tile", [*FP8_TILES, *(("wgmma", *t) for t in WG_TILES)])
-@pytest.mark.parametrize("a_fmt,b_fmt", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxfp8_e4m3")])
+FP8_CASES = [(t, "mxfp8_e4m3", "mxfp8_e4m3") for t in [*FP8_TILES, *(("wgmma", *w) for w in WG_TILES)]] \
+    + [(FP8_TILES[0], "mxfp8_e5m2", "mxfp8_e4m3"), (("wgmma", *WG_TILES[2]), "mxfp8_e4m3", "mxfp8_e5m2")]
+
+
+@pytest.mark.parametrize("tile,a_fmt,b_fmt", FP8_CASES)
 def test_fp8_kernel_emulation_reproduces_reference(tile, a_fmt, b_fmt):
     from kernelgen.mx_gemm.emulate_fp8 import emulate_fp8
 
