@@ -2,12 +2,10 @@
 and cuBLAS fp16 (cupy.matmul), all measured in the same run.
 
     python examples/bench_kbit_gemv.py [--bits 2,3,4,5] [--ms 1,2,4,8,16] [--json out.json]
-        [--variants 8x4,16x3] [--variant-ms 1,16]
 
 Per (shape, bits, M): median microseconds per call, weights rotated past L2 (each call reads a
 different copy; >= 8 x L2 in total), calls replayed from a CUDA graph so host launch overhead
-stays out. --variants times (warps x stages) launch variants beside the table's choice (each
-checked against the default launch's output). Floors: weight bytes (planes + E4M4 scales) / read bandwidth, where the read
+stays out. Floors: weight bytes (planes + E4M4 scales) / read bandwidth, where the read
 bandwidth is measured by a streaming 16-byte-load kernel; the device copy rate (bytes read +
 written, kernelgen.bench.copy_bandwidth) is reported beside it.
 """
@@ -52,27 +50,6 @@ def read_bandwidth(nbytes: int = 1 << 30) -> float:
     return nbytes / t
 
 
-def launch_plan(plan, a, lin, out) -> None:
-    """kg.gemm's GEMV launch for a given plan (tuning variants the selector would not pick)."""
-    import cupy
-
-    from kernelgen.core.jit import get_kernel
-
-    q = lin.q
-    key = (plan.ws_elems, plan.n_counters)
-    if key not in _scratch:  # allocated on the warm-up call, before any graph capture
-        _scratch[key] = (cupy.empty(max(1, plan.ws_elems), cupy.float32),
-                         cupy.zeros(max(1, plan.n_counters), cupy.uint32))
-    ws, cnt = _scratch[key]
-    m, k = a.shape
-    fn = get_kernel(plan.config, a.device.id, cupy.cuda.get_current_stream()).fn("kbit_gemv")
-    fn(plan.grid, plan.block, (q.packed, q.absmax, q.codebook, a, a, np.int32(0), out, ws, cnt,
-                               np.int32(m), np.int32(lin.n), np.int32(k)), shared_mem=plan.smem)
-
-
-_scratch: dict = {}
-
-
 def graph_time(call, n: int, stream) -> tuple[float, str]:
     """Median seconds per call of call(i), i = 0..n-1 captured once in a graph and replayed."""
     from kernelgen.bench import time_gpu
@@ -101,12 +78,7 @@ def main() -> None:
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--sweep", default="1,2,3,4,6,8",
-                    help="split_k forced at M=1, 4 bits (about that many CTAs per row block; "
-                         "1 = whole row blocks), for the tuning table (empty: none)")
-    ap.add_argument("--variants", default="",
-                    help="warps x stages [m m_tile] launch variants to time at --variant-ms, "
-                         "e.g. 8x4,16x3,8x4m8")
-    ap.add_argument("--variant-ms", default="1,16")
+                    help="K splits forced at M=1, 4 bits, for the tuning table (empty: none)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     bits_list = [int(b) for b in args.bits.split(",")]
@@ -171,32 +143,6 @@ def main() -> None:
                           f"  {100 * row['frac_read_bw']:5.1f}% read BW  cuBLAS {tc * 1e6:6.2f} us "
                           f"({row['speedup_vs_cublas']:.2f}x)  M/M1 {row['vs_M1']:.2f}  [{mode}]",
                           flush=True)
-                for m in [int(v) for v in args.variant_ms.split(",")] if args.variants else ():
-                    from kernelgen.kbit_gemm.select import plan_gemv
-
-                    a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
-                    ref = kg.gemm(a, copies[0])
-                    for v in args.variants.split(","):
-                        ws_, _, mt_ = v.partition("m")  # "8x4" or "8x4m8" (m_tile forced)
-                        w_, s_ = (int(x) for x in ws_.split("x"))
-                        try:
-                            plan = plan_gemv(dev.arch.name, m, n, k, bits, "float16", dev.sm_count,
-                                             warps=w_, stages=s_, m_tile=int(mt_) if mt_ else None)
-                        except Exception as e:  # e.g. shared memory of the arch
-                            print(f"  variant {v}: {e}", flush=True)
-                            continue
-                        out = cupy.full((m, n), np.nan, cupy.float16)
-                        launch_plan(plan, a, copies[0], out)
-                        err = float(cupy.linalg.norm(out.astype(cupy.float32) - ref.astype(cupy.float32))
-                                    / cupy.linalg.norm(ref.astype(cupy.float32)))
-                        t, _ = graph_time(lambda i, c=copies, p=plan, a=a, out=out: launch_plan(
-                            p, a, c[i % len(c)], out), len(copies), stream)
-                        row = {"N": n, "K": k, "bits": bits, "M": m, "variant": v, "us": t * 1e6,
-                               "frac_read_bw": wbytes / read_bw / t, "rel_err_vs_default": err,
-                               "plan": plan.short()}
-                        res.setdefault("variants", []).append(row)
-                        print(f"  variant {v} {n}x{k} k{bits} M={m}: {t * 1e6:7.2f} us "
-                              f"{100 * row['frac_read_bw']:5.1f}% read BW  err {err:.1e}", flush=True)
                 if bits == 4 and args.sweep:
                     a = cupy.asarray(rng.standard_normal((1, k)).astype(np.float16))
                     out = cupy.empty((1, n), cupy.float16)

@@ -11,7 +11,7 @@ from ..arch import device_info
 from ..core.interop import Ctx, context_of, device_array
 from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
-from .config import DTYPES
+from .config import DTYPES, TILE_ROWS
 from .select import check_shape, plan_gemv, select_gemv
 from .tc_select import PATHS, plan_mma, select_gemm
 
@@ -153,12 +153,12 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     else:
         plan = plan_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count, int(split_k))
     if plan.config.split_k:
-        ws, counters = _split_scratch(ctx, plan.ws_elems, plan.n_counters)
+        ws, counters = _split_scratch(ctx, plan.split * m * n, plan.m_tiles * -(-n // TILE_ROWS))
     else:
         ws = counters = c
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("kbit_gemv")
     args = (packed, absmax, cb, a, b, np.int32(bias is not None), c, ws, counters, np.int32(m),
-            np.int32(n), np.int32(k))
+            np.int32(n), np.int32(k), np.int32(plan.gps))
     ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem)
     return out
 

@@ -1,7 +1,7 @@
 """Host-side selector of the kbit GEMM bandwidth path, as data plus one pure function.
 
-(arch, M, N, K, bits, dtype, SM count) -> GemvPlan: the kernel config (m_tile, warps, ring
-stages, split_k flag) and the launch (CTAs, m passes, shared memory). No GPU work; memoised and printable
+(arch, M, N, K, bits, dtype, SM count) -> GemvPlan: the kernel config (m_tile, warps, split_k
+flag) and the launch (K splits, grid, shared memory). No GPU work; memoised and printable
 (KERNELGEN_PRINT_CONFIGS=1) through `kernelgen.core.select.selector`. `prewarm_configs` walks the
 same function over the shapes of a spec, so prewarm builds exactly what dispatch can pick.
 """
@@ -15,28 +15,22 @@ from typing import Any
 from ..arch import get_arch
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
-from .config import (
-    BITS,
-    DTYPES,
-    FALLBACK,
-    GROUP_K,
-    LAUNCH,
-    STAGE_K,
-    TILE_ROWS,
-    KbitGemvConfig,
-    smem_for,
-)
+from .config import BITS, DTYPES, GROUP_K, LAUNCH, M_TILES, TILE_ROWS, KbitGemvConfig, lut_bytes
 
 # (largest M, m_tile): tokens a CTA pass covers. M above the last row runs ceil(M/16) passes
 # over grid.z (W is read once per pass) until the tensor-core path takes large M.
-M_TILE_TABLE: tuple[tuple[int, int], ...] = ((2, 2), (1 << 31, 16))
-# The grid is persistent (one CTA per SM per m pass); a CTA streams its units (16*warps rows x
-# 256 k) at the rate the memory gives, so the time is about the most units a CTA gets plus, with
-# stream-K partial row blocks, the partial write, the count and the last CTA's reduction
-# (about half a unit). Whole row blocks per CTA (ctas divides the row blocks) need none of it.
-PARTIAL_COST_UNITS = 0.5
-# shared memory of an SM (bytes) that resident CTAs share, per target (the mma path's planner
-# reads it too)
+M_TILE_TABLE: tuple[tuple[int, int], ...] = ((8, 8), (1 << 31, 16))
+# The grid is persistent (every CTA resident at once); a warp works through its 16-row tiles
+# one after the other, so the time is about rounds x (quad steps of a tile + overhead), with
+# rounds = ceil(work items / resident warps). The K split (grid.y) is the one that minimises it:
+# more splits give more, shorter items (better balance, more warps busy) but each item pays
+# exposed latency, and with split-K a fenced fp32 partial + counter (measured on H100 at M=1:
+# 14336x4096 fastest unsplit, 4096x14336 and 4096x4096 with 4 splits).
+ITEM_OVERHEAD_STEPS = 1.0
+SPLIT_ITEM_OVERHEAD_STEPS = 2.5
+# ... and a split keeps at least this many groups of 128 k (two quad steps of a warp).
+MIN_GROUPS_PER_SPLIT = 8
+# shared memory of an SM (bytes) that resident CTAs share, per target
 SMEM_PER_SM: dict[str, int] = {"sm_80": 164 * 1024, "sm_90a": 228 * 1024, "sm_100a": 228 * 1024,
                                "sm_120a": 100 * 1024}
 # SM counts of the parts each target runs on, for prewarm of a spec with shapes (a spec's
@@ -52,48 +46,31 @@ SM_COUNTS: dict[str, tuple[int, ...]] = {
 
 @dataclass(frozen=True)
 class GemvPlan:
-    """One launch: config, CTAs per m pass (grid.x), m passes (grid.z), smem, and the work split
-    (row blocks x units of a row block; CTA c takes units [c*U/ctas, (c+1)*U/ctas))."""
+    """One launch: config, K splits (grid.y), groups of 128 k per split, grid.x, grid.z, smem."""
 
     config: KbitGemvConfig
+    split: int
+    gps: int
     ctas: int
     m_tiles: int
     smem: int
-    row_blocks: int
-    units_per_row_block: int
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return (self.ctas, 1, self.m_tiles)
+        return (self.ctas, self.split, self.m_tiles)
 
     @property
     def block(self) -> tuple[int, int, int]:
         return (self.config.warps * 32, 1, 1)
 
-    @property
-    def units(self) -> int:
-        return self.row_blocks * self.units_per_row_block
-
-    @property
-    def ws_elems(self) -> int:
-        """fp32 workspace of stream-K partials: [m_tiles, ctas, 2 slots, warps x n8 tiles x 128]
-        (a warp's accumulator fragments, 4 floats a lane per n8 tile; m_tile 2 and 8: one tile)."""
-        cfg = self.config
-        slot = cfg.warps * max(1, cfg.m_tile // 8) * 128
-        return self.m_tiles * self.ctas * 2 * slot if cfg.split_k else 0
-
-    @property
-    def n_counters(self) -> int:
-        return self.m_tiles * self.row_blocks if self.config.split_k else 0
-
     def short(self) -> str:
-        return (f"{self.config.short()} ctas={self.ctas} units={self.row_blocks}x"
-                f"{self.units_per_row_block} grid={self.grid} smem={self.smem}")
+        return (f"{self.config.short()} split={self.split} k_per_split={self.gps * GROUP_K} "
+                f"grid={self.grid} smem={self.smem}")
 
 
 def check_shape(n: int, k: int, name: str = "W") -> None:
-    """The rule the kernel needs: K a multiple of 128 (a lane decodes 4-block groups of 16-byte
-    aligned plane words), N >= 1, K >= 128."""
+    """The rule the kernel needs: K a multiple of 128 (a lane loads 4 blocks of 32 as 16-byte
+    aligned vectors), N >= 1, K >= 128."""
     if n < 1 or k < GROUP_K or k % GROUP_K:
         raise ValueError(f"{name}: shape [N={n}, K={k}]; the kbit GEMM needs N >= 1 and K a "
                          f"positive multiple of {GROUP_K} (4 blocks of 32, 16-byte aligned)")
@@ -106,46 +83,53 @@ def m_tile_for(m: int) -> int:
     raise AssertionError("unreachable: the last row takes every M")
 
 
-def launch_for(arch: str, m_tile: int, bits: int) -> tuple[int, int]:
-    """(warps, stages) of the table, or the first fallback whose shared memory fits the arch."""
-    limit = get_arch(arch).smem_optin
-    for warps, stages in (LAUNCH.get((m_tile, bits), FALLBACK[0]), *FALLBACK):
-        if smem_for(bits, warps, stages, m_tile) <= limit:
-            return warps, stages
-    raise AssertionError("unreachable: the smallest fallback fits every arch")
-
-
 def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
-              split: int | None = None, *, warps: int | None = None,
-              stages: int | None = None, m_tile: int | None = None) -> GemvPlan:
-    """Pure planner. `split` forces about `split` CTAs per row block (tests, tuning); None picks
-    the split. `warps` / `stages` / `m_tile` override the tables (tuning)."""
+              split: int | None = None) -> GemvPlan:
+    """Pure planner. `split` forces the number of K splits (tests, tuning); None picks it."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
-    m_tile = m_tile or m_tile_for(m)
-    w0, s0 = launch_for(arch, m_tile, bits)
-    warps, stages = warps or w0, stages or s0
+    m_tile = m_tile_for(m)
+    warps, min_blocks, cap = LAUNCH[(m_tile, bits)]
+    rows = min(m, m_tile)
     m_tiles = -(-m // m_tile)
-    rb = -(-n // (TILE_ROWS * warps))
-    kt = -(-k // STAGE_K)
-    units = rb * kt
-    per_pass = max(1, sm_count // m_tiles)  # CTAs of one m pass resident at once
+    tiles = -(-n // TILE_ROWS)
+    groups = k // GROUP_K
+    max_gps = (cap - lut_bytes(bits)) // (rows * GROUP_K * 2)  # the A slice fits shared memory
+
+    def resident(gps: int) -> int:  # CTAs an SM holds: launch bounds, then shared memory
+        smem = lut_bytes(bits) + rows * gps * GROUP_K * 2
+        return max(1, min(min_blocks, SMEM_PER_SM[arch] // (smem + 1024)))
+
+    def cost(s: int) -> float:
+        gps = -(-groups // s)
+        warps_resident = sm_count * resident(gps) * warps
+        rounds = -(-(tiles * m_tiles * s) // warps_resident)
+        return rounds * (-(-gps // 4) + (SPLIT_ITEM_OVERHEAD_STEPS if s > 1 else ITEM_OVERHEAD_STEPS))
+
     if split is None:
-        # stream-K over all SMs, or the most whole row blocks per CTA: the cheaper
-        g_s = min(units, per_pass)
-        cost_s = -(-units // g_s) + (PARTIAL_COST_UNITS if rb % g_s else 0.0)
-        g_w = max(d for d in range(1, min(rb, per_pass) + 1) if rb % d == 0)
-        ctas = g_w if units // g_w <= cost_s else g_s
+        lo = -(-groups // max_gps)  # fewest splits whose A slice fits
+        hi = max(lo, groups // MIN_GROUPS_PER_SPLIT)
+        split = min(range(lo, hi + 1), key=lambda s: (cost(s), s))
+        gps = -(-groups // split)
+        gps4 = -(-gps // 4) * 4  # whole quad steps when that costs no more splits
+        if gps4 <= max_gps and -(-groups // gps4) == split:
+            gps = min(gps4, groups)
     else:
-        groups = k // GROUP_K
         if not 1 <= split <= groups:
             raise ValueError(f"split_k={split}: must be in 1..{groups} (K/{GROUP_K}) for K={k}")
-        ctas = min(units, rb * split)
+        gps = -(-groups // split)
+        if gps > max_gps:
+            need = -(-groups // max_gps)
+            raise ValueError(f"split_k={split}: M={m} x K/{split} of A does not fit shared memory "
+                             f"({rows} rows x {gps * GROUP_K} k); use split_k >= {need}")
+    split = -(-groups // gps)
+    # persistent grid: no more CTAs along N than stay resident beside the other splits / passes
+    ctas = min(-(-tiles // warps), max(1, sm_count * resident(gps) // (split * m_tiles)))
     cfg = KbitGemvConfig(arch=arch, bits=bits, dtype=dtype, m_tile=m_tile, warps=warps,
-                         stages=stages, split_k=rb % ctas != 0)
-    smem = smem_for(bits, warps, stages, min(m, m_tile))
-    return GemvPlan(cfg, ctas, m_tiles, smem, rb, kt)
+                         min_blocks=min_blocks, split_k=split > 1)
+    smem = lut_bytes(bits) + rows * gps * GROUP_K * 2
+    return GemvPlan(cfg, split, gps, ctas, m_tiles, smem)
 
 
 @selector
@@ -181,18 +165,20 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
         for bits in bits_list:
             for dtype in dtypes:
                 if not shapes:
-                    for m_tile in sorted({t for _, t in M_TILE_TABLE}):
-                        warps, stages = launch_for(arch, m_tile, bits)
+                    for m_tile in M_TILES:
+                        warps, min_blocks, _ = LAUNCH[(m_tile, bits)]
                         for split_k in (False, True):
                             yield KbitGemvConfig(arch=arch, bits=bits, dtype=dtype, m_tile=m_tile,
-                                                 warps=warps, stages=stages, split_k=split_k)
+                                                 warps=warps, min_blocks=min_blocks,
+                                                 split_k=split_k)
                     continue
                 for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
                     for m, n, k in shapes:
-                        # a plan depends on M only through (m_tile, m passes); from sms passes
-                        # on every pass gets one CTA
-                        reps = (1, *(16 * p for p in range(1, sms + 1)))
-                        for mm in (m,) if m is not None else reps:
+                        # past m_hi there is at least one work item per resident warp without a
+                        # split (m passes alone fill the GPU), so the split is 1 from there on
+                        tiles = -(-n // TILE_ROWS)
+                        m_hi = 16 * (4 * sms * 4 // tiles + 2)
+                        for mm in (m,) if m is not None else range(1, m_hi + 1):
                             cfg = plan_gemv(arch, mm, n, k, bits, dtype, sms).config
                             if cfg not in seen:
                                 seen.add(cfg)

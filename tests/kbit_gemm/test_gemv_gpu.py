@@ -1,7 +1,6 @@
 """kbit GEMM bandwidth path on the GPU against the NumPy reference (dequantize with the E4M4
 scales, then matmul in float64): relative error bounds per dtype, every bit-width, M across the
-m-tile boundaries, partial row blocks and a half last unit (K % 256 == 128), the work split
-off (whole row blocks per CTA) / auto / forced (stream-K partials).
+m-tile boundaries, partial row tiles and K quads, split-K off / auto / forced.
 
 Outputs are poisoned (KERNELGEN_POISON=1: NaN for fp16/bf16) or pre-filled with NaN through
 out=, so an element the kernel does not write fails the bound.
@@ -23,7 +22,7 @@ MS = (1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33)
 # N not a multiple of 16 (partial warp tiles) and not a power of 2; K = 3, 8 and 33 groups of
 # 128 (partial quad steps; uneven splits)
 SHAPES = ((200, 384), (96, 1024), (1000, 4224))
-SPLITS = (None, 1, 3)  # selector's choice, one CTA per row block, ~3 CTAs per row block
+SPLITS = (None, 1, 3)  # selector's choice, split-K off, forced on
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +53,20 @@ def _weight(bits, dtype, n, k, seed=0):
 
 def _host_w(w, dtype):
     return R.f32_to_bf16(w) if dtype == "bfloat16" else w.astype(np.float16)
+
+
+def _split_fits(split, m, n, k, bits, dtype):
+    """Whether a forced split_k is allowed: a CTA's A slice must fit its shared memory."""
+    from kernelgen.kbit_gemm.select import plan_gemv
+
+    if split is None:
+        return True
+    try:
+        plan_gemv("sm_90a", m, n, k, bits, dtype, 132, split=split)
+    except ValueError as e:
+        assert "does not fit shared memory" in str(e)
+        return False
+    return True
 
 
 def _check(c_dev, c_ref, dtype, ctx):
@@ -90,6 +103,10 @@ def test_gemm_matches_reference(bits, dtype):
             b_d = None if bias is None else cupy.asarray(bias)
             for split in SPLITS:
                 ctx = f"{bits=} {dtype=} {m=} {n=} {k=} {split=} bias={bias is not None}"
+                if not _split_fits(split, m, n, k, bits, dtype):
+                    with pytest.raises(ValueError, match="does not fit shared memory"):
+                        kg.gemm(a_d, lin, b_d, dtype=hint, split_k=split)
+                    continue
                 c = kg.gemm(a_d, lin, b_d, dtype=hint, split_k=split)
                 assert c.shape == (m, n) and c.dtype == a_d.dtype, ctx
                 _check(c, c_ref, dtype, ctx)
@@ -107,6 +124,8 @@ def test_out_buffer_and_leading_dims(bits):
     a = _host(rng, (3, 5, k), "float16")
     c_ref = GR.gemm(a, w64)
     for split in SPLITS:
+        if not _split_fits(split, 15, n, k, bits, "float16"):
+            continue  # 15 rows x 4224 k of A exceed a CTA's shared memory unsplit
         out = cupy.full((3, 5, n), np.nan, cupy.float16)
         res = kg.gemm(cupy.asarray(a), lin, out=out, split_k=split)
         assert res is out
@@ -118,8 +137,7 @@ def test_out_buffer_and_leading_dims(bits):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_shape_and_determinism(dtype):
-    """A shape where row blocks are split over CTAs (stream-K): same bits twice (ordered
-    reduction)."""
+    """A shape where the selector splits K over many CTAs: same bits twice (ordered reduction)."""
     import cupy
 
     import kernelgen as kg
