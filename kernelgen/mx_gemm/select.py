@@ -42,13 +42,14 @@ PAIRS: dict[str, dict[tuple[str, str], str]] = {
 }
 K_MULTIPLE = 32  # one MX group; 16-byte copies of fp4 rows (32 codes)
 N_MULTIPLE = 8   # output columns are written in pairs by 8-column mma pieces
-# sm_90a: take the wgmma variant (WG_TILES[WGMMA_TILE]) above SMALL_M. Off until the GPU
-# tests pass on it and examples/bench_mx_gemm.py --variants shows it faster.
-SM90_WGMMA = False
-WGMMA_TILE = 2
-# fp8 path: 64-row tiles up to this M (fewer rows of zeros), 128-row tiles above; 128 x 256
-# once those alone fill every SM.
-SMALL_M = 64
+# sm_90a: the wgmma variant above SMALL_M (its GPU tests pass; measured on the H100 with
+# examples/bench_mx_gemm.py --variants, BENCHMARKS.md): 8192^3 128x256 wgmma 350 TFLOP/s vs the
+# best mma.sync tile 278; M=128, N=K=4096: 128x128 wgmma (2 stages, 2 f16 tile sets) 68 vs 51.
+# WG_TILES[0] once one wave of it fills every SM, else WG_TILES[2].
+SM90_WGMMA = True
+# fp8 path: 64-row tiles up to this M (fewer rows of zeros; M=128, N=K=4096: 64x64 82 TFLOP/s vs
+# 68 for the best 128-row tile), 128-row tiles above; 128 x 256 once those alone fill every SM.
+SMALL_M = 128
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,9 @@ def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: s
         bm, bn, wm, wn, st = tile
         wg, hb = False, 1
         if SM90_WGMMA and arch == "sm_90a" and m > SMALL_M:
-            (bm, bn, wm, wn, st, hb), wg = WG_TILES[WGMMA_TILE], True
+            big_wg = WG_TILES[0]
+            fills = -(-m // big_wg[0]) * -(-n // big_wg[1]) >= sm_count
+            (bm, bn, wm, wn, st, hb), wg = (big_wg if fills else WG_TILES[2]), True
         cfg: MxFp8GemmConfig | MxBsGemmConfig = MxFp8GemmConfig(
             arch=arch, a_elem=a_elem, b_elem=b_elem, out_dtype=out_dtype, tile_m=bm, tile_n=bn,
             warps_m=wm, warps_n=wn, stages=st, wgmma=wg, hbufs=hb)

@@ -65,7 +65,7 @@ def test_pairs_table():
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("m,tile", [(1, (64, 64)), (64, (64, 64)), (65, (128, 128)),
+@pytest.mark.parametrize("m,tile", [(1, (64, 64)), (128, (64, 64)), (129, (128, 128)),
                                     (256, (128, 128)), (4096, (128, 256))])
 def test_fp8_path_tiles(arch, m, tile):
     p = plan(arch, "mxfp8_e4m3", "mxfp8_e5m2", m, 4096, 4096, "bfloat16", 132)
@@ -287,7 +287,11 @@ def test_wgmma_switch(monkeypatch):
 
     monkeypatch.setattr(sel, "SM90_WGMMA", True)
     big = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 4096, 4096, 4096, "bfloat16", 132).config
-    assert big.wgmma and (big.tile_m, big.tile_n, big.hbufs) == (128, 128, 2)
-    assert not plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 16, 4096, 4096, "bfloat16", 132).config.wgmma
+    assert big.wgmma and (big.tile_m, big.tile_n, big.hbufs) == (128, 256, 1)  # 512 CTAs
+    mid = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 256, 4096, 4096, "bfloat16", 132).config
+    assert mid.wgmma and (mid.tile_m, mid.tile_n, mid.hbufs) == (128, 128, 2)  # 128x256: 32 CTAs
+    assert mid in set(prewarm_configs(["sm_90a"], {}))
+    small = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", sel.SMALL_M, 4096, 4096, "bfloat16", 132)
+    assert not small.config.wgmma and small.config.tile_m == 64
     assert not plan("sm_100a", "mxfp8_e4m3", "mxfp8_e4m3", 4096, 4096, 4096, "bfloat16", 148).config.wgmma
     assert big in set(prewarm_configs(["sm_90a"], {}))
