@@ -15,6 +15,7 @@ from .errors import (
     KernelgenError,
     UnsupportedConfigError,
 )
+from .fp4_gemm import fp4_gemm
 from .kbit import (
     KbitTensor,
     create_normal_float_codebook,
@@ -25,10 +26,17 @@ from .kbit import (
     repack_kbit,
 )
 from .kbit_gemm import KbitLinear, gemm, quantize_weight
+from .moe import KbitExperts, fused_moe, grouped_gemm, quantize_experts
+from .moe_routing import MoeLayout, moe_blocks, moe_combine, moe_dispatch, moe_layout, moe_route
+from .mx import MxTensor, quantize_mx, quantize_nvfp4
+from .mx_gemm import mx_gemm
 
 __all__ = [
     "CacheError", "CacheLockTimeout", "CompileError", "DeviceError", "GraphCaptureError",
-    "JitDisabledError", "KbitLinear", "KbitTensor", "KernelgenError", "UnsupportedConfigError", "__version__",
-    "create_normal_float_codebook", "decode_e4m4", "dequantize_kbit", "encode_e4m4", "gemm",
-    "quantize_kbit", "quantize_weight", "repack_kbit",
+    "JitDisabledError", "KbitExperts", "KbitLinear", "KbitTensor", "KernelgenError", "MoeLayout",
+    "MxTensor", "UnsupportedConfigError", "__version__", "create_normal_float_codebook",
+    "decode_e4m4", "dequantize_kbit", "encode_e4m4", "fp4_gemm", "fused_moe", "gemm",
+    "grouped_gemm", "moe_blocks", "moe_combine", "moe_dispatch", "moe_layout", "moe_route",
+    "mx_gemm", "quantize_experts", "quantize_kbit", "quantize_mx", "quantize_nvfp4",
+    "quantize_weight", "repack_kbit",
 ]
