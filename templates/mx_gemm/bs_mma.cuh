@@ -18,8 +18,6 @@
 namespace kg {
 namespace mx_gemm {
 
-using namespace kg::mx;
-
 template <int KIND, int AE, int BE, int BM, int BN, int STAGES> struct BsShape {
   static constexpr int TKE = 128;                                   // k elements per k-tile
   static constexpr int A_ROW = AE == E2M1 ? 64 : 128;               // bytes of a row per k-tile

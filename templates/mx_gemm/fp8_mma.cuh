@@ -26,8 +26,6 @@
 namespace kg {
 namespace mx_gemm {
 
-using namespace kg::mx;
-
 constexpr int TK = 128;  // k per pipeline stage (bytes of an fp8 row)
 
 template <int BM, int BN, int STAGES, int HB> struct Fp8Smem {

@@ -5,9 +5,10 @@
 #include "common/dtypes.cuh"
 
 namespace kg {
-namespace mx {
+namespace mx_gemm {
 
 // Element formats; the kernel templates name them from the config (a_elem / b_elem upper-cased).
+// In kg::mx_gemm, not kg::mx: kg::mx (mx/mx.cuh) has the codec types E4M3 / E5M2 / E2M1.
 enum Elem : int { E4M3 = 0, E5M2 = 1, E2M1 = 2 };
 
 // D[16x8] += A[16x16] . B[16x8], f16 operands, fp32 accumulators in place (sm_80+). Fragments:
@@ -146,5 +147,5 @@ __device__ __forceinline__ void tile_coords(int id, int tiles_m, int tiles_n, in
   tn = (id % per_group) / rows;
 }
 
-}  // namespace mx
+}  // namespace mx_gemm
 }  // namespace kg
