@@ -180,3 +180,33 @@ def device_array(x: Any, name: str, ctx: Ctx, dtypes: tuple[str, ...], hint: str
         raise ValueError(f"{name}: must be contiguous (row-major); call "
                          f"{'.contiguous()' if arr is None else 'cupy.ascontiguousarray'} first")
     return (arr if arr is not None else _torch_to_cupy(x)), dt
+
+
+# (tag, device, stream handle[, thread]) -> (fp32 workspace, u32 counters); grown buffers are
+# retired, not freed: a CUDA graph captured with the old addresses keeps writing to them.
+_scratch: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+_retired: list[tuple[Any, Any]] = []
+
+
+def scratch(ctx: Ctx, tag: str, ws_elems: int, n_counters: int) -> tuple[Any, Any]:
+    """Split-K scratch of one kernel family on the caller's stream: an fp32 workspace of at
+    least `ws_elems` and `n_counters` uint32 counters that are zero between launches (the
+    kernels reset the ones they use). Reused in stream order; `tag` keeps families' counter
+    protocols apart. Never freed once handed out (graphs may hold the addresses)."""
+    import threading
+
+    cp = _cupy()
+    ptr = int(ctx.stream.ptr)
+    # the per-thread default stream has one handle (2) but a stream per thread
+    key: tuple[Any, ...] = (tag, ctx.device, ptr) + ((threading.get_ident(),) if ptr == 2 else ())
+    cur = _scratch.get(key)
+    if cur is not None and cur[0].size >= ws_elems and cur[1].size >= n_counters:
+        return cur
+    with cp.cuda.Device(ctx.device), ctx.stream:
+        ws_size = max(ws_elems, cur[0].size if cur is not None else 0, 1)
+        cnt_size = max(n_counters, cur[1].size if cur is not None else 0, 1)
+        new = (cp.empty(ws_size, cp.float32), cp.zeros(cnt_size, cp.uint32))
+    if cur is not None:
+        _retired.append(cur)
+    _scratch[key] = new
+    return new

@@ -53,7 +53,7 @@ class KbitTensor:
     def _views(self, ctx: Ctx) -> tuple[Any, Any, Any]:
         """Validated cupy views of (packed, absmax, codebook), checked once and then cached."""
         cached = self.__dict__.get("_cached_views")
-        if cached is not None and cached[0] == ctx.kind:
+        if cached is not None and cached[0] == (ctx.kind, ctx.device):
             return cached[1]
         packed, _ = device_array(self.packed, "q.packed", ctx, ("uint32",), ndim=1)
         if packed.size != self.n_blocks * self.bits:
@@ -66,7 +66,8 @@ class KbitTensor:
         if cb.size != 1 << self.bits:
             raise ValueError(f"q.codebook: has {cb.size} entries; bits={self.bits} needs {1 << self.bits}")
         views = (packed, absmax, cb)
-        object.__setattr__(self, "_cached_views", (ctx.kind, views))
+        # keyed by device too: a call from another GPU re-validates (and is refused)
+        object.__setattr__(self, "_cached_views", ((ctx.kind, ctx.device), views))
         return views
 
     @functools.cached_property

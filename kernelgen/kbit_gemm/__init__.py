@@ -5,14 +5,16 @@ from ..core.registry import Family, register_family
 from .config import KbitGemvConfig
 from .select import prewarm_configs
 from .tc_config import KbitMmaConfig
-from .tc_select import prewarm_mma_configs
+from .tc_select import prewarm_dequant_configs, prewarm_mma_configs
 
 
 def prewarm_all(archs, spec):  # type: ignore[no-untyped-def]
-    """Both paths' configs from the tables dispatch uses (GEMV: select.py, mma: tc_select.py)."""
+    """Every kernel dispatch can launch, from the tables it uses: GEMV (select.py), mma
+    (tc_select.py) and the kbit dequantize kernel of the dequant path (tc_select.py)."""
     archs = tuple(archs)
     yield from prewarm_configs(archs, spec)
     yield from prewarm_mma_configs(archs, spec)
+    yield from prewarm_dequant_configs(archs, spec)
 
 
 register_family(

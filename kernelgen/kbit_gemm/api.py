@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import Ctx, context_of, device_array
+from ..core.interop import Ctx, context_of, device_array, scratch
 from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
 from .config import DTYPES, TILE_ROWS
@@ -74,26 +74,6 @@ def quantize_weight(w: Any, bits: int = 4, *, codebook: Any = None, dtype: str |
     return KbitLinear(quantize_kbit(w, bits, codebook=codebook, dtype=dtype), int(shape[0]), int(shape[1]))
 
 
-# (device, stream handle) -> (fp32 workspace, u32 counters): split-K scratch, reused in stream
-# order; the counters are zero between launches (the kernel resets the ones it used).
-_scratch: dict[tuple[int, int], tuple[Any, Any]] = {}
-
-
-def _split_scratch(ctx: Ctx, ws_elems: int, n_counters: int) -> tuple[Any, Any]:
-    import cupy
-
-    key = (ctx.device, int(ctx.stream.ptr))
-    cur = _scratch.get(key)
-    if cur is not None and cur[0].size >= ws_elems and cur[1].size >= n_counters:
-        return cur
-    with cupy.cuda.Device(ctx.device), ctx.stream:
-        ws_size = max(ws_elems, cur[0].size if cur is not None else 0)
-        cnt_size = max(n_counters, cur[1].size if cur is not None else 0)
-        cur = (cupy.empty(ws_size, cupy.float32), cupy.zeros(cnt_size, cupy.uint32))
-    _scratch[key] = cur
-    return cur
-
-
 def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str | None = None,
          split_k: int | None = None, path: str | None = None,
          tile: tuple[int, int] | None = None) -> Any:
@@ -134,6 +114,9 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
         if tuple(c.shape) != out_shape:
             raise ValueError(f"out: shape {tuple(c.shape)}; expected {out_shape} (A {tuple(a.shape)}, "
                              f"W [{n}, {k}])")
+        if c.data.ptr % 4:
+            raise ValueError("out: data pointer must be 4-byte aligned (C is stored two elements "
+                             "at a time)")
     if m == 0:
         return out
     info = device_info(ctx.device)
@@ -142,6 +125,9 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
                                                            info.sm_count).path
     if tile is not None and path != "mma":
         raise ValueError(f"tile={tile}: only the mma path has tiles; path={path!r}")
+    if split_k is not None and path == "dequant":
+        raise ValueError(f"split_k={split_k}: the dequant path (dequantize + cuBLAS) has no K "
+                         f"split; force path='gemv' or 'mma' to split K")
     if path == "mma":
         return _gemm_mma(ctx, W, a, b, bias is not None, c, out, m, n, k, dt, info, tile, split_k)
     if path == "dequant":
@@ -153,7 +139,7 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     else:
         plan = plan_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count, int(split_k))
     if plan.config.split_k:
-        ws, counters = _split_scratch(ctx, plan.split * m * n, plan.m_tiles * -(-n // TILE_ROWS))
+        ws, counters = scratch(ctx, "kbit_gemv", plan.split * m * n, plan.m_tiles * -(-n // TILE_ROWS))
     else:
         ws = counters = c
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("kbit_gemv")
@@ -161,25 +147,6 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
             np.int32(n), np.int32(k), np.int32(plan.gps))
     ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem)
     return out
-
-
-# (device, stream handle) -> (fp32 workspace, u32 counters) of the mma path's split-K: its own,
-# so the two paths' counter protocols never meet (the kernel resets the counters it used).
-_mma_scratch_cache: dict[tuple[int, int], tuple[Any, Any]] = {}
-
-
-def _mma_scratch(ctx: Ctx, ws_elems: int, n_counters: int) -> tuple[Any, Any]:
-    import cupy
-
-    key = (ctx.device, int(ctx.stream.ptr))
-    cur = _mma_scratch_cache.get(key)
-    if cur is not None and cur[0].size >= ws_elems and cur[1].size >= n_counters:
-        return cur
-    with cupy.cuda.Device(ctx.device), ctx.stream:
-        cur = (cupy.empty(max(ws_elems, cur[0].size if cur is not None else 0), cupy.float32),
-               cupy.zeros(max(n_counters, cur[1].size if cur is not None else 0), cupy.uint32))
-    _mma_scratch_cache[key] = cur
-    return cur
 
 
 def _gemm_mma(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, out: Any, m: int,
@@ -196,7 +163,7 @@ def _gemm_mma(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, o
                         None if split_k is None else int(split_k))
     packed, absmax, cb = W.q._views(ctx)
     if plan.split > 1:
-        ws, counters = _mma_scratch(ctx, plan.split * m * n, plan.m_tiles * plan.n_tiles)
+        ws, counters = scratch(ctx, "kbit_mma", plan.split * m * n, plan.m_tiles * plan.n_tiles)
     else:
         ws = counters = c
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("kbit_mma_gemm")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arch import get_arch
+from ..core.config import KernelConfig
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
 from .config import BITS, DTYPES
@@ -192,3 +193,22 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
                             if cfg not in seen:
                                 seen.add(cfg)
                                 yield cfg
+
+
+def prewarm_dequant_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:
+    """The kbit dequantize kernel (E4M4 scales -> A's dtype) of the dequant path, per (bits,
+    dtype) that can reach it: always without shapes or with an [N, K] shape (every M), else
+    when some [M, N, K] shape of the spec selects that path."""
+    from ..kbit.config import KbitDequantizeConfig
+
+    bits_list = tuple(spec.get("bits") or BITS)
+    dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
+    shapes = _shapes(spec)
+    for arch in archs:
+        get_arch(arch)
+        for bits in bits_list:
+            if shapes and all(m is not None and path_for(m, n, bits) != "dequant"
+                              for m, n, _ in shapes):
+                continue
+            for dtype in dtypes:
+                yield KbitDequantizeConfig(arch=arch, bits=bits, dtype=dtype, absmax_dtype="e4m4")

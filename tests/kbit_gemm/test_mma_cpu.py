@@ -171,3 +171,21 @@ def test_fragment_decode_model(bits):
                             i1 = sum(((code >> (2 * b + 1)) & 1) << b for b in range(bits))
                             k0 = kt * TILE_K + 16 * s + 2 * t + 8 * reg  # B fragment row of reg
                             assert (i0, i1) == (idx[n, k0], idx[n, k0 + 1]), (n, kt, t, s, reg)
+
+
+def test_prewarm_covers_the_dequant_paths_kernel():
+    """The dequant path launches kbit's dequantize kernel: `prewarm --family kbit_gemm` builds it
+    whenever some M of the spec can reach that path, and not otherwise."""
+    from kernelgen.kbit.config import KbitDequantizeConfig
+    from kernelgen.kbit_gemm import prewarm_all
+
+    want = KbitDequantizeConfig(arch="sm_90a", bits=4, dtype="float16", absmax_dtype="e4m4")
+    every_m = set(prewarm_all(["sm_90a"], {"bits": [4], "dtypes": ["float16"], "shapes": [[4096, 4096]]}))
+    assert want in every_m
+    big_m = set(prewarm_all(["sm_90a"], {"bits": [4], "dtypes": ["float16"],
+                                         "shapes": [[4096, 4096, 4096]]}))
+    assert want in big_m
+    decode = set(prewarm_all(["sm_90a"], {"bits": [4], "dtypes": ["float16"],
+                                          "shapes": [[16, 4096, 4096], [64, 4096, 4096]]}))
+    assert not any(isinstance(c, KbitDequantizeConfig) for c in decode)
+    assert S.plan_gemm("sm_90a", 4096, 4096, 4096, 4, "float16", 132).path == "dequant"

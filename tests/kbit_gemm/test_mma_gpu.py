@@ -162,3 +162,31 @@ def test_torch_inputs_on_a_side_stream():
             s.synchronize()
             c_np = c.view(torch.int16).cpu().numpy().view(np.uint16)
             _check(c_np, GR.gemm(a, w64, None, "bfloat16"), "bfloat16", f"torch {path=}")
+
+
+def test_split_k_on_the_dequant_path_is_an_error_and_misaligned_out_is_refused():
+    import cupy
+
+    import kernelgen as kg
+
+    lin, _ = _weight(4, "float16", 256, 512)
+    a = cupy.asarray(_host(np.random.default_rng(), (4096, 512), "float16"))
+    with pytest.raises(ValueError, match="dequant path"):
+        kg.gemm(a, lin, path="dequant", split_k=2)
+    buf = cupy.zeros(4096 * 256 + 1, cupy.float16)
+    with pytest.raises(ValueError, match="4-byte aligned"):
+        kg.gemm(a, lin, out=buf[1:].reshape(4096, 256))
+
+
+def test_split_scratch_grows_without_freeing_what_graphs_may_hold():
+    import cupy
+
+    from kernelgen.core import interop
+
+    ctx = interop.context_of(cupy.zeros(1, cupy.float32), "x")
+    ws1, cnt1 = interop.scratch(ctx, "test", 10, 3)
+    assert interop.scratch(ctx, "test", 5, 2)[0] is ws1  # big enough: reused
+    ws2, _ = interop.scratch(ctx, "test", 1 << 20, 3)
+    assert ws2.size >= 1 << 20 and ws2 is not ws1
+    assert any(old[0] is ws1 for old in interop._retired)  # kept alive, not freed
+    assert int(cnt1.sum()) == 0
