@@ -20,12 +20,15 @@ from .select import Plan, check_shape, plan, select_fp4
 class Fp4Weight:
     """A weight W [N, K] ready for `fp4_gemm` (built once by `prepare_weight`).
 
-    data    uint8, the packed E2M1 bytes (element 2j in the low nibble of byte j, as MxTensor
-            packs them) in the tiled layout of layout.py: [ceil(N/16), K/128, 2, 8, 4, 16]
-    scales  uint8, tiled the same way ([ceil(N/16), K/128, 8, 4, 2, SB/4]): E4M3 bytes (nvfp4,
-            groups of 16, SB=8) or E8M0 bytes relative to the row's largest, s - rowmax + 127
-            (mxfp4, groups of 32, SB=4; 0xFF = NaN)
-    post    fp32: nvfp4 the global scale [1] (D is divided by it); mxfp4 the row factors
+    Its arrays are CuPy arrays on `device` (also for torch input), owned by it (no view of the
+    MxTensor's buffers), C-contiguous; the constructor checks their shapes and dtypes against
+    fmt, n and k (`check_arrays`), so fp4_gemm trusts them. T = ceil(N/16), Q = K/128:
+    data    uint8 [T, Q, 2, 8, 4, 16], the packed E2M1 bytes (element 2j in the low nibble of
+            byte j, as MxTensor packs them) in the tiled layout of layout.py
+    scales  uint8 [T, Q, 8, 4, 2, SB/4], tiled the same way: E4M3 bytes (nvfp4, groups of 16,
+            SB=8) or E8M0 bytes relative to the row's largest, max(s - rowmax + 127, 0)
+            (mxfp4, groups of 32, SB=4; 0 = a flushed group, 0xFF = NaN)
+    post    float32: nvfp4 the global scale [1] (D is divided by it); mxfp4 the row factors
             2^(rowmax - 127) [N] (D is multiplied by them)
     """
 
@@ -37,6 +40,18 @@ class Fp4Weight:
     post: Any
     device: int
 
+    def __post_init__(self) -> None:
+        check_arrays(self.fmt, self.n, self.k, self.data, self.scales, self.post)
+        cupy = _cupy()
+        for name in ("data", "scales", "post"):
+            x = getattr(self, name)
+            if not isinstance(x, cupy.ndarray):
+                raise ValueError(f"Fp4Weight.{name}: expected a CuPy array (prepare_weight makes "
+                                 f"them), got {type(x).__module__}.{type(x).__name__}")
+            if x.data.device_id != self.device:
+                raise ValueError(f"Fp4Weight.{name}: on device {x.data.device_id}, the weight "
+                                 f"says device {self.device}")
+
     @property
     def shape(self) -> tuple[int, int]:
         return (self.n, self.k)
@@ -44,6 +59,36 @@ class Fp4Weight:
     def __call__(self, A: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = None,
                  dtype: str | None = None) -> Any:
         return fp4_gemm(A, self, bias, alpha=alpha, out=out, dtype=dtype)
+
+
+def check_arrays(fmt: str, n: int, k: int, data: Any, scales: Any, post: Any) -> None:
+    """Raise ValueError unless (data, scales, post) are the arrays of an Fp4Weight of this fmt
+    and shape [n, k] (see Fp4Weight): shapes, dtypes, C-contiguity. Any array module."""
+    if fmt not in FMTS:
+        raise ValueError(f"Fp4Weight.fmt: {fmt!r}; expected {' or '.join(FMTS)}")
+    if not all(isinstance(v, (int, np.integer)) for v in (n, k)):
+        raise ValueError(f"Fp4Weight: n and k must be integers, got {n!r}, {k!r}")
+    check_shape(int(n), int(k))
+    t, q, sb = -(-n // 16), k // 128, SCALE_BYTES[fmt]
+    want = {"data": ((t, q, 2, 8, 4, 16), "uint8"), "scales": ((t, q, 8, 4, 2, sb // 4), "uint8"),
+            "post": ((1,) if fmt == "nvfp4" else (n,), "float32")}
+    for name, x in (("data", data), ("scales", scales), ("post", post)):
+        shape, dt = want[name]
+        if not all(hasattr(x, a) for a in ("shape", "dtype", "flags")):
+            raise ValueError(f"Fp4Weight.{name}: expected an array, got {type(x).__name__}")
+        if tuple(x.shape) != shape or str(x.dtype) != dt:
+            raise ValueError(f"Fp4Weight.{name}: {x.dtype} {tuple(x.shape)}; a {fmt} weight "
+                             f"[{n}, {k}] needs {dt} {shape} (build it with prepare_weight)")
+        if not x.flags.c_contiguous:
+            raise ValueError(f"Fp4Weight.{name}: must be C-contiguous")
+
+
+def check_aligned(ptr: int, name: str, nbytes: int, why: str) -> None:
+    """Raise ValueError unless the device address `ptr` of `name` is a multiple of nbytes."""
+    if ptr % nbytes:
+        raise ValueError(f"{name}: data pointer must be {nbytes}-byte aligned ({why}); it is "
+                         f"{ptr % nbytes} bytes past a multiple of {nbytes}: pass a fresh array "
+                         f"or a slice of whole rows")
 
 
 def _cupy():
@@ -55,10 +100,10 @@ def _cupy():
 def prepare_weight(t: Any) -> Fp4Weight:
     """An MxTensor (fmt "nvfp4" or "mxfp4", any scale layout) -> Fp4Weight, on t's device.
 
-    Makes a copy in the kernels' tiled layout (layout.py; W's bytes + its scales): keep the
-    Fp4Weight and drop the MxTensor. Scales may be row-major [N, S] or swizzled
-    ([ceil(N/128), ceil(S/4), 32, 4, 4], padding dropped); MXFP4 scales are rebased per row
-    (see Fp4Weight).
+    Makes a copy in the kernels' tiled layout (layout.py; W's bytes, its scales, its global
+    scale): keep the Fp4Weight and drop the MxTensor. Scales may be row-major [N, S] or
+    swizzled ([ceil(N/128), ceil(S/4), 32, 4, 4], padding dropped); MXFP4 scales are rebased
+    per row (see Fp4Weight).
     """
     for attr in ("fmt", "shape", "data", "scales", "scale_layout", "global_scale"):
         if not hasattr(t, attr):
@@ -75,41 +120,55 @@ def prepare_weight(t: Any) -> Fp4Weight:
     cupy = _cupy()
     ctx = context_of(t.data, "W.data")
     data, _ = device_array(t.data, "W.data", ctx, ("uint8",))
+    sc, _ = device_array(t.scales, "W.scales", ctx, ("uint8",))
+    gs = None
+    if fmt == "nvfp4":
+        if t.global_scale is None:
+            raise ValueError("W.global_scale: an nvfp4 weight needs its fp32 global scale")
+        gs, _ = device_array(t.global_scale, "W.global_scale", ctx, ("float32",))
+    with cupy.cuda.Device(ctx.device), ctx.stream:
+        data, sc, post = prepare_arrays(cupy, fmt, n, k, data, sc, t.scale_layout, gs)
+    return Fp4Weight(fmt, n, k, data, sc, post, ctx.device)
+
+
+def prepare_arrays(xp: Any, fmt: str, n: int, k: int, data: Any, scales: Any,
+                   scale_layout: str, global_scale: Any) -> tuple[Any, Any, Any]:
+    """(data, scales, post) of an Fp4Weight from W's packed bytes [N, K/2], its scale bytes
+    (row_major [N, S] or swizzled) and, for nvfp4, its fp32 global scale [1]; xp is the array
+    module of the inputs (CuPy in prepare_weight, NumPy in the tests). All three results are
+    new arrays: none shares memory with an input."""
     if tuple(data.shape) != (n, k // 2):
         raise ValueError(f"W.data: shape {tuple(data.shape)}; expected ({n}, {k // 2}) for a "
                          f"[{n}, {k}] fp4 weight (two elements a byte)")
     s_cols = k // GROUP[fmt]
-    sc, _ = device_array(t.scales, "W.scales", ctx, ("uint8",))
-    with cupy.cuda.Device(ctx.device), ctx.stream:
-        if t.scale_layout == "row_major":
-            if tuple(sc.shape) != (n, s_cols):
-                raise ValueError(f"W.scales: row_major shape {tuple(sc.shape)}; expected ({n}, {s_cols})")
-        elif t.scale_layout == "swizzled":
-            mt, kt = -(-n // 128), -(-s_cols // 4)
-            if sc.size != mt * kt * 512:
-                raise ValueError(f"W.scales: swizzled scales have {sc.size} bytes; expected "
-                                 f"[{mt}, {kt}, 32, 4, 4] for {n} rows and {s_cols} scale columns")
-            sc = sc.reshape(mt, kt, 32, 4, 4).transpose(0, 3, 2, 1, 4).reshape(mt * 128, kt * 4)
-            sc = cupy.ascontiguousarray(sc[:n, :s_cols])
-        else:
-            raise ValueError(f"W.scale_layout: {t.scale_layout!r}; expected 'row_major' or 'swizzled'")
-        if fmt == "nvfp4":
-            if t.global_scale is None:
-                raise ValueError("W.global_scale: an nvfp4 weight needs its fp32 global scale")
-            gs, _ = device_array(t.global_scale, "W.global_scale", ctx, ("float32",))
-            if gs.size != 1:
-                raise ValueError(f"W.global_scale: expected 1 element, got shape {tuple(gs.shape)}")
-            post = gs.reshape(1)
-        else:
-            s = sc.astype(cupy.int32)
-            nan = s == 0xFF
-            rowmax = cupy.where(nan, 0, s).max(axis=1, keepdims=True)
-            sc = cupy.where(nan, 0xFF, s - rowmax + 127).astype(cupy.uint8)
-            post = cupy.ldexp(cupy.ones(n, cupy.float32), (rowmax[:, 0] - 127).astype(cupy.int32))
-            post = post.astype(cupy.float32)
-        data = tile_data(cupy, data, n, k)
-        sc = tile_scales(cupy, sc, n, k, SCALE_BYTES[fmt])
-    return Fp4Weight(fmt, n, k, data, sc, post, ctx.device)
+    sc = scales
+    if scale_layout == "row_major":
+        if tuple(sc.shape) != (n, s_cols):
+            raise ValueError(f"W.scales: row_major shape {tuple(sc.shape)}; expected ({n}, {s_cols})")
+    elif scale_layout == "swizzled":
+        mt, kt = -(-n // 128), -(-s_cols // 4)
+        if sc.size != mt * kt * 512:
+            raise ValueError(f"W.scales: swizzled scales have {sc.size} bytes; expected "
+                             f"[{mt}, {kt}, 32, 4, 4] for {n} rows and {s_cols} scale columns")
+        sc = sc.reshape(mt, kt, 32, 4, 4).transpose(0, 3, 2, 1, 4).reshape(mt * 128, kt * 4)
+        sc = xp.ascontiguousarray(sc[:n, :s_cols])
+    else:
+        raise ValueError(f"W.scale_layout: {scale_layout!r}; expected 'row_major' or 'swizzled'")
+    if fmt == "nvfp4":
+        if global_scale is None or global_scale.size != 1:
+            got = "none" if global_scale is None else f"shape {tuple(global_scale.shape)}"
+            raise ValueError(f"W.global_scale: expected 1 fp32 element, got {got}")
+        post = global_scale.reshape(1).astype(xp.float32, copy=True)  # W's buffer may go away
+    else:
+        # relative E8M0 bytes, clamped: a group > 2^127 below the row's largest (an all-zero
+        # group, scale 0x00, beside one of amax >= 8) would wrap to 0xFF (NaN) or 2^127
+        s = sc.astype(xp.int32)
+        nan = s == 0xFF
+        rowmax = xp.where(nan, 0, s).max(axis=1, keepdims=True)
+        sc = xp.where(nan, 0xFF, xp.clip(s - rowmax + 127, 0, 254)).astype(xp.uint8)
+        post = xp.ldexp(xp.ones(n, xp.float32), (rowmax[:, 0] - 127).astype(xp.int32))
+        post = post.astype(xp.float32)
+    return tile_data(xp, data, n, k), tile_scales(xp, sc, n, k, SCALE_BYTES[fmt]), post
 
 
 # prepared weights of MxTensors passed to fp4_gemm directly: id -> (weakref, Fp4Weight)
@@ -156,12 +215,13 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
              _plan: Plan | None = None) -> Any:
     """D = alpha * A . W^T (+ bias).
 
-    A [..., K] fp16 / bf16 (contiguous, K % 128 == 0); W an MxTensor of fmt "nvfp4" / "mxfp4"
-    (prepared on first use and remembered) or an Fp4Weight from `prepare_weight`; bias [N] and
-    D [..., N] in A's dtype; fp32 accumulation, D rounded to nearest. `out` receives D.
-    `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` / `path` ("gemv" | "tile")
-    override the selector (tests, tuning; `_plan` replaces it, for benchmarks of variants). Runs on the caller's current stream; returns the
-    caller's array kind.
+    A [..., K] fp16 / bf16 (contiguous, 16-byte aligned, K % 128 == 0); W an MxTensor of fmt
+    "nvfp4" / "mxfp4" (prepared on first use and remembered) or an Fp4Weight from
+    `prepare_weight`; bias [N] and D [..., N] in A's dtype; fp32 accumulation, D rounded to
+    nearest. `out` receives D. `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` /
+    `path` ("gemv" | "tile") override the selector (tests, tuning; `_plan` replaces it, for
+    benchmarks of variants). Runs on the caller's current stream; returns the caller's array
+    kind.
     """
     W = _as_weight(W)
     ctx = context_of(A, "A")
@@ -173,14 +233,14 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
         raise ValueError(f"A: K={k} does not match the weight's K={W.k} (W is [{W.n}, {W.k}])")
     if W.device != ctx.device:
         raise ValueError(f"W: on device {W.device}, A is on device {ctx.device}")
-    if a.data.ptr % 16:
-        raise ValueError("A: data pointer must be 16-byte aligned")
+    check_aligned(a.data.ptr, "A", 16, "the kernels load A in 16-byte chunks")
     m = int(a.size // k)
     out_shape = tuple(int(s) for s in a.shape[:-1]) + (n,)
     if bias is not None:
         b, _ = device_array(bias, "bias", ctx, (dt,), hint=dt, ndim=1)
         if b.shape[0] != n:
             raise ValueError(f"bias: has {b.shape[0]} elements, W has N={n} rows")
+        check_aligned(b.data.ptr, "bias", 2, "the kernels load one 2-byte element at a time")
     else:
         b = a
     if out is None:
@@ -190,6 +250,7 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
         if tuple(c.shape) != out_shape:
             raise ValueError(f"out: shape {tuple(c.shape)}; expected {out_shape} (A {tuple(a.shape)}, "
                              f"W [{n}, {k}])")
+        check_aligned(c.data.ptr, "out", 2, "the kernels store one 2-byte element at a time")
     if m == 0:
         return out
     info = device_info(ctx.device)

@@ -28,14 +28,16 @@ def _pad_rows(xp: Any, a: Any, rows: int) -> Any:
 
 
 def tile_data(xp: Any, data: Any, n: int, k: int) -> Any:
-    """Packed fp4 bytes [N, K/2] -> [T, Q, 2, 8, 4, 16] (contiguous)."""
+    """Packed fp4 bytes [N, K/2] -> [T, Q, 2, 8, 4, 16]: a new C-contiguous array (never a
+    view of `data`, so the result outlives it)."""
     t, q = -(-n // TILE_ROWS), k // STEP_K
     d = _pad_rows(xp, data, t * TILE_ROWS).reshape(t, 2, 8, q, 4, 16)
-    return xp.ascontiguousarray(d.transpose(0, 3, 1, 2, 4, 5))
+    return d.transpose(0, 3, 1, 2, 4, 5).copy()  # a new C-order array even where a view would do
 
 
 def tile_scales(xp: Any, scales: Any, n: int, k: int, sb: int) -> Any:
-    """Row-major scale bytes [N, K * sb / 128] -> [T, Q, 8, 4, 2, sb / 4] (contiguous)."""
+    """Row-major scale bytes [N, K * sb / 128] -> [T, Q, 8, 4, 2, sb / 4]: a new C-contiguous
+    array (never a view of `scales`)."""
     t, q = -(-n // TILE_ROWS), k // STEP_K
     s = _pad_rows(xp, scales, t * TILE_ROWS).reshape(t, 2, 8, q, 4, sb // 4)
-    return xp.ascontiguousarray(s.transpose(0, 3, 2, 4, 1, 5))
+    return s.transpose(0, 3, 2, 4, 1, 5).copy()

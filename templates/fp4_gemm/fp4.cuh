@@ -6,11 +6,14 @@
 //      past N zero, Q = K/128): the 1 KB a warp loads per step is contiguous.
 //   S  scale bytes of the same blocks: [T, Q, 8 (g), 4 (t), 2 (h), SB/4] (SB = 128 / group):
 //        NVFP4: E4M3 bytes as quantized (groups of 16);
-//        MXFP4: E8M0 bytes *relative to the row*: s' = s - rowmax + 127 (<= 127; 0xFF = NaN), so
-//               2^(s'-127) <= 1 fits fp16 / bf16; the row's 2^(rowmax-127) is applied in fp32
-//               to the accumulator (post[n]).
+//        MXFP4: E8M0 bytes *relative to the row*: s' = max(s - rowmax + 127, 0) (<= 127;
+//               0xFF = NaN), so 2^(s'-127) <= 1 fits fp16 / bf16; the row's 2^(rowmax-127) is
+//               applied in fp32 to the accumulator (post[n]). s' = 0 decodes as 0 (a flushed
+//               group: one more than 2^127 below the row's largest, e.g. an all-zero group of
+//               scale 0x00 beside a group of amax >= 8; unclamped it would wrap to 0xFF / 2^127).
 //      A lane's scales of rows g and g+8 are one 4-byte (NVFP4) / 2-byte (MXFP4) word.
-//   post  NVFP4: &global_scale (D *= alpha / gs); MXFP4: [N] fp32 row factors (D *= alpha * post[n]).
+//   post  NVFP4: [1] fp32 global scale, a copy (D *= alpha / gs); MXFP4: [N] fp32 row factors
+//         (D *= alpha * post[n]).
 //
 // Lane work unit ("quad step", 128 k of 16 W rows): lane (g, t) = (lane / 4, lane % 4) loads the
 // 16-byte chunk t (elements 32t..32t+31) of rows g and g+8. mma k-step s (0..7) takes elements

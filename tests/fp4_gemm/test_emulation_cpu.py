@@ -243,3 +243,37 @@ def test_tile_emulation_matches_reference(fmt, dtype, m, split):
     p = plan("sm_90a", m, n, k, fmt, dtype, 132, path="tile", split=split)
     got = emulate_tile(p, td, ts, post, a, None, 2.0, fmt, dtype, m, n, k)
     assert np.allclose(got, 2.0 * a @ w64.T, rtol=1e-12, atol=1e-12), f"{fmt=} {dtype=} {m=} {p.short()}"
+
+
+def _prepared_mx(packed, scales, n, k, how):
+    """(tiled data, tiled scales, post) of an MXFP4 weight as the reference or the API builds them."""
+    if how == "reference":
+        rel, post = GR.prepare_scales_mx(scales)
+        return tile_data(np, packed, n, k).ravel(), tile_scales(np, rel, n, k, 4).ravel(), post
+    from kernelgen.fp4_gemm.api import prepare_arrays
+
+    td, ts, post = prepare_arrays(np, "mxfp4", n, k, packed, scales, "row_major", None)
+    return td.ravel(), ts.ravel(), post
+
+
+@pytest.mark.parametrize("how", ["reference", "api"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("path,m,split", [("gemv", 3, 1), ("gemv", 11, 2), ("tile", 5, 1)])
+def test_mx_extreme_row_scales(how, dtype, path, m, split):
+    """Review B1: an all-zero group (scale 0x00) beside a group of scale 130, and a within-row
+    scale spread of 129: the relative scale clamps to 0 (a flushed group), not a wrapped byte
+    (0xFF = NaN, or a huge scale); the result matches the float64 dequantized weight."""
+    from ._weights import extreme_mx_weight
+
+    n, k = 40, 256
+    packed, scales, w64 = extreme_mx_weight(n, k)
+    s = scales.astype(int)
+    assert (s.max(axis=1) - s.min(axis=1)).max() > 127 and (scales == 0).any()  # the cases exist
+    td, ts, post = _prepared_mx(packed, scales, n, k, how)
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, k)).astype(np.float16).astype(np.float64)
+    p = plan("sm_90a", m, n, k, "mxfp4", dtype, 132, path=path, split=split)
+    emu = emulate_gemv if path == "gemv" else emulate_tile
+    got = emu(p, td, ts, post, a, None, 1.0, "mxfp4", dtype, m, n, k)
+    assert np.all(np.isfinite(got)), f"{how=} {dtype=} {p.short()}: rows {np.unique(np.nonzero(~np.isfinite(got))[1])}"
+    assert np.allclose(got, a @ w64.T, rtol=1e-12, atol=1e-12), f"{how=} {dtype=} {p.short()}"

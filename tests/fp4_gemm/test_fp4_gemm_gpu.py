@@ -5,6 +5,7 @@ layouts, torch. Outputs are poisoned (KERNELGEN_POISON=1) or pre-filled with NaN
 so an element the kernel does not write fails the bound."""
 
 import functools
+import gc
 
 import numpy as np
 import pytest
@@ -185,3 +186,79 @@ def test_torch_tensors_on_a_side_stream(fmt):
         assert isinstance(d, torch.Tensor) and d.dtype == torch.bfloat16 and d.shape == (m, n)
         _check(d.view(torch.int16).cpu().numpy().view(np.uint16), GR.gemm(a, w64, None, 1.5, "bfloat16"),
                "bfloat16", f"torch {fmt=} {m=}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 2), ("tile", 1), ("tile", 2)])
+def test_mxfp4_extreme_row_scales(dtype, path, split):
+    """Review B1: an all-zero group (scale 0x00) beside one of scale 128, and a within-row scale
+    spread of 129 (0x01 beside 130): no NaN / wrapped scale, the result matches float64."""
+    import cupy
+
+    from kernelgen.fp4_gemm import fp4_gemm
+
+    from ._weights import extreme_mx_weight, mx_tensor_class
+
+    rng = np.random.default_rng()
+    n, k = 200, 1024
+    packed, scales, w64 = extreme_mx_weight(n, k)
+    t = mx_tensor_class()(fmt="mxfp4", shape=(n, k), data=cupy.asarray(packed),
+                          scales=cupy.asarray(scales), scale_layout="row_major", global_scale=None)
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for m in (1, 7, 40):
+        a = _host(rng, (m, k), dtype)
+        d = fp4_gemm(cupy.asarray(a), t, dtype=hint, path=path, split_k=split)
+        _check(d, GR.gemm(a, w64, None, 1.0, dtype), dtype, f"extreme mxfp4 {dtype=} {path=} {split=} {m=}")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_prepared_weight_outlives_torch_inputs(fmt):
+    """Review B2: the Fp4Weight owns its buffers (K = 128, N % 16 == 0: the tiled layout is a
+    plain reshape there); the MxTensor's tensors are freed and their memory overwritten."""
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    from kernelgen.fp4_gemm import fp4_gemm, prepare_weight
+
+    n, k = 32, 128
+    t, w64 = device_weight(fmt, n, k, xp=lambda x: torch.from_numpy(np.ascontiguousarray(x)).cuda())
+    inputs = [x for x in (t.data, t.scales, t.global_scale) if x is not None]
+    spans = [(x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()) for x in inputs]
+    w = prepare_weight(t)
+    for x in (w.data, w.scales, w.post):
+        lo, hi = x.data.ptr, x.data.ptr + x.nbytes
+        assert all(hi <= a or b <= lo for a, b in spans), fmt
+    del t, inputs
+    gc.collect()  # the cached cupy views of the tensors hold them in a cycle
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    junk = [torch.full((1 << 16,), 0x7F, dtype=torch.uint8, device="cuda") for _ in range(8)]
+    a = _host(np.random.default_rng(), (3, k), "float16")
+    d = fp4_gemm(cupy.asarray(a), w)
+    _check(d, GR.gemm(a, w64), "float16", f"{fmt=} after the inputs are freed")
+    del junk
+
+
+def test_alignment_rules():
+    """Review H5: A 16-byte aligned (16-byte loads), out / bias element-aligned (2-byte stores)."""
+    import cupy
+
+    from kernelgen.fp4_gemm import fp4_gemm
+
+    n, k = 96, 1024
+    t, _ = _weight("mxfp4", n, k)
+    base = cupy.zeros(2 * k + 8, cupy.float16)
+    a = base[4:4 + 2 * k].reshape(2, k)  # 8 bytes past an aligned address, contiguous
+    with pytest.raises(ValueError, match="A: data pointer must be 16-byte aligned"):
+        fp4_gemm(a, t)
+    a = cupy.zeros((2, k), cupy.float16)
+    raw = cupy.zeros(2 * n * 2 + 2, cupy.uint8)
+    out = cupy.ndarray((2, n), cupy.float16, raw.data + 1)
+    with pytest.raises(ValueError, match="out: data pointer must be 2-byte aligned"):
+        fp4_gemm(a, t, out=out)
+    bias = cupy.ndarray((n,), cupy.float16, raw.data + 1)
+    with pytest.raises(ValueError, match="bias: data pointer must be 2-byte aligned"):
+        fp4_gemm(a, t, bias)
+    out = cupy.zeros(2 * n + 1, cupy.float16)[1:].reshape(2, n)  # 2 bytes past: allowed
+    fp4_gemm(a, t, out=out)
+    assert not cupy.isnan(out).any()
