@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import Ctx, context_of, device_array
+from ..core.interop import context_of, device_array, scratch
 from ..core.jit import get_kernel
 from .config import DTYPES, FMTS, GROUP, SCALE_BYTES
 from .layout import tile_data, tile_scales
@@ -191,25 +191,6 @@ def _as_weight(W: Any) -> Fp4Weight:
     return prep
 
 
-# (device, stream handle) -> (fp32 workspace, u32 counters): split-K scratch, reused in stream
-# order; the counters are zero between launches (the kernels reset the ones they used).
-_scratch: dict[tuple[int, int], tuple[Any, Any]] = {}
-
-
-def _split_scratch(ctx: Ctx, ws_elems: int, n_counters: int) -> tuple[Any, Any]:
-    cupy = _cupy()
-    key = (ctx.device, int(ctx.stream.ptr))
-    cur = _scratch.get(key)
-    if cur is not None and cur[0].size >= ws_elems and cur[1].size >= n_counters:
-        return cur
-    with cupy.cuda.Device(ctx.device), ctx.stream:
-        ws_size = max(ws_elems, cur[0].size if cur is not None else 0)
-        cnt_size = max(n_counters, cur[1].size if cur is not None else 0)
-        cur = (cupy.empty(ws_size, cupy.float32), cupy.zeros(cnt_size, cupy.uint32))
-    _scratch[key] = cur
-    return cur
-
-
 def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = None,
              dtype: str | None = None, split_k: int | None = None, path: str | None = None,
              _plan: Plan | None = None) -> Any:
@@ -262,7 +243,7 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
         p = plan(info.arch.name, m, n, k, W.fmt, dt, info.sm_count, path=path,
                  split=None if split_k is None else int(split_k))
     if p.split > 1:
-        ws, counters = _split_scratch(ctx, p.split * m * n, p.counters)
+        ws, counters = scratch(ctx, "fp4_gemm", p.split * m * n, p.counters)
     else:
         ws = counters = c
     fn = get_kernel(p.config, ctx.device, ctx.stream).fn(p.config.symbols()[0])
