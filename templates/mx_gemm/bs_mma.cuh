@@ -74,15 +74,15 @@ __device__ __forceinline__ void bs_gemm(const uint8_t* __restrict__ A, const uin
       const int r = i / (S::A_ROW / 16), c = i % (S::A_ROW / 16);
       const size_t byte = (size_t)kt * S::A_ROW + c * 16;
       const bool ok = m0 + r < M && byte < a_ld;
-      mx_cp16_zfill(st + bs_off<S::A_ROW>(r, c * 16), ok ? A + (m0 + r) * a_ld + byte : A, ok);
+      cp_async16(st + bs_off<S::A_ROW>(r, c * 16), ok ? A + (m0 + r) * a_ld + byte : A, ok ? 16 : 0);
     }
 #pragma unroll
     for (int i = tid; i < BN * S::B_ROW / 16; i += NT) {
       const int r = i / (S::B_ROW / 16), c = i % (S::B_ROW / 16);
       const size_t byte = (size_t)kt * S::B_ROW + c * 16;
       const bool ok = n0 + r < N && byte < b_ld;
-      mx_cp16_zfill(st + S::A + bs_off<S::B_ROW>(r, c * 16), ok ? B + (n0 + r) * b_ld + byte : B,
-                       ok);
+      cp_async16(st + S::A + bs_off<S::B_ROW>(r, c * 16), ok ? B + (n0 + r) * b_ld + byte : B,
+                 ok ? 16 : 0);
     }
     for (int i = tid; i < (S::SA + S::SB) / 16; i += NT) {  // [row chunk][q][512 bytes]
       const bool is_a = i < S::SA / 16;
@@ -92,7 +92,7 @@ __device__ __forceinline__ void bs_gemm(const uint8_t* __restrict__ A, const uin
       const bool ok = chunk < (is_a ? mchunks : nchunks) && kc < kchunks;
       const uint8_t* base = is_a ? SA : SB;
       const uint8_t* src = ok ? base + ((size_t)chunk * kchunks + kc) * 512 + (j & 31) * 16 : base;
-      mx_cp16_zfill(st + S::A + S::B + (is_a ? 0 : S::SA) + j * 16, src, ok);
+      cp_async16(st + S::A + S::B + (is_a ? 0 : S::SA) + j * 16, src, ok ? 16 : 0);
     }
   };
 
@@ -107,18 +107,18 @@ __device__ __forceinline__ void bs_gemm(const uint8_t* __restrict__ A, const uin
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < KT) load(s, s);
-    mx_cp_commit();
+    cp_async_commit();
   }
   // scale rows of this lane: A row g + 8 * (lane & 1) of each 16-row piece, B column g
   const int ra0 = (m0 & 127) + wm * WTM + g + 8 * (lane & 1), rb0 = (n0 & 127) + wn * WTN + g;
 
   for (int kt = 0; kt < KT; ++kt) {
-    mx_cp_wait<STAGES - 2>();
+    cp_async_wait<STAGES - 2>();
     __syncthreads();
     {
       const int nk = kt + STAGES - 1;
       if (nk < KT) load(nk, nk % STAGES);
-      mx_cp_commit();
+      cp_async_commit();
     }
     const uint32_t ta = sbase + (kt % STAGES) * S::STAGE, tb = ta + S::A;
     const uint32_t ssa = tb + S::B, ssb = ssa + S::SA;
@@ -170,7 +170,7 @@ __device__ __forceinline__ void bs_gemm(const uint8_t* __restrict__ A, const uin
         }
     }
   }
-  mx_cp_wait<0>();
+  cp_async_wait<0>();
 
   const float scale = KIND == 2 ? alpha / (gsa[0] * gsb[0]) : alpha;
 #pragma unroll

@@ -20,6 +20,7 @@
 // it leaves the wgmma running while the next k-tile is converted.
 #pragma once
 #include "common/dtypes.cuh"
+#include "common/mma.cuh"
 #include "common/ptx.cuh"
 #include "mx_gemm/ops.cuh"
 
@@ -83,7 +84,7 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
 // 16 fp8 codes of one row and k-block (a 16-byte chunk) -> 16 scaled f16 in shared memory.
 template <int E>
 __device__ __forceinline__ void convert_chunk(uint32_t src, uint32_t dst0, uint32_t dst1, uint32_t s2) {
-  const uint4 v = mx_lds128(src);
+  const uint4 v = lds128(src);
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   uint32_t h[8];
 #pragma unroll
@@ -145,25 +146,26 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
     for (int it = 0; it < BM * 8 / NT; ++it) {
       const int r = r_base + it * (NT / 8);
       const bool ok = k_ok && m0 + r < M;
-      mx_cp16_zfill(st + tile_off(r, c16), ok ? a_src + (size_t)it * (NT / 8) * K + kbyte : A, ok);
+      cp_async16(st + tile_off(r, c16), ok ? a_src + (size_t)it * (NT / 8) * K + kbyte : A, ok ? 16 : 0);
     }
 #pragma unroll
     for (int it = 0; it < BN * 8 / NT; ++it) {
       const int r = r_base + it * (NT / 8);
       const bool ok = k_ok && n0 + r < N;
-      mx_cp16_zfill(st + S::A + tile_off(r, c16), ok ? b_src + (size_t)it * (NT / 8) * K + kbyte : B, ok);
+      cp_async16(st + S::A + tile_off(r, c16), ok ? b_src + (size_t)it * (NT / 8) * K + kbyte : B,
+                 ok ? 16 : 0);
     }
     // scale chunks: 512 contiguous bytes per (128 rows, k-tile), one 16-byte copy a thread
     if (tid < (S::SA + S::SB) / 16) {
       const bool ok = sc_chunk_ok;
-      mx_cp16_zfill(st + S::A + S::B + tid * 16, ok ? sc_src + (size_t)kt * 512 : SA, ok);
+      cp_async16(st + S::A + S::B + tid * 16, ok ? sc_src + (size_t)kt * 512 : SA, ok ? 16 : 0);
     }
   };
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < KT) load(s, s);
-    mx_cp_commit();
+    cp_async_commit();
   }
 
   // ---- prologue: E = the largest scale exponent of each row of A and B over all of K -----
@@ -205,12 +207,12 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
   for (int kt = 0; kt < KT; ++kt) {
-    mx_cp_wait<STAGES - 2>();
+    cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt landed; every warp is done reading the f16 tiles
     {
       const int nk = kt + STAGES - 1;
       if (nk < KT) load(nk, nk % STAGES);
-      mx_cp_commit();
+      cp_async_commit();
     }
     const uint32_t st = sbase + (kt % STAGES) * S::STAGE;
     const uint32_t ssa = st + S::A + S::B, ssb = ssa + S::SA;
@@ -261,23 +263,24 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
         uint32_t af[MI][4], bf[NI][2];
 #pragma unroll
         for (int i = 0; i < MI; ++i)
-          mx_ldsm_x4(af[i], h_a + htile_off(wm * WTM + i * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+          ldmatrix_x4(af[i], h_a + htile_off(wm * WTM + i * 16 + (lane & 15), 2 * ks + (lane >> 4)));
 #pragma unroll
         for (int j = 0; j < NI; j += 2) {
           uint32_t q[4];
-          mx_ldsm_x4(q, h_b + htile_off(wn * WTN + j * 8 + (lane & 7) + ((lane >> 4) << 3),
-                                        2 * ks + ((lane >> 3) & 1)));
+          ldmatrix_x4(q, h_b + htile_off(wn * WTN + j * 8 + (lane & 7) + ((lane >> 4) << 3),
+                                         2 * ks + ((lane >> 3) & 1)));
           bf[j][0] = q[0]; bf[j][1] = q[1]; bf[j + 1][0] = q[2]; bf[j + 1][1] = q[3];
         }
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
-          for (int j = 0; j < NI; ++j) mma_f16(acc[i][j], af[i], bf[j][0], bf[j][1]);
+          for (int j = 0; j < NI; ++j)
+            Mma<half>::run(acc[i][j], af[i][0], af[i][1], af[i][2], af[i][3], bf[j][0], bf[j][1]);
       }
     }
   }
   if constexpr (WG && HB == 2) asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  mx_cp_wait<0>();
+  cp_async_wait<0>();
 
   // ---- epilogue: alpha * 2^(E(m) - 127) * 2^(E(n) - 127) * acc + bias, pairs of columns --
   // (E8M0 0 -> 0.0: such a row has only zero-scale blocks, whose f16 values were 0 anyway)

@@ -1,6 +1,7 @@
-// PTX wrappers of the mx_gemm kernels: f16 mma.sync and fp8 -> f16 conversion (sm_89+), the
-// Blackwell block-scaled mma.sync (sm_120a), ldmatrix and zero-filling cp.async. One wrapper
-// per instruction shape; element formats are template parameters.
+// PTX wrappers of the mx_gemm kernels: fp8 -> f16 conversion (sm_89+), the Blackwell
+// block-scaled mma.sync (sm_120a), a 2-byte shared load. One wrapper per instruction shape;
+// element formats are template parameters. f16 mma.sync, ldmatrix, cp.async and 16-byte shared
+// loads are the common ones (common/mma.cuh, common/ptx.cuh).
 #pragma once
 #include "common/dtypes.cuh"
 
@@ -10,17 +11,6 @@ namespace mx_gemm {
 // Element formats; the kernel templates name them from the config (a_elem / b_elem upper-cased).
 // In kg::mx_gemm, not kg::mx: kg::mx (mx/mx.cuh) has the codec types E4M3 / E5M2 / E2M1.
 enum Elem : int { E4M3 = 0, E5M2 = 1, E2M1 = 2 };
-
-// D[16x8] += A[16x16] . B[16x8], f16 operands, fp32 accumulators in place (sm_80+). Fragments:
-// a0 = A[g][2t, 2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
-// b0 = B[2t, 2t+1][g], b1 = B[2t+8..][g].
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Two fp8 codes (the low and high byte of `x`) -> f16x2, exactly (sm_89+: one F2FP).
 template <int E> __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint16_t x);
@@ -84,32 +74,6 @@ template <> struct MmaMxf4nvf4<true> {
   }
 };
 #undef KG_MX_MMA_BS
-
-// Four 8x8 b16 matrices (8 rows x 16 bytes each) from shared memory; lane l gives the row
-// address of matrix l / 8, row l % 8; register i of every lane holds 4 bytes of matrix i.
-__device__ __forceinline__ void mx_ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-// 16-byte cp.async that zero-fills when `valid` is false (rows past M / N, k past K): the
-// source size operand 0 reads nothing, so `src` only has to be some valid address.
-__device__ __forceinline__ void mx_cp16_zfill(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void mx_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void mx_cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// 16-byte shared load (volatile for the reason of kg::lds32).
-__device__ __forceinline__ uint4 mx_lds128(uint32_t addr) {
-  uint4 r;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
-  return r;
-}
 
 // 2-byte shared load (fp4 pairs of the FP8 x FP4 path); volatile for the reason of kg::lds32.
 __device__ __forceinline__ uint32_t mx_lds16(uint32_t addr) {

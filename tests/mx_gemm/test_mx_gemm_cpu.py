@@ -283,7 +283,7 @@ def test_operands_are_valid_mxtensors(fmt, layout):
 
 
 def test_wgmma_switch(monkeypatch):
-    import kernelgen.mx_gemm.select as sel
+    from kernelgen.mx_gemm import select as sel  # kernelgen.mx_gemm the attribute is the function
 
     monkeypatch.setattr(sel, "SM90_WGMMA", True)
     big = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 4096, 4096, 4096, "bfloat16", 132).config
