@@ -10,9 +10,9 @@ import numpy as np
 from ..arch import device_info
 from ..core.interop import context_of, device_array
 from ..core.jit import get_kernel
-from ..moe_routing import moe_combine, moe_dispatch, moe_layout
+from ..moe_routing import MoeLayout, moe_combine, moe_dispatch, moe_layout
 from .config import DTYPES, MoeGemmConfig, MoeKbitConfig
-from .kbit import KbitExperts, KbitPlan, plan_kbit, select_kbit
+from .kbit import KbitExperts, forced_kbit_plan, plan_kbit, select_kbit
 from .select import GroupedPlan, check_shape, plan_grouped, select_grouped
 
 
@@ -27,11 +27,14 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     uint16 with dtype="bfloat16"), or w a KbitExperts from quantize_experts (2-4 bits,
     dequantized in registers; tile_m 8 / 16 / 32, always swap_ab). offsets [E + 1] int32 on
     the device: expert e owns rows [offsets[e], offsets[e+1]) (any segment sizes, padded or
-    not; never read on the host).
+    not; never read on the host), or the MoeLayout of moe_layout (its offsets; checked against
+    x's rows once an exact dispatch or total() has read offsets[E] on the host). offsets[E]
+    must be <= M: offsets are device data, not checked on the host otherwise (no sync); the
+    kernel clamps every segment to the first M rows, so rows past M are never read or written.
     activation="swiglu": w is W13 [E, 2I, K] (gate rows, then up rows) and Y [M, I] =
     silu(X . gate^T) * (X . up^T). Rows of Y outside every segment are not written.
-    `rows`: the host-side row count the selector uses (default M; e.g. T * top_k when x is a
-    capacity-sized buffer). tile_m / swap_ab / tile_n force a table row; policy "threshold"
+    `rows`: the host-side row count the selector uses, <= M (default M; e.g. T * top_k when x
+    is a capacity-sized buffer). tile_m / swap_ab / tile_n force a table row; policy "threshold"
     (default) or "waste" picks TILE_M (kernelgen.moe.select); `config` forces a whole
     MoeGemmConfig / MoeKbitConfig (tuning; dtype, epilogue and bits must match the call).
     """
@@ -45,8 +48,12 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
         if wdt != dt:
             raise ValueError(f"w: dtype {wdt}; must match x ({dt})")
         e, n, kw = (int(s) for s in wa.shape)
+    known = None  # offsets[E] when the host has read it already
+    if isinstance(offsets, MoeLayout):
+        known, offsets = offsets.known_total, offsets.offsets
     off, _ = device_array(offsets, "offsets", ctx, ("int32",), ndim=1)
     m, k = int(xa.shape[0]), int(xa.shape[1])
+    check_rows(m, rows, known)
     if kw != k:
         raise ValueError(f"w: K={kw} does not match x's K={k} (x [{m}, {k}], w [{e}, {n}, {kw}])")
     if off.shape[0] != e + 1:
@@ -70,15 +77,12 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     if m == 0:
         return out
     info = device_info(ctx.device)
-    r = m if rows is None else max(1, min(int(rows), m))
+    r = m if rows is None else max(1, int(rows))
     if kbit:
         if swap_ab is False:
             raise ValueError("swap_ab=False: kbit experts always run swap_ab (decode kernel)")
         if config is not None:
-            if config.dtype != dt or config.epilogue != epilogue or config.bits != w.bits:
-                raise ValueError(f"config: {config.short()} does not match dtype={dt}, "
-                                 f"epilogue={epilogue}, bits={w.bits}")
-            kplan = KbitPlan(config, e, -(-n // config.tile_n))
+            kplan = forced_kbit_plan(config, dt, epilogue, w.bits, e, n, k)
         elif tile_m is None:
             kplan = select_kbit(info.arch.name, info.sm_count, dt, w.bits, e, n, k, r, epilogue)
         else:
@@ -87,9 +91,13 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
         packed, absmax, cb = w.q._views(ctx)
         fn = get_kernel(kplan.config, ctx.device, ctx.stream).fn("moe_grouped_kbit")
         ctx.launch(fn, kplan.grid(m), kplan.block, (xa, packed, absmax, cb, off, ya, np.int32(e),
-                                                    np.int32(n), np.int32(k)), smem=kplan.smem)
+                                                    np.int32(n), np.int32(k), np.int32(m)),
+                   smem=kplan.smem)
         return out
     if config is not None:
+        if not isinstance(config, MoeGemmConfig):
+            raise ValueError(f"config: {type(config).__name__}; bf16 / fp16 experts take a "
+                             f"MoeGemmConfig")
         if config.dtype != dt or config.epilogue != epilogue:
             raise ValueError(f"config: {config.short()} does not match dtype={dt}, "
                              f"epilogue={epilogue}")
@@ -101,25 +109,42 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
         plan = plan_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, tile_m,
                             swap_ab, tile_n, policy)
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_gemm")
-    ctx.launch(fn, plan.grid(m), plan.block, (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k)),
-               smem=plan.smem)
+    ctx.launch(fn, plan.grid(m), plan.block,
+               (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem)
     return out
+
+
+def check_rows(m: int, rows: int | None, known_total: int | None = None) -> None:
+    """Host-side bounds of offsets[E] against x's M rows: `rows` (the selector's row count)
+    and offsets[E] where the host knows it must not exceed M."""
+    if rows is not None and not 0 <= int(rows) <= m:
+        raise ValueError(f"rows={rows}: must be in 0..M={m} (x's rows; offsets[E] <= M)")
+    if known_total is not None and known_total > m:
+        raise ValueError(f"offsets: offsets[E]={known_total} rows exceed x's M={m} rows")
 
 
 def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
               graph_safe: bool = False, tile_m: int | None = None, swap_ab: bool | None = None,
-              policy: str = "threshold", dtype: str | None = None) -> Any:
+              policy: str = "threshold", dtype: str | None = None,
+              workspace: dict | None = None) -> Any:
     """The MoE layer: out[t] = sum_j topk_weights[t, j] * W2[e] . silu-glu(W13[e] . x[t]).
 
     x [T, H] fp16 / bf16; topk_ids [T, top_k] int32 / int64; topk_weights [T, top_k];
     w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I] in x's dtype, or either as
     KbitExperts (quantize_experts).
     Steps: layout (pad_to=1: the grouped GEMM masks rows per expert, so segments need no
-    padding and x_perm has exactly T * top_k rows) -> dispatch -> W13 + SwiGLU -> W2 ->
-    combine. `graph_safe=True` asks dispatch for its no-sync upper-bound buffer (with pad_to=1
-    it has the same T * top_k rows); every launch size comes from host shapes and nothing
-    syncs. Under CUDA-graph capture the kernels must be compiled already (an eager call or
-    `kernelgen prewarm`).
+    padding) -> dispatch -> W13 + SwiGLU -> W2 -> combine. The exact dispatch (default) reads
+    offsets[E] on the host (one small copy; an id outside [0, E) raises ValueError), so x_perm
+    has offsets[E] = T * top_k rows. `graph_safe=True` asks dispatch for its no-sync
+    capacity buffer (T * top_k rows with pad_to=1); offsets[E] is then T * top_k less the
+    dropped ids, rows past it stay unwritten and nothing reads them. Every launch size comes
+    from host shapes and nothing syncs.
+    Under CUDA-graph capture: the kernels must be compiled already (an eager call or
+    `kernelgen prewarm`), and the intermediates (layout, x_perm, hidden, y_perm), allocated
+    in the call, must outlive the graph: torch's graph capture keeps them in its private
+    pool; under CuPy capture pass `workspace={}` (it receives them under those keys) and
+    keep it as long as the graph, or CuPy's pool may hand their memory to other arrays
+    while replays still write there.
     """
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
@@ -151,6 +176,8 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
         return dict(tile_m=tile_m, swap_ab=swap_ab)
 
     kw = dict(rows=rows, policy=policy, dtype=dt)
-    hid = grouped_gemm(x_perm, w13, layout.offsets, activation="swiglu", **kw, **forced(w13))
-    y_perm = grouped_gemm(hid, w2, layout.offsets, **kw, **forced(w2))
+    hid = grouped_gemm(x_perm, w13, layout, activation="swiglu", **kw, **forced(w13))
+    y_perm = grouped_gemm(hid, w2, layout, **kw, **forced(w2))
+    if workspace is not None:
+        workspace.update(layout=layout, x_perm=x_perm, hidden=hid, y_perm=y_perm)
     return moe_combine(y_perm, layout, topk_weights, dtype=dt)

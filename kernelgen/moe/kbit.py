@@ -71,6 +71,29 @@ def check_kbit_shape(e: int, n: int, k: int, bits: int, name: str = "w") -> None
                          f"positive multiple of 8 and K a positive multiple of {K_STEP}")
 
 
+def check_kbit_epilogue(n: int, epilogue: str) -> None:
+    """The epilogue rule: swiglu splits the N = 2I rows into gate / up halves of whole
+    8-row blocks, so N must be a multiple of 16."""
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"activation: {epilogue!r}; expected None or 'swiglu'")
+    if epilogue == "swiglu" and n % 16:
+        raise ValueError(f"w: N={n}; swiglu needs 2I (gate + up rows) a multiple of 16")
+
+
+def forced_kbit_plan(config: MoeKbitConfig, dtype: str, epilogue: str, bits: int, e: int,
+                     n: int, k: int) -> KbitPlan:
+    """The plan of a forced MoeKbitConfig (grouped_gemm(config=...)), after the rules the
+    planner applies: dtype, epilogue and bits of the call, the shape and the swiglu rule."""
+    if not isinstance(config, MoeKbitConfig):
+        raise ValueError(f"config: {type(config).__name__}; kbit experts take a MoeKbitConfig")
+    if config.dtype != dtype or config.epilogue != epilogue or config.bits != bits:
+        raise ValueError(f"config: {config.short()} does not match dtype={dtype}, "
+                         f"epilogue={epilogue}, bits={bits}")
+    check_kbit_shape(e, n, k, bits)
+    check_kbit_epilogue(n, epilogue)
+    return KbitPlan(config, e, -(-n // config.tile_n))
+
+
 def quantize_experts(w: Any, bits: int = 4, *, codebook: Any = None,
                      dtype: str | None = None) -> KbitExperts:
     """Quantize expert weights W [E, N, K] (fp16 / bf16 / fp32, CuPy or torch) for grouped_gemm
@@ -120,10 +143,7 @@ def plan_kbit(arch: str, sm_count: int, dtype: str, bits: int, e: int, n: int, k
               warps: tuple[int, int] | None = None) -> KbitPlan:
     """Pure planner; tile_m / warps force a choice (tests, benchmarks)."""
     check_kbit_shape(e, n, k, bits)
-    if epilogue == "swiglu" and n % 16:
-        raise ValueError(f"w: N={n}; swiglu needs 2I a multiple of 16")
-    if epilogue not in EPILOGUES:
-        raise ValueError(f"activation: {epilogue!r}; expected None or 'swiglu'")
+    check_kbit_epilogue(n, epilogue)
     if rows < 1:
         raise ValueError(f"rows={rows}: a launch needs at least one row")
     tm = kbit_tile_m(rows, e) if tile_m is None else tile_m

@@ -183,9 +183,12 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kern
     """Configs dispatch can pick. spec: the layers, as "shapes" [[E, H, I, top_k], ...] or the
     keys "E", "H", "I", "top_k" (walk the two GEMMs of each layer, W13 + SwiGLU and W2, over
     every batch size and SM count); "dtypes"; "bits" (kbit experts: 2, 3, 4; with layers it
-    adds their kbit configs to the bf16 / fp16 ones); "policy"; "sm_counts". Without layers:
-    the default table for each dtype and epilogue plus a kbit decode set (4 bits unless
-    "bits" says otherwise)."""
+    adds their kbit configs to the bf16 / fp16 ones); "policy"; "sm_counts"; with layers also
+    the moe_routing kernels fused_moe launches for them (layout, dispatch, combine; "id_dtypes"
+    and "w_dtypes" as moe_routing's spec), so `kernelgen prewarm --family moe` covers
+    fused_moe. Without layers: the default table for each dtype and epilogue plus a kbit
+    decode set (4 bits unless "bits" says otherwise); moe_routing's own default set covers
+    the routing kernels then."""
     from .kbit import kbit_prewarm
 
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
@@ -229,3 +232,25 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kern
                 if isinstance(err, UnsupportedConfigError):
                     raise
                 raise UnsupportedConfigError(f"moe spec {spec!r}: {err}") from None
+        yield from new(_routing_configs(arch, layers, dtypes, spec))
+
+
+def _routing_configs(arch: str, layers: list[tuple[int, int, int, int]], dtypes: tuple[str, ...],
+                     spec: dict[str, Any]) -> Iterator[KernelConfig]:
+    """The moe_routing configs fused_moe can pick for these layers: moe_layout (pad_to=1, every
+    T), moe_dispatch, moe_combine (fused_moe never calls the fused moe_route)."""
+    from ..moe_routing.config import MoeRouteConfig
+    from ..moe_routing.select import prewarm_configs as routing_prewarm
+
+    rspec: dict[str, Any] = {"num_experts": sorted({e for e, *_ in layers}), "dtypes": list(dtypes)}
+    for key in ("id_dtypes", "w_dtypes"):
+        if spec.get(key):
+            rspec[key] = spec[key]
+    try:
+        for cfg in routing_prewarm([arch], rspec):
+            if not isinstance(cfg, MoeRouteConfig):
+                yield cfg
+    except ValueError as err:
+        if isinstance(err, UnsupportedConfigError):
+            raise
+        raise UnsupportedConfigError(f"moe spec {spec!r}: {err}") from None

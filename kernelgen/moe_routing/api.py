@@ -55,6 +55,7 @@ class MoeLayout:
     src [capacity] (pair of each row; -1 for padding rows and rows >= offsets[E]),
     invalid [2] (dropped ids, first dropped flat index or INT32_MAX).
     capacity = T * top_k + E * (pad_to - 1): what graph-safe callers allocate.
+    `stream`: the (cupy) stream its kernels were queued on; host reads wait for it.
     """
 
     num_experts: int
@@ -70,37 +71,47 @@ class MoeLayout:
     multi: bool  # made by the multi-CTA path
     _views: dict = field(repr=False, compare=False)  # cupy views: buf, offsets, dest, src, ids
     _host: dict = field(default_factory=dict, repr=False, compare=False)  # total once copied
+    stream: Any = field(default=None, repr=False, compare=False)
 
     @property
     def device(self) -> int:
         return self._views["buf"].data.device_id
 
-    def _meta(self, stream: Any) -> int:
-        """One device->host copy of (offsets[E], invalid); raises on a dropped id; the total."""
-        if "total" not in self._host:
-            import cupy
+    @property
+    def known_total(self) -> int | None:
+        """offsets[E] if the host has read it (exact dispatch, total()), else None."""
+        return self._host.get("total")
 
+    def _read(self, view: Any, stream: Any) -> np.ndarray:
+        """Blocking device->host copy queued on `stream`."""
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            return cupy.asnumpy(view, stream=stream)
+
+    def _meta(self, stream: Any) -> int:
+        """One device->host copy of (offsets[E], invalid) on `stream`, after the layout's own
+        stream when that is another one; raises on a dropped id; the total."""
+        if "total" not in self._host:
+            if self.stream is not None and self.stream.ptr != stream.ptr:
+                self.stream.synchronize()  # the layout kernels may sit on a non-blocking stream
             e = self.num_experts
-            with cupy.cuda.Device(self.device):
-                total, bad, first = (int(v) for v in cupy.asnumpy(
-                    self._views["buf"][2 * e: 2 * e + 3], stream=stream))
+            total, bad, first = (int(v) for v in self._read(self._views["buf"][2 * e: 2 * e + 3],
+                                                            stream))
             if bad:
                 t, j = divmod(first, self.top_k)
-                with cupy.cuda.Device(self.device):
-                    val = int(cupy.asnumpy(self._views["ids"].reshape(-1)[first: first + 1],
-                                           stream=stream)[0])
+                val = int(self._read(self._views["ids"].reshape(-1)[first: first + 1], stream)[0])
                 raise ValueError(f"topk_ids: token {t} slot {j} names expert {val}, outside "
                                  f"[0, {e}) ({bad} id(s) out of range; they are dropped)")
             self._host["total"] = total
         return self._host["total"]
 
     def total(self) -> int:
-        """offsets[E] read now (synchronises the current stream; after a graph replay too);
-        raises ValueError naming the first out-of-range id."""
-        import cupy
-
+        """offsets[E] read now: waits for the stream the layout was built on and reads on the
+        caller's current stream of the layout's kind (torch's for torch tensors), so after a
+        graph replay on that stream too; raises ValueError naming the first out-of-range id."""
         self._host.pop("total", None)
-        return self._meta(cupy.cuda.get_current_stream(self.device))
+        return self._meta(context_of(self.offsets, "layout").stream)
 
     def check(self) -> int:
         """Alias of total(): the exact path's validation, for graph-safe callers."""
@@ -179,7 +190,8 @@ def _alloc(ctx, ids, t: int, k: int, e: int, pad_to: int, multi: bool, bh_size: 
     views = [buf[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]
     nat = [native[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]
     lay = MoeLayout(e, k, t, pad_to, cap, nat[0], nat[1], nat[3], nat[4], nat[2], multi,
-                    {"buf": buf, "offsets": views[1], "dest": views[3], "src": views[4], "ids": ids})
+                    {"buf": buf, "offsets": views[1], "dest": views[3], "src": views[4], "ids": ids},
+                    stream=ctx.stream)
     return lay, views
 
 

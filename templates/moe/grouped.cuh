@@ -3,7 +3,8 @@
 //   X        [M, K]   T = half | bf16, row-major (x_perm: expert segments back to back)
 //   W        [E, N, K] T, row-major (each expert's rows are K-contiguous, like X)
 //   offsets  [E + 1]  int32: expert e owns rows [offsets[e], offsets[e+1]) of X and Y; any
-//            segment sizes (padded or not); rows outside [0, offsets[E]) are never touched
+//            segment sizes (padded or not); rows outside [0, min(offsets[E], M)) are never
+//            touched (find_tile clamps every segment to the M rows of X and Y)
 //   Y        [M, N]   T, or [M, N/2] with SWIGLU (below); fp32 accumulation, rounded to nearest
 //
 // Tile map. grid.x enumerates work items: expert e has ceil(count_e / TILE_M) M tiles times
@@ -69,8 +70,8 @@ template <> __device__ __forceinline__ uint32_t pack_t2<__nv_bfloat16>(float lo,
 struct TileOf { int e, row0, rows, n_tile; };
 
 template <int TILE_M>
-__device__ __forceinline__ TileOf find_tile(const int* __restrict__ offsets, int E, int n_tiles,
-                                            int item, int* s_tile) {
+__device__ __forceinline__ TileOf find_tile(const int* __restrict__ offsets, int E, int M,
+                                            int n_tiles, int item, int* s_tile) {
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     int found[4] = {-1, 0, 0, 0};
@@ -78,7 +79,7 @@ __device__ __forceinline__ TileOf find_tile(const int* __restrict__ offsets, int
     for (int base = 0; base < E; base += 32) {
       const int e = base + lane;
       int lo = 0, hi = 0;
-      if (e < E) { lo = __ldg(offsets + e); hi = __ldg(offsets + e + 1); }
+      if (e < E) { lo = __ldg(offsets + e); hi = min(__ldg(offsets + e + 1), M); }  // rows < M
       const int mt = hi > lo ? (hi - lo + TILE_M - 1) / TILE_M : 0;
       const int n = mt * n_tiles;
       int incl = n;
@@ -249,10 +250,10 @@ struct Grouped {
 
   static __device__ __forceinline__ void run(const T* __restrict__ X, const T* __restrict__ W,
                                              const int* __restrict__ offsets, T* __restrict__ Y,
-                                             int E, int N, int K) {
+                                             int E, int N, int K, int M) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int n_tiles = (N + TW - 1) / TW;
-    const TileOf tile = find_tile<TM>(offsets, E, n_tiles, blockIdx.x,
+    const TileOf tile = find_tile<TM>(offsets, E, M, n_tiles, blockIdx.x,
                                       reinterpret_cast<int*>(smem + SMEM_MAIN));
     if (tile.e < 0) return;
     const int n0 = tile.n_tile * TW;  // first (virtual) weight row of the tile

@@ -133,10 +133,10 @@ struct GroupedKbit {
                                              const uint8_t* __restrict__ absmax,
                                              const float* __restrict__ codebook,
                                              const int* __restrict__ offsets, T* __restrict__ Y,
-                                             int E, int N, int K) {
+                                             int E, int N, int K, int M) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int n_tiles = (N + TP - 1) / TP;
-    const TileOf tile = find_tile<TQ>(offsets, E, n_tiles, blockIdx.x,
+    const TileOf tile = find_tile<TQ>(offsets, E, M, n_tiles, blockIdx.x,
                                       reinterpret_cast<int*>(smem + SMEM_MAIN));
     if (tile.e < 0) return;
     const int n0 = tile.n_tile * TP;

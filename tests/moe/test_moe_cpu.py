@@ -302,3 +302,152 @@ def test_kbit_mma_fragment_order_model():
             assert not np.isnan(a).any() and not np.isnan(b).any()
             d += a @ b
     np.testing.assert_allclose(d, w @ x.T, rtol=1e-12, atol=1e-12)
+
+
+
+def test_forced_kbit_config_follows_the_planner_rules():
+    from kernelgen.moe import plan_kbit
+    from kernelgen.moe.config import MoeKbitConfig
+    from kernelgen.moe.kbit import forced_kbit_plan
+
+    cfg = MoeKbitConfig(arch="sm_90a", dtype="bfloat16", bits=4, warps_p=4, warps_k=2,
+                        epilogue="swiglu")
+    p = forced_kbit_plan(cfg, "bfloat16", "swiglu", 4, 8, 256, 512)
+    assert p.config is cfg and p.n_tiles == 256 // 64
+    for n in (24, 40):  # multiples of 8, not of 16: the planner and a forced config refuse both
+        with pytest.raises(ValueError, match=r"swiglu needs 2I \(gate \+ up rows\) a multiple of 16"):
+            forced_kbit_plan(cfg, "bfloat16", "swiglu", 4, 8, n, 512)
+        with pytest.raises(ValueError, match="a multiple of 16"):
+            plan_kbit("sm_90a", 132, "bfloat16", 4, 8, n, 512, 8, "swiglu")
+        assert forced_kbit_plan(cfg.replace(epilogue="none"), "bfloat16", "none", 4, 8, n,
+                                512).n_tiles == 1
+    with pytest.raises(ValueError, match="does not match dtype=float16"):
+        forced_kbit_plan(cfg, "float16", "swiglu", 4, 8, 256, 512)
+    with pytest.raises(ValueError, match="bits=3"):
+        forced_kbit_plan(cfg, "bfloat16", "swiglu", 3, 8, 256, 512)
+    with pytest.raises(ValueError, match="MoeKbitConfig"):
+        forced_kbit_plan(MoeGemmConfig.of("sm_90a", "bfloat16", 8, True, 32, "swiglu"),
+                         "bfloat16", "swiglu", 4, 8, 256, 512)
+
+
+def test_host_row_bounds():
+    from kernelgen.moe.api import check_rows
+
+    check_rows(10, None)
+    check_rows(10, 10, 10)
+    check_rows(0, 0)
+    with pytest.raises(ValueError, match=r"rows=11: must be in 0..M=10"):
+        check_rows(10, 11)
+    with pytest.raises(ValueError, match=r"offsets\[E\]=11 rows exceed x's M=10"):
+        check_rows(10, None, 11)
+
+
+def find_tile_model(offsets, m, tile_m, n_tiles, item):
+    """templates/moe/grouped.cuh find_tile, one expert at a time: (e, row0, rows, n_tile)."""
+    first = 0
+    for e in range(len(offsets) - 1):
+        lo, hi = offsets[e], min(offsets[e + 1], m)
+        mt = -(-(hi - lo) // tile_m) if hi > lo else 0
+        if first <= item < first + mt * n_tiles:
+            local = item - first
+            row0 = lo + (local % mt) * tile_m
+            return e, row0, min(tile_m, hi - row0), local // mt
+        first += mt * n_tiles
+    return -1, 0, 0, 0
+
+
+@pytest.mark.parametrize("offsets,m", [([0, 3, 3, 10], 10), ([0, 3, 3, 12], 10),
+                                       ([0, 9, 20, 40], 10), ([0, 0, 0, 0], 4),
+                                       ([0, 17, 40, 41, 80], 33)])
+def test_tile_map_stays_within_x_rows(offsets, m):
+    """offsets[E] beyond x's M rows: the clamped tile map reads / writes rows < M only and still
+    covers every row below min(offsets[E], M) once per N tile within the host's grid."""
+    e = len(offsets) - 1
+    for tm in (8, 16, 64):
+        p = plan_grouped("sm_90a", 132, "float16", e, 256, 256, m, tile_m=tm)
+        seen = {}
+        for item in range(p.grid(m)[0]):
+            ex, row0, rows, nt = find_tile_model(offsets, m, tm, p.n_tiles, item)
+            if ex < 0:
+                continue
+            assert 0 <= row0 and row0 + rows <= m and offsets[ex] <= row0 and rows >= 1
+            for r in range(row0, row0 + rows):
+                seen[(r, nt)] = seen.get((r, nt), 0) + 1
+        want = {(r, nt) for r in range(min(offsets[-1], m)) for nt in range(p.n_tiles)}
+        assert set(seen) == want and set(seen.values()) <= {1}, (offsets, m, tm)
+
+
+def test_prewarm_spec_covers_fused_moe_routing():
+    """`kernelgen prewarm --family moe` with layers builds the routing kernels fused_moe picks
+    (layout over every T and id dtype, dispatch, combine for every weight dtype and split);
+    the no-spec set stays moe's own (moe_routing's default set covers those)."""
+    from kernelgen.moe_routing.config import (
+        ID_DTYPES,
+        W_DTYPES,
+        MoeCombineConfig,
+        MoeDispatchConfig,
+    )
+    from kernelgen.moe_routing.select import combine_launch, select_layout
+
+    for arch in ("sm_80", "sm_90a"):
+        assert {c.family for c in prewarm_configs([arch], {})} == {"moe"}
+    for name, (e, h, i, k) in SHAPES.items():
+        spec = {"E": e, "H": h, "I": i, "top_k": k, "dtypes": ["bfloat16"], "sm_counts": [132]}
+        pre = list(prewarm_configs(["sm_90a"], spec))
+        assert len(pre) == len(set(pre))
+        pre = set(pre)
+        assert {c.family for c in pre} == {"moe", "moe_routing"}
+        assert MoeDispatchConfig(arch="sm_90a") in pre
+        for t in list(range(0, 300)) + [1024, 2048, 4096, 10**5]:
+            for idt in ID_DTYPES:
+                assert select_layout("sm_90a", t * k, e, idt).config in pre, (name, t, idt)
+            for hh in (h, i):  # combine runs on y_perm [rows, H]; bf16 vectors of 8
+                split, _ = combine_launch(t, hh // 8, 132)
+                for wdt in W_DTYPES:
+                    assert MoeCombineConfig(arch="sm_90a", dtype="bfloat16", w_dtype=wdt,
+                                            split=split) in pre
+    with pytest.raises(UnsupportedConfigError, match="num_experts"):
+        list(prewarm_configs(["sm_90a"], {"E": 2049, "H": 128, "I": 64, "top_k": 2,
+                                          "dtypes": ["bfloat16"], "sm_counts": [132]}))
+
+
+def test_fused_moe_wiring(monkeypatch):
+    """fused_moe's host steps with the kernels stubbed: the layout reaches both GEMMs (host
+    row bound), rows = T * top_k, exact / graph-safe dispatch, workspace keeps the buffers."""
+    from kernelgen.moe import api
+
+    t, k, e, h, i = 5, 2, 4, 16, 8
+    calls = []
+
+    class Lay:
+        offsets = "offsets"
+
+    lay = Lay()
+
+    def fake_array(a, name, ctx, dtypes, hint=None, ndim=None):
+        return a, "bfloat16"
+
+    monkeypatch.setattr(api, "context_of", lambda a, name: None)
+    monkeypatch.setattr(api, "device_array", fake_array)
+    monkeypatch.setattr(api, "moe_layout", lambda ids, ne, pad_to: calls.append(("layout", ne, pad_to))
+                        or lay)
+    monkeypatch.setattr(api, "moe_dispatch", lambda x, layout, exact, dtype: calls.append(
+        ("dispatch", layout, exact)) or "x_perm")
+
+    def gemm(x, w, offsets, **kw):
+        calls.append(("gemm", x, offsets, kw["rows"], kw.get("activation")))
+        return "hidden" if x == "x_perm" else "y_perm"
+
+    monkeypatch.setattr(api, "grouped_gemm", gemm)
+    monkeypatch.setattr(api, "moe_combine", lambda y, layout, w, dtype: ("out", y, layout))
+    x, ids = np.zeros((t, h)), np.zeros((t, k), np.int32)
+    w13, w2 = np.zeros((e, 2 * i, h)), np.zeros((e, h, i))
+    for graph_safe in (False, True):
+        calls.clear()
+        ws = {}
+        assert api.fused_moe(x, ids, None, w13, w2, graph_safe=graph_safe,
+                             workspace=ws) == ("out", "y_perm", lay)
+        assert calls == [("layout", e, 1), ("dispatch", lay, not graph_safe),
+                         ("gemm", "x_perm", lay, t * k, "swiglu"),
+                         ("gemm", "hidden", lay, t * k, None)]
+        assert ws == {"layout": lay, "x_perm": "x_perm", "hidden": "hidden", "y_perm": "y_perm"}

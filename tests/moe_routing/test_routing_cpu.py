@@ -235,3 +235,52 @@ def test_moe_blocks_errors():
         list(moe_blocks(10, 8, 7168, 1000))
     with pytest.raises(ValueError, match="num_tokens"):
         list(moe_blocks(-1, 8, 7168, 1 << 30))
+
+
+class _Stream:
+    def __init__(self, ptr: int):
+        self.ptr, self.synced = ptr, 0
+
+    def synchronize(self) -> None:
+        self.synced += 1
+
+
+class _Ctx:
+    kind, device = "cupy", 0
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def empty(self, shape, dtype):
+        a = np.zeros(shape, dtype)
+        return a, a
+
+
+def test_layout_host_reads_wait_for_the_build_stream(monkeypatch):
+    """total() / check() read offsets[E] after the work of the stream the layout kernels ran
+    on (e.g. torch's non-blocking current stream), not only the caller's current one."""
+    from kernelgen.moe_routing import api
+
+    build = _Stream(0x1234)
+    ids = np.array([[0, 2], [1, 9]], np.int32)  # 9 is out of range for E = 4
+    lay, views = api._alloc(_Ctx(build), ids, 2, 2, 4, 1, False, 0)
+    assert lay.stream is build and lay.known_total is None
+    views[1][:] = [0, 1, 2, 3, 3]  # offsets (expert 3 empty; the bad id is dropped)
+    reads = []
+
+    def read(self, view, stream):
+        reads.append(stream)
+        return np.array(view)
+
+    monkeypatch.setattr(api.MoeLayout, "_read", read)
+    cur = _Stream(0)
+    monkeypatch.setattr(api, "context_of", lambda arr, name: _Ctx(cur))
+    assert lay.total() == 3 and lay.known_total == 3
+    assert build.synced == 1 and reads == [cur]  # waited for the build stream, read on cur
+    assert lay.check() == 3 and build.synced == 2
+    monkeypatch.setattr(api, "context_of", lambda arr, name: _Ctx(_Stream(0x1234)))
+    lay.total()
+    assert build.synced == 2  # same stream: stream order suffices
+    views[2][:] = [1, 3]  # invalid: one dropped id, flat index 3 (token 1, slot 1)
+    with pytest.raises(ValueError, match=r"token 1 slot 1 names expert 9, outside \[0, 4\)"):
+        lay.total()
