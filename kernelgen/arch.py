@@ -28,6 +28,19 @@ ARCHS: dict[str, Arch] = {
 }
 ALL_ARCHS: tuple[str, ...] = tuple(ARCHS)
 
+# Shared memory of an SM (bytes) that resident CTAs share, per target.
+SMEM_PER_SM: dict[str, int] = {"sm_80": 164 * 1024, "sm_90a": 228 * 1024, "sm_100a": 228 * 1024,
+                               "sm_120a": 100 * 1024}
+# SM counts of the parts each target runs on, walked by the selectors' prewarm of a spec with
+# shapes (a spec's "sm_counts" overrides): A100 / A10 / L40S / 4090; H100 SXM, H200 / H100
+# PCIe / H20; B200; RTX 5090 / RTX PRO 6000 / 5080.
+SM_COUNTS: dict[str, tuple[int, ...]] = {
+    "sm_80": (108, 72, 142, 128),
+    "sm_90a": (132, 114, 78),
+    "sm_100a": (148,),
+    "sm_120a": (170, 188, 84),
+}
+
 
 def get_arch(name: str) -> Arch:
     try:

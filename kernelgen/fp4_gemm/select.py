@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import get_arch
+from ..arch import SM_COUNTS, get_arch
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
 from .config import (
@@ -47,13 +47,6 @@ TILE_MIN_STEPS = 4
 # stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM
 SMEM_BUDGET = {"sm_80": 160 * 1024, "sm_90a": 220 * 1024, "sm_100a": 220 * 1024, "sm_120a": 99 * 1024}
 MAX_STAGES = 4
-# SM counts of the parts each target runs on (prewarm of a spec with shapes)
-SM_COUNTS: dict[str, tuple[int, ...]] = {
-    "sm_80": (108, 72, 142, 128),
-    "sm_90a": (132, 114, 78),
-    "sm_100a": (148,),
-    "sm_120a": (170, 188, 84),
-}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import get_arch
+from ..arch import SM_COUNTS, SMEM_PER_SM, get_arch
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
 from .config import BITS, DTYPES, GROUP_K, LAUNCH, M_TILES, TILE_ROWS, KbitGemvConfig, lut_bytes
@@ -30,20 +30,6 @@ ITEM_OVERHEAD_STEPS = 1.0
 SPLIT_ITEM_OVERHEAD_STEPS = 2.5
 # ... and a split keeps at least this many groups of 128 k (two quad steps of a warp).
 MIN_GROUPS_PER_SPLIT = 8
-# shared memory of an SM (bytes) that resident CTAs share, per target
-SMEM_PER_SM: dict[str, int] = {"sm_80": 164 * 1024, "sm_90a": 228 * 1024, "sm_100a": 228 * 1024,
-                               "sm_120a": 100 * 1024}
-# SM counts of the parts each target runs on, for prewarm of a spec with shapes (a spec's
-# "sm_counts" overrides): A100 / A10 / L40S / 4090; H100 SXM, H200 / H100 PCIe / H20;
-# B200; RTX 5090 / RTX PRO 6000 / 5080.
-SM_COUNTS: dict[str, tuple[int, ...]] = {
-    "sm_80": (108, 72, 142, 128),
-    "sm_90a": (132, 114, 78),
-    "sm_100a": (148,),
-    "sm_120a": (170, 188, 84),
-}
-
-
 @dataclass(frozen=True)
 class GemvPlan:
     """One launch: config, K splits (grid.y), groups of 128 k per split, grid.x, grid.z, smem."""

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import get_arch
+from ..arch import SM_COUNTS, get_arch
 from ..core.config import KernelConfig
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
@@ -40,13 +40,6 @@ SWAP_TILE_N = 32  # weight rows of a swap_ab tile
 FEW_CTAS_PER_SM = 4  # below: the deep-pipeline variant of a swap_ab row
 PLAIN_TILE_N: dict[int, int] = {16: 128, 32: 128, 64: 128, 128: 256, 256: 128}
 POLICIES = ("threshold", "waste")
-# SM counts of the parts each target runs on (prewarm of a spec walks them)
-SM_COUNTS: dict[str, tuple[int, ...]] = {
-    "sm_80": (108, 72, 142, 128),
-    "sm_90a": (132, 114, 78),
-    "sm_100a": (148,),
-    "sm_120a": (170, 188, 84),
-}
 
 
 @dataclass(frozen=True)
