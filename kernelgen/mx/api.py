@@ -25,19 +25,19 @@ from .tensor import (
 
 
 def _input(x: Any, dtype: str | None, fmt: str) -> tuple[Ctx, Any, str, int, int]:
-    """(ctx, cupy view, logical dtype, rows, K) of an [..., K] input, checked."""
+    """(ctx, cupy view, logical dtype, rows, K) of an [..., K] input, checked; rows may be 0."""
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, FLOAT_DTYPES, hint=dtype)
     if dtype is not None and dtype != dt:
         raise ValueError(f"x: dtype={dtype!r} given for an array of {dt}")
-    if xa.ndim < 1 or xa.size == 0:
-        raise ValueError(f"x: shape {tuple(xa.shape)}; expected [..., K] with at least one row")
+    if xa.ndim < 1:
+        raise ValueError(f"x: shape {tuple(xa.shape)}; expected [..., K]")
     k = int(xa.shape[-1])
     g = group_size(fmt)
-    if k % g:
-        raise ValueError(f"x: K={k} (last dimension) must be a multiple of {g}, the {fmt} group "
-                         f"size")
-    if xa.data.ptr % 16:
+    if k < 1 or k % g:
+        raise ValueError(f"x: K={k} (last dimension) must be a positive multiple of {g}, the "
+                         f"{fmt} group size")
+    if xa.size and xa.data.ptr % 16:
         raise ValueError("x: data pointer must be 16-byte aligned (the kernels read 16-byte "
                          "vectors); pass a fresh or .copy()'d array")
     return ctx, xa, dt, xa.size // k, k
@@ -50,9 +50,22 @@ def _check_layout(scale_layout: str) -> bool:
 
 
 def _outputs(ctx: Ctx, fmt: str, rows: int, k: int, scale_layout: str):
+    """New data and scale arrays of a [rows, K] result (zero-row ones when rows == 0)."""
     data, data_v = ctx.empty(data_shape(fmt, rows, k), "uint8")
     scales, scales_v = ctx.empty(scale_shape(fmt, rows, k, scale_layout), "uint8")
     return data, data_v, scales, scales_v
+
+
+def _set_global_scale(ctx: Ctx, gs_out_v: Any, mode: str, gs_view: Any, gs_val: float) -> None:
+    """gs of a zero-row NVFP4 result, without a kernel of ours: the given value or device
+    scalar, or 1.0 (auto: no finite non-zero entry, as `reference.nvfp4_global_scale`)."""
+    import cupy
+
+    with cupy.cuda.Device(ctx.device), ctx.stream:
+        if mode == "device":
+            gs_out_v[...] = gs_view.reshape(1)
+        else:
+            gs_out_v.fill(gs_val if mode == "value" else 1.0)
 
 
 def quantize_mx(x: Any, fmt: str, *, scale_layout: str = "swizzled",
@@ -61,13 +74,17 @@ def quantize_mx(x: Any, fmt: str, *, scale_layout: str = "swizzled",
 
     fmt: "mxfp4" | "mxfp6_e2m3" | "mxfp6_e3m2" | "mxfp8_e4m3" | "mxfp8_e5m2". Groups of 32 along K
     share an E8M0 scale (OCP floor rule); elements round to nearest even and saturate. Bit-exact
-    with `reference.quantize_mx`. CuPy bf16: a uint16 array with dtype="bfloat16".
+    with `reference.quantize_mx`. CuPy bf16: a uint16 array with dtype="bfloat16". No rows: an
+    MxTensor of zero-row data and scales, nothing launched.
     """
     if fmt not in MX_FORMATS:
         raise ValueError(f"fmt={fmt!r}; expected one of {list(MX_FORMATS)} (nvfp4: "
                          f"quantize_nvfp4)")
     swizzled = _check_layout(scale_layout)
     ctx, xa, dt, rows, k = _input(x, dtype, fmt)
+    if rows == 0:
+        data, _, scales, _ = _outputs(ctx, fmt, 0, k, scale_layout)
+        return MxTensor(fmt, (0, k), data, scales, scale_layout, None)
     info = device_info(ctx.device)
     plan = quantize_plan(info.arch.name, info.sm_count, fmt, dt, rows, k, swizzled, "value")
     data, data_v, scales, scales_v = _outputs(ctx, fmt, rows, k, scale_layout)
@@ -105,11 +122,17 @@ def quantize_nvfp4(x: Any, global_scale: Any = None, *, scale_layout: str = "swi
     not checked), or None: 2688 / max|x| over the finite entries, computed on the device (no host
     sync). Groups of 16 along K get an E4M3 scale; elements E2M1, RNE with saturation. The result's
     `global_scale` is a new fp32 device array of shape (1,). Bit-exact with
-    `reference.quantize_nvfp4`.
+    `reference.quantize_nvfp4`. No rows: zero-row data and scales, global_scale the given one
+    (auto: 1.0), none of our kernels launched.
     """
     swizzled = _check_layout(scale_layout)
     ctx, xa, dt, rows, k = _input(x, dtype, "nvfp4")
     mode, gs_view, gs_val = _global_scale(global_scale, ctx)
+    if rows == 0:
+        data, _, scales, _ = _outputs(ctx, "nvfp4", 0, k, scale_layout)
+        gs_out, gs_out_v = ctx.empty((1,), "float32")
+        _set_global_scale(ctx, gs_out_v, mode, gs_view, gs_val)
+        return MxTensor("nvfp4", (0, k), data, scales, scale_layout, gs_out)
     info = device_info(ctx.device)
     plan = quantize_plan(info.arch.name, info.sm_count, "nvfp4", dt, rows, k, swizzled, mode)
     data, data_v, scales, scales_v = _outputs(ctx, "nvfp4", rows, k, scale_layout)
@@ -134,7 +157,7 @@ def quantize_nvfp4(x: Any, global_scale: Any = None, *, scale_layout: str = "swi
     return MxTensor("nvfp4", (rows, k), data, scales, scale_layout, gs_out)
 
 
-def dequantize(t: MxTensor, dtype: str = "float32", out: Any = None) -> Any:
+def dequantize(t: MxTensor, dtype: str = "float32", *, out: Any = None) -> Any:
     """MxTensor -> [rows, K] in dtype ("float16" | "bfloat16" | "float32"; CuPy bf16 as uint16).
 
     MX: code * 2^(scale - 127), exact in fp32; NVFP4: RN(e2m1 * e4m3 / global_scale). NaN where

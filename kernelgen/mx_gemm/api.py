@@ -4,7 +4,8 @@ A [M, K] and B [N, K] are MxTensor operands (kernelgen/mx/tensor.py; any object 
 attributes works): packed codes `data` (uint8 [rows, K * bits / 8]), `scales` (uint8, swizzled
 [ceil(rows/128), ceil(S/4), 32, 4, 4] or row-major [rows, S]), `scale_layout`, `fmt`, `shape`
 and, for NVFP4, `global_scale` (fp32 device array of shape (1,)). CuPy or torch arrays; the
-result comes back as the same kind, launched on the caller's current stream.
+result comes back as the same kind, launched on the caller's current stream. Alignment: data
+and swizzled scales 16 bytes (16-byte cp.async), out 4 bytes (pairs of columns per store).
 """
 
 from __future__ import annotations
@@ -20,6 +21,16 @@ from .config import FORMATS, OUT_DTYPES, MxBsGemmConfig, MxFp8GemmConfig
 from .select import forced, select_mx_gemm
 
 _BITS = {"e4m3": 8, "e5m2": 8, "e2m1": 4}
+
+
+def check_aligned(view: Any, name: str, nbytes: int, why: str) -> None:
+    """ValueError unless the device address of `view` (a cupy view) is a multiple of nbytes.
+    Empty arrays pass: nothing is read or written through them."""
+    ptr = int(view.data.ptr)
+    if view.size and ptr % nbytes:
+        raise ValueError(f"{name}: data pointer must be {nbytes}-byte aligned ({why}); it is "
+                         f"{ptr % nbytes} bytes past a multiple of {nbytes}: pass a fresh array "
+                         f"or a slice of whole rows")
 
 
 def _operand(x: Any, name: str, ctx: Ctx | None) -> tuple[Ctx, str, int, int, Any, Any, Any]:
@@ -41,6 +52,8 @@ def _operand(x: Any, name: str, ctx: Ctx | None) -> tuple[Ctx, str, int, int, An
     if tuple(data.shape) != want:
         raise ValueError(f"{name}.data: shape {tuple(data.shape)}; a {fmt} tensor of shape "
                          f"{(rows, k)} packs into {want}")
+    check_aligned(data, f"{name}.data", 16, "the kernels copy operand rows in 16-byte cp.async "
+                  "chunks")
     s_cols = k // group
     sc, _ = device_array(x.scales, f"{name}.scales", ctx, ("uint8",))
     swz = (-(-rows // 128), -(-s_cols // 4), 32, 4, 4)
@@ -48,6 +61,8 @@ def _operand(x: Any, name: str, ctx: Ctx | None) -> tuple[Ctx, str, int, int, An
         if sc.size != int(np.prod(swz)):
             raise ValueError(f"{name}.scales: {sc.size} bytes; the swizzled layout of {rows} rows "
                              f"x {s_cols} scale columns is {swz}")
+        check_aligned(sc, f"{name}.scales", 16, "the kernels copy swizzled scales in 16-byte "
+                      "cp.async chunks")
     elif x.scale_layout == "row_major":
         if tuple(sc.shape) != (rows, s_cols):
             raise ValueError(f"{name}.scales: shape {tuple(sc.shape)}; row_major scales are "
@@ -57,8 +72,10 @@ def _operand(x: Any, name: str, ctx: Ctx | None) -> tuple[Ctx, str, int, int, An
         raise ValueError(f"{name}.scale_layout={x.scale_layout!r}; expected 'swizzled' or 'row_major'")
     gs = None
     if fmt == "nvfp4":
-        gs, _ = device_array(getattr(x, "global_scale", None), f"{name}.global_scale", ctx,
-                             ("float32",))
+        if getattr(x, "global_scale", None) is None:
+            raise ValueError(f"{name}: an nvfp4 operand needs global_scale (a one-element fp32 "
+                             f"device array; quantize_nvfp4 sets it); it is None")
+        gs, _ = device_array(x.global_scale, f"{name}.global_scale", ctx, ("float32",))
         if gs.size != 1:
             raise ValueError(f"{name}.global_scale: {gs.size} elements; expected shape (1,)")
     return ctx, fmt, rows, k, data, sc, gs
@@ -81,13 +98,22 @@ def _swizzle_on_device(sc: Any, rows: int, s_cols: int, ctx: Ctx) -> Any:
         return swizzle(cupy, sc, rows, s_cols)
 
 
+def _out_view(out: Any, ctx: Ctx, m: int, n: int, out_dtype: str) -> Any:
+    """The cupy view of a caller's `out`, checked: [M, N] of out_dtype, 4-byte aligned."""
+    d, _ = device_array(out, "out", ctx, (out_dtype,), hint=out_dtype, ndim=2)
+    if tuple(d.shape) != (m, n):
+        raise ValueError(f"out: shape {tuple(d.shape)}; expected {(m, n)}")
+    check_aligned(d, "out", 4, "the kernels store D two elements at a time")
+    return d
+
+
 def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = None,
             out_dtype: str = "bfloat16", config: MxFp8GemmConfig | MxBsGemmConfig | None = None) -> Any:
     """D [M, N] = alpha * A . B^T (+ bias) for block-scaled A [M, K] and B [N, K].
 
     Format pairs by arch (others raise ValueError naming what the arch runs): sm_90a / sm_100a
     MXFP8 x MXFP8 (E4M3 / E5M2); sm_120a also MXFP8 x MXFP4, MXFP4 x MXFP4, NVFP4 x NVFP4.
-    M >= 1, N a multiple of 8, K a multiple of 32. bias [N] and out [M, N] in out_dtype
+    M >= 0 (M = 0: an empty [0, N] D, nothing launched), N a multiple of 8, K a multiple of 32. bias [N] and out [M, N] in out_dtype
     ("bfloat16" or "float16"; CuPy bf16 is uint16). fp32 accumulation, D rounded to nearest.
     `config` forces a kernel config of the selector's path (tests, tuning); None: the selector's.
     """
@@ -98,21 +124,22 @@ def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = 
     if k != kb:
         raise ValueError(f"B: K={kb} does not match A's K={k} (A is [{m}, {k}], B is [{n}, {kb}])")
     info = device_info(ctx.device)
-    plan = select_mx_gemm(info.arch.name, a_fmt, b_fmt, m, n, k, out_dtype, info.sm_count)
+    # M = 0 is planned as M = 1 (the same format, N and K rules), then nothing is launched
+    plan = select_mx_gemm(info.arch.name, a_fmt, b_fmt, max(m, 1), n, k, out_dtype, info.sm_count)
     if config is not None:
         plan = forced(plan, config)
     if out is None:
         out, d = ctx.empty((m, n), out_dtype)
     else:
-        d, _ = device_array(out, "out", ctx, (out_dtype,), hint=out_dtype, ndim=2)
-        if tuple(d.shape) != (m, n):
-            raise ValueError(f"out: shape {tuple(d.shape)}; expected {(m, n)}")
+        d = _out_view(out, ctx, m, n, out_dtype)
     if bias is not None:
         bv, _ = device_array(bias, "bias", ctx, (out_dtype,), hint=out_dtype, ndim=1)
         if bv.shape[0] != n:
             raise ValueError(f"bias: {bv.shape[0]} elements; B has N={n} rows")
     else:
         bv = d
+    if m == 0:
+        return out
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn(plan.symbol)
     if plan.path == "fp8_mma":
         args = (a, b, sa, sb, bv, np.int32(bias is not None), d, np.int32(m), np.int32(n),

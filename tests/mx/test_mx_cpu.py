@@ -324,3 +324,62 @@ def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
             cover = np.zeros(rows * s, np.int64)
             np.add.at(cover, row[lead] * s + g[lead], 1)
         assert np.all(cover == 1), f"{plan.short()}: scale bytes written {set(cover.tolist())}"
+
+
+def test_dequantize_out_is_keyword_only():
+    with pytest.raises(TypeError, match="positional"):
+        dequantize(_tensor(), "float32", np.empty((3, 64), np.float32))
+
+
+# -- zero rows: an empty MxTensor, nothing planned or launched ------------------------------------
+class _HostCtx:
+    """Ctx stand-in: new arrays are host arrays (zero-row results only allocate)."""
+
+    kind, device, stream = "cupy", 0, None
+
+    def empty(self, shape, dtype):
+        a = np.empty(shape, dtype)
+        return a, a
+
+
+@pytest.fixture
+def zero_rows(monkeypatch):
+    """quantize_* without a GPU, on a fake zero-row cupy input; a plan / kernel fails the test;
+    returns the calls made to the global-scale writer."""
+    import kernelgen.mx.api as api
+
+    cupy = pytest.importorskip("cupy")
+    monkeypatch.setattr(api, "context_of", lambda x, name: _HostCtx())
+    monkeypatch.setattr(api, "device_array", lambda x, name, ctx, dtypes, hint=None: (x, "float16"))
+
+    def fail(*a, **k):
+        raise AssertionError("zero rows must not plan or launch")
+
+    for name in ("device_info", "get_kernel", "quantize_plan"):
+        monkeypatch.setattr(api, name, fail)
+    calls = []
+    monkeypatch.setattr(api, "_set_global_scale", lambda ctx, v, mode, view, val: calls.append(
+        (v.shape, mode, val)))
+    mem = cupy.cuda.UnownedMemory(1 << 30, 1, None, 0)
+    return lambda shape: cupy.ndarray(shape, np.float16, cupy.cuda.MemoryPointer(mem, 0)), calls
+
+
+@pytest.mark.parametrize("layout", ["swizzled", "row_major"])
+@pytest.mark.parametrize("shape", [(0, 64), (2, 0, 64)])
+def test_quantize_zero_rows(zero_rows, shape, layout):
+    make, calls = zero_rows
+    for fmt in MX_FORMATS:
+        t = quantize_mx(make(shape), fmt, scale_layout=layout)
+        assert (t.fmt, t.shape, t.global_scale) == (fmt, (0, 64), None)
+        assert t.data.shape == data_shape(fmt, 0, 64) == (0, 64 * t.bits // 8)
+        assert t.scales.shape == scale_shape(fmt, 0, 64, layout) and t.scales.size == 0
+    for gs, mode in ((None, "auto"), (448.0, "value")):
+        t = quantize_nvfp4(make(shape), gs, scale_layout=layout)
+        assert t.shape == (0, 64) and t.data.shape == (0, 32) and t.scales.size == 0
+        assert t.global_scale.shape == (1,) and calls[-1] == ((1,), mode, gs or 1.0)
+    with pytest.raises(ValueError, match="K=48 .*positive multiple of 32"):
+        quantize_mx(make((0, 48)), "mxfp4")
+    with pytest.raises(ValueError, match="K=0 .*positive multiple of 16"):
+        quantize_nvfp4(make((4, 0)))
+    with pytest.raises(AssertionError, match="must not plan"):  # control: one row plans
+        quantize_mx(make((1, 64)), "mxfp4")

@@ -11,7 +11,7 @@ import pytest
 
 from kernelgen.kbit.reference import f32_to_bf16
 from kernelgen.mx import reference as R
-from kernelgen.mx.tensor import FORMATS
+from kernelgen.mx.tensor import FORMATS, data_shape, scale_shape
 
 pytestmark = pytest.mark.gpu
 
@@ -270,3 +270,29 @@ def test_shape_and_dtype_errors():
     t = mx.quantize_mx(cupy.zeros((4, 64), cupy.float16), "mxfp4")
     with pytest.raises(ValueError, match="out: has"):
         mx.dequantize(t, "float16", out=cupy.empty((4, 63), cupy.float16))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_zero_rows_give_an_empty_tensor(layout):
+    """x with no rows: zero-row data and scales of the right widths; NVFP4 global_scale the
+    given value / device scalar, or 1.0 (auto). Works as an mx_gemm operand (empty D)."""
+    import cupy
+
+    import kernelgen.mx as mx
+
+    for shape in ((0, 64), (2, 0, 64)):
+        x = cupy.zeros(shape, cupy.float16)
+        for fmt in R.MX_FORMATS:
+            t = mx.quantize_mx(x, fmt, scale_layout=layout)
+            assert t.shape == (0, 64) and t.global_scale is None
+            assert t.data.shape == data_shape(fmt, 0, 64) and t.data.dtype == cupy.uint8
+            assert tuple(t.scales.shape) == scale_shape(fmt, 0, 64, layout)
+        for gs, want in ((None, 1.0), (448.0, 448.0), (cupy.full(1, 3.5, cupy.float32), 3.5)):
+            t = mx.quantize_nvfp4(x, gs, scale_layout=layout)
+            assert t.shape == (0, 64) and t.data.shape == (0, 32)
+            assert tuple(t.scales.shape) == scale_shape("nvfp4", 0, 64, layout)
+            assert float(t.global_scale[0]) == want, (gs, float(t.global_scale[0]))
+    torch = pytest.importorskip("torch")
+    t = mx.quantize_mx(torch.zeros((0, 64), dtype=torch.bfloat16, device="cuda"), "mxfp8_e4m3")
+    assert isinstance(t.data, torch.Tensor) and tuple(t.data.shape) == (0, 64)
+

@@ -136,3 +136,35 @@ def test_mismatched_k_rejected():
     b = GR.upload(_host("mxfp8_e4m3", 16, 256, 11), cupy)
     with pytest.raises(ValueError, match="K=256 does not match"):
         mx_gemm(a, b)
+
+
+def test_m0_gives_empty_d():
+    """M = 0 (A from quantize_mx of a zero-row x): an empty [0, N] D, out= returned as is."""
+    import cupy
+
+    import kernelgen.mx as mx
+    from kernelgen.mx_gemm import mx_gemm
+
+    a = mx.quantize_mx(cupy.zeros((0, 256), cupy.float16), "mxfp8_e4m3")
+    b = GR.upload(_host("mxfp8_e4m3", 64, 256, 12), cupy)
+    d = mx_gemm(a, b, out_dtype="float16")
+    assert d.shape == (0, 64) and d.dtype == cupy.float16
+    out = cupy.empty((0, 64), cupy.uint16)
+    assert mx_gemm(a, b, out=out) is out
+
+
+def test_alignment_rules():
+    import cupy
+
+    from kernelgen.mx_gemm import mx_gemm
+
+    m, n, k = 16, 64, 128
+    a = GR.upload(_host("mxfp8_e4m3", m, k, 13), cupy)
+    b = GR.upload(_host("mxfp8_e4m3", n, k, 14), cupy)
+    out = cupy.empty(m * n + 1, cupy.float16)[1:].reshape(m, n)  # 2 bytes past the allocation
+    with pytest.raises(ValueError, match="out: data pointer must be 4-byte aligned"):
+        mx_gemm(a, b, out=out, out_dtype="float16")
+    shifted = cupy.empty(a.data.size + 8, cupy.uint8)[8:].reshape(a.data.shape)
+    shifted[...] = a.data
+    with pytest.raises(ValueError, match="A.data: data pointer must be 16-byte aligned"):
+        mx_gemm(type(a)(a.fmt, a.shape, shifted, a.scales, a.scale_layout, None), b)
