@@ -33,3 +33,18 @@ def test_every_package_is_packaged():
         for p in (ROOT / top).rglob("__init__.py")
     }
     assert found <= listed, f"add to pyproject [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_no_top_level_name_hides_a_family_package():
+    """`kernelgen.<family>` stays the package (a same-named export would shadow it and break
+    `import kernelgen.<family>.select as S` and attribute access like kernelgen.fp4_gemm.prepare_weight)."""
+    import importlib
+    import pkgutil
+    import types
+
+    import kernelgen
+
+    for mod in pkgutil.iter_modules(kernelgen.__path__):
+        if mod.ispkg:
+            importlib.import_module(f"kernelgen.{mod.name}")
+            assert isinstance(getattr(kernelgen, mod.name), types.ModuleType), mod.name

@@ -183,6 +183,8 @@ def dequantize(t: MxTensor, dtype: str = "float32", *, out: Any = None) -> Any:
         out_v, _ = device_array(out, "out", ctx, (dtype,), hint=dtype)
         if out_v.size != rows * k:
             raise ValueError(f"out: has {out_v.size} elements, t has {rows} x {k}")
+    if rows == 0:  # an empty tensor (quantize of zero rows): nothing to launch
+        return out
     plan = dequantize_plan(device_info(ctx.device).arch.name, t.fmt, dtype, rows, k)
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("mx_dequantize")
     ctx.launch(fn, (plan.grid, 1, 1), (plan.block, 1, 1),

@@ -94,8 +94,8 @@ class MxTensor:
         """Raise ValueError if fields disagree with each other (shapes, layout, global scale)."""
         check_format(self.fmt)
         rows, k = self.shape
-        if rows < 1 or k < 1 or k % self.group:
-            raise ValueError(f"MxTensor {self.fmt}: shape {self.shape} needs rows >= 1 and K a "
+        if rows < 0 or k < 1 or k % self.group:
+            raise ValueError(f"MxTensor {self.fmt}: shape {self.shape} needs rows >= 0 and K a "
                              f"positive multiple of {self.group}")
         if tuple(self.data.shape) != data_shape(self.fmt, rows, k):
             raise ValueError(f"MxTensor {self.fmt}: data has shape {tuple(self.data.shape)}, "
