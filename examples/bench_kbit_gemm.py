@@ -49,8 +49,11 @@ def read_bandwidth(nbytes: int = 1 << 30) -> float:
     return nbytes / time_gpu(lambda i: k((grid,), (256,), (buf, n, out)), iters=10, repeats=5)
 
 
-def timed(call, n: int, graph: bool) -> tuple[float, str]:
-    """(median seconds per call of call(i) over a rotation of n inputs, "graph" | "stream")."""
+def timed(call, n: int, graph: bool, label: str = "") -> tuple[float, str]:
+    """(median seconds per call of call(i) over a rotation of n inputs, "graph" | "stream").
+
+    A failed capture, a graph that does not take the calls' time, or a call that changes the
+    current stream is printed (the row is then stream-timed) instead of passing silently."""
     import cupy
 
     from kernelgen.bench import time_gpu
@@ -63,20 +66,41 @@ def timed(call, n: int, graph: bool) -> tuple[float, str]:
     call(0)
     stream.synchronize()
     est = time.perf_counter() - t0
+    cur = cupy.cuda.get_current_stream()
+    if cur.ptr != stream.ptr:
+        print(f"  !! {label}: the call changed the current stream {stream.ptr:#x} -> {cur.ptr:#x} "
+              f"(launches leave the captured stream); restoring it", flush=True)
+        stream.use()
     if graph:
         try:
             for i in range(n):  # warm every rotation entry before capture
                 call(i)
             stream.synchronize()
             stream.begin_capture()
-            for i in range(n):
-                call(i)
-            g = stream.end_capture()
+            try:
+                for i in range(n):
+                    call(i)
+            finally:
+                g = stream.end_capture()
+            if cupy.cuda.get_current_stream().ptr != stream.ptr:
+                raise RuntimeError("a call inside the capture changed the current stream")
             reps = max(1, min(20, int(0.05 / max(est * n, 1e-6))))
-            return time_gpu(lambda i: g.launch(stream), iters=reps, repeats=5, warmup=1) / n, "graph"
-        except Exception:
-            if stream.is_capturing():
-                stream.end_capture()
+            t = time_gpu(lambda i: g.launch(stream), iters=reps, repeats=5, warmup=1) / n
+            # one call's device time cannot be below ~1 us: a faster graph captured no kernels
+            if t < 1e-6:
+                raise RuntimeError(f"graph replay {t * 1e6:.2f} us per call: the graph holds no "
+                                   f"kernels (the launches went to another stream)")
+            return t, "graph"
+        except Exception as e:
+            print(f"  !! {label}: CUDA-graph timing failed, falling back to stream timing: {e!r}",
+                  flush=True)
+            if cupy.cuda.get_current_stream().ptr != stream.ptr:
+                stream.use()
+            try:
+                if stream.is_capturing():
+                    stream.end_capture()
+            except Exception as e2:  # an invalidated capture: report, keep going
+                print(f"  !! {label}: ending the capture failed too: {e2!r}", flush=True)
     iters = max(3, min(200, int(0.05 / max(est, 1e-6))))
     return time_gpu(call, iters=iters, repeats=5, warmup=1), "stream"
 
@@ -114,7 +138,9 @@ def main() -> None:
     from kernelgen.kbit_gemm.tc_select import plan_gemm
 
     info = device_info()
-    stream = cupy.cuda.Stream(non_blocking=True)  # graphs cannot capture the legacy default stream
+    # graphs cannot capture the legacy default stream: a non-blocking one, made current for the
+    # whole run with use() (as applications do; timed() reports a call that changes it)
+    stream = cupy.cuda.Stream(non_blocking=True)
     stream.use()
     l2 = info.l2_bytes or 50 << 20
     read_bw = read_bandwidth()
@@ -158,7 +184,7 @@ def main() -> None:
                     path = kw.get("path", choice.path)
                     try:  # GPU time: every path replayed from a CUDA graph (cuBLAS is capturable)
                         t, mode = timed(lambda i, a=a, ws=ws, kw=kw: kg.gemm(a, ws[i % len(ws)], **kw), len(ws),
-                                  graph=True)
+                                        graph=True, label=f"{n}x{k} M={m} {bits}b {name}")
                     except Exception as e:  # keep going: one failing variant is a finding too
                         rows.append({**base, "bits": bits, "variant": name, "error": repr(e)[:300]})
                         print(f"  {bits}b {name}: ERROR {e!r}"[:300], flush=True)

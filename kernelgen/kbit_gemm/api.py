@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,21 +181,57 @@ _CUBLAS_COMPUTE_32F = 68
 _CUBLAS_GEMM_DEFAULT = -1
 
 
+@contextmanager
+def _current_stream(stream: Any) -> Iterator[None]:
+    """Make `stream` CuPy's current stream for the block, then restore the caller's current
+    stream itself. Not `with stream:`: CuPy's exit restores the top of its with-stack, which is
+    the legacy default stream when the caller made its stream current with `stream.use()` (the
+    caller's later launches, and CUDA-graph captures, then silently move to the legacy stream)."""
+    import cupy
+
+    prev = cupy.cuda.get_current_stream()
+    if prev.ptr == stream.ptr:
+        yield
+        return
+    stream.use()
+    try:
+        yield
+    finally:
+        prev.use()
+
+
+def _dequant_scratch(ctx: Ctx, n: int, k: int, dt: str) -> tuple[Any, Any]:
+    """(native, cupy view) of the [N, K] dequantized-W scratch. While a CuPy stream captures a
+    CUDA graph the scratch comes from core.interop.scratch (never freed: the graph keeps writing
+    to its address at every replay; a pool block freed after the call could be handed to another
+    array). Otherwise a fresh array, returned to the pool after the call (torch captures draw
+    from the graph's private pool, which the graph keeps)."""
+    if ctx.kind == "cupy" and ctx.stream.ptr not in (0, 1) and ctx.stream.is_capturing():
+        ws, _ = scratch(ctx, f"kbit_dequant_w:{dt}", -(-n * k // 2), 1)
+        w = ws[: -(-n * k // 2)].view(np.float16 if dt == "float16" else np.uint16)[: n * k]
+        w = w.reshape(n, k)
+        return w, w
+    return ctx.empty((n, k), dt)
+
+
 def _gemm_dequant(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, out: Any,
                   m: int, n: int, k: int, dt: str) -> Any:
     """Large M: W dequantized into an [N, K] scratch of A's dtype (2*N*K bytes for the call),
-    then cuBLAS (cublasGemmEx, fp32 compute) C = A . W^T (+ bias through beta = 1)."""
+    then cuBLAS (cublasGemmEx, fp32 compute) C = A . W^T (+ bias through beta = 1).
+    Every launch goes to ctx.stream; the caller's current stream is left as it was."""
     import cupy
     from cupy_backends.cuda.libs import cublas
 
-    w_native, wv = ctx.empty((n, k), dt)
+    w_native, wv = _dequant_scratch(ctx, n, k, dt)
     dequantize_kbit(W.q, dt, out=w_native)
     with cupy.cuda.Device(ctx.device):
         if has_bias:
-            with ctx.stream:
+            with _current_stream(ctx.stream):
                 c.reshape(m, n)[...] = b[None, :]
         handle = cupy.cuda.device.get_cublas_handle()
         cublas.setStream(handle, ctx.stream.ptr)
+        # alpha / beta are host scalars read at the call (baked into a captured graph)
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         one = np.ones(1, np.float32)
         beta = np.array([1.0 if has_bias else 0.0], np.float32)
         # column-major view: C^T [N, M] = W [N, K] . A^T ([K, M] column-major = A row-major)
