@@ -8,8 +8,10 @@ argument and the rule. This is the per-call hot path: keep it to attribute reads
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -40,6 +42,25 @@ def _cupy() -> Any:
 
         _cp = cupy
     return _cp
+
+
+@contextlib.contextmanager
+def on_stream(device: int, stream: Any) -> Iterator[None]:
+    """Run the block's CuPy work on `device` and `stream`, then give the caller back exactly the
+    current stream it had. Not `with stream:`: CuPy's exit restores the top of its with-stack,
+    which is the legacy stream when the caller made its stream current with `stream.use()` —
+    its later launches (and CUDA-graph captures) would then silently move to the legacy stream."""
+    cp = _cupy()
+    with cp.cuda.Device(device):
+        prev = cp.cuda.get_current_stream()
+        if prev.ptr == stream.ptr:
+            yield
+            return
+        stream.use()
+        try:
+            yield
+        finally:
+            prev.use()
 
 
 def _is_torch(x: Any) -> bool:
@@ -78,7 +99,7 @@ class Ctx:
                 with cupy.cuda.Device(self.device):
                     native = view = cupy.empty(shape, dtype=STORAGE[dtype])
         if knobs.poison():  # unwritten elements then show as NaN / 0xFF in tests
-            with cupy.cuda.Device(self.device), self.stream:
+            with on_stream(self.device, self.stream):
                 view.view(np.uint8).fill(0xFF)
         return native, view
 
@@ -202,7 +223,7 @@ def scratch(ctx: Ctx, tag: str, ws_elems: int, n_counters: int) -> tuple[Any, An
     cur = _scratch.get(key)
     if cur is not None and cur[0].size >= ws_elems and cur[1].size >= n_counters:
         return cur
-    with cp.cuda.Device(ctx.device), ctx.stream:
+    with on_stream(ctx.device, ctx.stream):
         ws_size = max(ws_elems, cur[0].size if cur is not None else 0, 1)
         cnt_size = max(n_counters, cur[1].size if cur is not None else 0, 1)
         new = (cp.empty(ws_size, cp.float32), cp.zeros(cnt_size, cp.uint32))

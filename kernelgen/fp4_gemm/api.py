@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import context_of, device_array, scratch
+from ..core.interop import context_of, device_array, on_stream, scratch
 from ..core.jit import get_kernel
 from .config import DTYPES, FMTS, GROUP, SCALE_BYTES
 from .layout import tile_data, tile_scales
@@ -126,7 +126,7 @@ def prepare_weight(t: Any) -> Fp4Weight:
         if t.global_scale is None:
             raise ValueError("W.global_scale: an nvfp4 weight needs its fp32 global scale")
         gs, _ = device_array(t.global_scale, "W.global_scale", ctx, ("float32",))
-    with cupy.cuda.Device(ctx.device), ctx.stream:
+    with on_stream(ctx.device, ctx.stream):
         data, sc, post = prepare_arrays(cupy, fmt, n, k, data, sc, t.scale_layout, gs)
     return Fp4Weight(fmt, n, k, data, sc, post, ctx.device)
 

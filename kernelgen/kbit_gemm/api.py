@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import Ctx, context_of, device_array, scratch
+from ..core.interop import Ctx, context_of, device_array, on_stream, scratch
 from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
 from .config import DTYPES, TILE_ROWS
@@ -181,25 +179,6 @@ _CUBLAS_COMPUTE_32F = 68
 _CUBLAS_GEMM_DEFAULT = -1
 
 
-@contextmanager
-def _current_stream(stream: Any) -> Iterator[None]:
-    """Make `stream` CuPy's current stream for the block, then restore the caller's current
-    stream itself. Not `with stream:`: CuPy's exit restores the top of its with-stack, which is
-    the legacy default stream when the caller made its stream current with `stream.use()` (the
-    caller's later launches, and CUDA-graph captures, then silently move to the legacy stream)."""
-    import cupy
-
-    prev = cupy.cuda.get_current_stream()
-    if prev.ptr == stream.ptr:
-        yield
-        return
-    stream.use()
-    try:
-        yield
-    finally:
-        prev.use()
-
-
 def _dequant_scratch(ctx: Ctx, n: int, k: int, dt: str) -> tuple[Any, Any]:
     """(native, cupy view) of the [N, K] dequantized-W scratch. While a CuPy stream captures a
     CUDA graph the scratch comes from core.interop.scratch (never freed: the graph keeps writing
@@ -226,7 +205,7 @@ def _gemm_dequant(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: An
     dequantize_kbit(W.q, dt, out=w_native)
     with cupy.cuda.Device(ctx.device):
         if has_bias:
-            with _current_stream(ctx.stream):
+            with on_stream(ctx.device, ctx.stream):
                 c.reshape(m, n)[...] = b[None, :]
         handle = cupy.cuda.device.get_cublas_handle()
         cublas.setStream(handle, ctx.stream.ptr)

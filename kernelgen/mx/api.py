@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import Ctx, context_of, device_array
+from ..core.interop import Ctx, context_of, device_array, on_stream
 from ..core.jit import get_kernel
 from .config import FLOAT_DTYPES
 from .select import dequantize_plan, quantize_plan
@@ -59,9 +59,8 @@ def _outputs(ctx: Ctx, fmt: str, rows: int, k: int, scale_layout: str):
 def _set_global_scale(ctx: Ctx, gs_out_v: Any, mode: str, gs_view: Any, gs_val: float) -> None:
     """gs of a zero-row NVFP4 result, without a kernel of ours: the given value or device
     scalar, or 1.0 (auto: no finite non-zero entry, as `reference.nvfp4_global_scale`)."""
-    import cupy
 
-    with cupy.cuda.Device(ctx.device), ctx.stream:
+    with on_stream(ctx.device, ctx.stream):
         if mode == "device":
             gs_out_v[...] = gs_view.reshape(1)
         else:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import Ctx, context_of, device_array
+from ..core.interop import Ctx, context_of, device_array, on_stream
 from ..core.jit import get_kernel
 from .config import FORMATS, OUT_DTYPES, MxBsGemmConfig, MxFp8GemmConfig
 from .select import forced, select_mx_gemm
@@ -94,7 +94,7 @@ def _swizzle_on_device(sc: Any, rows: int, s_cols: int, ctx: Ctx) -> Any:
     """A copy per call; quantize with the swizzled layout to skip it."""
     import cupy
 
-    with cupy.cuda.Device(ctx.device), ctx.stream:
+    with on_stream(ctx.device, ctx.stream):
         return swizzle(cupy, sc, rows, s_cols)
 
 
