@@ -31,6 +31,46 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(v);
 }
 
+// Pairs of T = half | __nv_bfloat16 in one 32-bit register (element 0 in the low half).
+// (lo, hi) rounded to nearest even.
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// (s, s) rounded to nearest even (one conversion, then a move: not pack2(s, s)'s code).
+template <typename T> __device__ __forceinline__ uint32_t splat2(float s);
+template <> __device__ __forceinline__ uint32_t splat2<half>(float s) {
+  const __half2 h = __float2half2_rn(s);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t splat2<__nv_bfloat16>(float s) {
+  const __nv_bfloat162 h = __float2bfloat162_rn(s);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// a * s for two T at once, one rounding to nearest: fma with -0 (exact products stay exact,
+// -0 * x stays -0; bf16x2 fma exists on sm_80 where bf16x2 mul does not).
+template <typename T> __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t s);
+template <> __device__ __forceinline__ uint32_t hmul2<half>(uint32_t a, uint32_t s) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
+  return r;
+}
+template <> __device__ __forceinline__ uint32_t hmul2<__nv_bfloat16>(uint32_t a, uint32_t s) {
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
+  return r;
+}
+
+// (a & m) | (b & ~m): one LOP3.
+__device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) {
+  return (a & m) | (b & ~m);
+}
+
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 
 // Warp-wide max by butterfly: every lane ends with the result (no broadcast needed).

@@ -39,4 +39,18 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+// ldmatrix .x4 / .x2 with a "memory" clobber, registers by reference (any four / two
+// fragments): ordered against shared stores and barriers as a memory access, where
+// ldmatrix_x4 above is ordered only by its volatile. The clobber can change the schedule, so
+// the two are separate names.
+__device__ __forceinline__ void ldmatrix_x4_ordered(uint32_t addr, uint32_t& r0, uint32_t& r1,
+                                                    uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x2_ordered(uint32_t addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(addr) : "memory");
+}
+
 }  // namespace kg

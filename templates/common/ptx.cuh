@@ -57,9 +57,26 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
+// A bool byte count would be a 1-byte copy: cp_async16(dst, src, ok) does not compile (the
+// deleted overload below wins for bool); write ok ? 16 : 0, or cp_async16_zfill.
+template <typename B> struct OnlyBool {};
+template <> struct OnlyBool<bool> { using type = void; };
+template <typename B, typename = typename OnlyBool<B>::type>
+void cp_async16(uint32_t dst, const void* src, B valid) = delete;
+// The same with a validity flag instead of a byte count: valid == false reads nothing and
+// lands 16 zeros (a masked-out row).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src),
+               "r"(valid ? 16 : 0) : "memory");
+}
 // 4-byte cp.async (.ca: the smallest size cp.async has).
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src) : "memory");
+}
+// 4-byte cp.async, 4 zeros when !valid (nothing is read).
+__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src),
+               "r"(valid ? 4 : 0) : "memory");
 }
 // Pipeline bookkeeping: close the current group; wait until at most N groups are pending.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }

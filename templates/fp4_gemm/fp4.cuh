@@ -91,28 +91,6 @@ __device__ __forceinline__ float e8m0_rel_to_float(uint32_t b) {
   return b == 0xFFu ? __int_as_float(0x7fffffff) : __uint_as_float(b << 23);
 }
 
-template <typename T> __device__ __forceinline__ uint32_t splat2(float s);
-template <> __device__ __forceinline__ uint32_t splat2<half>(float s) {
-  const __half2 h = __float2half2_rn(s);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t splat2<__nv_bfloat16>(float s) {
-  const __nv_bfloat162 h = __float2bfloat162_rn(s);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-// a * s for two T (fma with -0: exact products stay exact; bf16x2 fma exists on sm_80).
-template <typename T> __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t s);
-template <> __device__ __forceinline__ uint32_t hmul2<half>(uint32_t a, uint32_t s) {
-  uint32_t r;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
-  return r;
-}
-template <> __device__ __forceinline__ uint32_t hmul2<__nv_bfloat16>(uint32_t a, uint32_t s) {
-  uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
-  return r;
-}
-
 // The scales of one lane's chunk of one row: `raw` = the 2 (NVFP4) or 1 (MXFP4) scale bytes
 // in its low bits; sc[0] for words 0-1, sc[1] for words 2-3, as T pairs.
 // NVFP4 scales are produced as e4m3 * 2^-8 (the fp16 bit pattern of the e4m3 byte: no
@@ -210,25 +188,10 @@ __device__ __forceinline__ uint32_t ld_nc_u16(const void* p) {
   asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(r) : "l"(p));
   return r;
 }
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 r;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
-  return r;
-}
 __device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
   unsigned short r;
   asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(addr));
   return r;
-}
-// cp.async of 16 bytes, zero-filled when !valid (src-size 0: nothing is read).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid = true) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-               :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
 // A tile in shared memory: token rows of 256-byte segments (128 k); 16-byte chunk c of a

@@ -70,8 +70,8 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
       const int r = i >> 4, c = i & 15;
       const int m = m0 + r;
       const bool ok = m < M;
-      cp_async16(sa + 256u * (uint32_t)r + 16u * swz((uint32_t)c, (uint32_t)r),
-                 A + (size_t)(ok ? m : 0) * K + (size_t)kq * STEP_K + 8 * c, ok);
+      cp_async16_zfill(sa + 256u * (uint32_t)r + 16u * swz((uint32_t)c, (uint32_t)r),
+                       A + (size_t)(ok ? m : 0) * K + (size_t)kq * STEP_K + 8 * c, ok);
     }
   };
 

@@ -59,16 +59,6 @@ template <int BITS> struct Lut {
   static constexpr int BYTES = ENTRIES * STRIDE;  // 4K, 16K, 32K, 64K
 };
 
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<half>(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
 // The CTA writes the table with 16-byte stores (4 copies of one entry each), consecutive lanes
 // on consecutive 16 bytes; the codebook sits in registers (lane l holds cb[l mod 2^BITS]) and
 // the trip count is a constant, so the loop unrolls and no shuffle waits on another.
@@ -94,35 +84,6 @@ __device__ __forceinline__ void fill_lut(unsigned char* lut, const float* __rest
   }
 }
 
-// -- small PTX helpers --------------------------------------------------------------------------
-
-// A block's E4M4 scale as a pair of T (exact: E4M4 values fit fp16 and bf16).
-template <typename T> __device__ __forceinline__ uint32_t scale2(float s);
-template <> __device__ __forceinline__ uint32_t scale2<half>(float s) {
-  const __half2 h = __float2half2_rn(s);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t scale2<__nv_bfloat16>(float s) {
-  const __nv_bfloat162 h = __float2bfloat162_rn(s);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-// a * s for two T at once, rounded to nearest (fma with -0: exact products stay exact, and
-// bf16x2 fma exists on sm_80 where bf16x2 mul does not).
-template <typename T> __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t s);
-template <> __device__ __forceinline__ uint32_t hmul2<half>(uint32_t a, uint32_t s) {
-  uint32_t r;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
-  return r;
-}
-template <> __device__ __forceinline__ uint32_t hmul2<__nv_bfloat16>(uint32_t a, uint32_t s) {
-  uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
-  return r;
-}
-// (a & m) | (b & ~m): one LOP3.
-__device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) {
-  return (a & m) | (b & ~m);
-}
 // -- pair codes of one block ----------------------------------------------------------------------
 // From the BITS plane words of a block: byte r of
 //   le = code of elements (8r, 8r+1)     lo = (8r+4, 8r+5)
@@ -423,8 +384,9 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
         for (int b = 0; b < BITS; ++b)
           if ((4 * b + 3) / BITS == j) load_slot(nxt, grp_next, b);  // slot b's last block is j
       }
-      const uint32_t s0 = scale2<T>(e4m4_decode((sa >> (8 * j)) & 0xFFu));
-      const uint32_t s1 = scale2<T>(e4m4_decode((sb >> (8 * j)) & 0xFFu));
+      // the block's E4M4 scale as a T pair (exact: E4M4 values fit fp16 and bf16)
+      const uint32_t s0 = splat2<T>(e4m4_decode((sa >> (8 * j)) & 0xFFu));
+      const uint32_t s1 = splat2<T>(e4m4_decode((sb >> (8 * j)) & 0xFFu));
       // one accumulator set per block j: 4 independent mma chains instead of one
       mma_step<T, BITS, NT, 0>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
       mma_step<T, BITS, NT, 1>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);

@@ -61,29 +61,6 @@ template <int BITS, int TILE_M, int TILE_N, int STAGES> struct Smem {
   static constexpr int BYTES = TABLES + STAGES * STAGE;
 };
 
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<half>(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-// x * s for two T at once, one rounding (fma with -0 keeps exact products exact; bf16x2 fma
-// exists on sm_80 where bf16x2 mul does not).
-template <typename T> __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t s);
-template <> __device__ __forceinline__ uint32_t hmul2<half>(uint32_t a, uint32_t s) {
-  uint32_t r;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
-  return r;
-}
-template <> __device__ __forceinline__ uint32_t hmul2<__nv_bfloat16>(uint32_t a, uint32_t s) {
-  uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
-  return r;
-}
-
 // Pair table: entry c (bit 2b+i = plane b of element i) = (cb[i0], cb[i1]) in T, COPIES copies;
 // then the scale table.
 template <typename T, int BITS>

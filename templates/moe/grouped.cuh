@@ -36,7 +36,7 @@
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/mma.cuh"
-#include "moe/async.cuh"
+#include "common/ptx.cuh"
 
 namespace kg::moe {
 
@@ -49,16 +49,6 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
-
-template <typename T> __device__ __forceinline__ uint32_t pack_t2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack_t2<half>(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pack_t2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
 
 // This CTA's work item: (expert, first row, rows, N tile), or e = -1 past the last item.
 // Items are ordered expert-major, then N tile, then M tile fastest: CTAs that run together
@@ -242,8 +232,8 @@ struct Grouped {
       const int r = tid / 8 + i * (THREADS / 8);
       if (ROWS * 8 % THREADS == 0 || r < ROWS) {
         const bool ok = L.ok[i] && k_ok;
-        cp_async16(dst + swz(r, tid & 7), ok ? (const void*)(L.ptr[i] + k0) : (const void*)L.ptr[i],
-                   ok);
+        cp_async16_zfill(dst + swz(r, tid & 7),
+                         ok ? (const void*)(L.ptr[i] + k0) : (const void*)L.ptr[i], ok);
       }
     }
   }
@@ -307,16 +297,18 @@ struct Grouped {
         uint32_t a[MI][4], b[NI][2];
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
-          ldmatrix_x4(sp + swz(a_row + mi * 16, 2 * kk + a_chk), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+          ldmatrix_x4_ordered(sp + swz(a_row + mi * 16, 2 * kk + a_chk), a[mi][0], a[mi][1], a[mi][2],
+                              a[mi][3]);
         if constexpr (NI % 2 == 0) {
 #pragma unroll
           for (int ni = 0; ni < NI; ni += 2)
-            ldmatrix_x4(sq + swz(b_row + ni * 8, 2 * kk + b_chk), b[ni][0], b[ni][1], b[ni + 1][0],
-                        b[ni + 1][1]);
+            ldmatrix_x4_ordered(sq + swz(b_row + ni * 8, 2 * kk + b_chk), b[ni][0], b[ni][1],
+                                b[ni + 1][0], b[ni + 1][1]);
         } else {
 #pragma unroll
           for (int ni = 0; ni < NI; ++ni)
-            ldmatrix_x2(sq + swz(wq * WQ + ni * 8 + (lane & 7), 2 * kk + b_chk), b[ni][0], b[ni][1]);
+            ldmatrix_x2_ordered(sq + swz(wq * WQ + ni * 8 + (lane & 7), 2 * kk + b_chk), b[ni][0],
+                                b[ni][1]);
         }
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
@@ -356,7 +348,7 @@ struct Grouped {
             for (int ni = 0; ni < NI; ni += 2) {  // n8 tiles 2j (gate) and 2j+1 (up)
               const int col = (n0 + wq * WQ + ni * 8) / 2 + 2 * t;
               if (col < N / 2) {
-                const uint32_t p = pack_t2<T>(silu(acc[mi][ni][2 * h]) * acc[mi][ni + 1][2 * h],
+                const uint32_t p = pack2<T>(silu(acc[mi][ni][2 * h]) * acc[mi][ni + 1][2 * h],
                                               silu(acc[mi][ni][2 * h + 1]) * acc[mi][ni + 1][2 * h + 1]);
                 *reinterpret_cast<uint32_t*>(yrow + col) = p;
               }
@@ -367,7 +359,7 @@ struct Grouped {
               const int n = n0 + wq * WQ + ni * 8 + 2 * t;
               if (n < N)
                 *reinterpret_cast<uint32_t*>(yrow + n) =
-                    pack_t2<T>(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                    pack2<T>(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             }
           }
         }

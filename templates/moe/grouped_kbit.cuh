@@ -31,47 +31,11 @@ constexpr int KBIT_LUT_BYTES = 256 * 32 * 4;  // pair table: 256 codes x 32 lane
 // warp {4t + q'} x {q even, q odd} are all different mod 8.
 __device__ __forceinline__ int x_chunk(int c, int q) { return c ^ (((c >> 3) & 1) | ((q & 1) << 1)); }
 
-template <typename T> __device__ __forceinline__ uint32_t scale_pair(float s) {
-  return pack_t2<T>(s, s);
-}
-// a * s for two T at once, rounded to nearest (fma with -0: bf16x2 fma exists on sm_80).
-template <typename T> __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t s);
-template <> __device__ __forceinline__ uint32_t mul2<half>(uint32_t a, uint32_t s) {
-  uint32_t r;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
-  return r;
-}
-template <> __device__ __forceinline__ uint32_t mul2<__nv_bfloat16>(uint32_t a, uint32_t s) {
-  uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(s), "r"(0x80008000u));
-  return r;
-}
-__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
-  uint32_t r;
-  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(addr));
-  return r;
-}
-__device__ __forceinline__ uint4 lds_v4(uint32_t addr) {
-  uint4 r;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
-  return r;
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-
 // Pair codes of one block (BITS plane words, element j in bit j): byte r of
 //   le = elements (8r, 8r+1)   he = (8r+2, 8r+3)   lo = (8r+4, 8r+5)   ho = (8r+6, 8r+7)
 // with bit 2b + i = plane b of the pair's element i (planes >= BITS are 0). A handful of bit
 // selects for 32 elements (the construction of templates/kbit_gemm/gemv.cuh).
 struct Codes { uint32_t le, lo, he, ho; };
-
-__device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) {
-  return (a & m) | (b & ~m);  // one LOP3
-}
 
 template <int BITS>
 __device__ __forceinline__ Codes make_codes(const uint32_t (&w)[4]) {
@@ -92,7 +56,7 @@ __device__ __forceinline__ Codes make_codes(const uint32_t (&w)[4]) {
 // The scaled T pair of the code in byte r of `codes`: this lane's copy of the table entry.
 template <typename T>
 __device__ __forceinline__ uint32_t pair(uint32_t lane_lut, uint32_t codes, int r, uint32_t scale) {
-  return mul2<T>(lds_u32(lane_lut + (__byte_perm(codes, 0u, 0x4440u | (uint32_t)r) << 7)), scale);
+  return hmul2<T>(lds32(lane_lut + (__byte_perm(codes, 0u, 0x4440u | (uint32_t)r) << 7)), scale);
 }
 
 template <typename T, int BITS, int WARPS_P, int WARPS_K, int TQ, int STAGES, bool SWIGLU>
@@ -123,7 +87,7 @@ struct GroupedKbit {
         i0 |= ((c >> (2 * b)) & 1) << b;
         i1 |= ((c >> (2 * b + 1)) & 1) << b;
       }
-      const uint32_t v = pack_t2<T>(__ldg(cb + (i0 & MASK)), __ldg(cb + (i1 & MASK)));
+      const uint32_t v = pack2<T>(__ldg(cb + (i0 & MASK)), __ldg(cb + (i1 & MASK)));
       *reinterpret_cast<uint4*>(lut + c * 128 + (i & 7) * 16) = make_uint4(v, v, v, v);
     }
   }
@@ -204,19 +168,19 @@ struct GroupedKbit {
       for (int j = 0; j < P_SLOTS; ++j)
         if (tid + j * THREADS < P_ITEMS) {
           const bool ok = p_ok[j] && kb0 + p_kb[j] < KB;
-          cp_async16(st + p_dst[j], ok ? p_src[j] + (size_t)kb0 * BITS : p_src[j], ok);
+          cp_async16_zfill(st + p_dst[j], ok ? p_src[j] + (size_t)kb0 * BITS : p_src[j], ok);
         }
 #pragma unroll
       for (int j = 0; j < S_SLOTS; ++j)
         if (tid + j * THREADS < S_ITEMS) {
           const bool ok = s_ok[j] && kb0 + s_kb[j] < KB;
-          cp_async4(st + s_dst[j], ok ? s_src[j] + kb0 : s_src[j], ok);
+          cp_async4_zfill(st + s_dst[j], ok ? s_src[j] + kb0 : s_src[j], ok);
         }
 #pragma unroll
       for (int j = 0; j < X_SLOTS; ++j)
         if (tid + j * THREADS < X_ITEMS) {
           const bool ok = x_ok[j] && kb0 + x_kb[j] < KB;
-          cp_async16(st + x_dst[j], ok ? x_src[j] + (size_t)kb0 * 32 : x_src[j], ok);
+          cp_async16_zfill(st + x_dst[j], ok ? x_src[j] + (size_t)kb0 * 32 : x_src[j], ok);
         }
     };
 
@@ -248,17 +212,19 @@ struct GroupedKbit {
         const uint32_t a0 = sub + (uint32_t)((r0 * 4 + t) * 4 * BITS);
         const uint32_t a1 = a0 + (uint32_t)(8 * 16 * BITS);
         if constexpr (BITS == 4) {
-          const uint4 u = lds_v4(a0), v = lds_v4(a1);
+          const uint4 u = lds128(a0), v = lds128(a1);
           w0[0] = u.x; w0[1] = u.y; w0[2] = u.z; w0[3] = u.w;
           w1[0] = v.x; w1[1] = v.y; w1[2] = v.z; w1[3] = v.w;
         } else {
 #pragma unroll
-          for (int b = 0; b < BITS; ++b) { w0[b] = lds_u32(a0 + 4 * b); w1[b] = lds_u32(a1 + 4 * b); }
+          for (int b = 0; b < BITS; ++b) { w0[b] = lds32(a0 + 4 * b); w1[b] = lds32(a1 + 4 * b); }
         }
       }
       const unsigned char* sc = smem + (sub - lut) + PLANE_BYTES;
-      const uint32_t s0 = scale_pair<T>(e4m4_decode(sc[r0 * 4 + t]));
-      const uint32_t s1 = scale_pair<T>(e4m4_decode(sc[(r0 + 8) * 4 + t]));
+      const float f0 = e4m4_decode(sc[r0 * 4 + t]);
+      const uint32_t s0 = pack2<T>(f0, f0);  // (f0, f0): not splat2, whose code differs
+      const float f1 = e4m4_decode(sc[(r0 + 8) * 4 + t]);
+      const uint32_t s1 = pack2<T>(f1, f1);
       const uint32_t xs = sub + PLANE_BYTES + SCALE_BYTES;
       const Codes ca = make_codes<BITS>(w0), cb = make_codes<BITS>(w1);
 #pragma unroll
@@ -272,7 +238,7 @@ struct GroupedKbit {
         for (int ni = 0; ni < NI; ++ni) {
           const int tok = ni * 8 + g;
           const int c = 4 * t + r;  // X chunk: k 32t + 8r .. + 7, in the weights' pair order
-          const uint4 xv = lds_v4(xs + (uint32_t)(tok * 256 + x_chunk(c, tok) * 16));
+          const uint4 xv = lds128(xs + (uint32_t)(tok * 256 + x_chunk(c, tok) * 16));
           Mma<T>::run(acc[ni], a_le, b_le, a_he, b_he, xv.x, xv.y);
           Mma<T>::run(acc[ni], a_lo, b_lo, a_ho, b_ho, xv.z, xv.w);
         }

@@ -483,11 +483,6 @@ template <> __device__ __forceinline__ float2 unpack2<half>(uint32_t u) {
 template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
   return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
-template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b) {
-  const T lo = from_float<T>(a), hi = from_float<T>(b);
-  return (uint32_t)(*reinterpret_cast<const uint16_t*>(&lo)) |
-         ((uint32_t)(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
-}
 
 // Two launch shapes, chosen by the host (kernelgen/moe_routing/api.py, measured on an H100):
 // combine_token: a CTA per token (grid-stride over tokens), threads loop over the 16-byte
@@ -506,10 +501,17 @@ __device__ __forceinline__ void accumulate(float (&acc)[8], float wj, const uint
   }
 }
 
+// (a, b) as two scalar conversions: the same values as kg::pack2's paired conversion, but
+// other code on sm_100a / sm_120a (kept so this kernel's SASS did not change).
+template <typename T> __device__ __forceinline__ uint32_t pack2_scalar(float a, float b) {
+  const T lo = from_float<T>(a), hi = from_float<T>(b);
+  return (uint32_t)(*reinterpret_cast<const uint16_t*>(&lo)) |
+         ((uint32_t)(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
+}
 template <typename T>
 __device__ __forceinline__ uint4 pack8(const float (&acc)[8]) {
-  return make_uint4(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]), pack2<T>(acc[4], acc[5]),
-                    pack2<T>(acc[6], acc[7]));
+  return make_uint4(pack2_scalar<T>(acc[0], acc[1]), pack2_scalar<T>(acc[2], acc[3]),
+                    pack2_scalar<T>(acc[4], acc[5]), pack2_scalar<T>(acc[6], acc[7]));
 }
 
 template <typename T, typename W, int THREADS>
