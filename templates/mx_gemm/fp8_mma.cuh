@@ -75,7 +75,7 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
 // kernel template (templates/mx_gemm/fp8_mma.cu.jinja).
 template <int N> struct WgmmaF16;
 
-__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+__device__ __forceinline__ uint32_t hmul2_rn(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
@@ -89,8 +89,8 @@ __device__ __forceinline__ void convert_chunk(uint32_t src, uint32_t dst0, uint3
   uint32_t h[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    h[2 * i] = hmul2(fp8x2_to_f16x2<E>((uint16_t)(w[i] & 0xFFFFu)), s2);
-    h[2 * i + 1] = hmul2(fp8x2_to_f16x2<E>((uint16_t)(w[i] >> 16)), s2);
+    h[2 * i] = hmul2_rn(fp8x2_to_f16x2<E>((uint16_t)(w[i] & 0xFFFFu)), s2);
+    h[2 * i + 1] = hmul2_rn(fp8x2_to_f16x2<E>((uint16_t)(w[i] >> 16)), s2);
   }
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst0), "r"(h[0]), "r"(h[1]),
                "r"(h[2]), "r"(h[3]) : "memory");
