@@ -32,3 +32,23 @@ def selector(fn: F) -> F:
 
     wrapped.cache_clear = memo.clear  # type: ignore[attr-defined]
     return wrapped  # type: ignore[return-value]
+
+
+def weight_shapes(spec: dict, family: str,
+                  check_shape: Callable[..., None]) -> list[tuple[int | None, int, int]]:
+    """A prewarm spec's "shapes" of GEMM weights: [N, K] (every M) or [M, N, K] (that M) ->
+    (M or None, N, K), each checked by the family's `check_shape(n, k, name=...)` (a ValueError
+    becomes UnsupportedConfigError, what prewarm reports as a bad spec)."""
+    from ..errors import UnsupportedConfigError
+
+    out = []
+    for s in spec.get("shapes") or ():
+        if not isinstance(s, (list, tuple)) or len(s) not in (2, 3):
+            raise UnsupportedConfigError(f"{family} spec shapes: {s!r}; expected [N, K] or [M, N, K]")
+        m, n, k = (None, *s) if len(s) == 2 else s
+        try:
+            check_shape(int(n), int(k), name=f"spec shape {list(s)}")
+        except ValueError as e:
+            raise UnsupportedConfigError(str(e)) from None
+        out.append((None if m is None else int(m), int(n), int(k)))
+    return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arch import SM_COUNTS, get_arch
-from ..core.select import selector
+from ..core.select import selector, weight_shapes
 from ..errors import UnsupportedConfigError
 from .config import (
     DEPTHS,
@@ -163,17 +163,7 @@ def select_fp4(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count
 
 
 def _shapes(spec: dict[str, Any]) -> list[tuple[int | None, int, int]]:
-    out = []
-    for s in spec.get("shapes") or ():
-        if not isinstance(s, (list, tuple)) or len(s) not in (2, 3):
-            raise UnsupportedConfigError(f"fp4_gemm spec shapes: {s!r}; expected [N, K] or [M, N, K]")
-        m, n, k = (None, *s) if len(s) == 2 else s
-        try:
-            check_shape(int(n), int(k), name=f"spec shape {list(s)}")
-        except ValueError as e:
-            raise UnsupportedConfigError(str(e)) from None
-        out.append((m, int(n), int(k)))
-    return out
+    return weight_shapes(spec, "fp4_gemm", check_shape)
 
 
 # M values that reach every bucket of the tables: each M of the bandwidth path (the depth

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arch import SM_COUNTS, SMEM_PER_SM, get_arch
-from ..core.select import selector
-from ..errors import UnsupportedConfigError
+from ..core.select import selector, weight_shapes
 from .config import BITS, DTYPES, GROUP_K, LAUNCH, M_TILES, TILE_ROWS, KbitGemvConfig, lut_bytes
 
 # (largest M, m_tile): tokens a CTA pass covers. M above the last row runs ceil(M/16) passes
@@ -125,17 +124,7 @@ def select_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_cou
 
 
 def _shapes(spec: dict[str, Any]) -> list[tuple[int | None, int, int]]:
-    out = []
-    for s in spec.get("shapes") or ():
-        if not isinstance(s, (list, tuple)) or len(s) not in (2, 3):
-            raise UnsupportedConfigError(f"kbit_gemm spec shapes: {s!r}; expected [N, K] or [M, N, K]")
-        m, n, k = (None, *s) if len(s) == 2 else s
-        try:
-            check_shape(int(n), int(k), name=f"spec shape {list(s)}")
-        except ValueError as e:
-            raise UnsupportedConfigError(str(e)) from None
-        out.append((m, int(n), int(k)))
-    return out
+    return weight_shapes(spec, "kbit_gemm", check_shape)
 
 
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KbitGemvConfig]:

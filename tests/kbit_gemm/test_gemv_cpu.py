@@ -196,3 +196,15 @@ def test_reference_close_to_unquantized(bits):
 def test_rel_error_sees_nan():
     assert np.isnan(GR.rel_error(np.array([np.nan, 1.0]), np.array([1.0, 1.0])))
     assert GR.rel_error(np.array([1.0, 1.0]), np.array([1.0, 1.0])) == 0.0
+
+
+def test_prewarm_spec_shapes_are_checked():
+    from kernelgen.errors import UnsupportedConfigError
+    from kernelgen.kbit_gemm import prewarm_all
+
+    with pytest.raises(UnsupportedConfigError, match=r"kbit_gemm spec shapes: \[1, 2, 3, 4\]"):
+        list(prewarm_all(["sm_90a"], {"shapes": [[1, 2, 3, 4]]}))
+    with pytest.raises(UnsupportedConfigError, match=r"spec shape \[4096, 100\].*multiple of 128"):
+        list(prewarm_all(["sm_90a"], {"shapes": [[4096, 100]]}))
+    cfgs = list(prewarm_all(["sm_90a"], {"shapes": [["16", 4096, 4096]], "bits": [4]}))
+    assert cfgs and all(c.arch == "sm_90a" for c in cfgs)
