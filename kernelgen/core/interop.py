@@ -231,3 +231,24 @@ def scratch(ctx: Ctx, tag: str, ws_elems: int, n_counters: int) -> tuple[Any, An
         _retired.append(cur)
     _scratch[key] = new
     return new
+
+
+def gemm_bias_out(ctx: Ctx, a: Any, bias: Any, out: Any, n: int, k: int, dt: str
+                  ) -> tuple[Any, Any, Any]:
+    """The epilogue arguments of C [..., N] = A [..., K] . W^T (+ bias), checked: (bias view,
+    or None; out as the caller gets it; out's cupy view). bias [N] and out [..., N] in dt; out
+    is allocated when None. Alignment rules stay with each kernel family."""
+    out_shape = tuple(int(s) for s in a.shape[:-1]) + (n,)
+    b = None
+    if bias is not None:
+        b, _ = device_array(bias, "bias", ctx, (dt,), hint=dt, ndim=1)
+        if b.shape[0] != n:
+            raise ValueError(f"bias: has {b.shape[0]} elements, W has N={n} rows")
+    if out is None:
+        out, c = ctx.empty(out_shape, dt)
+        return b, out, c
+    c, _ = device_array(out, "out", ctx, (dt,), hint=dt)
+    if tuple(c.shape) != out_shape:
+        raise ValueError(f"out: shape {tuple(c.shape)}; expected {out_shape} (A {tuple(a.shape)}, "
+                         f"W [{n}, {k}])")
+    return b, out, c

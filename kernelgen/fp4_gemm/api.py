@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import context_of, device_array, on_stream, scratch
+from ..core.interop import context_of, device_array, gemm_bias_out, on_stream, scratch
 from ..core.jit import get_kernel
 from .config import DTYPES, FMTS, GROUP, SCALE_BYTES
 from .layout import tile_data, tile_scales
@@ -216,22 +216,12 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
         raise ValueError(f"W: on device {W.device}, A is on device {ctx.device}")
     check_aligned(a.data.ptr, "A", 16, "the kernels load A in 16-byte chunks")
     m = int(a.size // k)
-    out_shape = tuple(int(s) for s in a.shape[:-1]) + (n,)
-    if bias is not None:
-        b, _ = device_array(bias, "bias", ctx, (dt,), hint=dt, ndim=1)
-        if b.shape[0] != n:
-            raise ValueError(f"bias: has {b.shape[0]} elements, W has N={n} rows")
+    b, out, c = gemm_bias_out(ctx, a, bias, out, n, k, dt)
+    if b is not None:
         check_aligned(b.data.ptr, "bias", 2, "the kernels load one 2-byte element at a time")
     else:
         b = a
-    if out is None:
-        out, c = ctx.empty(out_shape, dt)
-    else:
-        c, _ = device_array(out, "out", ctx, (dt,), hint=dt)
-        if tuple(c.shape) != out_shape:
-            raise ValueError(f"out: shape {tuple(c.shape)}; expected {out_shape} (A {tuple(a.shape)}, "
-                             f"W [{n}, {k}])")
-        check_aligned(c.data.ptr, "out", 2, "the kernels store one 2-byte element at a time")
+    check_aligned(c.data.ptr, "out", 2, "the kernels store one 2-byte element at a time")
     if m == 0:
         return out
     info = device_info(ctx.device)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import Ctx, context_of, device_array, on_stream, scratch
+from ..core.interop import Ctx, context_of, device_array, gemm_bias_out, on_stream, scratch
 from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
 from .config import DTYPES, TILE_ROWS
@@ -99,24 +99,13 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
         raise ValueError("A: data pointer must be 16-byte aligned (a fresh or sliced-by-rows "
                          "array of K % 128 == 0 columns is)")
     m = int(a.size // k)
-    out_shape = tuple(int(s) for s in a.shape[:-1]) + (n,)
     packed, absmax, cb = W.q._views(ctx)
-    if bias is not None:
-        b, _ = device_array(bias, "bias", ctx, (dt,), hint=dt, ndim=1)
-        if b.shape[0] != n:
-            raise ValueError(f"bias: has {b.shape[0]} elements, W has N={n} rows")
-    else:
+    b, out, c = gemm_bias_out(ctx, a, bias, out, n, k, dt)
+    if c.data.ptr % 4:  # a fresh allocation always passes
+        raise ValueError("out: data pointer must be 4-byte aligned (C is stored two elements "
+                         "at a time)")
+    if b is None:
         b = a
-    if out is None:
-        out, c = ctx.empty(out_shape, dt)
-    else:
-        c, _ = device_array(out, "out", ctx, (dt,), hint=dt)
-        if tuple(c.shape) != out_shape:
-            raise ValueError(f"out: shape {tuple(c.shape)}; expected {out_shape} (A {tuple(a.shape)}, "
-                             f"W [{n}, {k}])")
-        if c.data.ptr % 4:
-            raise ValueError("out: data pointer must be 4-byte aligned (C is stored two elements "
-                             "at a time)")
     if m == 0:
         return out
     info = device_info(ctx.device)
