@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
+from ..core import cublas
 from ..core.interop import Ctx, context_of, device_array, gemm_bias_out, on_stream, scratch
 from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
@@ -162,12 +163,6 @@ def _gemm_mma(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, o
     return out
 
 
-# cudaDataType / cublasComputeType_t values (library_types.h, cublas_api.h)
-_CUDA_R = {"float16": 2, "bfloat16": 14}
-_CUBLAS_COMPUTE_32F = 68
-_CUBLAS_GEMM_DEFAULT = -1
-
-
 def _dequant_scratch(ctx: Ctx, n: int, k: int, dt: str) -> tuple[Any, Any]:
     """(native, cupy view) of the [N, K] dequantized-W scratch. While a CuPy stream captures a
     CUDA graph the scratch comes from core.interop.scratch (never freed: the graph keeps writing
@@ -187,24 +182,13 @@ def _gemm_dequant(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: An
     """Large M: W dequantized into an [N, K] scratch of A's dtype (2*N*K bytes for the call),
     then cuBLAS (cublasGemmEx, fp32 compute) C = A . W^T (+ bias through beta = 1).
     Every launch goes to ctx.stream; the caller's current stream is left as it was."""
-    import cupy
-    from cupy_backends.cuda.libs import cublas
-
     w_native, wv = _dequant_scratch(ctx, n, k, dt)
     dequantize_kbit(W.q, dt, out=w_native)
-    with cupy.cuda.Device(ctx.device):
-        if has_bias:
-            with on_stream(ctx.device, ctx.stream):
-                c.reshape(m, n)[...] = b[None, :]
-        handle = cupy.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, ctx.stream.ptr)
-        # alpha / beta are host scalars read at the call (baked into a captured graph)
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        one = np.ones(1, np.float32)
-        beta = np.array([1.0 if has_bias else 0.0], np.float32)
-        # column-major view: C^T [N, M] = W [N, K] . A^T ([K, M] column-major = A row-major)
-        cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k, one.ctypes.data,
-                      wv.data.ptr, _CUDA_R[dt], k, a.data.ptr, _CUDA_R[dt], k, beta.ctypes.data,
-                      c.data.ptr, _CUDA_R[dt], n, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
+    if has_bias:
+        with on_stream(ctx.device, ctx.stream):
+            c.reshape(m, n)[...] = b[None, :]
+    # column-major view: C^T [N, M] = W [N, K] . A^T ([K, M] column-major = A row-major)
+    cublas.gemm_ex(ctx, cublas.OP_T, cublas.OP_N, n, m, k, 1.0, wv.data.ptr, dt, k, a.data.ptr,
+                   dt, k, 1.0 if has_bias else 0.0, c.data.ptr, dt, n)
     del w_native  # stream-ordered pools (cupy, torch) keep it alive for the queued work
     return out
