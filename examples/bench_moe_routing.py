@@ -10,8 +10,9 @@ combine bandwidth count bytes read + written (dispatch: 2 x rows x H x 2; combin
 H x 2 read + T x H x 2 written), the way the device copy rate (kernelgen.bench.copy_bandwidth,
 same run) counts them. Decode-sized x fits in L2, as it does after the layer that wrote it.
 moe_route is the graph-safe layout + dispatch, one fused launch for n = T x top_k <= ROUTE_FUSED_MAX.
-Then the layout's single- vs multi-CTA paths forced over n (the SINGLE_MAX choice), the
-single-CTA layout at each CTA size (warps), and the host wall time of the exact path (layout + dispatch with its one small copy).
+Then moe_route at each copy-CTA split (pairs a CTA), the layout's single- vs multi-CTA paths
+forced over n (the SINGLE_MAX choice), the single-CTA layout at each CTA size (warps), and the
+host wall time of the exact path (layout + dispatch with its one small copy).
 Routing: uniform (distinct experts per token); weights fp32; x bf16.
 """
 
@@ -94,6 +95,27 @@ def bench_shape(e: int, k: int, h: int, t: int, copy_bw: float) -> dict:
     r["dispatch_frac_copy"] = r["dispatch_TBps"] * 1e12 / copy_bw
     r["combine_frac_copy"] = r["combine_TBps"] * 1e12 / copy_bw
     return r
+
+
+def bench_route_split(e: int, k: int, h: int) -> list[dict]:
+    """moe_route (fused) with each copy-CTA split: pairs a CTA (the planner's choice: 1 up to
+    ROUTE_CTAS_PER_SM CTAs an SM)."""
+    import cupy
+
+    from kernelgen.moe_routing import moe_route
+
+    out = []
+    for t in (16, 64, 128):
+        rng = np.random.default_rng(t + e)
+        ids = cupy.asarray(uniform_ids(t, k, e, rng))
+        x = cupy.asarray(rng.integers(0, 1 << 14, (t, h), dtype=np.uint16))
+        xp = cupy.empty((t * k, h), cupy.uint16)
+        r = {"E": e, "top_k": k, "H": h, "T": t}
+        for per in (1, 2, 4):
+            r[f"per{per}_us"] = graph_us(lambda ids=ids, x=x, xp=xp, per=per: moe_route(
+                x, ids, e, out=xp, dtype="bfloat16", fused=True, pairs_per_cta=per))
+        out.append(r)
+    return out
 
 
 def bench_warps(e: int, k: int) -> list[dict]:
@@ -207,6 +229,12 @@ def main() -> None:
                   f"{r['dispatch_TBps']:.2f} ({r['dispatch_frac_copy']:.2f}) | "
                   f"{r['combine_TBps']:.2f} ({r['combine_frac_copy']:.2f}) |", flush=True)
             cupy.get_default_memory_pool().free_all_blocks()
+    print("\n| E | top_k | H | T | moe_route, 1 pair a CTA us | 2 pairs us | 4 pairs us |")
+    print("|---|---|---|---|---|---|---|")
+    split = bench_route_split(256, 8, 7168) + bench_route_split(128, 8, 7168)
+    for r in split:
+        print(f"| {r['E']} | {r['top_k']} | {r['H']} | {r['T']} | {r['per1_us']:.2f} | "
+              f"{r['per2_us']:.2f} | {r['per4_us']:.2f} |", flush=True)
     print("\n| E | top_k | T | n = T x top_k | single-CTA us | multi-CTA us |")
     print("|---|---|---|---|---|---|")
     paths = bench_paths(256, 8) + bench_paths(8, 2)
@@ -224,7 +252,8 @@ def main() -> None:
           ", ".join(f"T={t}: {v:.1f}" for t, v in host.items()))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": info.name, "copy_Bps": copy_bw, "rows": rows, "paths": paths,
+            json.dump({"device": info.name, "copy_Bps": copy_bw, "rows": rows, "route_split": split,
+                       "paths": paths,
                        "warps": warps, "host_exact_us": host}, f, indent=1)
 
 

@@ -197,11 +197,13 @@ def _alloc(ctx, ids, t: int, k: int, e: int, pad_to: int, multi: bool, bh_size: 
 
 def moe_route(x: Any, topk_ids: Any, num_experts: int, *, pad_to: int = 1, exact: bool = False,
               out: Any = None, dtype: str | None = None,
-              fused: bool | None = None) -> tuple[MoeLayout, Any]:
+              fused: bool | None = None,
+              pairs_per_cta: int | None = None) -> tuple[MoeLayout, Any]:
     """Layout and dispatch in one call: (layout, x_perm). exact=False (default) gives the
     graph-safe [capacity, H] x_perm with no host sync; for T * top_k <= ROUTE_FUSED_MAX (1024)
     pairs it is one fused launch (the decode path), else moe_layout + moe_dispatch. exact=True is
-    moe_layout + moe_dispatch(exact=True). `fused` forces the choice (tests, benchmarks)."""
+    moe_layout + moe_dispatch(exact=True). `fused` forces the choice and `pairs_per_cta` the fused
+    kernel's split (tests, benchmarks)."""
     ctx, ids, idt, t, k, e = _check_ids(topk_ids, num_experts, pad_to)
     n = t * k
     if fused is None:
@@ -218,7 +220,7 @@ def moe_route(x: Any, topk_ids: Any, num_experts: int, *, pad_to: int = 1, exact
         raise ValueError(f"x: {xa.shape[0]} rows; topk_ids has {t} tokens")
     vpr, _ = _rows_of(xa, "x")
     info = device_info(ctx.device)
-    plan = plan_route(info.arch.name, n, e, idt, info.sm_count)
+    plan = plan_route(info.arch.name, n, e, idt, info.sm_count, pad_to, pairs_per_cta)
     lay, (counts, offsets, invalid, dest, src, _) = _alloc(ctx, ids, t, k, e, pad_to, False, 0)
     h = int(xa.shape[1])
     if out is None:
@@ -232,8 +234,9 @@ def moe_route(x: Any, topk_ids: Any, num_experts: int, *, pad_to: int = 1, exact
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_route_fused")
     i32 = np.int32
     ctx.launch(fn, (plan.ctas, 1, 1), (MOVE_THREADS, 1, 1),
-               (ids, i32(n), i32(e), i32(pad_to), i32(lay.capacity), i32(plan.pairs_per_cta), xa, o,
-                i32(vpr), i32(k), counts, offsets, dest, src, invalid), smem=plan.smem)
+               (ids, i32(n), i32(e), i32(pad_to), i32(lay.capacity), i32(plan.pairs_per_cta),
+                i32(plan.side), xa, o, i32(vpr), i32(k), counts, offsets, dest, src, invalid),
+               smem=plan.smem)
     return lay, out
 
 

@@ -18,7 +18,8 @@ MAX_EXPERTS = 2048  # smem (warps + 1) * E * 4 stays <= 40 KB with 4 warps
 HIST_INTS = 8192  # warps * E budget of the layout histograms (32 KB)
 ITEMS = 4  # ids a lane loads ahead in the layout passes
 MOVE_THREADS = 128  # dispatch / combine / fused route CTA
-FUSED_MAX = 2048  # pairs (T * top_k) the fused route takes: every CTA holds all ids in smem
+FUSED_MAX = 2048  # pairs (T * top_k) the fused route takes: every CTA holds all ids in registers
+ROUTE_MAX_CTA_PAIRS = 8  # pairs a copy CTA of the fused route takes at most
 MOVE_UNROLL = 8  # 16-byte vectors a dispatch thread has in flight
 
 
@@ -74,9 +75,9 @@ class MoeDispatchConfig(KernelConfig):
         return {**super().template_vars(), "threads": MOVE_THREADS, "unroll": MOVE_UNROLL}
 
 
-def route_smem(num_experts: int, pairs_per_cta: int) -> int:
-    """Shared bytes of a fused-route CTA: all ids, histogram, offsets, scan scratch, its rows."""
-    return (FUSED_MAX + 2 * num_experts + 34 + pairs_per_cta) * 4
+def route_smem(num_experts: int) -> int:
+    """Dynamic shared bytes of a fused-route CTA: histogram, offsets, scan scratch."""
+    return (2 * num_experts + 34) * 4
 
 
 @dataclass(frozen=True)
@@ -96,11 +97,11 @@ class MoeRouteConfig(KernelConfig):
         return ("moe_route_fused",)
 
     def smem_bytes(self) -> int:
-        return route_smem(MAX_EXPERTS, FUSED_MAX // 32)
+        return route_smem(MAX_EXPERTS)
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "id_ctype": CTYPE[self.id_dtype], "threads": MOVE_THREADS,
-                "max_pairs": FUSED_MAX, "unroll": MOVE_UNROLL}
+                "max_pairs": FUSED_MAX, "unroll": MOVE_UNROLL, "max_cta_pairs": ROUTE_MAX_CTA_PAIRS}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from .config import (
     ITEMS,
     MAX_EXPERTS,
     MOVE_THREADS,
+    ROUTE_MAX_CTA_PAIRS,
     W_DTYPES,
     WARPS,
     MoeCombineConfig,
@@ -42,7 +43,7 @@ SINGLE_WARPS: tuple[tuple[int, int], ...] = ((2048, 8), (SINGLE_MAX, 16))
 ROUTE_FUSED_MAX = 1024  # pairs; the fused route measured faster than two launches up to here
 CHUNK = 4096  # pairs a CTA of the multi-CTA layout (a multiple of 32 * ITEMS * max(WARPS))
 MOVE_CTAS_PER_SM = 16  # dispatch / combine grid: resident CTAs of MOVE_THREADS (2048 threads/SM)
-ROUTE_CTAS_PER_SM = 8  # fused route: CTAs an SM before a CTA takes two pairs
+ROUTE_CTAS_PER_SM = 8  # fused route: copy CTAs an SM before a CTA takes two pairs
 assert CHUNK % (32 * ITEMS * max(WARPS)) == 0
 
 
@@ -103,24 +104,33 @@ def select_layout(arch: str, pairs: int, num_experts: int, id_dtype: str) -> Lay
 
 @dataclass(frozen=True)
 class RoutePlan:
-    """The fused route launch: one CTA per `pairs_per_cta` pairs."""
+    """The fused route launch: `side` layout CTAs, then a copy CTA per `pairs_per_cta` pairs."""
 
     config: MoeRouteConfig
     pairs_per_cta: int
-    ctas: int
+    side: int
+    ctas: int  # side + copy CTAs
     smem: int
 
 
-def plan_route(arch: str, pairs: int, num_experts: int, id_dtype: str, sm_count: int) -> RoutePlan:
-    """Fused route for pairs <= FUSED_MAX: a pair a CTA while that fills ROUTE_CTAS_PER_SM
-    CTAs an SM, more pairs a CTA above (every CTA redoes the histogram of all pairs)."""
+def plan_route(arch: str, pairs: int, num_experts: int, id_dtype: str, sm_count: int,
+               pad_to: int = 1, pairs_per_cta: int | None = None) -> RoutePlan:
+    """Fused route for pairs <= FUSED_MAX: a pair a copy CTA while that fills ROUTE_CTAS_PER_SM
+    CTAs an SM, more pairs a CTA above (at most ROUTE_MAX_CTA_PAIRS; every copy CTA reads all
+    ids). One layout CTA; with pad_to > 1 up to an SM's worth more share the padding rows.
+    `pairs_per_cta` forces the split (tests, benchmarks)."""
     check_experts(num_experts)
     if pairs > FUSED_MAX:
         raise ValueError(f"fused route: {pairs} pairs; it takes at most {FUSED_MAX}")
-    per = max(1, -(-pairs // (sm_count * ROUTE_CTAS_PER_SM)))
-    ctas = max(1, -(-pairs // per))
-    return RoutePlan(MoeRouteConfig(arch=arch, id_dtype=id_dtype), per, ctas,
-                     route_smem(num_experts, per))
+    if pairs_per_cta is None:
+        per = min(ROUTE_MAX_CTA_PAIRS, max(1, -(-pairs // (sm_count * ROUTE_CTAS_PER_SM))))
+    elif 1 <= pairs_per_cta <= ROUTE_MAX_CTA_PAIRS:
+        per = pairs_per_cta
+    else:
+        raise ValueError(f"pairs_per_cta={pairs_per_cta}: must be in 1..{ROUTE_MAX_CTA_PAIRS}")
+    side = 1 if pad_to == 1 else max(1, min(num_experts, sm_count))
+    return RoutePlan(MoeRouteConfig(arch=arch, id_dtype=id_dtype), per, side,
+                     side + -(-pairs // per), route_smem(num_experts))
 
 
 def combine_launch(tokens: int, vpr: int, sm_count: int) -> tuple[bool, tuple[int, int, int]]:

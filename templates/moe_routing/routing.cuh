@@ -344,49 +344,104 @@ __device__ __forceinline__ void layout_scatter(const IdT* __restrict__ ids, int 
 }
 
 // -- fused layout + dispatch for small n (graph-safe route) --------------------------------
-// Every CTA loads all n <= MAXN ids into smem, builds the histogram and the padded offsets
-// itself (n and E are small: cheaper than a second launch and a dependent global round trip),
-// then handles its own pairs [lo, hi): stable rank = equal ids before the pair (counted in
-// smem), dest / src, and the copy of their rows. CTA b zero-fills the padding rows of experts
-// b, b + G, ... and a share of src's tail; CTA 0 writes counts, offsets and invalid.
-// smem: ids [MAXN], hist [E], seg [E], tot [32], acc [2], rows [pairs_per_cta].
-template <typename IdT, int THREADS, int MAXN, int UNROLL>
-__device__ __forceinline__ void route_fused(const IdT* __restrict__ ids, int n, int E, int pad_to,
-                                            int capacity, int pairs_per_cta,
-                                            const uint4* __restrict__ x, uint4* __restrict__ xp,
-                                            int vpr, int top_k, int* __restrict__ counts,
-                                            int* __restrict__ offsets, int* __restrict__ dest,
-                                            int* __restrict__ src, int* __restrict__ invalid) {
-  constexpr int PER = MAXN / THREADS;  // ids a thread loads
-  constexpr int WARPS = THREADS / 32;
+// One launch, no communication between CTAs. CTAs [0, side) are layout CTAs: each builds the
+// histogram and the padded offsets of all n pairs; CTA 0 writes counts, offsets and invalid,
+// layout CTA s zero-fills the padding rows of experts s, s + side, ... and a share of src's
+// tail. Every later CTA is a copy CTA of np <= PMAX pairs [lo, lo + np): it issues the loads of
+// its pairs' x rows first (their tokens are known before the layout), then computes only the
+// rows of its own pairs from all n ids held in registers: row of pair p of expert ep = valid
+// pairs ordered before it by (expert, index) (pad_to > 1: plus the padding of the lower experts,
+// from a smem histogram); one block reduction, then the stores. dest / src of a pair are written
+// by its copy CTA.
+// Dynamic smem: hist [E], seg [E], tot [32], acc [2] (a copy CTA uses hist when pad_to > 1).
+
+// The ids of thread tid: pairs (c * THREADS + tid) * VEC + u, u < VEC, as raw 16-byte vectors
+// (one 16-byte load each when ids is 16-byte aligned and the vector lies below n). Loads only:
+// the first use waits, so callers issue every other independent load before ids_to_experts.
+template <typename IdT, int THREADS, int NV>
+__device__ __forceinline__ void load_ids(const IdT* __restrict__ ids, int n, uint4 (&raw)[NV]) {
+  constexpr int VEC = 16 / sizeof(IdT);
+  const bool vec = (reinterpret_cast<unsigned long long>(ids) & 15) == 0;
+#pragma unroll
+  for (int c = 0; c < NV; ++c) {
+    const int i0 = (c * THREADS + (int)threadIdx.x) * VEC;
+    if (vec && i0 + VEC <= n) {
+      raw[c] = __ldg(reinterpret_cast<const uint4*>(ids + i0));
+    } else {
+      IdT v[VEC];
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) v[u] = i0 + u < n ? ids[i0 + u] : IdT(0);
+      if constexpr (VEC == 4) {
+        raw[c] = make_uint4((unsigned)v[0], (unsigned)v[1], (unsigned)v[2], (unsigned)v[3]);
+      } else {
+        raw[c] = make_uint4((unsigned)v[0], (unsigned)((unsigned long long)v[0] >> 32),
+                            (unsigned)v[1], (unsigned)((unsigned long long)v[1] >> 32));
+      }
+    }
+  }
+}
+
+// e[c * VEC + u]: the expert of pair (c * THREADS + tid) * VEC + u (PAST_END past n, DROPPED
+// outside [0, E); an int64 id is range-checked before it is narrowed).
+template <typename IdT, int THREADS, int NV>
+__device__ __forceinline__ void ids_to_experts(const uint4 (&raw)[NV], int n, int E,
+                                               int (&e)[NV * 16 / sizeof(IdT)]) {
+  constexpr int VEC = 16 / sizeof(IdT);
+#pragma unroll
+  for (int c = 0; c < NV; ++c) {
+    const int i0 = (c * THREADS + (int)threadIdx.x) * VEC;
+    long long v[VEC];
+    if constexpr (VEC == 4) {
+      v[0] = (int)raw[c].x, v[1] = (int)raw[c].y, v[2] = (int)raw[c].z, v[3] = (int)raw[c].w;
+    } else {
+      v[0] = (long long)(((unsigned long long)raw[c].y << 32) | raw[c].x);
+      v[1] = (long long)(((unsigned long long)raw[c].w << 32) | raw[c].z);
+    }
+#pragma unroll
+    for (int u = 0; u < VEC; ++u)
+      e[c * VEC + u] = i0 + u >= n ? PAST_END : (v[u] >= 0 && v[u] < E) ? (int)v[u] : DROPPED;
+  }
+}
+
+// Layout CTA s of `side`: histogram, padded offsets; counts / offsets / invalid (s = 0), padding
+// rows of its experts (src = -1, x_perm rows zero), its share of src[total, capacity) = -1.
+template <typename IdT, int THREADS, int MAXN>
+__device__ __forceinline__ void route_layout(const IdT* __restrict__ ids, int n, int E, int pad_to,
+                                             int capacity, int side, uint4* __restrict__ xp,
+                                             int vpr, int* __restrict__ counts,
+                                             int* __restrict__ offsets, int* __restrict__ src,
+                                             int* __restrict__ invalid) {
+  constexpr int PER = MAXN / THREADS;
+  constexpr int VEC = 16 / sizeof(IdT);
   extern __shared__ int smem_raw[];
-  int* s_ids = smem_raw;
-  int* hist = s_ids + MAXN;
+  int* hist = smem_raw;
   int* seg = hist + E;
   int* tot = seg + E;
   int* acc = tot + 32;
-  int* s_rows = acc + 2;
-  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5, s = blockIdx.x;
+  uint4 raw[PER / VEC];
+  load_ids<IdT, THREADS, PER / VEC>(ids, n, raw);
   for (int k = tid; k < E; k += THREADS) hist[k] = 0;
   if (tid == 0) {
     acc[0] = 0;
     acc[1] = INT_MAX_;
   }
-  int e[PER];  // all loads in flight before the first use
-#pragma unroll
-  for (int u = 0; u < PER; ++u) e[u] = expert_of(ids, u * THREADS + warp * 32 + lane, n, E);
+  int e[PER];
+  ids_to_experts<IdT, THREADS, PER / VEC>(raw, n, E, e);
   __syncthreads();
   int bad = 0, first_bad = INT_MAX_;
 #pragma unroll
-  for (int u = 0; u < PER; ++u) {
-    const int i = u * THREADS + warp * 32 + lane;
-    if (u * THREADS + warp * 32 >= n) continue;  // warp-uniform: the warp's lanes all skip
-    if (i < n) s_ids[i] = e[u];
-    const unsigned peers = __match_any_sync(FULL, e[u]);
-    if (e[u] >= 0 && lane == 31 - __clz(peers)) atomicAdd(&hist[e[u]], __popc(peers));
-    if (e[u] == DROPPED) {
-      ++bad;
-      first_bad = min(first_bad, i);
+  for (int c = 0; c < PER / VEC; ++c) {
+    if ((c * THREADS + warp * 32) * VEC >= n) continue;  // warp-uniform: past n for every lane
+#pragma unroll
+    for (int u = 0; u < VEC; ++u) {
+      const int eu = e[c * VEC + u];
+      const unsigned peers = __match_any_sync(FULL, eu);
+      if (eu >= 0 && lane == 31 - __clz(peers)) atomicAdd(&hist[eu], __popc(peers));
+      if (eu == DROPPED) {
+        ++bad;
+        first_bad = min(first_bad, (c * THREADS + tid) * VEC + u);
+      }
     }
   }
   reduce_bad(bad, first_bad, acc);
@@ -394,31 +449,7 @@ __device__ __forceinline__ void route_fused(const IdT* __restrict__ ids, int n, 
   for (int k = tid; k < E; k += THREADS) seg[k] = (hist[k] + pad_to - 1) / pad_to * pad_to;
   __syncthreads();
   const int total = block_exclusive_scan(seg, E, tot);  // seg = offsets; ends with a barrier
-  const int lo = blockIdx.x * pairs_per_cta, hi = min(lo + pairs_per_cta, n);
-  for (int p = lo + warp; p < hi; p += WARPS) {  // a warp a pair
-    const int ep = s_ids[p];
-    int c = 0;
-    if (ep >= 0) {
-      for (int j = lane; j < p; j += 32) c += s_ids[j] == ep;
-    }
-    c = __reduce_add_sync(FULL, c);
-    const int row = ep >= 0 ? seg[ep] + c : -1;
-    if (lane == 0) {
-      s_rows[p - lo] = row;
-      if (ep != PAST_END) dest[p] = row;
-      if (row >= 0) src[row] = p;
-    }
-  }
-  for (int x_e = blockIdx.x; x_e < E; x_e += gridDim.x) {  // padding rows of my experts
-    const int start = seg[x_e] + hist[x_e];
-    const int end = seg[x_e] + (hist[x_e] + pad_to - 1) / pad_to * pad_to;
-    for (int r = start; r < end; ++r) {
-      if (tid == 0) src[r] = -1;
-      for (int v = tid; v < vpr; v += THREADS) xp[(long long)r * vpr + v] = make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
-  for (int r = total + blockIdx.x * THREADS + tid; r < capacity; r += gridDim.x * THREADS) src[r] = -1;
-  if (blockIdx.x == 0) {
+  if (s == 0) {
     for (int k = tid; k < E; k += THREADS) {
       counts[k] = hist[k];
       offsets[k] = seg[k];
@@ -429,22 +460,181 @@ __device__ __forceinline__ void route_fused(const IdT* __restrict__ ids, int n, 
       invalid[1] = acc[1];
     }
   }
-  __syncthreads();  // s_rows
-  for (int q = 0; q < hi - lo; ++q) {
-    const int row = s_rows[q];
-    if (row < 0) continue;
-    const uint4* in = x + (long long)((lo + q) / top_k) * vpr;
-    uint4* o = xp + (long long)row * vpr;
-    for (int v0 = tid; v0 < vpr; v0 += THREADS * UNROLL) {
-      uint4 buf[UNROLL];
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u)
-        if (v0 + u * THREADS < vpr) buf[u] = __ldg(in + v0 + u * THREADS);
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u)
-        if (v0 + u * THREADS < vpr) o[v0 + u * THREADS] = buf[u];
+  if (pad_to > 1) {
+    for (int x_e = s; x_e < E; x_e += side) {  // padding rows of my experts
+      const int start = seg[x_e] + hist[x_e];
+      const int end = seg[x_e] + (hist[x_e] + pad_to - 1) / pad_to * pad_to;
+      for (int r = start; r < end; ++r) {
+        if (tid == 0) src[r] = -1;
+        for (int v = tid; v < vpr; v += THREADS) xp[(long long)r * vpr + v] = make_uint4(0u, 0u, 0u, 0u);
+      }
     }
   }
+  for (int r = total + s * THREADS + tid; r < capacity; r += side * THREADS) src[r] = -1;
+}
+
+// Position of a copy CTA thread's item (pair q of the CTA, 16-byte column v) and the token of
+// pair lo + q (tok, rem = (lo + q) / top_k, (lo + q) % top_k), advanced without divisions.
+struct RouteItem {
+  int q, v, tok, rem;
+  __device__ __forceinline__ void next_pair(int top_k) {
+    ++q;
+    if (++rem == top_k) {
+      rem = 0;
+      ++tok;
+    }
+  }
+  __device__ __forceinline__ void advance(int step, int vpr, int top_k) {
+    v += step;
+    while (v >= vpr) {
+      v -= vpr;
+      next_pair(top_k);
+    }
+  }
+};
+
+// Row of the CTA's pair q from the warps' shares (-1: a dropped id).
+template <int PMAX, int WARPS>
+__device__ __forceinline__ int route_row(int q, const int* s_ep, const int (*red)[WARPS]) {
+  if (s_ep[q] < 0) return -1;
+  int r = 0;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) r += red[q][w];
+  return r;
+}
+
+template <typename IdT, int THREADS, int MAXN, int UNROLL, int PMAX>
+__device__ __forceinline__ void route_copy(const IdT* __restrict__ ids, int n, int E, int pad_to,
+                                           int lo, int np, const uint4* __restrict__ x,
+                                           uint4* __restrict__ xp, int vpr, int top_k,
+                                           int* __restrict__ dest, int* __restrict__ src) {
+  constexpr int PER = MAXN / THREADS;
+  constexpr int VEC = 16 / sizeof(IdT);
+  constexpr int WARPS = THREADS / 32;
+  __shared__ int red[PMAX][WARPS];  // per pair: each warp's share of its row
+  __shared__ int s_ep[PMAX];  // expert of each pair (DROPPED: no row)
+  extern __shared__ int smem_raw[];
+  int* hist = smem_raw;  // pad_to > 1
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  // 1. the loads of this thread's first UNROLL items (tokens are known before the layout)
+  RouteItem it;
+  it.q = vpr > 0 ? tid / vpr : np;  // vpr = 0 (H = 0): no items
+  it.v = vpr > 0 ? tid - it.q * vpr : 0;
+  it.tok = (lo + it.q) / top_k;
+  it.rem = lo + it.q - it.tok * top_k;
+  const RouteItem first = it;
+  uint4 buf[UNROLL];
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    if (it.q < np) {
+      buf[u] = __ldg(x + (long long)it.tok * vpr + it.v);
+      it.advance(THREADS, vpr, top_k);
+    }
+  }
+  // 2. all ids and the ids of my pairs, then their first use
+  uint4 raw[PER / VEC];
+  load_ids<IdT, THREADS, PER / VEC>(ids, n, raw);
+  IdT epr[PMAX];
+#pragma unroll
+  for (int q = 0; q < PMAX; ++q) epr[q] = q < np ? ids[lo + q] : IdT(-1);
+  int e[PER];
+  ids_to_experts<IdT, THREADS, PER / VEC>(raw, n, E, e);
+  int ep[PMAX];
+#pragma unroll
+  for (int q = 0; q < PMAX; ++q) ep[q] = (epr[q] >= 0 && epr[q] < E) ? (int)epr[q] : DROPPED;
+  if (pad_to > 1) {
+    for (int k = tid; k < E; k += THREADS) hist[k] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < PER; ++j)
+      if (e[j] >= 0) atomicAdd(&hist[e[j]], 1);
+    __syncthreads();
+  }
+  if (tid == 0) {
+#pragma unroll
+    for (int q = 0; q < PMAX; ++q)
+      if (q < np) s_ep[q] = ep[q];
+  }
+#pragma unroll
+  for (int q = 0; q < PMAX; ++q) {
+    if (q >= np) break;  // uniform
+    const int eq = ep[q], pq = lo + q;
+    int c = 0;
+    if (eq >= 0) {
+#pragma unroll
+      for (int cc = 0; cc < PER / VEC; ++cc) {
+        if (cc * THREADS * VEC >= n) break;  // uniform
+#pragma unroll
+        for (int u = 0; u < VEC; ++u) {
+          const int j = cc * VEC + u, i = (cc * THREADS + tid) * VEC + u;
+          // pad_to == 1: valid pairs of lower experts; always: pairs of eq before pq
+          c += (pad_to == 1 && (unsigned)e[j] < (unsigned)eq) + (e[j] == eq && i < pq);
+        }
+      }
+      if (pad_to > 1)
+        for (int k = tid; k < eq; k += THREADS) c += (hist[k] + pad_to - 1) / pad_to * pad_to;
+    }
+    c = __reduce_add_sync(FULL, c);
+    if (lane == 0) red[q][warp] = c;
+  }
+  __syncthreads();
+  if (tid < np) {
+    const int row = route_row<PMAX, WARPS>(tid, s_ep, red);
+    dest[lo + tid] = row;
+    if (row >= 0) src[row] = lo + tid;
+  }
+  it = first;
+  int cur_q = -1, row = -1;
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    if (it.q < np) {
+      if (it.q != cur_q) {
+        cur_q = it.q;
+        row = route_row<PMAX, WARPS>(cur_q, s_ep, red);
+      }
+      if (row >= 0) xp[(long long)row * vpr + it.v] = buf[u];
+      it.advance(THREADS, vpr, top_k);
+    }
+  }
+  while (it.q < np) {  // items past the first UNROLL: UNROLL loads in flight, then the stores
+    const RouteItem base = it;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (it.q < np) {
+        buf[u] = __ldg(x + (long long)it.tok * vpr + it.v);
+        it.advance(THREADS, vpr, top_k);
+      }
+    }
+    it = base;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (it.q < np) {
+        if (it.q != cur_q) {
+          cur_q = it.q;
+          row = route_row<PMAX, WARPS>(cur_q, s_ep, red);
+        }
+        if (row >= 0) xp[(long long)row * vpr + it.v] = buf[u];
+        it.advance(THREADS, vpr, top_k);
+      }
+    }
+  }
+}
+
+template <typename IdT, int THREADS, int MAXN, int UNROLL, int PMAX>
+__device__ __forceinline__ void route_fused(const IdT* __restrict__ ids, int n, int E, int pad_to,
+                                            int capacity, int pairs_per_cta, int side,
+                                            const uint4* __restrict__ x, uint4* __restrict__ xp,
+                                            int vpr, int top_k, int* __restrict__ counts,
+                                            int* __restrict__ offsets, int* __restrict__ dest,
+                                            int* __restrict__ src, int* __restrict__ invalid) {
+  if ((int)blockIdx.x < side) {
+    route_layout<IdT, THREADS, MAXN>(ids, n, E, pad_to, capacity, side, xp, vpr, counts, offsets,
+                                     src, invalid);
+    return;
+  }
+  const int lo = ((int)blockIdx.x - side) * pairs_per_cta;
+  route_copy<IdT, THREADS, MAXN, UNROLL, PMAX>(ids, n, E, pad_to, lo, min(pairs_per_cta, n - lo),
+                                               x, xp, vpr, top_k, dest, src);
 }
 
 // -- phase 2: x_perm[r] = x[src[r] / top_k] (padding rows zero), rows of vpr 16-byte vectors --

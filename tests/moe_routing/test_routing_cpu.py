@@ -13,6 +13,7 @@ from kernelgen.moe_routing.config import (
     FUSED_MAX,
     HIST_INTS,
     MAX_EXPERTS,
+    ROUTE_MAX_CTA_PAIRS,
     MoeCombineConfig,
     MoeDispatchConfig,
     MoeLayoutConfig,
@@ -177,12 +178,18 @@ def test_planner():
     with pytest.raises(ValueError, match="warps=12"):
         plan_layout("sm_90a", 512, 8, "int32", warps=12)
     r = plan_route("sm_90a", 512, 256, "int32", 132)
-    assert (r.pairs_per_cta, r.ctas) == (1, 512) and r.smem <= r.config.smem_bytes()
-    r = plan_route("sm_90a", FUSED_MAX, 2048, "int64", 132)
-    assert (r.pairs_per_cta, r.ctas) == (2, FUSED_MAX // 2) and r.smem <= r.config.smem_bytes()
+    assert (r.pairs_per_cta, r.side, r.ctas) == (1, 1, 513) and r.smem <= r.config.smem_bytes()
+    r = plan_route("sm_90a", FUSED_MAX, 2048, "int64", 132, pad_to=16)
+    assert (r.pairs_per_cta, r.side, r.ctas) == (2, 132, 132 + FUSED_MAX // 2)
+    assert r.smem <= r.config.smem_bytes()
+    assert plan_route("sm_90a", 64, 8, "int32", 132, pad_to=4).side == 8  # a layout CTA an expert
+    assert plan_route("sm_90a", FUSED_MAX, 8, "int32", 16).pairs_per_cta == ROUTE_MAX_CTA_PAIRS
+    assert plan_route("sm_90a", 100, 8, "int32", 132, pairs_per_cta=3).ctas == 1 + 34
     assert plan_route("sm_90a", 0, 8, "int32", 132).ctas == 1
     with pytest.raises(ValueError, match="at most"):
         plan_route("sm_90a", FUSED_MAX + 1, 8, "int32", 132)
+    with pytest.raises(ValueError, match="pairs_per_cta=9"):
+        plan_route("sm_90a", 100, 8, "int32", 132, pairs_per_cta=9)
     assert combine_launch(1, 896, 132) == (True, (1, 7, 1))  # T = 1, H = 7168 bf16
     assert combine_launch(16, 896, 132) == (False, (16, 1, 1))
     assert combine_launch(16, 512, 132) == (False, (16, 1, 1))  # H = 4096: 64 CTAs split was slower

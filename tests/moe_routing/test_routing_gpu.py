@@ -108,6 +108,30 @@ def test_fused_route_equals_reference(case, t, k, e):
         assert np.array_equal(cupy.asnumpy(xp)[: ref.total], R.dispatch(x_h, ref)), ctx
 
 
+@pytest.mark.parametrize("t,k,e,h,per", [(64, 8, 256, 7168, 2), (33, 3, 16, 4096, 5), (9, 7, 5, 64, 8),
+                                         (100, 8, 64, 24, 3)])
+def test_fused_route_pairs_per_cta(t, k, e, h, per):
+    """Copy CTAs of several pairs: the rows of a CTA straddle tokens, items past the first batch
+    of loads, ids an int64 view off a 16-byte boundary (the scalar id loads), dropped ids."""
+    import cupy
+
+    from kernelgen.moe_routing import moe_route
+
+    rng = np.random.default_rng(t * per)
+    ids = routing("hot80", t, k, e)
+    ids[t // 2, 0], ids[t - 1, k - 1] = e + 3, -1
+    x_h = _host(rng, (t, h), "bfloat16")
+    wide = cupy.asarray(np.concatenate([[0], ids.reshape(-1)]).astype(np.int64))
+    for pad_to, ids_d in ((1, cupy.asarray(ids.astype(np.int32))), (8, wide[1:].reshape(t, k))):
+        ctx = f"{t=} {k=} {e=} {h=} {per=} {pad_to=}"
+        ref = R.layout(ids, e, pad_to)
+        poisoned = cupy.full((ref.src.size, h), 0xFFFF, cupy.uint16)  # padding rows must be zeroed
+        lay, xp = moe_route(cupy.asarray(x_h), ids_d, e, pad_to=pad_to, dtype="bfloat16",
+                            fused=True, pairs_per_cta=per, out=poisoned)
+        _check_layout(lay, ref, ctx)
+        assert np.array_equal(cupy.asnumpy(xp)[: ref.total], R.dispatch(x_h, ref)), ctx
+
+
 def test_route_paths_and_invalid_ids():
     import cupy
 
