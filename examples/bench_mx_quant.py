@@ -11,6 +11,7 @@ device from the input ("gs=auto": one launch for small inputs, amax + quantize e
 "auto:fused": the sm_90+ cluster kernel, forced, for comparison).
 
     python examples/bench_mx_quant.py [--ms 1,16,4096,16384] [--k 4096] [--json out.json]
+        [--blocks-per-sm 0,2]   (also time these grid caps of mx_quantize at M > 64)
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--blocks-per-sm", default="",
+                    help="extra grid caps of mx_quantize to time at M > 64 (e.g. 0,2; 0: a block a "
+                         "chunk, no loop); the default cap is always timed")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
     k = args.k
@@ -85,7 +89,7 @@ def main() -> None:
     import kernelgen.mx as mx
     from kernelgen.arch import device_info
     from kernelgen.bench import copy_bandwidth, rotation, time_gpu
-    from kernelgen.mx.select import force_small_auto_path, quantize_plan
+    from kernelgen.mx.select import force_blocks_per_sm, force_small_auto_path, quantize_plan
 
     info = device_info()
     bw = copy_bandwidth()
@@ -93,19 +97,23 @@ def main() -> None:
           f"(read + write), K = {k}")
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = []
-    print("| format | input | M | gs | path | graph us/call | GB/s | % of copy | eager us/call |")
-    print("|---|---|---:|---|---|---:|---:|---:|---:|")
+    extra_caps = [int(c) for c in args.blocks_per_sm.split(",") if c]
+    print("| format | input | M | gs | path | grid cap | graph us/call | GB/s | % of copy | "
+          "eager us/call |")
+    print("|---|---|---:|---|---|---|---:|---:|---:|---:|")
     for fmt in args.formats.split(","):
         for dtype in DTYPES:
             for m in ms:
                 modes = ("value",)
                 if fmt == "nvfp4":
                     modes = ("value", "auto") + (("auto:fused",) if m <= 64 else ())
-                for gs in modes:
+                for gs, cap in [(g, None) for g in modes] + \
+                        [(modes[0], c) for c in (extra_caps if m > 64 else ())]:
                     force_small_auto_path("fused" if gs == "auto:fused" else None)
+                    force_blocks_per_sm(cap)
                     q = quantizer(fmt, dtype, gs)
-                    path = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
-                                         gs.split(":")[0]).path
+                    plan = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
+                                         gs.split(":")[0])
                     nbytes = logical_bytes(fmt, m, k)
                     if m <= 64:  # L2-resident anyway; graph replay only
                         xs = [make_x(m, k, dtype)]
@@ -114,20 +122,23 @@ def main() -> None:
                                       info.l2_bytes, factor=2)
                     t = graph_time(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), stream)
                     eager = None
-                    if m > 64:
+                    if m > 64 and cap is None:
                         eager = time_gpu(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), iters=20,
                                          repeats=5)
                     del xs
-                    r = {"format": fmt, "dtype": dtype, "m": m, "k": k, "gs": gs, "path": path,
+                    r = {"format": fmt, "dtype": dtype, "m": m, "k": k, "gs": gs,
+                         "path": plan.path, "grid": plan.grid, "blocks_per_sm": cap,
                          "us": t * 1e6, "gbps": nbytes / t / 1e9, "frac_copy": nbytes / t / bw,
                          "eager_us": None if eager is None else eager * 1e6}
                     rows.append(r)
                     gs_col = gs if fmt == "nvfp4" else "-"
                     eager_col = "-" if eager is None else f"{eager * 1e6:.1f}"
-                    print(f"| {fmt} | {dtype} | {m} | {gs_col} | {path} | {r['us']:.2f} | "
-                          f"{r['gbps']:.0f} | {100 * r['frac_copy']:.0f}% | {eager_col} |",
-                          flush=True)
+                    cap_col = f"{plan.grid} blocks" + ("" if cap is None else f" (forced {cap}/SM)")
+                    print(f"| {fmt} | {dtype} | {m} | {gs_col} | {plan.path} | {cap_col} | "
+                          f"{r['us']:.2f} | {r['gbps']:.0f} | {100 * r['frac_copy']:.0f}% | "
+                          f"{eager_col} |", flush=True)
     force_small_auto_path(None)
+    force_blocks_per_sm(None)
     # dequantize to the input dtype at the largest M (not a target; for reference)
     m = max(ms)
     deq = []

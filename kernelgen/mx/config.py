@@ -20,6 +20,7 @@ ELEM = {"nvfp4": "E2M1", "mxfp4": "E2M1", "mxfp6_e2m3": "E2M3", "mxfp6_e3m2": "E
         "mxfp8_e4m3": "E4M3", "mxfp8_e5m2": "E5M2"}
 THREADS = 256
 SLOT_BYTES = 64  # input (or output) bytes per thread in flight: slots = SLOT_BYTES / slot bytes
+QUANT_BLOCKS_PER_SM = 3  # mx_quantize blocks resident an SM (its launch bounds: <= 80 registers)
 CLUSTER = 8  # fused NVFP4 path: one cluster of 8 blocks of 1024 threads (sm_90+)
 FUSED_THREADS = 1024
 
@@ -96,7 +97,8 @@ class MxQuantizeConfig(KernelConfig):
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), **_format_vars(self.fmt, self.dtype),
-                "fused": self.fused, "cluster": CLUSTER, "fused_threads": FUSED_THREADS,
+                "min_blocks": QUANT_BLOCKS_PER_SM, "fused": self.fused, "cluster": CLUSTER,
+                "fused_threads": FUSED_THREADS,
                 "fused_slots": self.fused_slots}
 
 

@@ -26,6 +26,7 @@ from .config import (
     ESIZE,
     FLOAT_DTYPES,
     FUSED_THREADS,
+    QUANT_BLOCKS_PER_SM,
     THREADS,
     MxDequantizeConfig,
     MxQuantizeConfig,
@@ -41,6 +42,7 @@ AMAX_UNROLL = 4  # 16-byte loads in flight per thread in mx_amax
 MAX_SLOTS = 1 << 31  # slot indices are 32-bit on the device
 REDUNDANT_MAX_BYTES = 256 * 1024  # input size up to which every block may re-read it for amax
 _small_auto_path: str | None = None  # tests / benchmarks: force "fused" or "redundant"
+_blocks_per_sm: int | None = None  # tests / benchmarks: the direct grid's cap (0: none)
 
 
 def force_small_auto_path(path: str | None) -> None:
@@ -51,6 +53,26 @@ def force_small_auto_path(path: str | None) -> None:
         raise ValueError(f"path={path!r}; expected None, 'fused' or 'redundant'")
     _small_auto_path = path
     quantize_plan.cache_clear()
+
+
+def force_blocks_per_sm(blocks: int | None) -> None:
+    """Cap mx_quantize's grid at `blocks` an SM (0: a block a chunk, no loop; None: the default
+    QUANT_BLOCKS_PER_SM). For tests and benchmarks; clears the plan memo."""
+    global _blocks_per_sm
+    if blocks is not None and (not isinstance(blocks, int) or blocks < 0):
+        raise ValueError(f"blocks={blocks!r}; expected None or an int >= 0")
+    _blocks_per_sm = blocks
+    quantize_plan.cache_clear()
+
+
+def chunk_grid(chunks: int, sm_count: int, blocks_per_sm: int) -> int:
+    """Blocks of mx_quantize for `chunks` chunks: a block a chunk while they fit blocks_per_sm
+    resident blocks an SM, else exactly that many blocks an SM, block b running chunks b,
+    b + grid, ... (every SM then gets the same number of chunks, +-1; blocks_per_sm 0: no cap)."""
+    cap = sm_count * blocks_per_sm
+    if blocks_per_sm <= 0 or chunks <= cap:
+        return max(1, chunks)
+    return cap
 
 
 @dataclass(frozen=True)
@@ -120,11 +142,14 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
             n16 = rows * k * ESIZE[dtype] // 16
             amax_grid = max(1, min(_cdiv(n16, THREADS * AMAX_UNROLL), 4 * sm_count))
     # Full slots per thread (loads in flight) once the grid fills the GPU twice over; below
-    # that one slot per thread: more blocks, shorter dependent chains (small-M latency).
+    # that one slot per thread: more blocks, shorter dependent chains (small-M latency). Above
+    # QUANT_BLOCKS_PER_SM blocks an SM, each block loops over chunks with the next chunk's loads
+    # in flight (one wave: no lock-step load-then-compute waves, no partial last wave).
     slots = slots_per_thread(fmt, dtype)
     if _cdiv(total, THREADS * slots) < 2 * sm_count:
         slots = 1
-    grid = max(1, _cdiv(total, THREADS * slots),
+    per_sm = QUANT_BLOCKS_PER_SM if _blocks_per_sm is None else _blocks_per_sm
+    grid = max(chunk_grid(_cdiv(total, THREADS * slots), sm_count, per_sm),
                _cdiv(pad_words, THREADS * PAD_WORDS_PER_THREAD))
     return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid)
 

@@ -405,6 +405,35 @@ __device__ __forceinline__ const T* slot_input(const T* x, uint32_t idx, const S
   return col < sh.k ? x + (long long)pos.row * sh.k + col : nullptr;
 }
 
+// (row, slot) of slot idx + d given those of idx and d = divmod(delta, slots_per_row): no
+// division (p.j, d.j < slots_per_row).
+__device__ __forceinline__ SlotPos add_pos(SlotPos p, SlotPos d, int slots_per_row) {
+  p.row += d.row;
+  p.j += d.j;
+  if (p.j >= slots_per_row) {
+    p.j -= slots_per_row;
+    ++p.row;
+  }
+  return p;
+}
+
+// Loads of the u_count slots base + u * THREADS (u < u_count) of a thread; p0: (row, slot) of
+// base, du: of THREADS. Out-of-range slots and padding columns load zeros (their pos is unused).
+template <typename T, int E, int U, int THREADS>
+__device__ __forceinline__ void load_slots(const T* __restrict__ x, uint32_t base, SlotPos p0,
+                                           SlotPos du, int u_count, const Shape& sh,
+                                           uint32_t (&idx)[U], SlotPos (&pos)[U],
+                                           InVec<T, E> (&in)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    idx[u] = u < u_count ? base + uint32_t(u * THREADS) : 0xffffffffu;
+    pos[u] = u == 0 ? p0 : add_pos(pos[u > 0 ? u - 1 : 0], du, sh.slots_per_row);
+    const int col = pos[u].j * E;
+    if (idx[u] < sh.total && col < sh.k) in[u].load(x + (long long)pos[u].row * sh.k + col);
+    else in[u].zero();
+  }
+}
+
 // Zero the scale words of the padding rows [rows, ceil128(rows)) (swizzled layout).
 __device__ __forceinline__ void zero_padding_rows(const Shape& sh, uint8_t* __restrict__ scales,
                                                   long long tid, long long nthreads) {
@@ -461,7 +490,10 @@ __device__ __forceinline__ void amax_partials(const T* __restrict__ x, uint32_t*
   if (threadIdx.x == 0) partials[blockIdx.x] = m;
 }
 
-// The direct path: U slots per thread, block b owns slots [b*THREADS*U, (b+1)*THREADS*U).
+// The direct path: U slots per thread; block b owns the chunks of THREADS * u_count slots
+// b, b + grid, b + 2 grid, ... (the host sizes the grid to the resident blocks, so a block loops
+// over several chunks when the input is large): the loads of its next chunk are issued before
+// the current one is quantized, so loads stay in flight while the SM computes.
 // gs_mode (NVFP4): 0 = gs_val, 1 = *gs_in, 2 = from the finite amax partials of mx_amax,
 // 3 = each block reduces the finite amax of the whole input (small inputs: one launch, any arch).
 template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW>
@@ -470,18 +502,19 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
                                          const uint32_t* partials, float* gs_out, float gs_val,
                                          int gs_mode, int n_partials, int rows, int k,
                                          int swizzled, int u_count) {
-  // u_count (1..U, uniform): slots per thread of this launch; 1 spreads small inputs over more
+  // u_count (1..U, uniform): slots per thread of a chunk; 1 spreads small inputs over more
   // blocks (shorter per-thread chains), U keeps U loads in flight for large ones.
   const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
+  const uint32_t spr = uint32_t(sh.slots_per_row);
+  const uint32_t chunk = uint32_t(THREADS * u_count), step = gridDim.x * chunk;
+  const SlotPos du = {uint32_t(THREADS) / spr, int(uint32_t(THREADS) % spr)};
+  const SlotPos dstep = {step / spr, int(step % spr)};
+  uint32_t first = blockIdx.x * chunk;  // the block's first slot of the current chunk
+  SlotPos p0 = {(first + threadIdx.x) / spr, int((first + threadIdx.x) % spr)};
   uint32_t idx[U];
   SlotPos pos[U];
   InVec<T, E> in[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    idx[u] = u < u_count ? (blockIdx.x * u_count + u) * THREADS + threadIdx.x : 0xffffffffu;
-    const T* p = slot_input<T, E>(x, idx[u], sh, pos[u]);
-    if (p) in[u].load(p); else in[u].zero();
-  }
+  load_slots<T, E, U, THREADS>(x, first + threadIdx.x, p0, du, u_count, sh, idx, pos, in);
   float gs = 1.0f;
   if constexpr (NV) {
     if (gs_mode == 0) {
@@ -501,7 +534,25 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *gs_out = gs;
   }
-  quantize_slots<T, F, NV, GROUP, E, U, HW>(in, idx, pos, u_count, sh, gs, data, scales);
+  for (;;) {
+    const bool more = first + step < sh.total;  // block-uniform (no uint32 overflow: total < 2^31)
+    uint32_t idx2[U];
+    SlotPos pos2[U];
+    InVec<T, E> in2[U];
+    if (more) {
+      first += step;
+      p0 = add_pos(p0, dstep, int(spr));
+      load_slots<T, E, U, THREADS>(x, first + threadIdx.x, p0, du, u_count, sh, idx2, pos2, in2);
+    }
+    quantize_slots<T, F, NV, GROUP, E, U, HW>(in, idx, pos, u_count, sh, gs, data, scales);
+    if (!more) break;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      idx[u] = idx2[u];
+      pos[u] = pos2[u];
+      in[u] = in2[u];
+    }
+  }
   zero_padding_rows(sh, scales, (long long)blockIdx.x * THREADS + threadIdx.x,
                     (long long)gridDim.x * THREADS);
 }

@@ -12,6 +12,7 @@ from kernelgen.mx import reference as R
 from kernelgen.mx.config import (
     CLUSTER,
     FUSED_THREADS,
+    QUANT_BLOCKS_PER_SM,
     THREADS,
     MxDequantizeConfig,
     MxQuantizeConfig,
@@ -20,6 +21,7 @@ from kernelgen.mx.config import (
 )
 from kernelgen.mx.select import (
     PAD_WORDS_PER_THREAD,
+    chunk_grid,
     dequantize_plan,
     prewarm_configs,
     quantize_config,
@@ -169,10 +171,15 @@ def test_direct_grid_covers_every_slot_and_padding_word(fmt, dtype, rows, k, swi
     full = slots_per_thread(fmt, dtype)
     assert p.slots == (full if -(-total // (THREADS * full)) >= 2 * 132 else 1), p.short()
     per_block = THREADS * p.slots
+    chunks = -(-total // per_block)
     assert p.path == "direct" and p.block == THREADS
-    assert p.grid * per_block >= total, p.short()
     assert p.grid * THREADS * PAD_WORDS_PER_THREAD >= pad, p.short()
-    assert p.grid == max(1, -(-total // per_block), -(-pad // (THREADS * PAD_WORDS_PER_THREAD)))
+    if chunks <= 132 * QUANT_BLOCKS_PER_SM:  # a block a chunk
+        assert p.grid == max(1, chunks, -(-pad // (THREADS * PAD_WORDS_PER_THREAD))), p.short()
+    else:  # the resident blocks, each looping over chunks
+        assert p.grid == 132 * QUANT_BLOCKS_PER_SM, p.short()
+    assert chunk_grid(10**6, 132, 0) == 10**6 and chunk_grid(0, 132, 3) == 1
+    assert chunk_grid(396, 132, 3) == 396 and chunk_grid(397, 132, 3) == 396
     d = dequantize_plan("sm_90a", fmt, dtype, rows, k)
     assert d.grid * d.block * d.config.template_vars()["slots"] >= rows * k // lane_elems(fmt)
 
@@ -266,9 +273,10 @@ def _slot_indices(plan, total):
         tid = np.arange(plan.grid * plan.block)
         u_count = -(-total // (plan.grid * plan.block))
         return (np.arange(u_count)[:, None] * plan.grid * plan.block + tid[None, :]).ravel()
-    b, u, t = np.meshgrid(np.arange(plan.grid), np.arange(plan.slots), np.arange(plan.block),
-                          indexing="ij")
-    return ((b * plan.slots + u) * plan.block + t).ravel()
+    loops = -(-total // (plan.grid * plan.slots * plan.block))  # a block's chunks b + i * grid
+    i, b, u, t = np.meshgrid(np.arange(loops), np.arange(plan.grid), np.arange(plan.slots),
+                             np.arange(plan.block), indexing="ij")
+    return (((i * plan.grid + b) * plan.slots + u) * plan.block + t).ravel()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -289,10 +297,12 @@ def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
     total, pad_words = slot_counts(fmt, rows, k, swz)
     s, kt = k // group, -(-(k // group) // 4)
     spr = (4 * kt if swz else s) * lanes
-    for small in ((None, "fused") if fmt == "nvfp4" else (None,)):
+    # 2 SMs: the direct grid's blocks loop over several chunks at (300, 4096)
+    for small, sms in (((None, 132), ("fused", 132), (None, 2)) if fmt == "nvfp4" else
+                       ((None, 132), (None, 2))):
         force_small_auto_path(small)
         try:
-            plan = quantize_plan("sm_90a", 132, fmt, dtype, rows, k, swz,
+            plan = quantize_plan("sm_90a", sms, fmt, dtype, rows, k, swz,
                                  "auto" if fmt == "nvfp4" else "value")
         finally:
             force_small_auto_path(None)

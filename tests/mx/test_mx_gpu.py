@@ -147,6 +147,35 @@ def test_quantize_nvfp4_exact(dtype, layout):
                 _check_dequantize(t, packed, scales, "nvfp4", gs, ctx)
 
 
+@pytest.mark.parametrize("blocks_per_sm", [1, None])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp6_e3m2", "mxfp8_e4m3"])
+def test_quantize_looping_grid_exact(fmt, dtype, blocks_per_sm):
+    """Inputs of more chunks than resident blocks: each block loops over chunks (1 block an SM:
+    many loops; None: the default cap), next chunk's loads in flight; padding rows included."""
+    import cupy
+
+    import kernelgen.mx as mx
+    from kernelgen.mx.select import force_blocks_per_sm
+
+    rng = np.random.default_rng(hash((fmt, dtype)) % 2**32)
+    xh = _values(rng, (1100, 1024) if blocks_per_sm else (1500, 4096), dtype, True)
+    x2, hint = _ref_input(xh, dtype)
+    force_blocks_per_sm(blocks_per_sm)
+    try:
+        if fmt == "nvfp4":
+            packed, scales, _ = R.quantize_nvfp4(x2, np.float32(300.0), dtype=hint)
+            t = mx.quantize_nvfp4(cupy.asarray(xh), 300.0, dtype=hint)
+        else:
+            packed, scales = R.quantize_mx(x2, fmt, dtype=hint)
+            t = mx.quantize_mx(cupy.asarray(xh), fmt, dtype=hint)
+    finally:
+        force_blocks_per_sm(None)
+    ctx = f"{fmt=} {dtype=} {blocks_per_sm=} {xh.shape=}"
+    _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
+    _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
+
+
 @pytest.mark.parametrize("small", [None, "fused", "redundant"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_nvfp4_every_global_scale_path(dtype, small):
