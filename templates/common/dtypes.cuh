@@ -66,9 +66,12 @@ template <> __device__ __forceinline__ uint32_t hmul2<__nv_bfloat16>(uint32_t a,
   return r;
 }
 
-// (a & m) | (b & ~m): one LOP3.
+// (a & m) | (b & ~m): one LOP3 (written as lop3 so that a constant m stays its immediate; the
+// plain C form became two LOP3s where b is a shifted value).
 __device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) {
-  return (a & m) | (b & ~m);
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xCA;" : "=r"(r) : "r"(m), "r"(a), "r"(b));
+  return r;
 }
 
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
