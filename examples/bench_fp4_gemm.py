@@ -7,7 +7,9 @@ read-bandwidth floor and cuBLAS fp16 (cupy.matmul), all measured in the same run
 Per (shape, fmt, M): median microseconds per call from a CUDA graph of back-to-back calls, each
 call on a different weight copy (copies span >= 8 x L2). Floor = bytes the call must read
 (fp4 weights + scales + A) / the streaming read rate of a 16-byte-load kernel. --sweep also times
-forced K splits at M=1 and both paths at M = 16..128 (the selector's crossover).
+forced K splits at M=1 and both paths at M = 16..128 (the selector's crossover); --variants
+(at --variant-ms) launch variants checked against the default plan; the plain-read line is a
+streaming-read kernel over the same bytes in the same kind of graph (launch, ramp and tail).
 """
 
 from __future__ import annotations
@@ -32,6 +34,25 @@ extern "C" __global__ void read_bw(const uint4* __restrict__ p, unsigned long lo
   if (acc == 0x12345678u) out[0] = acc;
 }
 """
+
+
+def plain_read_us(copies, stream) -> float:
+    """Microseconds per call of the 16-byte streaming read kernel over one weight copy's fp4
+    bytes (one launch; the scales, 1/16 more, not read), in the same graph of back-to-back calls
+    as the GEMM: what launch, ramp and tail cost a kernel that only reads."""
+    import cupy
+
+    from kernelgen.arch import device_info
+
+    k = cupy.RawKernel(_READ_SRC, "read_bw")
+    out = cupy.zeros(1, cupy.uint32)
+    grid = device_info().sm_count * 8
+
+    def call(i):
+        x = copies[i % len(copies)].data
+        k((grid,), (256,), (x, np.uint64(x.nbytes // 16), out))
+
+    return graph_time(call, len(copies), stream)[0] * 1e6
 
 
 def read_bandwidth(nbytes: int = 1 << 30) -> float:
@@ -83,13 +104,15 @@ def weight_copies(fmt, n, k, l2_bytes):
     g = 16 if fmt == "nvfp4" else 32
     rs = cupy.random.RandomState(0)
 
-    def make():
-        data = rs.randint(0, 256, (n, k // 2), dtype=cupy.int32).astype(cupy.uint8)
+    t, q, sb = -(-n // 16), k // 128, 128 // g
+
+    def make():  # random bytes are random (encoded) codes; already in the tiled shapes
+        data = rs.randint(0, 256, (t, q, 2, 8, 4, 16), dtype=cupy.int32).astype(cupy.uint8)
         if fmt == "nvfp4":
-            scales = rs.randint(0x30, 0x48, (n, k // g), dtype=cupy.int32).astype(cupy.uint8)
+            scales = rs.randint(0x30, 0x48, (t, q, 8, 4, 2, sb // 4), dtype=cupy.int32).astype(cupy.uint8)
             post = cupy.full(1, 2688.0 / 3.0, cupy.float32)
         else:
-            scales = rs.randint(120, 128, (n, k // g), dtype=cupy.int32).astype(cupy.uint8)
+            scales = rs.randint(120, 128, (t, q, 8, 4, 2, sb // 4), dtype=cupy.int32).astype(cupy.uint8)
             post = cupy.full(n, 2.0**-6, cupy.float32)
         return Fp4Weight(fmt, n, k, data, scales, post, cupy.cuda.runtime.getDevice())
 
@@ -97,7 +120,7 @@ def weight_copies(fmt, n, k, l2_bytes):
     return rotation(make, wbytes, l2_bytes), wbytes
 
 
-def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng) -> None:
+def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, variant_ms) -> None:
     """Variants the selector would not pick, each checked against the default launch."""
     import dataclasses
 
@@ -109,6 +132,10 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng) -> N
         base = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
         if base.path == "gemv":
             yield "hint=off", dataclasses.replace(base, config=base.config.replace(hint=False))
+            for kw in (1, 2, 4, 8):  # warps a tile along K (one CTA covers 8 / kw tiles)
+                if kw != base.kw:
+                    grid = (-(-(-(-n // 16) * kw) // 8), base.grid[1], base.grid[2])
+                    yield f"kw={kw}", dataclasses.replace(base, kw=kw, grid=grid)
             if base.config.depth != 2:
                 yield "depth=2", dataclasses.replace(base, config=base.config.replace(depth=2))
             if m == 1:
@@ -127,7 +154,7 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng) -> N
                 yield f"bm={bm} wt={wt} st={st}", dataclasses.replace(
                     p, config=cfg, grid=grid, block=(cfg.threads, 1, 1), smem=cfg.smem_bytes())
 
-    for m in (1, 16, 256, 1024, 4096):
+    for m in variant_ms:
         a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
         ref = fp4_gemm(a, copies[0]).astype(cupy.float32)
         for name, p in variants(m):
@@ -176,7 +203,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--variants", action="store_true",
-                    help="time launch variants (load hint, depth, splits, tile BM / stages)")
+                    help="time launch variants (load hint, depth, K warps, splits, tile BM / stages)")
+    ap.add_argument("--variant-ms", default="1,16,256,1024,4096", help="M values of --variants")
     ap.add_argument("--sass", default=None, help="write a SASS opcode histogram of the M=1 kernel here")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -211,6 +239,10 @@ def main() -> None:
             del dense
             for fmt in args.fmts.split(","):
                 copies, wbytes = weight_copies(fmt, n, k, dev.l2_bytes)
+                plain = plain_read_us(copies, stream)
+                res.setdefault("plain_read_us", {})[f"{n}x{k} {fmt}"] = plain
+                print(f"{n:>5}x{k:<5} {fmt} plain 16-byte read of W's fp4 bytes: {plain:.2f} us",
+                      flush=True)
                 for m in ms:
                     a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
                     out = cupy.empty((m, n), cupy.float16)
@@ -247,7 +279,8 @@ def main() -> None:
                         print(f"  sweep {fmt} M={m:<3} {path:4} split={split}: {t * 1e6:8.2f} us "
                               f"{100 * fr:5.1f}% read BW", flush=True)
                 if args.variants:
-                    run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng)
+                    run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng,
+                                 [int(v) for v in args.variant_ms.split(",")])
                 del copies
     if args.sass:
         sass_histogram(args.sass, dev)

@@ -239,5 +239,7 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     fn = get_kernel(p.config, ctx.device, ctx.stream).fn(p.config.symbols()[0])
     args = (W.data, W.scales, W.post, a, b, np.int32(bias is not None), np.float32(alpha), c, ws,
             counters, np.int32(m), np.int32(n), np.int32(k), np.int32(p.sps))
+    if p.path == "gemv":
+        args += (np.int32(p.kw.bit_length() - 1),)
     ctx.launch(fn, p.grid, p.block, args, smem=p.smem)
     return out

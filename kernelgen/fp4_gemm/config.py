@@ -62,20 +62,12 @@ class Fp4GemvConfig(KernelConfig):
         return ("fp4_gemv",)
 
     def smem_bytes(self) -> int:
-        """The cap on the staged A slice (select.py keeps every launch below it)."""
-        return gemv_smem_cap(self.arch)
+        """None dynamic: A is read from global memory, the K-slice sums meet in static smem."""
+        return 0
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
                 "min_blocks": GEMV_MIN_BLOCKS}
-
-
-GEMV_SMEM_CAP = {"sm_80": 72 * KB, "sm_90a": 96 * KB, "sm_100a": 96 * KB, "sm_120a": 48 * KB}
-
-
-def gemv_smem_cap(arch: str) -> int:
-    """Bytes of A a bandwidth-path CTA may stage (two CTAs share an SM's shared memory)."""
-    return GEMV_SMEM_CAP.get(arch, 48 * KB)
 
 
 def tile_smem(fmt: str, bm: int, stages: int) -> int:

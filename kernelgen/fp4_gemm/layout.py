@@ -8,7 +8,9 @@ read them (lane (g, t) = (lane / 4, lane % 4) takes the 16-byte chunk t of rows 
     scales [T, Q, 8 (g), 4 (t), 2 (h), SB / 4]  scale column = q * SB + t * SB / 4 + i
 
 T = ceil(N / 16) (rows past N are zero), Q = K / 128. A warp's weight load then covers 512
-contiguous bytes and consecutive steps follow each other in memory, like a streaming copy.
+contiguous bytes and consecutive steps follow each other in memory, like a streaming copy. The
+bits of each 4-byte word of the data (8 elements of consecutive k) are then permuted / XORed
+(ENCODE, below) so that the kernels decode them with a shift and a mask per element pair.
 Written for any array module with reshape / transpose (NumPy in the tests, CuPy in the API).
 """
 
@@ -28,11 +30,14 @@ def _pad_rows(xp: Any, a: Any, rows: int) -> Any:
 
 
 def tile_data(xp: Any, data: Any, n: int, k: int) -> Any:
-    """Packed fp4 bytes [N, K/2] -> [T, Q, 2, 8, 4, 16]: a new C-contiguous array (never a
-    view of `data`, so the result outlives it)."""
+    """Packed fp4 bytes [N, K/2] -> [T, Q, 2, 8, 4, 16], each 4-byte word bit-encoded (ENCODE
+    below): a new C-contiguous array (never a view of `data`, so the result outlives it)."""
     t, q = -(-n // TILE_ROWS), k // STEP_K
     d = _pad_rows(xp, data, t * TILE_ROWS).reshape(t, 2, 8, q, 4, 16)
-    return d.transpose(0, 3, 1, 2, 4, 5).copy()  # a new C-order array even where a view would do
+    d = d.transpose(0, 3, 1, 2, 4, 5).copy()  # a new C-order array even where a view would do
+    words = d.reshape(-1).view(xp.uint32)  # little-endian: element i of a word in bits 4i..4i+3
+    words[...] = encode_words(xp, words)  # in place: d stays the owner of its memory
+    return d
 
 
 def tile_scales(xp: Any, scales: Any, n: int, k: int, sb: int) -> Any:
@@ -41,3 +46,76 @@ def tile_scales(xp: Any, scales: Any, n: int, k: int, sb: int) -> Any:
     t, q = -(-n // TILE_ROWS), k // STEP_K
     s = _pad_rows(xp, scales, t * TILE_ROWS).reshape(t, 2, 8, q, 4, sb // 4)
     return s.transpose(0, 3, 2, 4, 1, 5).copy()
+
+
+# -- bit encoding of the weight words ------------------------------------------------------------
+# The kernels decode a 32-bit word q (8 elements of one row, consecutive k) into the four T pairs
+# of (elements 0,1), (2,3), (4,5), (6,7) with shifts and masks only (fp4.cuh e2m1_word):
+#     o0 = q & MASK            o1 = rotl(q, 13) & MASK
+#     o2 = (q<<4 ^ q<<7) & MASK   o3 = (q<<4 ^ q<<9) & MASK,   MASK = 0x8E008E00
+# each half of o_i being the fp16 bits of e2m1 * 2^-14 (sign at bit 15, e1 e0 m at bits 11..9;
+# code 1 = 0.5 is the subnormal 2^-15). The decode is GF(2)-linear in q, and invertible, so the
+# stored word is q = ENCODE(w) of the plain word w (element i in bits 4i..4i+3, as MxTensor packs
+# two elements a byte, low nibble first).
+E2M1_MASK = 0x8E008E00
+_S = (9, 10, 11, 15, 25, 26, 27, 31)  # MASK's bits: e2m1 bits 0..2 and 3 of each half
+
+
+def _decode_rows() -> list[int]:
+    """The 32 output bits (o_i at _S[j], i-major) as masks of the stored word's bits they XOR."""
+    def shl(r, p):
+        return 1 << (p - r) if p >= r else 0
+    rows = []
+    for p in _S:
+        rows.append(1 << p)
+    for p in _S:
+        rows.append(1 << ((p - 13) % 32))
+    for p in _S:
+        rows.append(shl(4, p) ^ shl(7, p))
+    for p in _S:
+        rows.append(shl(4, p) ^ shl(9, p))
+    return rows
+
+
+def _invert(rows: list[int]) -> list[int]:
+    """Inverse over GF(2) of the 32 x 32 bit matrix with the given rows (row i = a mask)."""
+    n = len(rows)
+    a = [(rows[i], 1 << i) for i in range(n)]
+    for col in range(n):
+        piv = next(i for i in range(col, n) if a[i][0] >> col & 1)
+        a[col], a[piv] = a[piv], a[col]
+        for i in range(n):
+            if i != col and a[i][0] >> col & 1:
+                a[i] = (a[i][0] ^ a[col][0], a[i][1] ^ a[col][1])
+    return [a[i][1] for i in range(n)]  # row i: which output bits XOR into stored bit i
+
+
+def _encode_columns() -> tuple[int, ...]:
+    """ENCODE as 32 masks: bit x of the plain word contributes column x to the stored word."""
+    inv = _invert(_decode_rows())
+    cols = []
+    for x in range(32):
+        e, b = x // 4, x % 4  # element e, bit b (3 = sign)
+        out = 8 * (e // 2) + (3 if b == 3 else b) + 4 * (e % 2)  # its output bit (index into rows)
+        cols.append(sum(1 << i for i in range(32) if inv[i] >> out & 1))
+    return tuple(cols)
+
+
+ENCODE = _encode_columns()
+
+
+def encode_words(xp: Any, w: Any) -> Any:
+    """Plain uint32 words -> the stored words the kernels decode (a new array)."""
+    q = xp.zeros(w.shape, dtype=xp.uint32)
+    for x, col in enumerate(ENCODE):
+        q ^= ((w >> xp.uint32(x)) & xp.uint32(1)) * xp.uint32(col)
+    return q
+
+
+def decode_word(q: int) -> list[int]:
+    """fp4.cuh e2m1_word (fp16): a stored word -> the four 32-bit fp16 pairs (for the tests)."""
+    q &= 0xFFFFFFFF
+    s4 = (q << 4) & 0xFFFFFFFF
+    rot = ((q << 13) | (q >> 19)) & 0xFFFFFFFF
+    return [q & E2M1_MASK, rot & E2M1_MASK, (s4 ^ (q << 7)) & E2M1_MASK,
+            (s4 ^ (q << 9)) & E2M1_MASK]

@@ -26,21 +26,22 @@ from .config import (
     TILE_BN,
     Fp4GemvConfig,
     Fp4TileConfig,
-    gemv_smem_cap,
     tile_smem,
 )
 
 # Path threshold: M up to this runs the bandwidth path (one pass of <= 16 tokens reads W once);
 # above it the tile path, whose CTAs reuse each decoded weight for BM tokens.
 GEMV_MAX_M = 16
-# Bandwidth path: the most K splits whose CTAs all fit one wave (GEMV_CTAS_PER_SM resident an
-# SM: 8 warps x <= 128 registers), keeping at least MIN_STEPS quad steps (128 k) per split so
-# the DEPTH-deep load ring is full. The kernel is bound by per-warp latency, not by bytes in
-# flight (DEPTH 4 keeps 4 KB a warp, ~64 KB an SM: Little's law asks ~16 KB), so what counts is
-# warps busy on every SM until the end: measured on H100 (M=1) 14336x4096 fastest at 2 splits
-# (224 CTAs), 4096x14336 at 8 (256 CTAs), both one wave of <= 264.
+# Bandwidth path: tiles of 16 W rows, KW warps a tile along K (KW_CHOICES, summed in shared
+# memory: no global split-K epilogue), WARPS / KW tiles a CTA. The largest KW whose CTAs all fit
+# one wave (GEMV_CTAS_PER_SM resident an SM: 8 warps x <= 128 registers) and leave every warp
+# >= MIN_STEPS quad steps (128 k) wins: the kernel streams, so what counts is enough warps with
+# loads in flight on every SM until the end (14336x4096: KW 2, 224 CTAs; 4096x14336: KW 8, 256).
+# Only when even KW 8 leaves SMs idle (few tiles, long K) are K ranges also split across CTAs
+# (fp32 partials + a counter, summed in split order by the last CTA).
 GEMV_CTAS_PER_SM = 2
 MIN_STEPS = 4
+KW_CHOICES = (8, 4, 2, 1)
 # Tile path: BM by M (largest M of the row), split-K until the CTAs make one wave.
 TILE_BM_TABLE: tuple[tuple[int, int], ...] = ((32, 32), (128, 64), (1 << 31, 128))
 TILE_MIN_STEPS = 4
@@ -51,7 +52,8 @@ MAX_STAGES = 4
 
 @dataclass(frozen=True)
 class Plan:
-    """One launch: config, K splits, quad steps (128 k) per split, grid, block, dynamic smem."""
+    """One launch: config, K splits, quad steps (128 k) per split, grid, block, dynamic smem,
+    warps a tile along K (bandwidth path)."""
 
     config: Fp4GemvConfig | Fp4TileConfig
     split: int
@@ -59,6 +61,7 @@ class Plan:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int
+    kw: int = 1  # bandwidth path: warps a tile along K (a power of two dividing the CTA's warps)
 
     @property
     def path(self) -> str:
@@ -71,7 +74,8 @@ class Plan:
         return g[0] * (g[2] if self.path == "gemv" else g[1])
 
     def short(self) -> str:
-        return (f"{self.path}: {self.config.short()} split={self.split} k_per_split="
+        kw = f" kw={self.kw}" if self.path == "gemv" else ""
+        return (f"{self.path}: {self.config.short()} split={self.split}{kw} k_per_split="
                 f"{self.sps * STEP_K} grid={self.grid} block={self.block} smem={self.smem}")
 
 
@@ -97,29 +101,35 @@ def bm_for(m: int) -> int:
     raise AssertionError("unreachable")
 
 
+def _kw(tiles: int, steps: int, ctas_cap: int) -> int:
+    """Warps a tile along K: the largest whose CTAs fit ctas_cap and whose warps get MIN_STEPS."""
+    for kw in KW_CHOICES:
+        if kw == 1 or (-(-tiles * kw // GEMV_WARPS) <= ctas_cap and -(-steps // kw) >= MIN_STEPS):
+            return kw
+    raise AssertionError("unreachable")
+
+
 def _gemv(arch, m, n, k, fmt, dtype, sm_count, split):
     m_tile = 8 if m <= 8 else 16
-    rows = min(m, m_tile)
     m_tiles = -(-m // m_tile)
     tiles = -(-n // 16)
     q = k // STEP_K
-    max_sps = max(1, gemv_smem_cap(arch) // (rows * STEP_K * 2))
-    ctas_x = -(-tiles // GEMV_WARPS)
+    one_wave = GEMV_CTAS_PER_SM * sm_count
     if split is None:
-        one_wave = GEMV_CTAS_PER_SM * sm_count // (ctas_x * m_tiles)
-        split = max(1, min(one_wave, q // MIN_STEPS), -(-q // max_sps))
+        kw = _kw(tiles, q, max(1, one_wave // m_tiles))
+        ctas = -(-tiles * kw // GEMV_WARPS) * m_tiles
+        split = max(1, min(one_wave // ctas, q // (kw * MIN_STEPS)))
     elif not 1 <= split <= q:
         raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
     sps = -(-q // split)
-    if sps > max_sps:
-        raise ValueError(f"split_k={split}: {rows} tokens x {sps * STEP_K} k of A do not fit the "
-                         f"{gemv_smem_cap(arch)} B a CTA stages; use split_k >= {-(-q // max_sps)}")
     split = -(-q // sps)
-    depth = DEPTHS[-1] if sps >= DEPTHS[-1] else DEPTHS[0]
+    kw = _kw(tiles, sps, max(1, one_wave // (m_tiles * split)))
+    per = -(-sps // kw)
+    depth = DEPTHS[-1] if per >= DEPTHS[-1] else DEPTHS[0]
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=GEMV_WARPS,
                         depth=depth)
-    grid = (ctas_x, split, m_tiles)
-    return Plan(cfg, split, sps, grid, (GEMV_WARPS * 32, 1, 1), rows * sps * STEP_K * 2)
+    grid = (-(-tiles * kw // GEMV_WARPS), split, m_tiles)
+    return Plan(cfg, split, sps, grid, (GEMV_WARPS * 32, 1, 1), 0, kw)
 
 
 def _tile(arch, m, n, k, fmt, dtype, sm_count, split):

@@ -1,9 +1,10 @@
 // FP4 (E2M1) weights for fp16 / bf16 tensor-core GEMMs: decode, scales, loads, split-K finish.
 //
 // Weight layout both kernels read (kernelgen/fp4_gemm/layout.py; prepare_weight makes it):
-//   W  packed E2M1 (two a byte, element 2j in the low nibble of byte j) tiled per 16 rows and
-//      128 k: [T, Q, 2 (h), 8 (g), 4 (t), 16 B], row = 16*tile + 8h + g (T = ceil(N/16), rows
-//      past N zero, Q = K/128): the 1 KB a warp loads per step is contiguous.
+//   W  packed E2M1 tiled per 16 rows and 128 k: [T, Q, 2 (h), 8 (g), 4 (t), 16 B], row =
+//      16*tile + 8h + g (T = ceil(N/16), rows past N zero, Q = K/128): the 1 KB a warp loads per
+//      step is contiguous. Each 4-byte word holds 8 elements of consecutive k, its bits encoded
+//      for e2m1_word below (layout.py ENCODE).
 //   S  scale bytes of the same blocks: [T, Q, 8 (g), 4 (t), 2 (h), SB/4] (SB = 128 / group):
 //        NVFP4: E4M3 bytes as quantized (groups of 16);
 //        MXFP4: E8M0 bytes *relative to the row*: s' = max(s - rowmax + 127, 0) (<= 127;
@@ -17,12 +18,11 @@
 //
 // Lane work unit ("quad step", 128 k of 16 W rows): lane (g, t) = (lane / 4, lane % 4) loads the
 // 16-byte chunk t (elements 32t..32t+31) of rows g and g+8. mma k-step s (0..7) takes elements
-// 4s..4s+3 of the chunk: word s/2, nibbles 4(s%2)..4(s%2)+3. The mma's k-slots {2t,2t+1} and
+// 4s..4s+3 of the chunk: word s/2, elements 4(s%2)..4(s%2)+3. The mma's k-slots {2t,2t+1} and
 // {2t+8,2t+9} then stand for the actual k {32t+4s, +1} and {+2, +3}: the activation fragment of
-// lane t is the 8 bytes A[token][k0 + 32t + 4s .. +3], i.e. one 16-byte shared load per two
-// k-steps. A group never straddles a k-step of a lane (NVFP4: words 0-1 / 2-3 are two groups,
+// lane t is the 8 bytes A[token][k0 + 32t + 4s .. +3], i.e. one 16-byte load per two k-steps. A group never straddles a k-step of a lane (NVFP4: words 0-1 / 2-3 are two groups,
 // MXFP4: the chunk is one group), so each lane scales its own W pairs by its own group scale in
-// fp16 / bf16 before the mma (exact: e2m1 x e4m3 has <= 6 significant bits and fits both types).
+// fp16 / bf16 before the mma (one multiply a pair, exact: see RowScale).
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/mma.cuh"
@@ -38,113 +38,80 @@ constexpr uint32_t FULL = 0xffffffffu;
 // scale bytes per row per quad step: 128 / G
 template <int FMT> struct Fmt { static constexpr int SB = FMT == FMT_NVFP4 ? 8 : 4; };
 
-// prmt with a run-time selector of 3-bit byte indices (bit 3 of each nibble must be 0).
-__device__ __forceinline__ uint32_t prmt_r(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-}
+// -- E2M1 words -> T pairs ----------------------------------------------------------------------
+// A stored word q (8 elements of one row, bit-encoded by kernelgen/fp4_gemm/layout.py ENCODE)
+// -> o[p] = the pair (element 2p, 2p+1), low half first, as raw T bits: fp16 sign at bit 15 and
+// e1 e0 m at bits 11..9 is exactly e2m1 * 2^-14 (code 1 = 0.5 lands on the subnormal 2^-15);
+// bf16 takes the magnitude three bits lower (bits 8..6): e2m1 * 2^-126. fp16: 1 SHF + 4 LOP3 on
+// the ALU pipe and 3 shifts the compiler issues as IMAD.SHL; bf16 adds a shift and a LOP3 a pair.
+constexpr uint32_t E2M1_MASK = 0x8E008E00u;
+template <typename T> struct RawUnit;  // raw pair value = e2m1 * 2^-EXP
+template <> struct RawUnit<half> { static constexpr int EXP = 14; };
+template <> struct RawUnit<__nv_bfloat16> { static constexpr int EXP = 126; };
 
-// -- E2M1 -> fp16 / bf16 pairs ----------------------------------------------------------------
-// Hopper has no fp4 cvt. Byte tables indexed by the 3-bit magnitude, looked up four at a time
-// with prmt: fp16 values of e2m1 have a zero low byte, so one table of high bytes suffices;
-// bf16 needs a high and a low table. The sign bits need no table: those of the odd elements
-// n1, n3, n5, n7 already sit at bit 7 of w's bytes, those of the even ones at bit 7 of the
-// bytes of w << 4; one prmt interleaves them into the byte order of the lookups.
-template <typename T> struct E2m1Lut;
-template <> struct E2m1Lut<half> {
-  static constexpr bool LOW = false;  // low bytes all zero
-  static constexpr uint32_t H0 = 0x3E3C3800u, H1 = 0x46444240u;  // 0 .5 1 1.5 | 2 3 4 6
-  static constexpr uint32_t L0 = 0u, L1 = 0u;
-};
-template <> struct E2m1Lut<__nv_bfloat16> {
-  static constexpr bool LOW = true;
-  static constexpr uint32_t H0 = 0x3F3F3F00u, H1 = 0x40404040u;
-  static constexpr uint32_t L0 = 0xC0800000u, L1 = 0xC0804000u;
-};
-
-// Word w = elements n0..n7 (nibble i = element i) -> r[p] = T pair (n_2p, n_2p+1), low half
-// first. h0, h1: the high-byte table (E2m1Lut::H0/H1, or a scaled copy, see RowScale).
 template <typename T>
-__device__ __forceinline__ void e2m1x8(uint32_t w, uint32_t h0, uint32_t h1, uint32_t (&r)[4]) {
-  using L = E2m1Lut<T>;
-  const uint32_t mag = w & 0x77777777u, w4 = w << 4;
+__device__ __forceinline__ void e2m1_word(uint32_t q, uint32_t (&o)[4]) {
+  const uint32_t s4 = q << 4;
+  o[0] = q & E2M1_MASK;
+  o[1] = __funnelshift_l(q, q, 13) & E2M1_MASK;
+  o[2] = (s4 ^ (q << 7)) & E2M1_MASK;
+  o[3] = (s4 ^ (q << 9)) & E2M1_MASK;
+  if constexpr (RawUnit<T>::EXP == 126) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t m = h ? mag >> 16 : mag;
-    const uint32_t sg = __byte_perm(w4, w, h ? 0x7362u : 0x5140u);  // bit 7 of byte i: sign of n_4h+i
-    const uint32_t hi = prmt_r(h0, h1, m) | (sg & 0x80808080u);  // one LOP3
-    if constexpr (!L::LOW) {
-      r[2 * h] = __byte_perm(hi, 0u, 0x1404u);      // [0, hi0, 0, hi1]
-      r[2 * h + 1] = __byte_perm(hi, 0u, 0x3424u);  // [0, hi2, 0, hi3]
-    } else {
-      const uint32_t lo = prmt_r(L::L0, L::L1, m);
-      r[2 * h] = __byte_perm(lo, hi, 0x5140u);      // [lo0, hi0, lo1, hi1]
-      r[2 * h + 1] = __byte_perm(lo, hi, 0x7362u);  // [lo2, hi2, lo3, hi3]
-    }
+    for (int p = 0; p < 4; ++p) o[p] = bitsel(0x90009000u, o[p], o[p] >> 3);  // sign stays at 15
   }
 }
 
 // -- scales -----------------------------------------------------------------------------------
-// Relative E8M0 byte s' -> 2^(s'-127) (0 for s' == 0, NaN for 0xFF).
-__device__ __forceinline__ float e8m0_rel_to_float(uint32_t b) {
-  return b == 0xFFu ? __int_as_float(0x7fffffff) : __uint_as_float(b << 23);
-}
-
-// The scales of one lane's chunk of one row: `raw` = the 2 (NVFP4) or 1 (MXFP4) scale bytes
-// in its low bits; sc[0] for words 0-1, sc[1] for words 2-3, as T pairs.
-// NVFP4 scales are produced as e4m3 * 2^-8 (the fp16 bit pattern of the e4m3 byte: no
-// conversion for fp16; NVFP4_UNIT below undoes the 2^-8 in the epilogue). W pairs times that
-// stay exact in fp16: products of e2m1 and e4m3 are multiples of 2^-10 below 2688, so after
-// the 2^-8 multiples of 2^-18 (>= fp16's 2^-24 step) below 10.5. NaN bytes (0x7F / 0xFF) give NaN.
-constexpr float NVFP4_UNIT = 256.0f;
-__device__ __forceinline__ uint32_t e4m3x2_to_half2_unit(uint32_t raw) {
-  const uint32_t x = __byte_perm(raw, 0u, 0x4140u);  // [b0, 0, b1, 0]: one byte a 16-bit lane
-  uint32_t h = ((x & 0x007F007Fu) << 7) | ((x & 0x00800080u) << 8);
-  const uint32_t nan = (((x & 0x007F007Fu) + 0x00010001u) & 0x00800080u) * 0xFCu;  // 0x7E00 a NaN lane
-  return h | nan;
-}
-
-// MXFP4 with fp16: the group scale 2^(s'-127) is a power of two, so it goes into the table
-// instead of a multiply per W pair: every non-zero e2m1 value is a normal fp16, and adding d to
-// its exponent is adding 4d to its high byte (the zero entry stays 0). The table holds
-// e2m1 * 2^(s'-127+13) for s'-127 in [-26, 0] (largest 6 * 2^13 < 65504; MX_UNIT undoes the 2^13
-// in the epilogue); groups more than 2^26 below their row's largest are flushed to zero, a NaN
-// scale gives a table of NaNs.
+// RowScale: the group scales of one lane's chunk of one row as T pairs (s, s): s[0] for words
+// 0-1, s[1] for words 2-3 (MXFP4: one group, both the same). A scaled pair raw * s is exact in T
+// and its value is w * scale * 2^-UNIT_EXP; row_factor multiplies the fp32 sum by 2^UNIT_EXP.
+//   fp16 NVFP4: s = e4m3 (exact in fp16)                 -> w e4m3 2^-14  (multiples of 2^-24)
+//   bf16 NVFP4: s = e4m3 * 2^119                        -> w e4m3 2^-7
+//   fp16 MXFP4: s = 2^(s'-127+15) (0 below 2^-24)       -> w 2^(s'-127+1): exact for groups down
+//               to 2^-24 below the row's largest, rounded below that (they add < 2^-24 relative)
+//   bf16 MXFP4: s = 2^(s'-127+126)                      -> w 2^(s'-127)
+// s' = 0 (a flushed MXFP4 group) gives s = 0; NaN scale bytes (e4m3 0x7F / 0xFF, E8M0 0xFF) NaN.
 template <typename T, int FMT>
 struct RowScale {
-  static constexpr bool IN_TABLE = FMT == FMT_MXFP4 && !E2m1Lut<T>::LOW;
-  uint32_t h0, h1;  // high-byte table
-  uint32_t s[2];    // T pair scales of words 0-1 and 2-3 (unused when IN_TABLE)
+  uint32_t s[2];
 };
 template <typename T, int FMT>
-constexpr float MX_UNIT = RowScale<T, FMT>::IN_TABLE ? 1.0f / 8192.0f : 1.0f;
+constexpr int UNIT_EXP = FMT == FMT_NVFP4 ? (RawUnit<T>::EXP == 14 ? 14 : 7) : (RawUnit<T>::EXP == 14 ? -1 : 0);
 
-// The scales of one lane's chunk of one row: `raw` = the 2 (NVFP4) or 1 (MXFP4) scale bytes in
-// its low bits.
+// Two e4m3 bytes (low 16 bits of raw) -> half2 of their exact values (NaN stays NaN).
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t raw) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t r;
+  asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(r) : "r"(raw));
+  return r;
+#else
+  // fp16 bit pattern of the byte's bits: e4m3 * 2^-8 (exact), NaN lanes forced; then * 2^8
+  const uint32_t x = __byte_perm(raw, 0u, 0x4140u);  // [b0, 0, b1, 0]: one byte a 16-bit lane
+  const uint32_t h = ((x & 0x007F007Fu) << 7) | ((x & 0x00800080u) << 8);
+  const uint32_t nan = (((x & 0x007F007Fu) + 0x00010001u) & 0x00800080u) * 0xFCu;  // 0x7E00 a NaN lane
+  return hmul2<half>(h | nan, 0x5C005C00u);  // (256, 256)
+#endif
+}
+
 template <typename T, int FMT>
 __device__ __forceinline__ RowScale<T, FMT> chunk_scales(uint32_t raw) {
   RowScale<T, FMT> r;
-  r.h0 = E2m1Lut<T>::H0;
-  r.h1 = E2m1Lut<T>::H1;
   if constexpr (FMT == FMT_NVFP4) {
-    const uint32_t h2 = e4m3x2_to_half2_unit(raw);  // (lo, hi) = groups (first, second)
-    if constexpr (E2m1Lut<T>::LOW) {  // bf16: exact through fp32
-      const __half2 hh = *reinterpret_cast<const __half2*>(&h2);
-      r.s[0] = splat2<T>(__low2float(hh));
-      r.s[1] = splat2<T>(__high2float(hh));
-    } else {
+    const uint32_t h2 = e4m3x2_to_half2(raw);  // (lo, hi) = groups (first, second)
+    if constexpr (RawUnit<T>::EXP == 14) {
       r.s[0] = __byte_perm(h2, 0u, 0x1010u);  // (lo, lo)
       r.s[1] = __byte_perm(h2, 0u, 0x3232u);  // (hi, hi)
+    } else {  // exact through fp32: e4m3 * 2^119 < 2^128
+      const __half2 hh = *reinterpret_cast<const __half2*>(&h2);
+      r.s[0] = splat2<T>(__low2float(hh) * 0x1p119f);
+      r.s[1] = splat2<T>(__high2float(hh) * 0x1p119f);
     }
-  } else if constexpr (RowScale<T, FMT>::IN_TABLE) {
-    const int d = (int)(raw & 0xFFu) - 127 + 13;
-    const uint32_t add = (uint32_t)(4 * d);
-    const bool nan = (raw & 0xFFu) == 0xFFu, flush = d < -13;
-    r.h0 = nan ? 0x7E7E7E7Eu : flush ? 0u : r.h0 + add * 0x01010100u;
-    r.h1 = nan ? 0x7E7E7E7Eu : flush ? 0u : r.h1 + add * 0x01010101u;
   } else {
-    r.s[0] = r.s[1] = splat2<T>(e8m0_rel_to_float(raw & 0xFFu));
+    const uint32_t b = raw & 0xFFu;
+    const float f = b == 0xFFu ? __int_as_float(0x7fffffff)
+                               : __uint_as_float(b << 23) * (RawUnit<T>::EXP == 14 ? 0x1p15f : 0x1p126f);
+    r.s[0] = r.s[1] = splat2<T>(f);
   }
   return r;
 }
@@ -155,18 +122,13 @@ template <typename T, int FMT>
 __device__ __forceinline__ void frags_of_word(uint32_t wa, uint32_t wb, const RowScale<T, FMT>& a,
                                               const RowScale<T, FMT>& b, int j, uint32_t (&f)[8]) {
   uint32_t ra[4], rb[4];
-  e2m1x8<T>(wa, a.h0, a.h1, ra);
-  e2m1x8<T>(wb, b.h0, b.h1, rb);
-  if constexpr (RowScale<T, FMT>::IN_TABLE) {
-    f[0] = ra[0]; f[1] = rb[0]; f[2] = ra[1]; f[3] = rb[1];
-    f[4] = ra[2]; f[5] = rb[2]; f[6] = ra[3]; f[7] = rb[3];
-  } else {
-    const uint32_t sa = a.s[j >> 1], sb = b.s[j >> 1];
-    f[0] = hmul2<T>(ra[0], sa); f[1] = hmul2<T>(rb[0], sb);
-    f[2] = hmul2<T>(ra[1], sa); f[3] = hmul2<T>(rb[1], sb);
-    f[4] = hmul2<T>(ra[2], sa); f[5] = hmul2<T>(rb[2], sb);
-    f[6] = hmul2<T>(ra[3], sa); f[7] = hmul2<T>(rb[3], sb);
-  }
+  e2m1_word<T>(wa, ra);
+  e2m1_word<T>(wb, rb);
+  const uint32_t sa = a.s[j >> 1], sb = b.s[j >> 1];
+  f[0] = hmul2<T>(ra[0], sa); f[1] = hmul2<T>(rb[0], sb);
+  f[2] = hmul2<T>(ra[1], sa); f[3] = hmul2<T>(rb[1], sb);
+  f[4] = hmul2<T>(ra[2], sa); f[5] = hmul2<T>(rb[2], sb);
+  f[6] = hmul2<T>(ra[3], sa); f[7] = hmul2<T>(rb[3], sb);
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4& u, int j) {
@@ -202,12 +164,14 @@ __device__ __forceinline__ uint32_t swz(uint32_t c, uint32_t row) {
 }
 
 // -- epilogue -----------------------------------------------------------------------------------
-// Row factor of the output: alpha / gs (NVFP4) or alpha * 2^(rowmax - 127) (MXFP4), times the
-// units the fragments were scaled in (NVFP4_UNIT, MX_UNIT).
+// Row factor of the output: alpha / gs (NVFP4) or alpha * 2^(rowmax - 127) (MXFP4), times
+// 2^UNIT_EXP (the unit the scaled fragments are in, see RowScale).
 template <typename T, int FMT>
 __device__ __forceinline__ float row_factor(const float* __restrict__ post, float alpha, int n) {
-  if constexpr (FMT == FMT_NVFP4) return alpha * NVFP4_UNIT / __ldg(post);
-  else return alpha * MX_UNIT<T, FMT> * __ldg(post + n);
+  constexpr float unit = UNIT_EXP<T, FMT> == 14 ? 0x1p14f : UNIT_EXP<T, FMT> == 7 ? 0x1p7f
+                         : UNIT_EXP<T, FMT> == -1 ? 0.5f : 1.0f;
+  if constexpr (FMT == FMT_NVFP4) return alpha * unit / __ldg(post);
+  else return alpha * unit * __ldg(post + n);
 }
 
 template <typename T, int FMT>

@@ -5,13 +5,16 @@
 //   W, S, post: see fp4.cuh (prepared weight, tiled layout)
 //   C  [M, N] T; fp32 accumulation; ws [split, M, N] fp32 + counters [m_tiles, ctas_x] (split-K)
 //
-// grid (ceil(N / (16 WARPS)), split, m_tiles), WARPS warps a CTA. Warp w of CTA x owns the 16
-// W rows of tile x*WARPS + w (weights on the mma's 16-row side, tokens on its n8 side: a small
-// M wastes no weight bytes) over the CTA's K range (blockIdx.y); blockIdx.z is the pass of
-// M_TILE tokens. A[m0:m0+M_TILE, K range] is staged in shared memory once per CTA (cp.async,
-// swizzled, see fp4.cuh swz). Each weight byte is loaded once, as 16-byte ld.global.nc by lanes
-// that together cover 1 KB of contiguous memory a step (tiled layout); DEPTH quad steps per warp are in flight (a
-// register ring: step i+DEPTH is issued as soon as step i is taken out of its slot).
+// grid (ceil(tiles / (WARPS / KW)), split, m_tiles), WARPS warps a CTA, KW = 1 << kw_log warps a
+// tile: warp w of CTA x owns the 16 W rows of tile x * (WARPS / KW) + w / KW (weights on the
+// mma's 16-row side, tokens on its n8 side: a small M wastes no weight bytes) over slice w % KW
+// of the CTA's K range (blockIdx.y); the KW partial sums meet in shared memory in slice order
+// (deterministic). blockIdx.z is the pass of M_TILE tokens. Each weight byte is loaded once, as
+// 16-byte ld.global.nc by lanes that together cover 1 KB of contiguous memory a step (tiled
+// layout); DEPTH steps per warp are in flight in a register ring, the first issued before
+// anything else. The activation fragments are 16-byte loads from global memory (L1 hits after
+// the first warp of an SM: A is small and every warp of a K slice reads the same bytes), at
+// immediate offsets from one pointer per token row: no staging, no barrier before the loop.
 #pragma once
 #include "fp4_gemm/fp4.cuh"
 
@@ -22,75 +25,48 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
                                      T* __restrict__ C, float* __restrict__ ws,
-                                     unsigned* __restrict__ counters, int M, int N, int K,
-                                     int sps) {
+                                     unsigned* __restrict__ counters, int M, int N, int K, int sps,
+                                     int kw_log) {
   static_assert(M_TILE == 8 || M_TILE == 16, "m_tile is 8 or 16 tokens");
   constexpr int NT = M_TILE / 8;
   constexpr int SB = Fmt<FMT>::SB;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t as_base = (uint32_t)__cvta_generic_to_shared(smem);
+  constexpr int WSTEP = 1024, SSTEP = 16 * SB;  // bytes of W / S per (tile, step) block
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int m0 = blockIdx.z * M_TILE;
-  const int rows = min(M_TILE, M - m0);
-  const int Q = K / STEP_K;
-  const int q0 = blockIdx.y * sps;
-  const int n_it = min(Q, q0 + sps) - q0;  // quad steps of this CTA (>= 1: the host ensures it)
-  const int kr = n_it * STEP_K;
-  const int tile = blockIdx.x * WARPS + warp;
+  const int kw = 1 << kw_log, ks = warp & (kw - 1);
+  const int tile = blockIdx.x * (WARPS >> kw_log) + (warp >> kw_log);
   const bool active = tile * 16 < N;
+  const int Q = K / STEP_K;
+  const int q_cta = blockIdx.y * sps;
+  const int n_cta = min(Q, q_cta + sps) - q_cta;  // >= 1: the host ensures it
+  const int per = (n_cta + kw - 1) >> kw_log;
+  const int q0 = q_cta + ks * per;
+  const int n_it = active ? max(0, min(per, n_cta - ks * per)) : 0;
 
-  // this warp's (tile, step) blocks of the tiled layout: 1 KB of W, 16 * SB scale bytes each;
-  // lane (g, t) reads chunk t of rows g (w_p) and g+8 (w_p + 512) and one scale word
+  // this warp's (tile, step) blocks: lane (g, t) reads chunk t of rows g (wp) and g+8 (wp + 512)
+  // and one scale word; the ring slots are filled in step order from immediate offsets
   const size_t blk = (size_t)tile * Q + q0;
-  const uint8_t* w_p = W + blk * 1024 + 64 * g + 16 * t;
-  const uint8_t* s_p = S + blk * (16 * SB) + (size_t)(4 * g + t) * (SB / 2);
-
+  const uint8_t* wp = W + blk * WSTEP + 64 * g + 16 * t;
+  const uint8_t* sp = S + blk * SSTEP + (4 * g + t) * (SB / 2);
   uint4 wa[DEPTH], wb[DEPTH];
   uint32_t sr[DEPTH];  // rows g (low half) and g+8 (high half)
-  // The ring loads the steps in order through running pointers.
-  const uint8_t* w_next = w_p;
-  const uint8_t* s_next = s_p;
-  const auto load = [&](int d) {
-    wa[d] = ld_stream_v4<HINT>(w_next);
-    wb[d] = ld_stream_v4<HINT>(w_next + 512);
-    sr[d] = FMT == FMT_NVFP4 ? ld_nc_u32(s_next) : ld_nc_u16(s_next);
-    w_next += 1024;
-    s_next += 16 * SB;
+  const auto load = [&](int d, int step) {
+    wa[d] = ld_stream_v4<HINT>(wp + step * WSTEP);
+    wb[d] = ld_stream_v4<HINT>(wp + step * WSTEP + 512);
+    sr[d] = FMT == FMT_NVFP4 ? ld_nc_u32(sp + step * SSTEP) : ld_nc_u16(sp + step * SSTEP);
   };
-  // weights first: their latency overlaps the A staging
-  if (active) {
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d)
-      if (d < n_it) load(d);
-  }
+  for (int d = 0; d < DEPTH; ++d)
+    if (d < n_it) load(d, d);
 
-  // A slice: rows x kr, 256-byte segments per 128 k, 16-byte chunks swizzled per token row
-  {
-    const T* a0 = A + (size_t)m0 * K + (size_t)q0 * STEP_K;
-    const int chunks = kr / 8;  // 16-byte chunks per row
-    for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
-      const int m = i / chunks, c = i % chunks;
-      const uint32_t dst = as_base + (uint32_t)(m * kr * 2) + 256u * (uint32_t)(c >> 4) +
-                           16u * swz((uint32_t)(c & 15), (uint32_t)m);
-      cp_async16(dst, a0 + (size_t)m * K + 8 * c);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-  }
-
-  // This lane's token rows g (+8): rows past `rows` re-read row rows-1 (valid shared memory);
-  // their output columns are tokens >= M and are never stored, so they need no zeroing. The
-  // four chunk offsets of word j (swizzle of chunk 4t + j) are the same every step.
-  uint32_t arow[NT];  // advanced by one 256-byte segment a step
+  // token rows g (+8) of this pass; rows past M re-read row M-1 (their columns are never stored)
+  const int m0 = blockIdx.z * M_TILE;
+  const int rows = min(M_TILE, M - m0);
+  const T* ap[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
-    arow[nt] = as_base + (uint32_t)(min(g + 8 * nt, rows - 1) * kr * 2);
-  uint32_t aoff[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) aoff[j] = 16u * swz((uint32_t)(4 * t + j), (uint32_t)(g & 1));
+    ap[nt] = A + (size_t)(m0 + min(g + 8 * nt, rows - 1)) * K + (size_t)q0 * STEP_K + 32 * t;
 
   float acc[2][NT][4];
 #pragma unroll
@@ -98,50 +74,79 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.0f;
 
-  const int n_run = active ? n_it : 0;
-  for (int it0 = 0; it0 < n_run; it0 += DEPTH) {
+  for (int it0 = 0; it0 < n_it; it0 += DEPTH) {
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
-      const int it = it0 + d;
-      if (it < n_run) {
-        const uint4 u = wa[d], v = wb[d];
+      if (it0 + d < n_it) {  // warp-uniform
+        uint4 b[4][NT];  // A[token][k0 + 32t + 8j .. +7] of this step
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 8 * j);
         const RowScale<T, FMT> sca = chunk_scales<T, FMT>(sr[d]);
         const RowScale<T, FMT> scb = chunk_scales<T, FMT>(FMT == FMT_NVFP4 ? sr[d] >> 16 : sr[d] >> 8);
-        if (it + DEPTH < n_run) load(d);  // warp-uniform
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t f[8];
-          frags_of_word<T, FMT>(word_of(u, j), word_of(v, j), sca, scb, j, f);
+          frags_of_word<T, FMT>(word_of(wa[d], j), word_of(wb[d], j), sca, scb, j, f);
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
-            const uint4 b = lds128(arow[nt] + aoff[j]);
-            Mma<T>::run(acc[j & 1][nt], f[0], f[1], f[2], f[3], b.x, b.y);
-            Mma<T>::run(acc[j & 1][nt], f[4], f[5], f[6], f[7], b.z, b.w);
+            Mma<T>::run(acc[j & 1][nt], f[0], f[1], f[2], f[3], b[j][nt].x, b[j][nt].y);
+            Mma<T>::run(acc[j & 1][nt], f[4], f[5], f[6], f[7], b[j][nt].z, b[j][nt].w);
           }
         }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) arow[nt] += 256u;
+        // the slot refills once decoded (no register copies; DEPTH - 1 steps stay in flight)
+        if (it0 + d + DEPTH < n_it) load(d, d + DEPTH);  // warp-uniform
       }
+    }
+    wp += DEPTH * WSTEP;
+    sp += DEPTH * SSTEP;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) ap[nt] += DEPTH * STEP_K;
+  }
+
+  float v[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[nt][i] = acc[0][nt][i] + acc[1][nt][i];
+  if (kw > 1) {  // the tile's KW slices, summed by slice 0 in slice order
+    __shared__ float red[WARPS * NT * 4 * 32];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[((warp * NT + nt) * 4 + i) * 32 + lane] = v[nt][i];
+    __syncthreads();
+    if (ks == 0) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float s = 0.0f;
+          for (int y = 0; y < kw; ++y) s += red[(((warp + y) * NT + nt) * 4 + i) * 32 + lane];
+          v[nt][i] = s;
+        }
     }
   }
 
   // fragment (nt, 2h + e) = C[m0 + 8nt + 2t + e, 16*tile + g + 8h]
   const bool split = gridDim.y > 1;
   float* wsy = ws + (size_t)blockIdx.y * M * N;
+  if (active && ks == 0) {
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int m = m0 + 8 * nt + 2 * t + (i & 1), n = tile * 16 + g + 8 * (i >> 1);
-      if (!active || m >= M || n >= N) continue;
-      const float v = acc[0][nt][i] + acc[1][nt][i];
-      if (split) __stcg(wsy + (size_t)m * N + n, v);
-      else store_out<T, FMT>(C, bias, has_bias, post, alpha, m, n, N, v);
-    }
+      for (int i = 0; i < 4; ++i) {
+        const int m = m0 + 8 * nt + 2 * t + (i & 1), n = tile * 16 + g + 8 * (i >> 1);
+        if (m >= M || n >= N) continue;
+        if (split) __stcg(wsy + (size_t)m * N + n, v[nt][i]);
+        else store_out<T, FMT>(C, bias, has_bias, post, alpha, m, n, N, v[nt][i]);
+      }
+  }
   if (split)
     split_finish<T, FMT>(ws, counters + (size_t)blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, C,
-                         bias, has_bias, post, alpha, m0, M_TILE, blockIdx.x * WARPS * 16,
-                         WARPS * 16, M, N);
+                         bias, has_bias, post, alpha, m0, M_TILE, blockIdx.x * (WARPS >> kw_log) * 16,
+                         (WARPS >> kw_log) * 16, M, N);
 }
 
 }  // namespace kg::fp4

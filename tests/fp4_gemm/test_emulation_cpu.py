@@ -8,45 +8,86 @@ import numpy as np
 import pytest
 
 from kernelgen.fp4_gemm import reference as GR
-from kernelgen.fp4_gemm.layout import tile_data, tile_scales
+from kernelgen.fp4_gemm.layout import decode_word, tile_data, tile_scales
 from kernelgen.fp4_gemm.select import plan
 from kernelgen.mx import reference as MR
 
 from ._weights import host_weight
 
 E2M1 = MR.decode(np.arange(16, dtype=np.uint8), MR.E2M1).astype(np.float64)
+RAW_EXP = {"float16": 14, "bfloat16": 126}  # fp4.cuh RawUnit: raw pair value = e2m1 * 2^-EXP
 
 
 def swz(c, row):
     return c ^ ((c >> 2) & 3) ^ ((row & 1) << 2)
 
 
+def word_raw(word, dtype):
+    """fp4.cuh e2m1_word on a stored word: the 8 raw T values (element order), bit by bit."""
+    out = []
+    for o in decode_word(word):
+        if dtype == "bfloat16":  # bitsel(0x90009000, o, o >> 3)
+            o = (o & 0x90009000) | ((o >> 3) & ~0x90009000 & 0xFFFFFFFF)
+            halves = np.array([o & 0xFFFF, o >> 16], np.uint32) << 16
+            out += [float(x) for x in halves.view(np.float32)]
+        else:
+            out += [float(x) for x in np.array([o & 0xFFFF, o >> 16], np.uint16).view(np.float16)]
+    return out
+
+
 def chunk_scales(raw, fmt, dtype):
     """fp4.cuh chunk_scales -> (scale of words 0-1, scale of words 2-3) as float64."""
-    if fmt == "nvfp4":  # e4m3 * 2^-8 (fp16 bit pattern), NaN for 0x7F / 0xFF
-        out = []
-        for b in (raw & 0xFF, (raw >> 8) & 0xFF):
-            h = np.array([((b & 0x7F) << 7) | ((b & 0x80) << 8)], np.uint16).view(np.float16)[0]
-            out.append(np.nan if (b & 0x7F) == 0x7F else float(h))
-        return out
+    if fmt == "nvfp4":
+        e = MR.decode(np.array([raw & 0xFF, (raw >> 8) & 0xFF], np.uint8), MR.E4M3).astype(np.float64)
+        return list(e * (1.0 if dtype == "float16" else 2.0 ** 119))
     s = raw & 0xFF
-    if dtype == "float16":  # scale in the table: 2^(s' - 127 + 13), flushed below 2^-13
-        d = s - 127 + 13
-        v = np.nan if s == 0xFF else (0.0 if d < -13 else 2.0 ** d)
-    else:
-        v = np.nan if s == 0xFF else 2.0 ** (s - 127) if s else 0.0
+    if s == 0xFF:
+        return [np.nan, np.nan]
+    f = np.ldexp(1.0, s - 127) if s else 0.0
+    v = float(np.float16(f * 2.0 ** 15)) if dtype == "float16" else f * 2.0 ** 126
     return [v, v]
 
 
-def unit(fmt, dtype):
+def scaled(raw_vals, sc, dtype):
+    """hmul2: raw * scale rounded to T (exact wherever RowScale says so)."""
+    v = np.array(raw_vals) * sc
+    return list(v.astype(np.float16).astype(np.float64)) if dtype == "float16" else list(v)
+
+
+def unit(fmt, dtype):  # 2^UNIT_EXP
     if fmt == "nvfp4":
-        return 256.0  # NVFP4_UNIT
-    return 1.0 / 8192.0 if dtype == "float16" else 1.0  # MX_UNIT
+        return 2.0 ** 14 if dtype == "float16" else 2.0 ** 7
+    return 0.5 if dtype == "float16" else 1.0
+
+
+def lane_frags(wd, sd, w_base, s_base, fmt, dtype, SB):
+    """af[j][hf][row][k-slot]: the scaled A fragments the 32 lanes build from one (tile, step)
+    block of 1 KB at wd[w_base:] and its scales at sd[s_base:] (gemv: the global arrays; the tile
+    path: its shared-memory copies)."""
+    af = np.zeros((4, 2, 16, 16))
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        w_off = w_base + 64 * g + 16 * t
+        s_off = s_base + (4 * g + t) * (SB // 2)
+        raw = int.from_bytes(bytes(sd[s_off: s_off + SB // 2]), "little")
+        sc = (chunk_scales(raw, fmt, dtype),
+              chunk_scales(raw >> 16 if fmt == "nvfp4" else raw >> 8, fmt, dtype))
+        for h in range(2):
+            chunk = wd[w_off + 512 * h: w_off + 512 * h + 16]
+            for j in range(4):
+                word = int.from_bytes(bytes(chunk[4 * j: 4 * j + 4]), "little")
+                vals = scaled(word_raw(word, dtype), sc[h][j >> 1], dtype)
+                row = g + 8 * h
+                for hf in range(2):  # k-step 2j + hf: elements 4hf..4hf+3
+                    af[j, hf, row, 2 * t: 2 * t + 2] = vals[4 * hf: 4 * hf + 2]
+                    af[j, hf, row, 2 * t + 8: 2 * t + 10] = vals[4 * hf + 2: 4 * hf + 4]
+    return af
 
 
 def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
     cfg = p.config
     M_TILE, WARPS, NT = cfg.m_tile, cfg.warps, cfg.m_tile // 8
+    KW = p.kw
     SB = 8 if fmt == "nvfp4" else 4
     Q = k // 128
     c_out = np.full((m, n), np.nan)
@@ -56,46 +97,29 @@ def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
         m0 = bz * M_TILE
         rows = min(M_TILE, m - m0)
         for by in range(gy):
-            q0 = by * p.sps
-            n_it = min(Q, q0 + p.sps) - q0
-            # A staging: smem[row][segment][swizzled chunk] = 8 values
-            smem = np.zeros((rows, n_it, 16, 8))
-            for mm in range(rows):
-                for c in range(n_it * 16):
-                    src = a[m0 + mm, q0 * 128 + 8 * c: q0 * 128 + 8 * c + 8]
-                    smem[mm, c >> 4, swz(c & 15, mm)] = src
+            q_cta = by * p.sps
+            n_cta = min(Q, q_cta + p.sps) - q_cta
+            per = -(-n_cta // KW)
             for bx in range(gx):
+                part = {}
                 for warp in range(WARPS):
-                    tile = bx * WARPS + warp
+                    tile, ks = bx * (WARPS // KW) + warp // KW, warp % KW
                     if tile * 16 >= n:
                         continue
+                    q0 = q_cta + ks * per
+                    n_it = max(0, min(per, n_cta - ks * per))
                     acc = np.zeros((NT, 16, 8))  # D[nt][W row][token col]
                     for it in range(n_it):
                         blk = tile * Q + q0 + it
-                        # per lane: words of rows g, g+8, scales, A chunks
-                        af = np.zeros((4, 2, 16, 16))  # [j][mma half][row][k-slot]
+                        af = lane_frags(td, ts, blk * 1024, blk * 16 * SB, fmt, dtype, SB)
                         bf = np.zeros((NT, 4, 2, 16, 8))
                         for lane in range(32):
                             g, t = lane >> 2, lane & 3
-                            w_off = blk * 1024 + 64 * g + 16 * t
-                            s_off = blk * (16 * SB) + (4 * g + t) * (SB // 2)
-                            raw = int.from_bytes(bytes(ts[s_off: s_off + SB // 2]), "little")
-                            sc = (chunk_scales(raw, fmt, dtype),
-                                  chunk_scales(raw >> 16 if fmt == "nvfp4" else raw >> 8, fmt, dtype))
-                            for h in range(2):  # rows g (h=0), g+8 (h=1)
-                                chunk = td[w_off + 512 * h: w_off + 512 * h + 16]
-                                for j in range(4):
-                                    word = int.from_bytes(bytes(chunk[4 * j: 4 * j + 4]), "little")
-                                    vals = [E2M1[(word >> (4 * e)) & 0xF] * sc[h][j >> 1] for e in range(8)]
-                                    row = g + 8 * h
-                                    # f[0..3] -> a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3
-                                    for hf in range(2):  # k-step 2j + hf: elements 4hf..4hf+3
-                                        af[j, hf, row, 2 * t: 2 * t + 2] = vals[4 * hf: 4 * hf + 2]
-                                        af[j, hf, row, 2 * t + 8: 2 * t + 10] = vals[4 * hf + 2: 4 * hf + 4]
                             for nt in range(NT):
-                                r = min(g + 8 * nt, rows - 1)
-                                for j in range(4):
-                                    bv = smem[r, it, swz(4 * t + j, g & 1)]
+                                r = m0 + min(g + 8 * nt, rows - 1)
+                                for j in range(4):  # ld_nc_v4(ap[nt] + it * 128 + 8 j)
+                                    k0 = (q0 + it) * 128 + 32 * t + 8 * j
+                                    bv = a[r, k0: k0 + 8]
                                     for hf in range(2):
                                         bf[nt, j, hf, 2 * t: 2 * t + 2, g] = bv[4 * hf: 4 * hf + 2]
                                         bf[nt, j, hf, 2 * t + 8: 2 * t + 10, g] = bv[4 * hf + 2: 4 * hf + 4]
@@ -103,6 +127,11 @@ def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
                             for j in range(4):
                                 for hf in range(2):
                                     acc[nt] += af[j, hf] @ bf[nt, j, hf]
+                    part.setdefault(tile, []).append(acc)
+                for tile, accs in part.items():  # slice 0 sums the KW slices in slice order
+                    acc = np.zeros_like(accs[0])
+                    for x in accs:
+                        acc = acc + x
                     for nt in range(NT):
                         for row in range(16):
                             for col in range(8):
@@ -122,9 +151,17 @@ def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("m,split", [(3, 1), (11, 2)])
-def test_gemv_emulation_matches_reference(fmt, dtype, m, split):
-    n, k = 40, 384
+@pytest.mark.parametrize("m,split,k,kw", [(3, 1, 384, 1), (11, 2, 384, 1), (5, 1, 1024, 2)])
+def test_gemv_emulation_matches_reference(fmt, dtype, m, split, k, kw):
+    _check_gemv(fmt, dtype, m, split, 40, k, kw)
+
+
+def test_gemv_emulation_uneven_k_slices():
+    """KW = 8 warps a tile over 33 steps: slices of 5, the seventh 3, the last empty."""
+    _check_gemv("nvfp4", "float16", 2, 1, 24, 33 * 128, 8)
+
+
+def _check_gemv(fmt, dtype, m, split, n, k, kw):
     packed, scales, gs, w64 = host_weight(fmt, n, k)
     sb = 8 if fmt == "nvfp4" else 4
     if fmt == "mxfp4":
@@ -136,6 +173,7 @@ def test_gemv_emulation_matches_reference(fmt, dtype, m, split):
     a = rng.standard_normal((m, k)).astype(np.float16).astype(np.float64)
     bias = rng.standard_normal(n)
     p = plan("sm_90a", m, n, k, fmt, dtype, 132, path="gemv", split=split)
+    assert p.kw == kw, p.short()
     got = emulate_gemv(p, td, ts, post, a, bias, 0.5, fmt, dtype, m, n, k)
     if fmt == "nvfp4":  # the reference rounds each e2m1 * e4m3 / gs to fp32; the kernel divides once
         codes = E2M1[MR.unpack_fp4(packed)].reshape(n, k // 16, 16)
@@ -179,24 +217,11 @@ def emulate_tile(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
                                 sa[r, swz(c, r)] = a[m0 + r, kq * 128 + 8 * c: kq * 128 + 8 * c + 8]
                     for wi in range(4):
                         for wt in range(WT):
-                            af = np.zeros((MI, 4, 2, 16, 16))
+                            af = np.stack([lane_frags(sw, ss, (wi * 2 + mi) * 1024, (wi * 2 + mi) * 16 * SB,
+                                                      fmt, dtype, SB) for mi in range(MI)])
                             bf = np.zeros((NI, 4, 2, 16, 8))
                             for lane in range(32):
                                 g, t = lane >> 2, lane & 3
-                                for mi in range(MI):
-                                    tl = wi * 2 + mi
-                                    so = tl * 16 * SB + (4 * g + t) * (SB // 2)
-                                    raw = int.from_bytes(bytes(ss[so: so + SB // 2]), "little")
-                                    sc = (chunk_scales(raw, fmt, dtype),
-                                          chunk_scales(raw >> 16 if fmt == "nvfp4" else raw >> 8, fmt, dtype))
-                                    for h in range(2):
-                                        wo = tl * 1024 + 512 * h + 64 * g + 16 * t
-                                        for j in range(4):
-                                            word = int.from_bytes(bytes(sw[wo + 4 * j: wo + 4 * j + 4]), "little")
-                                            vals = [E2M1[(word >> (4 * e)) & 0xF] * sc[h][j >> 1] for e in range(8)]
-                                            for hf in range(2):
-                                                af[mi, j, hf, g + 8 * h, 2 * t: 2 * t + 2] = vals[4 * hf: 4 * hf + 2]
-                                                af[mi, j, hf, g + 8 * h, 2 * t + 8: 2 * t + 10] = vals[4 * hf + 2: 4 * hf + 4]
                                 for ni in range(NI):
                                     r = wt * NI * 8 + ni * 8 + g
                                     for j in range(4):

@@ -1,7 +1,6 @@
-"""FP4 GEMM checks that need no GPU: the decode tables and scale decode (emulated bit for bit
-against kernelgen/mx/reference.py), the selector, prewarm = dispatch, configs and input rules."""
+"""FP4 GEMM checks that need no GPU: the weight-word decode and scale decode (emulated bit for
+bit against kernelgen/mx/reference.py), the selector, prewarm = dispatch, configs and input rules."""
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +9,7 @@ import pytest
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.fp4_gemm import reference as GR
 from kernelgen.fp4_gemm.config import Fp4GemvConfig, Fp4TileConfig, tile_smem
+from kernelgen.fp4_gemm.layout import E2M1_MASK, decode_word, encode_words
 from kernelgen.fp4_gemm.select import (
     GEMV_MAX_M,
     MIN_STEPS,
@@ -28,74 +28,86 @@ HEADER = Path(__file__).resolve().parents[2] / "templates" / "fp4_gemm" / "fp4.c
 
 
 # -- the device decode, emulated -----------------------------------------------------------------
-def _prmt(a, b, c):
-    """PTX prmt.b32 (default mode): byte i of d = byte (c >> 4i & 7) of {b, a}; bit 3 replicates
-    the sign of the selected byte."""
-    bs = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
-    r = 0
-    for i in range(4):
-        sel = (c >> (4 * i)) & 0xF
-        v = bs[sel & 7]
-        if sel & 8:
-            v = 0xFF if v & 0x80 else 0
-        r |= v << (8 * i)
-    return r
+E2M1 = MR.decode(np.arange(16, dtype=np.uint8), MR.E2M1).astype(np.float64)
 
 
-def _lut(ctype):
+def _raw_values(o, dtype):
+    """Two raw T values of a decoded 32-bit pair (fp4.cuh e2m1_word; bf16 moves the magnitude)."""
+    if dtype == "bfloat16":
+        o = (o & 0x90009000) | ((o >> 3) & ~0x90009000 & 0xFFFFFFFF)
+        return (np.array([o & 0xFFFF, o >> 16], np.uint32) << 16).view(np.float32).astype(np.float64)
+    return np.array([o & 0xFFFF, o >> 16], np.uint16).view(np.float16).astype(np.float64)
+
+
+def test_header_decode_is_the_emulated_one():
     src = HEADER.read_text()
-    blk = src[src.index(f"template <> struct E2m1Lut<{ctype}>"):]
-    blk = blk[: blk.index("};")]
-    return {k: int(v, 16) for k, v in re.findall(r"(H0|H1|L0|L1) = (0x[0-9A-Fa-f]+)u", blk)}
-
-
-def _e2m1x8(w, lut, low):
-    """fp4.cuh e2m1x8: word of 8 codes -> 4 registers of two 16-bit values."""
-    mag, w4 = w & 0x77777777, (w << 4) & 0xFFFFFFFF
-    out = []
-    for h in range(2):
-        m = (mag >> 16) if h else mag
-        sg = _prmt(w4, w, 0x7362 if h else 0x5140)
-        hi = _prmt(lut["H0"], lut["H1"], m & 0xFFFF) | (sg & 0x80808080)
-        if low:
-            lo = _prmt(lut["L0"], lut["L1"], m & 0xFFFF)
-            out += [_prmt(lo, hi, 0x5140), _prmt(lo, hi, 0x7362)]
-        else:
-            out += [_prmt(hi, 0, 0x1404), _prmt(hi, 0, 0x3424)]
-    return out
+    body = src[src.index("void e2m1_word("):]
+    body = body[: body.index("\n}\n")]
+    assert f"E2M1_MASK = 0x{E2M1_MASK:08X}u" in src
+    for expr in ("const uint32_t s4 = q << 4;", "o[0] = q & E2M1_MASK;",
+                 "o[1] = __funnelshift_l(q, q, 13) & E2M1_MASK;", "o[2] = (s4 ^ (q << 7)) & E2M1_MASK;",
+                 "o[3] = (s4 ^ (q << 9)) & E2M1_MASK;", "bitsel(0x90009000u, o[p], o[p] >> 3)"):
+        assert expr in body, expr
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_e2m1_decode_tables_exact(dtype):
-    low = dtype == "bfloat16"
-    lut = _lut("__nv_bfloat16" if low else "half")
+def test_e2m1_word_decode_exact(dtype):
+    """Every code in every element slot, and random words: encode (prepare) then the kernel's
+    shifts and masks give e2m1 * 2^-14 (fp16) / 2^-126 (bf16), signs (of zero too) included."""
     rng = np.random.default_rng(0)
-    words = [0x76543210, 0xFEDCBA98] + [int(x) for x in rng.integers(0, 2**32, 500, dtype=np.uint64)]
-    for w in words:
-        regs = _e2m1x8(w, lut, low)
-        halves = np.array([(r >> (16 * i)) & 0xFFFF for r in regs for i in range(2)], np.uint16)
-        got = (halves.view(np.float16).astype(np.float64) if not low
-               else (halves.astype(np.uint32) << 16).view(np.float32).astype(np.float64))
-        want = MR.decode(np.array([(w >> (4 * i)) & 0xF for i in range(8)]), MR.E2M1).astype(np.float64)
+    words = [c << (4 * i) for i in range(8) for c in range(16)]
+    words += [0x76543210, 0xFEDCBA98] + [int(x) for x in rng.integers(0, 2**32, 2000, dtype=np.uint64)]
+    plain = np.array(words, np.uint64).astype(np.uint32)
+    stored = encode_words(np, plain)
+    assert stored.dtype == np.uint32 and len(set(stored.tolist())) == len(set(plain.tolist()))
+    exp = 14 if dtype == "float16" else 126
+    for w, q in zip(plain.tolist(), stored.tolist(), strict=True):
+        got = np.concatenate([_raw_values(o, dtype) for o in decode_word(q)])
+        want = E2M1[[(w >> (4 * i)) & 0xF for i in range(8)]] * 2.0 ** -exp
         assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want)), hex(w)
 
 
 def test_e4m3_scale_decode_exact():
-    # fp4.cuh e4m3_to_float: the fp16 bit pattern ((b & 0x7F) << 7 | sign << 15) is e4m3 * 2^-8
+    # fp4.cuh e4m3x2_to_half2 without the sm_89 cvt: the fp16 bit pattern
+    # ((b & 0x7F) << 7 | sign << 15) is e4m3 * 2^-8, times 256 exact
     b = np.arange(256)
     h = (((b & 0x7F) << 7) | ((b & 0x80) << 8)).astype(np.uint16).view(np.float16)
-    got = h.astype(np.float64) * 256.0
+    got = (h * np.float16(256)).astype(np.float64)
     want = MR.decode(b.astype(np.uint8), MR.E4M3).astype(np.float64)
     finite = (b & 0x7F) != 0x7F
     assert np.array_equal(got[finite], want[finite])
     assert np.all(np.isnan(want[~finite]))
 
 
+def _bf16_exact(v):
+    v32 = v.astype(np.float32)
+    return np.array_equal(v32.astype(np.float64), v) and np.array_equal(
+        MR.bf16_to_f32(MR.from_f32(v32, "bfloat16")).astype(np.float64), v)
+
+
+def test_scaled_pairs_exact():
+    """fp4.cuh RowScale: raw e2m1 pair * group scale is exact in T for every code and scale
+    (MXFP4 fp16: groups down to 2^-24 below the row's largest)."""
+    e4m3 = MR.decode(np.arange(127, dtype=np.uint8), MR.E4M3).astype(np.float64)  # finite, >= 0
+    e4m3 = np.concatenate([e4m3, -e4m3])
+    prod = (E2M1[:, None] * 2.0 ** -14) * e4m3[None, :]  # fp16 NVFP4: scale = e4m3
+    assert np.array_equal(prod.astype(np.float16).astype(np.float64), prod)
+    prod = (E2M1[:, None] * 2.0 ** -126) * (e4m3 * 2.0 ** 119)[None, :]  # bf16 NVFP4
+    assert _bf16_exact(prod) and np.array_equal(prod * 2.0 ** 7, E2M1[:, None] * e4m3[None, :])
+    for s in range(103, 128):  # fp16 MXFP4: scale 2^(s'-127+15), unit 2^-1
+        sc = np.float16(2.0 ** (s - 112))
+        prod = (E2M1 * 2.0 ** -14) * float(sc)
+        assert np.array_equal(prod.astype(np.float16).astype(np.float64), prod)
+        assert np.array_equal(prod * 0.5, E2M1 * 2.0 ** (s - 127)), s
+    for s in range(1, 128):  # bf16 MXFP4: scale 2^(s'-127+126), unit 1
+        prod = (E2M1 * 2.0 ** -126) * 2.0 ** (s - 1)
+        assert _bf16_exact(prod) and np.array_equal(prod, E2M1 * 2.0 ** (s - 127)), s
+
+
 def test_e2m1_times_scale_fits_fp16_and_bf16():
     # the kernels scale W pairs in T before the mma: every e2m1 x e4m3 product is exact in both
-    e2m1 = MR.decode(np.arange(16, dtype=np.uint8), MR.E2M1).astype(np.float64)
     e4m3 = MR.decode(np.arange(127, dtype=np.uint8), MR.E4M3).astype(np.float64)
-    prod = (e2m1[:, None] * e4m3[None, :]).ravel()
+    prod = (E2M1[:, None] * e4m3[None, :]).ravel()
     assert np.array_equal(prod.astype(np.float16).astype(np.float64), prod)
     bf = MR.from_f32(prod.astype(np.float32), "bfloat16")
     assert np.array_equal(MR.bf16_to_f32(bf).astype(np.float64), prod)
@@ -139,11 +151,13 @@ def test_plans_are_consistent(n, k, fmt):
             if p.path == "gemv":
                 cfg = p.config
                 assert cfg.m_tile == (8 if m <= 8 else 16), ctx
-                assert p.grid == (-(-n // 128), p.split, -(-m // cfg.m_tile)), ctx
-                assert p.smem == min(m, cfg.m_tile) * p.sps * 256, ctx
-                assert cfg.depth == (4 if p.sps >= 4 else 2), ctx
+                assert p.kw in (1, 2, 4, 8) and p.smem == 0, ctx
+                assert p.grid == (-(-(-(-n // 16) * p.kw) // 8), p.split, -(-m // cfg.m_tile)), ctx
+                per = -(-p.sps // p.kw)
+                assert cfg.depth == (4 if per >= 4 else 2), ctx
+                assert p.kw == 1 or per >= MIN_STEPS, ctx  # every K slice has a full ring
                 if p.split > 1:
-                    assert p.sps >= MIN_STEPS or p.smem > cfg.smem_bytes() // 2, ctx
+                    assert p.kw == 8 and p.sps >= 8 * MIN_STEPS, ctx  # split only past KW 8
             else:
                 assert p.config.bm == bm_for(m), ctx
                 assert p.grid == (-(-n // 128), -(-m // p.config.bm), p.split), ctx
@@ -153,8 +167,9 @@ def test_decode_shapes_fill_the_gpu():
     for n, k in ((14336, 4096), (4096, 14336)):
         for m in (1, 16):
             p = select_fp4("sm_90a", m, n, k, "nvfp4", "bfloat16", 132)
-            warps = -(-n // 16) * p.split * p.grid[2]
-            assert warps >= 132 * 8, p.short()  # >= a CTA's 8 warps on every SM
+            warps = -(-n // 16) * p.kw * p.split * p.grid[2]
+            assert warps >= 132 * 12, p.short()  # >= 12 streaming warps an SM
+            assert p.split == 1, p.short()  # no global split-K epilogue
             assert p.grid[0] * p.split * p.grid[2] <= 132 * 2, p.short()  # one wave, 2 CTAs/SM
 
 
@@ -172,8 +187,8 @@ def test_forced_path_and_split():
     assert p.path == "gemv" and p.split == 3 and p.grid[2] == 3
     with pytest.raises(ValueError, match=r"split_k=33: must be in 1\.\.32"):
         plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, split=33)
-    with pytest.raises(ValueError, match="do not fit"):
-        plan("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132, path="gemv", split=1)
+    p = plan("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132, path="gemv", split=1)
+    assert p.split == 1 and p.kw == 8 and p.grid == (256, 1, 1)  # K split inside the CTAs
     with pytest.raises(ValueError, match="path='wgmma'"):
         plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, path="wgmma")
 
@@ -266,22 +281,3 @@ def test_api_rules_before_launch():
     t = FakeMxTensor("nvfp4", (16, 128), np.zeros((16, 64), np.uint8), None, "row_major", None)
     with pytest.raises(ValueError, match="NumPy arrays live on the host"):
         prepare_weight(t)
-
-
-def test_mx_fp16_scaled_table_exact():
-    # fp4.cuh chunk_scales (MXFP4, fp16): high-byte table + 4d per byte (zero entry kept) is
-    # e2m1 * 2^d for every d in [-13, 13]; decoded through e2m1x8 with that table
-    lut = _lut("half")
-    codes = np.arange(16)
-    w = sum(int(c) << (4 * i) for i, c in enumerate(codes[:8])), sum(int(c) << (4 * i) for i, c in enumerate(codes[8:]))
-    want_base = MR.decode(codes.astype(np.uint8), MR.E2M1).astype(np.float64)
-    for d in range(-13, 14):
-        add = (4 * d) & 0xFFFFFFFF
-        t = {"H0": (lut["H0"] + add * 0x01010100) & 0xFFFFFFFF, "H1": (lut["H1"] + add * 0x01010101) & 0xFFFFFFFF}
-        got = []
-        for word in w:
-            regs = _e2m1x8(word, t, False)
-            got += [(r >> (16 * i)) & 0xFFFF for r in regs for i in range(2)]
-        got = np.array(got, np.uint16).view(np.float16).astype(np.float64)
-        assert np.array_equal(got, want_base * 2.0 ** d), d
-        assert np.array_equal(np.signbit(got), np.signbit(want_base)), d

@@ -1,9 +1,9 @@
-"""The tiled layout (kernelgen/fp4_gemm/layout.py) puts every byte where the kernels read it."""
+"""The tiled layout (kernelgen/fp4_gemm/layout.py) puts every word where the kernels read it, bit-encoded."""
 
 import numpy as np
 import pytest
 
-from kernelgen.fp4_gemm.layout import tile_data, tile_scales
+from kernelgen.fp4_gemm.layout import encode_words, tile_data, tile_scales
 
 
 @pytest.mark.parametrize("n,k,sb", [(16, 128, 8), (200, 384, 8), (37, 512, 4)])
@@ -20,7 +20,8 @@ def test_tiled_offsets_match_the_kernels(n, k, sb):
             blk = tile * q_steps + q
             for t in range(4):  # gemv.cuh / tile.cuh: lane (g, t), rows g (h = 0) and g + 8
                 off = blk * 1024 + 512 * h + 64 * g + 16 * t
-                assert np.array_equal(td[off:off + 16], data[r, 64 * q + 16 * t: 64 * q + 16 * t + 16])
+                plain = data[r, 64 * q + 16 * t: 64 * q + 16 * t + 16].copy().view(np.uint32)
+                assert np.array_equal(td[off:off + 16].view(np.uint32), encode_words(np, plain))
                 soff = blk * 16 * sb + (4 * g + t) * (sb // 2) + h * (sb // 4)
                 col = q * sb + t * (sb // 4)
                 assert np.array_equal(ts[soff:soff + sb // 4], scales[r, col:col + sb // 4])
