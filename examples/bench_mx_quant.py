@@ -11,7 +11,8 @@ device from the input ("gs=auto": one launch for small inputs, amax + quantize e
 "auto:fused": the sm_90+ cluster kernel, forced, for comparison).
 
     python examples/bench_mx_quant.py [--ms 1,16,4096,16384] [--k 4096] [--json out.json]
-        [--blocks-per-sm 0,2]   (also time these grid caps of mx_quantize at M > 64)
+        [--blocks-per-sm 0,3,3x1] (also time these grid caps [x slots] of mx_quantize, M > 64)
+        [--wide-fp8]            (also time MXFP8 with 16-element lane slots)
 """
 
 from __future__ import annotations
@@ -78,8 +79,11 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--json", default=None)
     ap.add_argument("--blocks-per-sm", default="",
-                    help="extra grid caps of mx_quantize to time at M > 64 (e.g. 0,2; 0: a block a "
-                         "chunk, no loop); the default cap is always timed")
+                    help="extra grid caps of mx_quantize to time at M > 64, each optionally with "
+                         "the slots a thread of a chunk (e.g. 0,3,3x1; 0: a block a chunk, no "
+                         "loop); the default plan is always timed")
+    ap.add_argument("--wide-fp8", action="store_true",
+                    help="also time MXFP8 with 16-element lane slots")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
     k = args.k
@@ -89,7 +93,12 @@ def main() -> None:
     import kernelgen.mx as mx
     from kernelgen.arch import device_info
     from kernelgen.bench import copy_bandwidth, rotation, time_gpu
-    from kernelgen.mx.select import force_blocks_per_sm, force_small_auto_path, quantize_plan
+    from kernelgen.mx.select import (
+        force_blocks_per_sm,
+        force_small_auto_path,
+        force_wide_fp8,
+        quantize_plan,
+    )
 
     info = device_info()
     bw = copy_bandwidth()
@@ -97,7 +106,8 @@ def main() -> None:
           f"(read + write), K = {k}")
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = []
-    extra_caps = [int(c) for c in args.blocks_per_sm.split(",") if c]
+    extra_caps = [tuple(int(v) for v in c.split("x")) + (None,) for c in
+                  args.blocks_per_sm.split(",") if c]  # (blocks an SM, slots or None[, None])
     print("| format | input | M | gs | path | grid cap | graph us/call | GB/s | % of copy | "
           "eager us/call |")
     print("|---|---|---:|---|---|---|---:|---:|---:|---:|")
@@ -107,10 +117,14 @@ def main() -> None:
                 modes = ("value",)
                 if fmt == "nvfp4":
                     modes = ("value", "auto") + (("auto:fused",) if m <= 64 else ())
-                for gs, cap in [(g, None) for g in modes] + \
-                        [(modes[0], c) for c in (extra_caps if m > 64 else ())]:
+                variants = [(g, None, None) for g in modes]
+                variants += [(modes[0], c[:2], None) for c in (extra_caps if m > 64 else ())
+                             if "fp8" not in fmt]  # fp8: a block a chunk, no cap
+                variants += [("value", None, True)] if args.wide_fp8 and "fp8" in fmt else []
+                for gs, cap, wide in variants:
                     force_small_auto_path("fused" if gs == "auto:fused" else None)
-                    force_blocks_per_sm(cap)
+                    force_blocks_per_sm(*(cap or (None, None)))
+                    force_wide_fp8(wide)
                     q = quantizer(fmt, dtype, gs)
                     plan = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
                                          gs.split(":")[0])
@@ -127,18 +141,23 @@ def main() -> None:
                                          repeats=5)
                     del xs
                     r = {"format": fmt, "dtype": dtype, "m": m, "k": k, "gs": gs,
-                         "path": plan.path, "grid": plan.grid, "blocks_per_sm": cap,
+                         "path": plan.path, "grid": plan.grid, "slots": plan.slots,
+                         "blocks_per_sm": None if cap is None else cap[0],
+                         "lane_elems": plan.config.lane_elems,
                          "us": t * 1e6, "gbps": nbytes / t / 1e9, "frac_copy": nbytes / t / bw,
                          "eager_us": None if eager is None else eager * 1e6}
                     rows.append(r)
                     gs_col = gs if fmt == "nvfp4" else "-"
                     eager_col = "-" if eager is None else f"{eager * 1e6:.1f}"
-                    cap_col = f"{plan.grid} blocks" + ("" if cap is None else f" (forced {cap}/SM)")
+                    cap_col = f"{plan.grid} blocks x {plan.slots} slots" + (
+                        "" if cap is None else f" (forced {cap[0]}/SM)")
+                    cap_col += ", 16-element lanes" if wide else ""
                     print(f"| {fmt} | {dtype} | {m} | {gs_col} | {plan.path} | {cap_col} | "
                           f"{r['us']:.2f} | {r['gbps']:.0f} | {100 * r['frac_copy']:.0f}% | "
                           f"{eager_col} |", flush=True)
     force_small_auto_path(None)
     force_blocks_per_sm(None)
+    force_wide_fp8(None)
     # dequantize to the input dtype at the largest M (not a target; for reference)
     m = max(ms)
     deq = []

@@ -20,7 +20,12 @@ ELEM = {"nvfp4": "E2M1", "mxfp4": "E2M1", "mxfp6_e2m3": "E2M3", "mxfp6_e3m2": "E
         "mxfp8_e4m3": "E4M3", "mxfp8_e5m2": "E5M2"}
 THREADS = 256
 SLOT_BYTES = 64  # input (or output) bytes per thread in flight: slots = SLOT_BYTES / slot bytes
-QUANT_BLOCKS_PER_SM = 3  # mx_quantize blocks resident an SM (its launch bounds: <= 80 registers)
+# mx_quantize with the chunk loop (fp4 / fp6): launch bounds of QUANT_MIN_BLOCKS blocks an SM
+# (<= 80 registers: two chunks in registers); large inputs get QUANT_BLOCKS_PER_SM blocks an SM,
+# each looping over chunks (H100, K = 4096: 2 an SM measured 1-4% faster than 3, BENCHMARKS.md)
+QUANT_MIN_BLOCKS = 3
+QUANT_BLOCKS_PER_SM = 2
+WIDE_FP8 = False  # MXFP8 quantize lanes of 16 elements (quant_lane_elems)
 CLUSTER = 8  # fused NVFP4 path: one cluster of 8 blocks of 1024 threads (sm_90+)
 FUSED_THREADS = 1024
 
@@ -31,8 +36,15 @@ def lane_elems(fmt: str) -> int:
     return 8 if elem_bits(fmt) == 8 else 16
 
 
-def slots_per_thread(fmt: str, dtype: str) -> int:
-    return max(1, SLOT_BYTES // (lane_elems(fmt) * ESIZE[dtype]))
+def quant_lane_elems(fmt: str, wide: bool = False) -> int:
+    """Elements per lane slot of mx_quantize: lane_elems, or 16 for fp8 with `wide` (16-byte
+    stores, half the per-slot shuffles / scale / address work per element)."""
+    return 16 if wide else lane_elems(fmt)
+
+
+def slots_per_thread(fmt: str, dtype: str, e: int | None = None) -> int:
+    """Slots a thread of a chunk: SLOT_BYTES of input in flight (e: elements a slot)."""
+    return max(1, SLOT_BYTES // ((e or lane_elems(fmt)) * ESIZE[dtype]))
 
 
 def has_fused(arch: str) -> bool:
@@ -71,12 +83,31 @@ class MxQuantizeConfig(KernelConfig):
     fmt: str = "nvfp4"
     dtype: str = "float16"  # input
     hw_cvt: bool = False  # MXFP8 elements by the hardware cvt (see hw_fp8_cvt)
+    wide: bool = False  # MXFP8: 16 elements a lane slot instead of 8 (see quant_lane_elems)
 
     def check(self) -> None:
         _check(self, self.fmt, self.dtype)
         if self.hw_cvt and not hw_fp8_cvt(self.arch, self.fmt):
             raise UnsupportedConfigError(f"{self.short()}: hw_cvt needs an mxfp8 format and "
                                          f"sm_90a or newer (cvt.rn.satfinite.e4m3x2/e5m2x2)")
+        if self.wide and elem_bits(self.fmt) != 8:
+            raise UnsupportedConfigError(f"{self.short()}: wide is for mxfp8 formats (fp4 / fp6 "
+                                         f"lanes hold 16 elements already)")
+
+    @property
+    def lane_elems(self) -> int:
+        return quant_lane_elems(self.fmt, self.wide)
+
+    @property
+    def slots(self) -> int:
+        """Slots a thread of a chunk (the kernel's U)."""
+        return slots_per_thread(self.fmt, self.dtype, self.lane_elems)
+
+    @property
+    def loops(self) -> bool:
+        """Blocks loop over chunks with the next chunk's loads in flight (fp4 / fp6: heavy
+        per-element work); fp8 keeps a chunk a block (fewer registers, more blocks an SM)."""
+        return elem_bits(self.fmt) != 8
 
     @property
     def fused(self) -> bool:
@@ -97,7 +128,9 @@ class MxQuantizeConfig(KernelConfig):
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), **_format_vars(self.fmt, self.dtype),
-                "min_blocks": QUANT_BLOCKS_PER_SM, "fused": self.fused, "cluster": CLUSTER,
+                "lane_elems": self.lane_elems, "slots": self.slots, "loop": self.loops,
+                "min_blocks": QUANT_MIN_BLOCKS, "fused": self.fused,
+                "cluster": CLUSTER,
                 "fused_threads": FUSED_THREADS,
                 "fused_slots": self.fused_slots}
 

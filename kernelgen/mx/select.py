@@ -28,13 +28,13 @@ from .config import (
     FUSED_THREADS,
     QUANT_BLOCKS_PER_SM,
     THREADS,
+    WIDE_FP8,
     MxDequantizeConfig,
     MxQuantizeConfig,
     hw_fp8_cvt,
     lane_elems,
-    slots_per_thread,
 )
-from .tensor import FORMATS, group_size
+from .tensor import FORMATS, elem_bits, group_size
 
 GS_MODES = ("value", "device", "auto")  # NVFP4 global scale: Python value, device scalar, computed
 PAD_WORDS_PER_THREAD = 4  # padding-row scale words a thread zeroes before the grid grows for them
@@ -43,6 +43,8 @@ MAX_SLOTS = 1 << 31  # slot indices are 32-bit on the device
 REDUNDANT_MAX_BYTES = 256 * 1024  # input size up to which every block may re-read it for amax
 _small_auto_path: str | None = None  # tests / benchmarks: force "fused" or "redundant"
 _blocks_per_sm: int | None = None  # tests / benchmarks: the direct grid's cap (0: none)
+_wide_fp8: bool | None = None  # tests / benchmarks: MXFP8 lane slots of 16 (True) or 8 elements
+_slots: int | None = None  # tests / benchmarks: slots a thread of a chunk (at most the config's)
 
 
 def force_small_auto_path(path: str | None) -> None:
@@ -55,13 +57,26 @@ def force_small_auto_path(path: str | None) -> None:
     quantize_plan.cache_clear()
 
 
-def force_blocks_per_sm(blocks: int | None) -> None:
+def force_blocks_per_sm(blocks: int | None, slots: int | None = None) -> None:
     """Cap mx_quantize's grid at `blocks` an SM (0: a block a chunk, no loop; None: the default
-    QUANT_BLOCKS_PER_SM). For tests and benchmarks; clears the plan memo."""
-    global _blocks_per_sm
+    QUANT_BLOCKS_PER_SM) and force the slots a thread of a chunk (None: the planner's; at most
+    the config's). For tests and benchmarks; clears the plan memo."""
+    global _blocks_per_sm, _slots
     if blocks is not None and (not isinstance(blocks, int) or blocks < 0):
         raise ValueError(f"blocks={blocks!r}; expected None or an int >= 0")
-    _blocks_per_sm = blocks
+    if slots is not None and (not isinstance(slots, int) or slots < 1):
+        raise ValueError(f"slots={slots!r}; expected None or an int >= 1")
+    _blocks_per_sm, _slots = blocks, slots
+    quantize_plan.cache_clear()
+
+
+def force_wide_fp8(wide: bool | None) -> None:
+    """MXFP8 quantize with 16-element (True) or 8-element (False) lane slots; None: WIDE_FP8.
+    For tests and benchmarks; clears the plan memo."""
+    global _wide_fp8
+    if wide not in (None, True, False):
+        raise ValueError(f"wide={wide!r}; expected None, True or False")
+    _wide_fp8 = wide
     quantize_plan.cache_clear()
 
 
@@ -104,18 +119,23 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def slot_counts(fmt: str, rows: int, k: int, swizzled: bool) -> tuple[int, int]:
-    """(lane slots the quantize kernels cover, 4-byte scale words of the padding rows)."""
+def slot_counts(fmt: str, rows: int, k: int, swizzled: bool,
+                e: int | None = None) -> tuple[int, int]:
+    """(lane slots the quantize kernels cover, 4-byte scale words of the padding rows);
+    e: elements a lane slot (default lane_elems(fmt))."""
     s = k // group_size(fmt)
-    lanes = group_size(fmt) // lane_elems(fmt)
+    lanes = group_size(fmt) // (e or lane_elems(fmt))
     cols = 4 * _cdiv(s, 4) if swizzled else s
     pad_words = (_cdiv(rows, 128) * 128 - rows) * _cdiv(s, 4) if swizzled else 0
     return rows * cols * lanes, pad_words
 
 
 def quantize_config(arch: str, fmt: str, dtype: str) -> MxQuantizeConfig:
-    """The quantize config dispatch uses: the hardware fp8 cvt where the arch has it."""
-    return MxQuantizeConfig(arch=arch, fmt=fmt, dtype=dtype, hw_cvt=hw_fp8_cvt(arch, fmt))
+    """The quantize config dispatch uses: the hardware fp8 cvt where the arch has it; MXFP8
+    lanes of 16 elements if WIDE_FP8."""
+    wide = (WIDE_FP8 if _wide_fp8 is None else _wide_fp8) and elem_bits(fmt) == 8
+    return MxQuantizeConfig(arch=arch, fmt=fmt, dtype=dtype, hw_cvt=hw_fp8_cvt(arch, fmt),
+                            wide=wide)
 
 
 @selector
@@ -125,10 +145,10 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
     cfg = quantize_config(arch, fmt, dtype)
     if gs_mode not in GS_MODES:
         raise ValueError(f"gs_mode={gs_mode!r}; expected one of {GS_MODES}")
-    total, pad_words = slot_counts(fmt, rows, k, swizzled)
+    total, pad_words = slot_counts(fmt, rows, k, swizzled, cfg.lane_elems)
     if total >= MAX_SLOTS:
         raise ValueError(f"x: {rows} rows x K={k} is too large for one launch (rows * K / "
-                         f"{lane_elems(fmt)} must be < 2**31)")
+                         f"{cfg.lane_elems} must be < 2**31)")
     path, amax_grid = "direct", 0
     if fmt == "nvfp4" and gs_mode == "auto":
         small = _small_auto_path or "redundant"
@@ -142,13 +162,17 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
             n16 = rows * k * ESIZE[dtype] // 16
             amax_grid = max(1, min(_cdiv(n16, THREADS * AMAX_UNROLL), 4 * sm_count))
     # Full slots per thread (loads in flight) once the grid fills the GPU twice over; below
-    # that one slot per thread: more blocks, shorter dependent chains (small-M latency). Above
-    # QUANT_BLOCKS_PER_SM blocks an SM, each block loops over chunks with the next chunk's loads
-    # in flight (one wave: no lock-step load-then-compute waves, no partial last wave).
-    slots = slots_per_thread(fmt, dtype)
+    # that one slot per thread: more blocks, shorter dependent chains (small-M latency). A
+    # looping config (fp4 / fp6) gets at most QUANT_BLOCKS_PER_SM blocks an SM, each looping over
+    # chunks with the next chunk's loads in flight (one wave: no lock-step load-then-compute
+    # waves, no partial last wave); fp8 a block a chunk.
+    slots = cfg.slots
     if _cdiv(total, THREADS * slots) < 2 * sm_count:
         slots = 1
-    per_sm = QUANT_BLOCKS_PER_SM if _blocks_per_sm is None else _blocks_per_sm
+    if _slots is not None:
+        slots = min(_slots, cfg.slots)
+    per_sm = 0 if not cfg.loops else QUANT_BLOCKS_PER_SM if _blocks_per_sm is None \
+        else _blocks_per_sm
     grid = max(chunk_grid(_cdiv(total, THREADS * slots), sm_count, per_sm),
                _cdiv(pad_words, THREADS * PAD_WORDS_PER_THREAD))
     return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid)

@@ -491,12 +491,13 @@ __device__ __forceinline__ void amax_partials(const T* __restrict__ x, uint32_t*
 }
 
 // The direct path: U slots per thread; block b owns the chunks of THREADS * u_count slots
-// b, b + grid, b + 2 grid, ... (the host sizes the grid to the resident blocks, so a block loops
-// over several chunks when the input is large): the loads of its next chunk are issued before
-// the current one is quantized, so loads stay in flight while the SM computes.
+// b, b + grid, b + 2 grid, ... LOOP: the host caps the grid at the resident blocks, so a block
+// loops over several chunks when the input is large, the loads of its next chunk issued before
+// the current one is quantized (loads stay in flight while the SM computes); else a block
+// takes one chunk (the grid covers them all).
 // gs_mode (NVFP4): 0 = gs_val, 1 = *gs_in, 2 = from the finite amax partials of mx_amax,
 // 3 = each block reduces the finite amax of the whole input (small inputs: one launch, any arch).
-template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW>
+template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool LOOP>
 __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __restrict__ data,
                                          uint8_t* __restrict__ scales, const float* gs_in,
                                          const uint32_t* partials, float* gs_out, float gs_val,
@@ -514,7 +515,16 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
   uint32_t idx[U];
   SlotPos pos[U];
   InVec<T, E> in[U];
-  load_slots<T, E, U, THREADS>(x, first + threadIdx.x, p0, du, u_count, sh, idx, pos, in);
+  if constexpr (LOOP) {
+    load_slots<T, E, U, THREADS>(x, first + threadIdx.x, p0, du, u_count, sh, idx, pos, in);
+  } else {  // a division a slot, fewer live registers (more blocks an SM)
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      idx[u] = u < u_count ? first + uint32_t(u * THREADS) + threadIdx.x : 0xffffffffu;
+      const T* p = slot_input<T, E>(x, idx[u], sh, pos[u]);
+      if (p) in[u].load(p); else in[u].zero();
+    }
+  }
   float gs = 1.0f;
   if constexpr (NV) {
     if (gs_mode == 0) {
@@ -534,23 +544,28 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *gs_out = gs;
   }
-  for (;;) {
-    const bool more = first + step < sh.total;  // block-uniform (no uint32 overflow: total < 2^31)
-    uint32_t idx2[U];
-    SlotPos pos2[U];
-    InVec<T, E> in2[U];
-    if (more) {
-      first += step;
-      p0 = add_pos(p0, dstep, int(spr));
-      load_slots<T, E, U, THREADS>(x, first + threadIdx.x, p0, du, u_count, sh, idx2, pos2, in2);
-    }
+  if constexpr (!LOOP) {
     quantize_slots<T, F, NV, GROUP, E, U, HW>(in, idx, pos, u_count, sh, gs, data, scales);
-    if (!more) break;
+  } else {
+    for (;;) {
+      const bool more = first + step < sh.total;  // block-uniform; total < 2^31: no overflow
+      uint32_t idx2[U];
+      SlotPos pos2[U];
+      InVec<T, E> in2[U];
+      if (more) {
+        first += step;
+        p0 = add_pos(p0, dstep, int(spr));
+        load_slots<T, E, U, THREADS>(x, first + threadIdx.x, p0, du, u_count, sh, idx2, pos2,
+                                     in2);
+      }
+      quantize_slots<T, F, NV, GROUP, E, U, HW>(in, idx, pos, u_count, sh, gs, data, scales);
+      if (!more) break;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      idx[u] = idx2[u];
-      pos[u] = pos2[u];
-      in[u] = in2[u];
+      for (int u = 0; u < U; ++u) {
+        idx[u] = idx2[u];
+        pos[u] = pos2[u];
+        in[u] = in2[u];
+      }
     }
   }
   zero_padding_rows(sh, scales, (long long)blockIdx.x * THREADS + threadIdx.x,

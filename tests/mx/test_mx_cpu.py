@@ -38,6 +38,7 @@ DTYPES = ("float16", "bfloat16", "float32")
     ({"fmt": "fp4"}, "fmt='fp4'"),
     ({"dtype": "float64"}, "dtype='float64'"),
     ({"fmt": "mxfp4", "hw_cvt": True}, "hw_cvt"),
+    ({"fmt": "mxfp6_e2m3", "wide": True}, "wide is for mxfp8"),
     ({"fmt": "mxfp8_e4m3", "hw_cvt": True, "arch": "sm_80"}, "hw_cvt"),
 ])
 def test_quantize_config_rejects(kw, match):
@@ -167,14 +168,14 @@ def _check_fused_limit():
                                                (16384, 4096, True), (3, 1 << 16, True)])
 def test_direct_grid_covers_every_slot_and_padding_word(fmt, dtype, rows, k, swizzled):
     p = quantize_plan("sm_90a", 132, fmt, dtype, rows, k, swizzled, "value")
-    total, pad = slot_counts(fmt, rows, k, swizzled)
-    full = slots_per_thread(fmt, dtype)
+    total, pad = slot_counts(fmt, rows, k, swizzled, p.config.lane_elems)
+    full = slots_per_thread(fmt, dtype, p.config.lane_elems)
     assert p.slots == (full if -(-total // (THREADS * full)) >= 2 * 132 else 1), p.short()
     per_block = THREADS * p.slots
     chunks = -(-total // per_block)
     assert p.path == "direct" and p.block == THREADS
     assert p.grid * THREADS * PAD_WORDS_PER_THREAD >= pad, p.short()
-    if chunks <= 132 * QUANT_BLOCKS_PER_SM:  # a block a chunk
+    if chunks <= 132 * QUANT_BLOCKS_PER_SM or not p.config.loops:  # a block a chunk
         assert p.grid == max(1, chunks, -(-pad // (THREADS * PAD_WORDS_PER_THREAD))), p.short()
     else:  # the resident blocks, each looping over chunks
         assert p.grid == 132 * QUANT_BLOCKS_PER_SM, p.short()
@@ -288,24 +289,30 @@ def _slot_indices(plan, total):
 def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
     """Every packed byte and every scale byte (padding included) is written by exactly one lane,
     and the 4 groups of a swizzled scale word sit in 4L lanes of one warp, one row."""
-    from kernelgen.mx.select import force_small_auto_path
+    from kernelgen.mx.select import force_small_auto_path, force_wide_fp8
 
     group = 16 if fmt == "nvfp4" else 32
-    e, bits = lane_elems(fmt), data_shape(fmt, 1, 8)[1]  # bytes per 8 elements = bits
-    lanes = group // e
+    bits = data_shape(fmt, 1, 8)[1]  # bytes per 8 elements = bits
     swz = layout == "swizzled"
-    total, pad_words = slot_counts(fmt, rows, k, swz)
     s, kt = k // group, -(-(k // group) // 4)
-    spr = (4 * kt if swz else s) * lanes
-    # 2 SMs: the direct grid's blocks loop over several chunks at (300, 4096)
-    for small, sms in (((None, 132), ("fused", 132), (None, 2)) if fmt == "nvfp4" else
-                       ((None, 132), (None, 2))):
+    # 2 SMs: the direct grid's blocks loop over several chunks at (300, 4096); MXFP8 with
+    # 16-element lanes too
+    variants = [(None, 132, None), (None, 2, None)]
+    variants += [("fused", 132, None)] if fmt == "nvfp4" else []
+    variants += [(None, 132, True)] if fmt.startswith("mxfp8") else []
+    for small, sms, wide in variants:
         force_small_auto_path(small)
+        force_wide_fp8(wide)
         try:
             plan = quantize_plan("sm_90a", sms, fmt, dtype, rows, k, swz,
                                  "auto" if fmt == "nvfp4" else "value")
         finally:
             force_small_auto_path(None)
+            force_wide_fp8(None)
+        e = plan.config.lane_elems
+        lanes = group // e
+        total, pad_words = slot_counts(fmt, rows, k, swz, e)
+        spr = (4 * kt if swz else s) * lanes
         idx = _slot_indices(plan, total)
         idx = idx[idx < total]
         assert np.unique(idx).size == total, f"{plan.short()}: slots missed or repeated"

@@ -147,21 +147,25 @@ def test_quantize_nvfp4_exact(dtype, layout):
                 _check_dequantize(t, packed, scales, "nvfp4", gs, ctx)
 
 
-@pytest.mark.parametrize("blocks_per_sm", [1, None])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp6_e3m2", "mxfp8_e4m3"])
-def test_quantize_looping_grid_exact(fmt, dtype, blocks_per_sm):
-    """Inputs of more chunks than resident blocks: each block loops over chunks (1 block an SM:
-    many loops; None: the default cap), next chunk's loads in flight; padding rows included."""
+@pytest.mark.parametrize("fmt, variant", [
+    *((f, v) for f in ("nvfp4", "mxfp4", "mxfp6_e3m2") for v in ("loops", "loops1", "default")),
+    *(("mxfp8_e4m3", v) for v in ("default", "wide")), ("mxfp8_e5m2", "wide")])
+def test_quantize_large_grids_exact(fmt, variant, dtype):
+    """Inputs of more chunks than the capped grid: blocks loop over chunks ("loops": 1 block an
+    SM, many loops; "loops1": the same with a slot a thread a chunk; "default": the planner's
+    cap), next chunk's loads in flight; MXFP8 with 16-element lanes ("wide"); padding rows
+    included."""
     import cupy
 
     import kernelgen.mx as mx
-    from kernelgen.mx.select import force_blocks_per_sm
+    from kernelgen.mx.select import force_blocks_per_sm, force_wide_fp8
 
-    rng = np.random.default_rng(hash((fmt, dtype)) % 2**32)
-    xh = _values(rng, (1100, 1024) if blocks_per_sm else (1500, 4096), dtype, True)
+    rng = np.random.default_rng(hash((fmt, dtype, variant)) % 2**32)
+    xh = _values(rng, (1100, 1024) if variant.startswith("loops") else (1500, 4096), dtype, True)
     x2, hint = _ref_input(xh, dtype)
-    force_blocks_per_sm(blocks_per_sm)
+    force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1)}.get(variant, (None, None)))
+    force_wide_fp8(True if variant == "wide" else None)
     try:
         if fmt == "nvfp4":
             packed, scales, _ = R.quantize_nvfp4(x2, np.float32(300.0), dtype=hint)
@@ -171,7 +175,8 @@ def test_quantize_looping_grid_exact(fmt, dtype, blocks_per_sm):
             t = mx.quantize_mx(cupy.asarray(xh), fmt, dtype=hint)
     finally:
         force_blocks_per_sm(None)
-    ctx = f"{fmt=} {dtype=} {blocks_per_sm=} {xh.shape=}"
+        force_wide_fp8(None)
+    ctx = f"{fmt=} {dtype=} {variant=} {xh.shape=}"
     _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
     _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
 
