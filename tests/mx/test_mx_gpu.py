@@ -11,6 +11,7 @@ import pytest
 
 from kernelgen.kbit.reference import f32_to_bf16
 from kernelgen.mx import reference as R
+from kernelgen.mx.config import WIDE_FP8
 from kernelgen.mx.tensor import FORMATS, data_shape, scale_shape
 
 pytestmark = pytest.mark.gpu
@@ -99,11 +100,14 @@ def _check_dequantize(t, packed, scales, fmt, gs, ctx):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "nvfp4"])
-def test_quantize_mx_exact(fmt, dtype, layout):
+@pytest.mark.parametrize("fmt, wide", [(f, None) for f in FORMATS if f != "nvfp4"] +
+                         [(f, not WIDE_FP8) for f in FORMATS if f.startswith("mxfp8")])
+def test_quantize_mx_exact(fmt, wide, dtype, layout):
+    """wide: MXFP8 lanes of 16 / 8 elements forced (None: the default)."""
     import cupy
 
     import kernelgen.mx as mx
+    from kernelgen.mx.select import force_wide_fp8
 
     rng = np.random.default_rng(hash((fmt, dtype, layout)) % 2**32)
     for shape in SHAPES:
@@ -111,8 +115,12 @@ def test_quantize_mx_exact(fmt, dtype, layout):
             xh = _values(rng, shape, dtype, special)
             x2, hint = _ref_input(xh, dtype)
             packed, scales = R.quantize_mx(x2, fmt, dtype=hint, scale_layout=layout)
-            t = mx.quantize_mx(cupy.asarray(xh), fmt, scale_layout=layout, dtype=hint)
-            ctx = f"{fmt=} {dtype=} {layout=} {shape=} {special=}"
+            force_wide_fp8(wide)
+            try:
+                t = mx.quantize_mx(cupy.asarray(xh), fmt, scale_layout=layout, dtype=hint)
+            finally:
+                force_wide_fp8(None)
+            ctx = f"{fmt=} {wide=} {dtype=} {layout=} {shape=} {special=}"
             assert t.shape == x2.shape and t.global_scale is None and t.scale_layout == layout
             _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
             _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
