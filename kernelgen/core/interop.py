@@ -207,13 +207,18 @@ def device_array(x: Any, name: str, ctx: Ctx, dtypes: tuple[str, ...], hint: str
 # retired, not freed: a CUDA graph captured with the old addresses keeps writing to them.
 _scratch: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 _retired: list[tuple[Any, Any]] = []
+_torch_owners: list[tuple[Any, Any]] = []  # torch tensors behind torch callers' scratch views
 
 
 def scratch(ctx: Ctx, tag: str, ws_elems: int, n_counters: int) -> tuple[Any, Any]:
     """Split-K scratch of one kernel family on the caller's stream: an fp32 workspace of at
     least `ws_elems` and `n_counters` uint32 counters that are zero between launches (the
     kernels reset the ones they use). Reused in stream order; `tag` keeps families' counter
-    protocols apart. Never freed once handed out (graphs may hold the addresses)."""
+    protocols apart. Never freed once handed out (graphs may hold the addresses).
+
+    torch callers get torch memory (on the current torch stream, which is ctx.stream): a first
+    use inside `torch.cuda.graph` (global capture mode, on torch's own side stream) then draws
+    from the graph's private pool instead of a cudaMalloc the capture would refuse."""
     import threading
 
     cp = _cupy()
@@ -223,10 +228,19 @@ def scratch(ctx: Ctx, tag: str, ws_elems: int, n_counters: int) -> tuple[Any, An
     cur = _scratch.get(key)
     if cur is not None and cur[0].size >= ws_elems and cur[1].size >= n_counters:
         return cur
-    with on_stream(ctx.device, ctx.stream):
-        ws_size = max(ws_elems, cur[0].size if cur is not None else 0, 1)
-        cnt_size = max(n_counters, cur[1].size if cur is not None else 0, 1)
-        new = (cp.empty(ws_size, cp.float32), cp.zeros(cnt_size, cp.uint32))
+    ws_size = max(ws_elems, cur[0].size if cur is not None else 0, 1)
+    cnt_size = max(n_counters, cur[1].size if cur is not None else 0, 1)
+    if ctx.kind == "torch":
+        import torch
+
+        dev = f"cuda:{ctx.device}"
+        owners = (torch.empty(ws_size, dtype=torch.float32, device=dev),
+                  torch.zeros(cnt_size, dtype=torch.int32, device=dev))
+        _torch_owners.append(owners)
+        new = (_torch_to_cupy(owners[0]), _torch_to_cupy(owners[1]).view(cp.uint32))
+    else:
+        with on_stream(ctx.device, ctx.stream):
+            new = (cp.empty(ws_size, cp.float32), cp.zeros(cnt_size, cp.uint32))
     if cur is not None:
         _retired.append(cur)
     _scratch[key] = new

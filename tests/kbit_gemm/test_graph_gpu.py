@@ -234,3 +234,39 @@ def test_torch_graph_capture(path, m, split):
         assert np.all(np.isfinite(c)), f"torch {path} {m=} replay {rep}: C not written"
         err = GR.rel_error(c, GR.gemm(a, w64, None))
         assert err <= GR.REL_ERROR_BOUND["float16"], f"torch {path} {m=}: rel error {err:.3g}"
+
+
+@pytest.mark.parametrize("path,m", (("gemv", 16), ("dequant", 200)), ids=lambda v: str(v))
+def test_torch_graph_on_its_own_side_stream(path, m):
+    """torch.cuda.graph(g) without stream=: torch captures on a side stream no warm-up ran on,
+    so the per-stream split-K scratch (gemv M=16) and cuBLAS workspace (dequant) of that stream
+    are made inside a global-mode capture, from torch memory (a cudaMalloc would be refused)."""
+    torch = pytest.importorskip("torch")
+
+    import cupy
+
+    import kernelgen as kg
+
+    lin = kg.quantize_weight(torch.randn(N, K, dtype=torch.float16, device="cuda"), 4)
+    w64 = GR.dequantize_weight(cupy.asnumpy(cupy.asarray(lin.q.packed)),
+                               cupy.asnumpy(cupy.asarray(lin.q.absmax)),
+                               cupy.asnumpy(cupy.asarray(lin.q.codebook)), 4, N, K)
+    kw = _kw(path, None)
+    rng = np.random.default_rng(12)
+    a_t = torch.from_numpy(_host(rng, (m, K), "float16")).cuda()
+    c_t = torch.empty((m, N), dtype=torch.float16, device="cuda")
+    kg.gemm(a_t, lin, out=c_t, **kw)  # warm-up (compile, load) on the current stream
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        kg.gemm(a_t, lin, out=c_t, **kw)
+    for rep in range(2):
+        a = _host(rng, (m, K), "float16")
+        a_t.copy_(torch.from_numpy(a))
+        c_t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        c = c_t.cpu().numpy().astype(np.float64)
+        assert np.all(np.isfinite(c)), f"torch {path} {m=} replay {rep}: C not written"
+        err = GR.rel_error(c, GR.gemm(a, w64, None))
+        assert err <= GR.REL_ERROR_BOUND["float16"], f"torch {path} {m=}: rel error {err:.3g}"
