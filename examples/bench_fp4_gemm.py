@@ -132,13 +132,13 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
         base = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
         if base.path == "gemv":
             yield "hint=off", dataclasses.replace(base, config=base.config.replace(hint=False))
-            yield "prefetch=off", dataclasses.replace(base, config=base.config.replace(prefetch=False))
             for kw in (1, 2, 4, 8):  # warps a tile along K (one CTA covers 8 / kw tiles)
                 if kw != base.kw:
                     grid = (-(-(-(-n // 16) * kw) // 8), base.grid[1], base.grid[2])
                     yield f"kw={kw}", dataclasses.replace(base, kw=kw, grid=grid)
-            if base.config.depth != 2:
-                yield "depth=2", dataclasses.replace(base, config=base.config.replace(depth=2))
+            for depth in (2, 4):
+                if depth != base.config.depth:
+                    yield f"depth={depth}", dataclasses.replace(base, config=base.config.replace(depth=depth))
             if m == 1:
                 for s in (1, 2, 3, 4, 6, 8, 12):
                     try:
@@ -204,7 +204,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--variants", action="store_true",
-                    help="time launch variants (load hint, A prefetch, depth, K warps, splits, tile BM / stages)")
+                    help="time launch variants (load hint, depth, K warps, splits, tile BM / stages)")
     ap.add_argument("--variant-ms", default="1,16,256,1024,4096", help="M values of --variants")
     ap.add_argument("--sass", default=None, help="write a SASS opcode histogram of the M=1 kernel here")
     ap.add_argument("--json", default=None)

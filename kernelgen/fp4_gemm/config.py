@@ -43,7 +43,6 @@ class Fp4GemvConfig(KernelConfig):
     warps: int = GEMV_WARPS
     depth: int = 4
     hint: bool = True  # weight loads skip L1 and prefetch 256-byte L2 segments
-    prefetch: bool = True  # activation lines go to L1 DEPTH steps ahead (prefetch.global.L1)
 
     def check(self) -> None:
         if self.fmt not in FMTS:
@@ -56,9 +55,8 @@ class Fp4GemvConfig(KernelConfig):
             raise _bad(self, "warps", "expected 4 or 8")
         if self.depth not in DEPTHS:
             raise _bad(self, "depth", f"expected one of {DEPTHS}")
-        for f in ("hint", "prefetch"):
-            if not isinstance(getattr(self, f), bool):
-                raise _bad(self, f, "expected a bool")
+        if not isinstance(self.hint, bool):
+            raise _bad(self, "hint", "expected a bool")
 
     def symbols(self) -> tuple[str, ...]:
         return ("fp4_gemv",)

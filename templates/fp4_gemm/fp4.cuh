@@ -145,11 +145,6 @@ template <bool HINT> __device__ __forceinline__ uint4 ld_stream_v4(const void* p
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
-// Bring the 128-byte line of p into L1 (no register, no wait): the activation rows a warp will
-// read DEPTH steps later, so that its 16-byte loads then hit L1 instead of waiting on L2.
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" :: "l"(p));
-}
 __device__ __forceinline__ uint32_t ld_nc_u16(const void* p) {
   unsigned short r;
   asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(r) : "l"(p));

@@ -20,7 +20,7 @@
 
 namespace kg::fp4 {
 
-template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, bool HINT, bool PREFETCH>
+template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, bool HINT>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
@@ -67,18 +67,6 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
     ap[nt] = A + (size_t)(m0 + min(g + 8 * nt, rows - 1)) * K + (size_t)q0 * STEP_K + 32 * t;
-  // A lines of a step (2 x 128 B a token row: lanes t = 0, 1 / 2, 3 cover them) go to L1 when
-  // that step's weights are requested, so the fragment loads hit L1 (every warp of a K slice
-  // needs the same lines at about the same time: on L2 latency the whole SM would wait)
-  const auto prefetch_a = [&](int step) {
-    if constexpr (PREFETCH) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) prefetch_l1(ap[nt] + step * STEP_K);
-    }
-  };
-#pragma unroll
-  for (int d = 0; d < DEPTH; ++d)
-    if (d < n_it) prefetch_a(d);
 
   float acc[2][NT][4];
 #pragma unroll
@@ -90,7 +78,6 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
       if (it0 + d < n_it) {  // warp-uniform
-        if (it0 + d + DEPTH < n_it) prefetch_a(d + DEPTH);
         uint4 b[4][NT];  // A[token][k0 + 32t + 8j .. +7] of this step
 #pragma unroll
         for (int j = 0; j < 4; ++j)

@@ -11,6 +11,7 @@ from kernelgen.fp4_gemm import reference as GR
 from kernelgen.fp4_gemm.config import Fp4GemvConfig, Fp4TileConfig, tile_smem
 from kernelgen.fp4_gemm.layout import E2M1_MASK, decode_word, encode_words
 from kernelgen.fp4_gemm.select import (
+    GEMV_DEPTH,
     GEMV_MAX_M,
     MIN_STEPS,
     SM_COUNTS,
@@ -154,7 +155,7 @@ def test_plans_are_consistent(n, k, fmt):
                 assert p.kw in (1, 2, 4, 8) and p.smem == 0, ctx
                 assert p.grid == (-(-(-(-n // 16) * p.kw) // 8), p.split, -(-m // cfg.m_tile)), ctx
                 per = -(-p.sps // p.kw)
-                assert cfg.depth == (4 if per >= 4 else 2), ctx
+                assert cfg.depth == GEMV_DEPTH, ctx
                 assert p.kw == 1 or per >= MIN_STEPS, ctx  # every K slice has a full ring
                 if p.split > 1:
                     assert p.kw == 8 and p.sps >= 8 * MIN_STEPS, ctx  # split only past KW 8
