@@ -43,7 +43,10 @@ SINGLE_WARPS: tuple[tuple[int, int], ...] = ((2048, 8), (SINGLE_MAX, 16))
 ROUTE_FUSED_MAX = 1024  # pairs; the fused route measured faster than two launches up to here
 CHUNK = 4096  # pairs a CTA of the multi-CTA layout (a multiple of 32 * ITEMS * max(WARPS))
 MOVE_CTAS_PER_SM = 16  # dispatch / combine grid: resident CTAs of MOVE_THREADS (2048 threads/SM)
-ROUTE_CTAS_PER_SM = 8  # fused route: copy CTAs an SM before a CTA takes two pairs
+# fused route: copy CTAs an SM before a CTA takes two pairs (H100, E = 128 / 256, top-8,
+# H = 7168: a pair a CTA 5.2-5.3 us at T = 64 vs 5.3-5.4 with two; at T = 128 two pairs 7.7 us
+# vs 8.3 with one)
+ROUTE_CTAS_PER_SM = 4
 assert CHUNK % (32 * ITEMS * max(WARPS)) == 0
 
 

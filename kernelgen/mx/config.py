@@ -21,11 +21,11 @@ ELEM = {"nvfp4": "E2M1", "mxfp4": "E2M1", "mxfp6_e2m3": "E2M3", "mxfp6_e3m2": "E
 THREADS = 256
 SLOT_BYTES = 64  # input (or output) bytes per thread in flight: slots = SLOT_BYTES / slot bytes
 # mx_quantize with the chunk loop (fp4 / fp6): launch bounds of QUANT_MIN_BLOCKS blocks an SM
-# (<= 80 registers: two chunks in registers); large inputs get QUANT_BLOCKS_PER_SM blocks an SM,
-# each looping over chunks (H100, K = 4096: 2 an SM measured 1-4% faster than 3, BENCHMARKS.md)
+# (<= 80 registers: two chunks in registers); the planner's LOOP_GRID caps large grids below it
 QUANT_MIN_BLOCKS = 3
-QUANT_BLOCKS_PER_SM = 2
-WIDE_FP8 = False  # MXFP8 quantize lanes of 16 elements (quant_lane_elems)
+# MXFP8 quantize lanes of 16 elements (quant_lane_elems); H100, K = 4096: 20.1 vs 20.4-20.5 us at
+# M = 4096 (84% vs 83% of copy), equal at M = 16 and 16384 (BENCHMARKS.md)
+WIDE_FP8 = True
 CLUSTER = 8  # fused NVFP4 path: one cluster of 8 blocks of 1024 threads (sm_90+)
 FUSED_THREADS = 1024
 

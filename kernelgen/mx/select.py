@@ -26,7 +26,6 @@ from .config import (
     ESIZE,
     FLOAT_DTYPES,
     FUSED_THREADS,
-    QUANT_BLOCKS_PER_SM,
     THREADS,
     WIDE_FP8,
     MxDequantizeConfig,
@@ -41,6 +40,11 @@ PAD_WORDS_PER_THREAD = 4  # padding-row scale words a thread zeroes before the g
 AMAX_UNROLL = 4  # 16-byte loads in flight per thread in mx_amax
 MAX_SLOTS = 1 << 31  # slot indices are 32-bit on the device
 REDUNDANT_MAX_BYTES = 256 * 1024  # input size up to which every block may re-read it for amax
+# Grid of the looping quantize configs once their chunks exceed it, by element bits: (blocks an
+# SM, slots a thread of a chunk; 0: the config's full). H100, K = 4096, % of copy at M = 4096 /
+# 16384 (BENCHMARKS.md): fp4 2 x full 77-80 / 90-94 (3 x full 77-78 / 90-91, 3 x 1 75-80 /
+# 84-91); fp6 3 x 1 83 / 93 (2 x full 81 / 92). fp8 does not loop (a block a chunk: 83-84 / 95).
+LOOP_GRID = {4: (2, 0), 6: (3, 1)}
 _small_auto_path: str | None = None  # tests / benchmarks: force "fused" or "redundant"
 _blocks_per_sm: int | None = None  # tests / benchmarks: the direct grid's cap (0: none)
 _wide_fp8: bool | None = None  # tests / benchmarks: MXFP8 lane slots of 16 (True) or 8 elements
@@ -58,9 +62,9 @@ def force_small_auto_path(path: str | None) -> None:
 
 
 def force_blocks_per_sm(blocks: int | None, slots: int | None = None) -> None:
-    """Cap mx_quantize's grid at `blocks` an SM (0: a block a chunk, no loop; None: the default
-    QUANT_BLOCKS_PER_SM) and force the slots a thread of a chunk (None: the planner's; at most
-    the config's). For tests and benchmarks; clears the plan memo."""
+    """Cap a looping mx_quantize's grid at `blocks` an SM (0: a block a chunk, no loop; None:
+    LOOP_GRID) and force the slots a thread of a chunk (None: the planner's; at most the
+    config's). For tests and benchmarks; clears the plan memo."""
     global _blocks_per_sm, _slots
     if blocks is not None and (not isinstance(blocks, int) or blocks < 0):
         raise ValueError(f"blocks={blocks!r}; expected None or an int >= 0")
@@ -163,16 +167,19 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
             amax_grid = max(1, min(_cdiv(n16, THREADS * AMAX_UNROLL), 4 * sm_count))
     # Full slots per thread (loads in flight) once the grid fills the GPU twice over; below
     # that one slot per thread: more blocks, shorter dependent chains (small-M latency). A
-    # looping config (fp4 / fp6) gets at most QUANT_BLOCKS_PER_SM blocks an SM, each looping over
-    # chunks with the next chunk's loads in flight (one wave: no lock-step load-then-compute
-    # waves, no partial last wave); fp8 a block a chunk.
+    # looping config (fp4 / fp6) gets at most LOOP_GRID's blocks an SM (and slots), each looping
+    # over chunks with the next chunk's loads in flight (one wave: no lock-step
+    # load-then-compute waves, no partial last wave); fp8 a block a chunk.
     slots = cfg.slots
     if _cdiv(total, THREADS * slots) < 2 * sm_count:
         slots = 1
+    per_sm, loop_slots = LOOP_GRID.get(elem_bits(fmt), (0, 0)) if cfg.loops else (0, 0)
+    if cfg.loops and _blocks_per_sm is not None:
+        per_sm, loop_slots = _blocks_per_sm, 0
+    if per_sm and loop_slots and _cdiv(total, THREADS * slots) > per_sm * sm_count:
+        slots = min(loop_slots, slots)  # capped grid: its chunk size
     if _slots is not None:
         slots = min(_slots, cfg.slots)
-    per_sm = 0 if not cfg.loops else QUANT_BLOCKS_PER_SM if _blocks_per_sm is None \
-        else _blocks_per_sm
     grid = max(chunk_grid(_cdiv(total, THREADS * slots), sm_count, per_sm),
                _cdiv(pad_words, THREADS * PAD_WORDS_PER_THREAD))
     return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid)

@@ -180,7 +180,8 @@ def test_planner():
     r = plan_route("sm_90a", 512, 256, "int32", 132)
     assert (r.pairs_per_cta, r.side, r.ctas) == (1, 1, 513) and r.smem <= r.config.smem_bytes()
     r = plan_route("sm_90a", FUSED_MAX, 2048, "int64", 132, pad_to=16)
-    assert (r.pairs_per_cta, r.side, r.ctas) == (2, 132, 132 + FUSED_MAX // 2)
+    assert (r.pairs_per_cta, r.side, r.ctas) == (4, 132, 132 + FUSED_MAX // 4)
+    assert plan_route("sm_90a", 1024, 256, "int32", 132).pairs_per_cta == 2  # T = 128, top-8
     assert r.smem <= r.config.smem_bytes()
     assert plan_route("sm_90a", 64, 8, "int32", 132, pad_to=4).side == 8  # a layout CTA an expert
     assert plan_route("sm_90a", FUSED_MAX, 8, "int32", 16).pairs_per_cta == ROUTE_MAX_CTA_PAIRS

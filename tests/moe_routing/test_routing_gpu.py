@@ -82,7 +82,7 @@ def test_layout_forced_cta_size(warps, t, k, e, multi):
 
 
 # n = T * top_k <= FUSED_MAX (2048, the fused kernel's limit; auto picks it up to 1024);
-# (1000, 2, 16) and (256, 8, 64) put 2 pairs on a CTA (132 SMs)
+# (1000, 2, 16) and (256, 8, 64) put 4 pairs on a copy CTA (132 SMs; ROUTE_CTAS_PER_SM)
 ROUTE_SHAPES = ((0, 8, 256), (1, 8, 256), (1, 1, 1), (7, 2, 8), (16, 8, 256), (64, 8, 256),
                 (64, 8, 128), (100, 3, 2048), (256, 8, 64), (1000, 2, 16))
 

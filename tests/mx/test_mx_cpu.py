@@ -12,7 +12,6 @@ from kernelgen.mx import reference as R
 from kernelgen.mx.config import (
     CLUSTER,
     FUSED_THREADS,
-    QUANT_BLOCKS_PER_SM,
     THREADS,
     MxDequantizeConfig,
     MxQuantizeConfig,
@@ -20,6 +19,7 @@ from kernelgen.mx.config import (
     slots_per_thread,
 )
 from kernelgen.mx.select import (
+    LOOP_GRID,
     PAD_WORDS_PER_THREAD,
     chunk_grid,
     dequantize_plan,
@@ -28,7 +28,7 @@ from kernelgen.mx.select import (
     quantize_plan,
     slot_counts,
 )
-from kernelgen.mx.tensor import FORMATS, MX_FORMATS, MxTensor, data_shape, scale_shape
+from kernelgen.mx.tensor import FORMATS, MX_FORMATS, MxTensor, data_shape, elem_bits, scale_shape
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -170,15 +170,19 @@ def test_direct_grid_covers_every_slot_and_padding_word(fmt, dtype, rows, k, swi
     p = quantize_plan("sm_90a", 132, fmt, dtype, rows, k, swizzled, "value")
     total, pad = slot_counts(fmt, rows, k, swizzled, p.config.lane_elems)
     full = slots_per_thread(fmt, dtype, p.config.lane_elems)
-    assert p.slots == (full if -(-total // (THREADS * full)) >= 2 * 132 else 1), p.short()
+    slots = full if -(-total // (THREADS * full)) >= 2 * 132 else 1
+    per_sm, loop_slots = LOOP_GRID.get(elem_bits(fmt), (0, 0)) if p.config.loops else (0, 0)
+    capped = per_sm and -(-total // (THREADS * slots)) > 132 * per_sm
+    assert p.slots == (min(loop_slots or slots, slots) if capped else slots), p.short()
     per_block = THREADS * p.slots
     chunks = -(-total // per_block)
     assert p.path == "direct" and p.block == THREADS
     assert p.grid * THREADS * PAD_WORDS_PER_THREAD >= pad, p.short()
-    if chunks <= 132 * QUANT_BLOCKS_PER_SM or not p.config.loops:  # a block a chunk
+    if not capped:  # a block a chunk
         assert p.grid == max(1, chunks, -(-pad // (THREADS * PAD_WORDS_PER_THREAD))), p.short()
-    else:  # the resident blocks, each looping over chunks
-        assert p.grid == 132 * QUANT_BLOCKS_PER_SM, p.short()
+    else:  # the capped grid, each block looping over chunks
+        assert p.grid == 132 * per_sm and chunks > p.grid, p.short()
+    assert p.config.loops == (elem_bits(fmt) != 8) and p.config.wide == (elem_bits(fmt) == 8)
     assert chunk_grid(10**6, 132, 0) == 10**6 and chunk_grid(0, 132, 3) == 1
     assert chunk_grid(396, 132, 3) == 396 and chunk_grid(397, 132, 3) == 396
     d = dequantize_plan("sm_90a", fmt, dtype, rows, k)

@@ -158,12 +158,12 @@ def test_quantize_nvfp4_exact(dtype, layout):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt, variant", [
     *((f, v) for f in ("nvfp4", "mxfp4", "mxfp6_e3m2") for v in ("loops", "loops1", "default")),
-    *(("mxfp8_e4m3", v) for v in ("default", "wide")), ("mxfp8_e5m2", "wide")])
+    *(("mxfp8_e4m3", v) for v in ("default", "wide", "narrow")), ("mxfp8_e5m2", "narrow")])
 def test_quantize_large_grids_exact(fmt, variant, dtype):
     """Inputs of more chunks than the capped grid: blocks loop over chunks ("loops": 1 block an
     SM, many loops; "loops1": the same with a slot a thread a chunk; "default": the planner's
-    cap), next chunk's loads in flight; MXFP8 with 16-element lanes ("wide"); padding rows
-    included."""
+    cap), next chunk's loads in flight; MXFP8 with 16- / 8-element lanes ("wide" / "narrow");
+    padding rows included."""
     import cupy
 
     import kernelgen.mx as mx
@@ -173,7 +173,7 @@ def test_quantize_large_grids_exact(fmt, variant, dtype):
     xh = _values(rng, (1100, 1024) if variant.startswith("loops") else (1500, 4096), dtype, True)
     x2, hint = _ref_input(xh, dtype)
     force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1)}.get(variant, (None, None)))
-    force_wide_fp8(True if variant == "wide" else None)
+    force_wide_fp8({"wide": True, "narrow": False}.get(variant))
     try:
         if fmt == "nvfp4":
             packed, scales, _ = R.quantize_nvfp4(x2, np.float32(300.0), dtype=hint)
