@@ -16,7 +16,7 @@ from ..arch import SM_COUNTS, get_arch
 from ..core.select import selector, weight_shapes
 from ..errors import UnsupportedConfigError
 from .config import (
-    DEPTHS,
+    AHEAD2_ARCHS,
     DTYPES,
     FMTS,
     GEMV_WARPS,
@@ -24,6 +24,7 @@ from .config import (
     STEP_K,
     TILE_BMS,
     TILE_BN,
+    TPWS,
     Fp4GemvConfig,
     Fp4TileConfig,
     tile_smem,
@@ -46,6 +47,18 @@ KW_CHOICES = (8, 4, 2, 1)
 # M = 1 and 16, both decode shapes and formats): depth 2 beat depth 4 in all 8 cases by 2-10%;
 # the loop waits on the activation loads (L1TEX scoreboard, ncu), not on the weight bytes.
 GEMV_DEPTH = 2
+# Tiles a warp owns at the same k (they share its activation fragments: TPW 2 halves the A loads
+# per weight byte and doubles the weight bytes a warp has in flight) and whether the next step's
+# A fragments are loaded while this step is decoded (registers permitting: m_tile 16 with two
+# tiles would spill, and so would m_tile 8 on sm_100a / sm_120a).
+GEMV_TPW = 1
+
+
+def gemv_ahead(arch: str, m_tile: int, tpw: int) -> bool:
+    """A one step ahead, unless its registers do not fit (see Fp4GemvConfig.check)."""
+    return tpw == 1 or (m_tile == 8 and arch in AHEAD2_ARCHS)
+
+
 # Tile path: BM by M (largest M of the row), split-K until the CTAs make one wave.
 TILE_BM_TABLE: tuple[tuple[int, int], ...] = ((32, 32), (128, 64), (1 << 31, 128))
 TILE_MIN_STEPS = 4
@@ -105,32 +118,33 @@ def bm_for(m: int) -> int:
     raise AssertionError("unreachable")
 
 
-def _kw(tiles: int, steps: int, ctas_cap: int) -> int:
-    """Warps a tile along K: the largest whose CTAs fit ctas_cap and whose warps get MIN_STEPS."""
+def _kw(units: int, steps: int, ctas_cap: int) -> int:
+    """Warps a tile unit along K: the largest whose CTAs fit ctas_cap and whose warps get MIN_STEPS."""
     for kw in KW_CHOICES:
-        if kw == 1 or (-(-tiles * kw // GEMV_WARPS) <= ctas_cap and -(-steps // kw) >= MIN_STEPS):
+        if kw == 1 or (-(-units * kw // GEMV_WARPS) <= ctas_cap and -(-steps // kw) >= MIN_STEPS):
             return kw
     raise AssertionError("unreachable")
 
 
-def _gemv(arch, m, n, k, fmt, dtype, sm_count, split):
+def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw):
     m_tile = 8 if m <= 8 else 16
+    tpw = GEMV_TPW if tpw is None else tpw
     m_tiles = -(-m // m_tile)
-    tiles = -(-n // 16)
+    units = -(-n // (16 * tpw))  # a warp's tiles (TPW x 16 W rows)
     q = k // STEP_K
     one_wave = GEMV_CTAS_PER_SM * sm_count
     if split is None:
-        kw = _kw(tiles, q, max(1, one_wave // m_tiles))
-        ctas = -(-tiles * kw // GEMV_WARPS) * m_tiles
+        kw = _kw(units, q, max(1, one_wave // m_tiles))
+        ctas = -(-units * kw // GEMV_WARPS) * m_tiles
         split = max(1, min(one_wave // ctas, q // (kw * MIN_STEPS)))
     elif not 1 <= split <= q:
         raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
     sps = -(-q // split)
     split = -(-q // sps)
-    kw = _kw(tiles, sps, max(1, one_wave // (m_tiles * split)))
+    kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)))
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=GEMV_WARPS,
-                        depth=GEMV_DEPTH)
-    grid = (-(-tiles * kw // GEMV_WARPS), split, m_tiles)
+                        depth=GEMV_DEPTH, tpw=tpw, ahead=gemv_ahead(arch, m_tile, tpw))
+    grid = (-(-units * kw // GEMV_WARPS), split, m_tiles)
     return Plan(cfg, split, sps, grid, (GEMV_WARPS * 32, 1, 1), 0, kw)
 
 
@@ -151,8 +165,9 @@ def _tile(arch, m, n, k, fmt, dtype, sm_count, split):
 
 
 def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
-         path: str | None = None, split: int | None = None) -> Plan:
-    """Pure planner. `path` ("gemv" / "tile") and `split` force a choice (tests, tuning)."""
+         path: str | None = None, split: int | None = None, tpw: int | None = None) -> Plan:
+    """Pure planner. `path` ("gemv" / "tile"), `split` and `tpw` (tiles a warp of the
+    bandwidth path, 1 or 2) force a choice (tests, tuning)."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the FP4 GEMM needs M >= 1")
@@ -161,8 +176,10 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
     get_arch(arch)
     if path is None:
         path = "gemv" if m <= GEMV_MAX_M else "tile"
+    if tpw is not None and (path != "gemv" or tpw not in TPWS):
+        raise ValueError(f"tpw={tpw!r}: expected one of {TPWS}, bandwidth path only (path={path!r})")
     if path == "gemv":
-        return _gemv(arch, m, n, k, fmt, dtype, sm_count, split)
+        return _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw)
     if path == "tile":
         return _tile(arch, m, n, k, fmt, dtype, sm_count, split)
     raise ValueError(f"path={path!r}: expected 'gemv', 'tile' or None")
@@ -200,11 +217,12 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4G
         get_arch(arch)
         for fmt in fmts:
             for dtype in dtypes:
-                if not shapes:
+                if not shapes:  # what dispatch picks, and the variants the bench and tests force
                     for m_tile in M_TILES:
-                        for depth in DEPTHS:
+                        for tpw, ahead in ((1, True), (1, False), (2, gemv_ahead(arch, m_tile, 2))):
                             yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
-                                                warps=GEMV_WARPS, depth=depth)
+                                                warps=GEMV_WARPS, depth=GEMV_DEPTH, tpw=tpw,
+                                                ahead=ahead)
                     for bm in TILE_BMS:
                         yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm,
                                             stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])

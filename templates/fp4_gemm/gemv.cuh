@@ -5,22 +5,25 @@
 //   W, S, post: see fp4.cuh (prepared weight, tiled layout)
 //   C  [M, N] T; fp32 accumulation; ws [split, M, N] fp32 + counters [m_tiles, ctas_x] (split-K)
 //
-// grid (ceil(tiles / (WARPS / KW)), split, m_tiles), WARPS warps a CTA, KW = 1 << kw_log warps a
-// tile: warp w of CTA x owns the 16 W rows of tile x * (WARPS / KW) + w / KW (weights on the
-// mma's 16-row side, tokens on its n8 side: a small M wastes no weight bytes) over slice w % KW
-// of the CTA's K range (blockIdx.y); the KW partial sums meet in shared memory in slice order
-// (deterministic). blockIdx.z is the pass of M_TILE tokens. Each weight byte is loaded once, as
-// 16-byte ld.global.nc by lanes that together cover 1 KB of contiguous memory a step (tiled
-// layout); DEPTH steps per warp are in flight in a register ring, the first issued before
-// anything else. The activation fragments are 16-byte loads from global memory (L1 hits after
-// the first warp of an SM: A is small and every warp of a K slice reads the same bytes), at
-// immediate offsets from one pointer per token row: no staging, no barrier before the loop.
+// grid (ceil(units / (WARPS / KW)), split, m_tiles), WARPS warps a CTA, KW = 1 << kw_log warps a
+// unit of TPW tiles: warp w of CTA x owns the TPW x 16 W rows of tiles TPW * u .. TPW * u + TPW-1,
+// u = x * (WARPS / KW) + w / KW (weights on the mma's 16-row side, tokens on its n8 side: a small
+// M wastes no weight bytes; TPW = 2 shares each activation fragment between two tiles) over
+// slice w % KW of the CTA's K range (blockIdx.y); the KW partial sums meet in shared memory in
+// slice order (deterministic). blockIdx.z is the pass of M_TILE tokens. Each weight byte is
+// loaded once, as 16-byte ld.global.nc by lanes that together cover 1 KB of contiguous memory a
+// tile and step (tiled layout); DEPTH steps per warp are in flight in a register ring, the first
+// issued before anything else. The activation fragments are 16-byte loads from global memory (L1
+// hits after the first warp of an SM: A is small and every warp of a K slice reads the same
+// bytes), at immediate offsets from one pointer per token row: no staging, no barrier before the
+// loop. AHEAD: the next step's fragments are requested before this step is decoded (a ring of
+// two), so their latency hides behind a step's decode instead of opening it.
 #pragma once
 #include "fp4_gemm/fp4.cuh"
 
 namespace kg::fp4 {
 
-template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, bool HINT>
+template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool AHEAD, bool HINT>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
@@ -28,15 +31,19 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
                                      unsigned* __restrict__ counters, int M, int N, int K, int sps,
                                      int kw_log) {
   static_assert(M_TILE == 8 || M_TILE == 16, "m_tile is 8 or 16 tokens");
+  static_assert(TPW == 1 || TPW == 2, "a warp owns 1 or 2 tiles");
   constexpr int NT = M_TILE / 8;
   constexpr int SB = Fmt<FMT>::SB;
   constexpr int WSTEP = 1024, SSTEP = 16 * SB;  // bytes of W / S per (tile, step) block
+  constexpr int AR = AHEAD ? 2 : 1;              // A fragment ring: this step (+ the next)
+  constexpr int CH = TPW == 1 ? 2 : TPW;         // independent mma accumulator chains
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int kw = 1 << kw_log, ks = warp & (kw - 1);
-  const int tile = blockIdx.x * (WARPS >> kw_log) + (warp >> kw_log);
-  const bool active = tile * 16 < N;
+  const int tiles = (N + 15) >> 4;
+  const int tile0 = (blockIdx.x * (WARPS >> kw_log) + (warp >> kw_log)) * TPW;
+  const bool active = tile0 < tiles;
   const int Q = K / STEP_K;
   const int q_cta = blockIdx.y * sps;
   const int n_cta = min(Q, q_cta + sps) - q_cta;  // >= 1: the host ensures it
@@ -45,16 +52,25 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   const int n_it = active ? max(0, min(per, n_cta - ks * per)) : 0;
 
   // this warp's (tile, step) blocks: lane (g, t) reads chunk t of rows g (wp) and g+8 (wp + 512)
-  // and one scale word; the ring slots are filled in step order from immediate offsets
-  const size_t blk = (size_t)tile * Q + q0;
-  const uint8_t* wp = W + blk * WSTEP + 64 * g + 16 * t;
-  const uint8_t* sp = S + blk * SSTEP + (4 * g + t) * (SB / 2);
-  uint4 wa[DEPTH], wb[DEPTH];
-  uint32_t sr[DEPTH];  // rows g (low half) and g+8 (high half)
+  // and one scale word; the ring slots are filled in step order from immediate offsets. A second
+  // tile past N re-reads the last tile (its rows are never stored).
+  const uint8_t* wp[TPW];
+  const uint8_t* sp[TPW];
+#pragma unroll
+  for (int i = 0; i < TPW; ++i) {
+    const size_t blk = (size_t)min(tile0 + i, tiles - 1) * Q + q0;
+    wp[i] = W + blk * WSTEP + 64 * g + 16 * t;
+    sp[i] = S + blk * SSTEP + (4 * g + t) * (SB / 2);
+  }
+  uint4 wa[DEPTH][TPW], wb[DEPTH][TPW];
+  uint32_t sr[DEPTH][TPW];  // rows g (low half) and g+8 (high half)
   const auto load = [&](int d, int step) {
-    wa[d] = ld_stream_v4<HINT>(wp + step * WSTEP);
-    wb[d] = ld_stream_v4<HINT>(wp + step * WSTEP + 512);
-    sr[d] = FMT == FMT_NVFP4 ? ld_nc_u32(sp + step * SSTEP) : ld_nc_u16(sp + step * SSTEP);
+#pragma unroll
+    for (int i = 0; i < TPW; ++i) {
+      wa[d][i] = ld_stream_v4<HINT>(wp[i] + step * WSTEP);
+      wb[d][i] = ld_stream_v4<HINT>(wp[i] + step * WSTEP + 512);
+      sr[d][i] = FMT == FMT_NVFP4 ? ld_nc_u32(sp[i] + step * SSTEP) : ld_nc_u16(sp[i] + step * SSTEP);
+    }
   };
 #pragma unroll
   for (int d = 0; d < DEPTH; ++d)
@@ -67,86 +83,117 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
     ap[nt] = A + (size_t)(m0 + min(g + 8 * nt, rows - 1)) * K + (size_t)q0 * STEP_K + 32 * t;
+  uint4 b[AR][4][NT];  // slot r: A[token][k0 + 32t + 8j .. +7] of a step
+  const auto load_a = [&](int r, int off) {  // the step at ap + off elements -> slot r
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) b[r][j][nt] = ld_nc_v4(ap[nt] + off + 8 * j);
+  };
+  if constexpr (AHEAD) {
+    if (n_it > 0) load_a(0, 0);
+  }
 
-  float acc[2][NT][4];
+  float acc[CH][NT][4];
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int c = 0; c < CH; ++c)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.0f;
+    for (int nt = 0; nt < NT; ++nt) acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.0f;
 
   for (int it0 = 0; it0 < n_it; it0 += DEPTH) {
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
       if (it0 + d < n_it) {  // warp-uniform
-        uint4 b[4][NT];  // A[token][k0 + 32t + 8j .. +7] of this step
+        // AHEAD: the next step's A is requested before this step's decode (a step to land)
+        const int r = AHEAD ? (d & 1) : 0;
+        if constexpr (AHEAD) {
+          if (it0 + d + 1 < n_it) load_a(r ^ 1, (d + 1) * STEP_K);  // warp-uniform
+        } else {
+          load_a(0, d * STEP_K);
+        }
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < TPW; ++i) {
+          const RowScale<T, FMT> sca = chunk_scales<T, FMT>(sr[d][i]);
+          const RowScale<T, FMT> scb = chunk_scales<T, FMT>(FMT == FMT_NVFP4 ? sr[d][i] >> 16 : sr[d][i] >> 8);
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 8 * j);
-        const RowScale<T, FMT> sca = chunk_scales<T, FMT>(sr[d]);
-        const RowScale<T, FMT> scb = chunk_scales<T, FMT>(FMT == FMT_NVFP4 ? sr[d] >> 16 : sr[d] >> 8);
+          for (int j = 0; j < 4; ++j) {
+            uint32_t f[8];
+            frags_of_word<T, FMT>(word_of(wa[d][i], j), word_of(wb[d][i], j), sca, scb, j, f);
+            const int c = TPW == 1 ? (j & 1) : i;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t f[8];
-          frags_of_word<T, FMT>(word_of(wa[d], j), word_of(wb[d], j), sca, scb, j, f);
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            Mma<T>::run(acc[j & 1][nt], f[0], f[1], f[2], f[3], b[j][nt].x, b[j][nt].y);
-            Mma<T>::run(acc[j & 1][nt], f[4], f[5], f[6], f[7], b[j][nt].z, b[j][nt].w);
+            for (int nt = 0; nt < NT; ++nt) {
+              Mma<T>::run(acc[c][nt], f[0], f[1], f[2], f[3], b[r][j][nt].x, b[r][j][nt].y);
+              Mma<T>::run(acc[c][nt], f[4], f[5], f[6], f[7], b[r][j][nt].z, b[r][j][nt].w);
+            }
           }
         }
         // the slot refills once decoded (no register copies; DEPTH - 1 steps stay in flight)
         if (it0 + d + DEPTH < n_it) load(d, d + DEPTH);  // warp-uniform
       }
     }
-    wp += DEPTH * WSTEP;
-    sp += DEPTH * SSTEP;
+#pragma unroll
+    for (int i = 0; i < TPW; ++i) {
+      wp[i] += DEPTH * WSTEP;
+      sp[i] += DEPTH * SSTEP;
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) ap[nt] += DEPTH * STEP_K;
   }
 
-  float v[NT][4];
+  // v[i][nt]: tile tile0 + i; TPW == 1 adds its two chains (words 0, 2 and 1, 3)
+  float v[TPW][NT][4];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[nt][i] = acc[0][nt][i] + acc[1][nt][i];
-  if (kw > 1) {  // the tile's KW slices, summed by slice 0 in slice order
-    __shared__ float red[WARPS * NT * 4 * 32];
+  for (int i = 0; i < TPW; ++i)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) red[((warp * NT + nt) * 4 + i) * 32 + lane] = v[nt][i];
-    __syncthreads();
-    if (ks == 0) {
+      for (int e = 0; e < 4; ++e) v[i][nt][e] = TPW == 1 ? acc[0][nt][e] + acc[1][nt][e] : acc[i][nt][e];
+  constexpr int NV = TPW * NT * 4;  // floats a lane holds
+  if (kw > 1) {  // the tile's KW slices, summed by slice 0 in slice order
+    __shared__ float red[WARPS * NV * 32];
+#pragma unroll
+    for (int i = 0; i < TPW; ++i)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float s = 0.0f;
-          for (int y = 0; y < kw; ++y) s += red[(((warp + y) * NT + nt) * 4 + i) * 32 + lane];
-          v[nt][i] = s;
-        }
+        for (int e = 0; e < 4; ++e) red[(warp * NV + (i * NT + nt) * 4 + e) * 32 + lane] = v[i][nt][e];
+    __syncthreads();
+    if (ks == 0) {
+#pragma unroll
+      for (int i = 0; i < TPW; ++i)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float s = 0.0f;
+            for (int y = 0; y < kw; ++y) s += red[((warp + y) * NV + (i * NT + nt) * 4 + e) * 32 + lane];
+            v[i][nt][e] = s;
+          }
     }
   }
 
-  // fragment (nt, 2h + e) = C[m0 + 8nt + 2t + e, 16*tile + g + 8h]
+  // fragment (i, nt, 2h + e) = C[m0 + 8nt + 2t + e, 16*(tile0 + i) + g + 8h]; a tile past N has
+  // n >= N
   const bool split = gridDim.y > 1;
   float* wsy = ws + (size_t)blockIdx.y * M * N;
   if (active && ks == 0) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int i = 0; i < TPW; ++i)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int m = m0 + 8 * nt + 2 * t + (i & 1), n = tile * 16 + g + 8 * (i >> 1);
-        if (m >= M || n >= N) continue;
-        if (split) __stcg(wsy + (size_t)m * N + n, v[nt][i]);
-        else store_out<T, FMT>(C, bias, has_bias, post, alpha, m, n, N, v[nt][i]);
-      }
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int m = m0 + 8 * nt + 2 * t + (e & 1), n = (tile0 + i) * 16 + g + 8 * (e >> 1);
+          if (m >= M || n >= N) continue;
+          if (split) __stcg(wsy + (size_t)m * N + n, v[i][nt][e]);
+          else store_out<T, FMT>(C, bias, has_bias, post, alpha, m, n, N, v[i][nt][e]);
+        }
   }
+  constexpr int CTA_ROWS = 16 * TPW;  // W rows a (warp group of KW) covers
   if (split)
     split_finish<T, FMT>(ws, counters + (size_t)blockIdx.z * gridDim.x + blockIdx.x, gridDim.y, C,
-                         bias, has_bias, post, alpha, m0, M_TILE, blockIdx.x * (WARPS >> kw_log) * 16,
-                         (WARPS >> kw_log) * 16, M, N);
+                         bias, has_bias, post, alpha, m0, M_TILE,
+                         blockIdx.x * (WARPS >> kw_log) * CTA_ROWS, (WARPS >> kw_log) * CTA_ROWS, M, N);
 }
 
 }  // namespace kg::fp4

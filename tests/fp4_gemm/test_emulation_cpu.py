@@ -4,6 +4,8 @@ the A staging swizzle, the mma fragment layout (each m16n8k16 assembled from the
 registers), split-K and the epilogue, checked against the float64 reference. The address
 expressions are the kernel's; what it cannot see is a typo in the CUDA spelling of them."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -86,10 +88,10 @@ def lane_frags(wd, sd, w_base, s_base, fmt, dtype, SB):
 
 def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
     cfg = p.config
-    M_TILE, WARPS, NT = cfg.m_tile, cfg.warps, cfg.m_tile // 8
+    M_TILE, WARPS, NT, TPW = cfg.m_tile, cfg.warps, cfg.m_tile // 8, cfg.tpw
     KW = p.kw
     SB = 8 if fmt == "nvfp4" else 4
-    Q = k // 128
+    Q, n_tiles = k // 128, -(-n // 16)
     c_out = np.full((m, n), np.nan)
     ws = np.zeros((p.split, m, n))
     gx, gy, gz = p.grid
@@ -103,45 +105,62 @@ def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
             for bx in range(gx):
                 part = {}
                 for warp in range(WARPS):
-                    tile, ks = bx * (WARPS // KW) + warp // KW, warp % KW
-                    if tile * 16 >= n:
+                    tile0, ks = (bx * (WARPS // KW) + warp // KW) * TPW, warp % KW
+                    if tile0 >= n_tiles:
                         continue
                     q0 = q_cta + ks * per
                     n_it = max(0, min(per, n_cta - ks * per))
-                    acc = np.zeros((NT, 16, 8))  # D[nt][W row][token col]
-                    for it in range(n_it):
-                        blk = tile * Q + q0 + it
-                        af = lane_frags(td, ts, blk * 1024, blk * 16 * SB, fmt, dtype, SB)
+                    acc = np.zeros((TPW, NT, 16, 8))  # D[tile][nt][W row][token col]
+
+                    def load_a(it, m0=m0, rows=rows, q0=q0):  # the 32 lanes' ld_nc_v4(ap[nt] + it * 128 + 8 j), j = 0..3
                         bf = np.zeros((NT, 4, 2, 16, 8))
                         for lane in range(32):
                             g, t = lane >> 2, lane & 3
                             for nt in range(NT):
                                 r = m0 + min(g + 8 * nt, rows - 1)
-                                for j in range(4):  # ld_nc_v4(ap[nt] + it * 128 + 8 j)
+                                for j in range(4):
                                     k0 = (q0 + it) * 128 + 32 * t + 8 * j
+                                    assert 0 <= r < m and k0 + 8 <= k, (r, k0, p.short())  # in A
                                     bv = a[r, k0: k0 + 8]
                                     for hf in range(2):
                                         bf[nt, j, hf, 2 * t: 2 * t + 2, g] = bv[4 * hf: 4 * hf + 2]
                                         bf[nt, j, hf, 2 * t + 8: 2 * t + 10, g] = bv[4 * hf + 2: 4 * hf + 4]
-                        for nt in range(NT):
-                            for j in range(4):
-                                for hf in range(2):
-                                    acc[nt] += af[j, hf] @ bf[nt, j, hf]
-                    part.setdefault(tile, []).append(acc)
-                for tile, accs in part.items():  # slice 0 sums the KW slices in slice order
+                        return bf
+
+                    ring = {}  # A fragment ring: slot -> (step, fragments)
+                    if cfg.ahead and n_it > 0:
+                        ring[0] = (0, load_a(0))
+                    for it in range(n_it):
+                        if cfg.ahead:  # step it + 1 into the other slot, before step it's decode
+                            if it + 1 < n_it:
+                                ring[(it + 1) & 1] = (it + 1, load_a(it + 1))
+                            step, bf = ring[it & 1]
+                        else:
+                            step, bf = it, load_a(it)
+                        assert step == it, p.short()
+                        for i in range(TPW):  # a tile past N re-reads the last one
+                            blk = min(tile0 + i, n_tiles - 1) * Q + q0 + it
+                            af = lane_frags(td, ts, blk * 1024, blk * 16 * SB, fmt, dtype, SB)
+                            for nt in range(NT):
+                                for j in range(4):
+                                    for hf in range(2):
+                                        acc[i, nt] += af[j, hf] @ bf[nt, j, hf]
+                    part.setdefault(tile0, []).append(acc)
+                for tile0, accs in part.items():  # slice 0 sums the KW slices in slice order
                     acc = np.zeros_like(accs[0])
                     for x in accs:
                         acc = acc + x
-                    for nt in range(NT):
-                        for row in range(16):
-                            for col in range(8):
-                                mm, nn = m0 + 8 * nt + col, tile * 16 + row
-                                if mm >= m or nn >= n:
-                                    continue
-                                if p.split > 1:
-                                    ws[by, mm, nn] = acc[nt, row, col]
-                                else:
-                                    c_out[mm, nn] = acc[nt, row, col]
+                    for i in range(TPW):
+                        for nt in range(NT):
+                            for row in range(16):
+                                for col in range(8):
+                                    mm, nn = m0 + 8 * nt + col, (tile0 + i) * 16 + row
+                                    if mm >= m or nn >= n:
+                                        continue
+                                    if p.split > 1:
+                                        ws[by, mm, nn] = acc[i, nt, row, col]
+                                    else:
+                                        c_out[mm, nn] = acc[i, nt, row, col]
     if p.split > 1:
         c_out = ws.sum(axis=0)
     post = np.asarray(post, np.float64)
@@ -161,7 +180,20 @@ def test_gemv_emulation_uneven_k_slices():
     _check_gemv("nvfp4", "float16", 2, 1, 24, 33 * 128, 8)
 
 
-def _check_gemv(fmt, dtype, m, split, n, k, kw):
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m,split,n,k,kw,ahead", [(3, 1, 40, 384, 1, True), (11, 2, 40, 384, 1, False),
+                                                  (5, 1, 200, 1024, 2, True), (2, 1, 24, 33 * 128, 8, True)])
+def test_gemv_emulation_two_tiles_a_warp(fmt, m, split, n, k, kw, ahead):
+    """TPW = 2: N = 40 / 200 / 24 are 3 / 13 / 2 tiles, so the last warp's second tile is past N
+    (re-reads the last tile, never stored) except at N = 24."""
+    _check_gemv(fmt, "float16", m, split, n, k, kw, tpw=2, ahead=ahead)
+
+
+def test_gemv_emulation_without_a_ahead():
+    _check_gemv("mxfp4", "bfloat16", 5, 1, 40, 1024, 2, ahead=False)
+
+
+def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None, ahead=None):
     packed, scales, gs, w64 = host_weight(fmt, n, k)
     sb = 8 if fmt == "nvfp4" else 4
     if fmt == "mxfp4":
@@ -172,7 +204,9 @@ def _check_gemv(fmt, dtype, m, split, n, k, kw):
     rng = np.random.default_rng(m)
     a = rng.standard_normal((m, k)).astype(np.float16).astype(np.float64)
     bias = rng.standard_normal(n)
-    p = plan("sm_90a", m, n, k, fmt, dtype, 132, path="gemv", split=split)
+    p = plan("sm_90a", m, n, k, fmt, dtype, 132, path="gemv", split=split, tpw=tpw)
+    if ahead is not None:
+        p = dataclasses.replace(p, config=p.config.replace(ahead=ahead))
     assert p.kw == kw, p.short()
     got = emulate_gemv(p, td, ts, post, a, bias, 0.5, fmt, dtype, m, n, k)
     if fmt == "nvfp4":  # the reference rounds each e2m1 * e4m3 / gs to fp32; the kernel divides once

@@ -13,9 +13,11 @@ from kernelgen.fp4_gemm.layout import E2M1_MASK, decode_word, encode_words
 from kernelgen.fp4_gemm.select import (
     GEMV_DEPTH,
     GEMV_MAX_M,
+    GEMV_TPW,
     MIN_STEPS,
     SM_COUNTS,
     bm_for,
+    gemv_ahead,
     plan,
     prewarm_configs,
     select_fp4,
@@ -153,9 +155,11 @@ def test_plans_are_consistent(n, k, fmt):
                 cfg = p.config
                 assert cfg.m_tile == (8 if m <= 8 else 16), ctx
                 assert p.kw in (1, 2, 4, 8) and p.smem == 0, ctx
-                assert p.grid == (-(-(-(-n // 16) * p.kw) // 8), p.split, -(-m // cfg.m_tile)), ctx
+                units = -(-n // (16 * cfg.tpw))
+                assert p.grid == (-(-units * p.kw // 8), p.split, -(-m // cfg.m_tile)), ctx
                 per = -(-p.sps // p.kw)
-                assert cfg.depth == GEMV_DEPTH, ctx
+                assert cfg.depth == GEMV_DEPTH and cfg.tpw == GEMV_TPW, ctx
+                assert cfg.ahead == gemv_ahead(cfg.arch, cfg.m_tile, cfg.tpw), ctx
                 assert p.kw == 1 or per >= MIN_STEPS, ctx  # every K slice has a full ring
                 if p.split > 1:
                     assert p.kw == 8 and p.sps >= 8 * MIN_STEPS, ctx  # split only past KW 8
@@ -192,6 +196,29 @@ def test_forced_path_and_split():
     assert p.split == 1 and p.kw == 8 and p.grid == (256, 1, 1)  # K split inside the CTAs
     with pytest.raises(ValueError, match="path='wgmma'"):
         plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, path="wgmma")
+
+
+def test_two_tiles_a_warp_plan():
+    """TPW = 2 covers the same warps with half the tile units: 14336x4096 at M = 16 goes from
+    KW 2 to KW 4 (224 CTAs either way); m_tile 16 then loads A one step late (registers)."""
+    one = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=1)
+    two = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=2)
+    assert (one.kw, one.grid, one.config.ahead) == (2, (224, 1, 1), True), one.short()
+    assert (two.kw, two.grid, two.config.tpw, two.config.ahead) == (4, (224, 1, 1), 2, False), two.short()
+    p = plan("sm_90a", 1, 40, 384, "mxfp4", "float16", 132, tpw=2)  # 3 tiles: 2 units
+    assert p.grid == (1, 1, 1) and p.config.ahead, p.short()
+    with pytest.raises(ValueError, match="tpw=3: expected one of"):
+        plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, tpw=3)
+    with pytest.raises(ValueError, match="bandwidth path only"):
+        plan("sm_90a", 40, 4096, 4096, "nvfp4", "float16", 132, tpw=2)
+
+
+def test_gemv_ahead_register_rule():
+    for arch, m_tile in (("sm_90a", 16), ("sm_100a", 8), ("sm_120a", 8)):
+        with pytest.raises(UnsupportedConfigError, match="ahead=True.*no registers"):
+            Fp4GemvConfig(arch=arch, m_tile=m_tile, tpw=2, ahead=True)
+    Fp4GemvConfig(arch="sm_90a", m_tile=8, tpw=2, ahead=True)
+    Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=1, ahead=True)
 
 
 @pytest.mark.parametrize("n,k", [(100, 96), (100, 0), (0, 128), (64, 4160)])
@@ -244,7 +271,8 @@ def test_prewarm_rejects_bad_shapes():
 
 
 @pytest.mark.parametrize("field,value", [("fmt", "mxfp8_e4m3"), ("dtype", "float32"),
-                                         ("m_tile", 12), ("warps", 3), ("depth", 3)])
+                                         ("m_tile", 12), ("warps", 3), ("depth", 3),
+                                         ("tpw", 4), ("ahead", 1)])
 def test_gemv_config_check_names_field(field, value):
     kw = dict(arch="sm_90a", fmt="nvfp4", dtype="float16", m_tile=8, warps=8, depth=4)
     kw[field] = value
