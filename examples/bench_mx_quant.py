@@ -13,6 +13,7 @@ device from the input ("gs=auto": one launch for small inputs, amax + quantize e
     python examples/bench_mx_quant.py [--ms 1,16,4096,16384] [--k 4096] [--json out.json]
         [--blocks-per-sm 0,3,3x1] (also time these grid caps [x slots] of mx_quantize, M > 64)
         [--wide-fp8]            (also time MXFP8 with 16-element lane slots)
+        [--no-h2]               (also time MX fp4 / fp6 without the packed 16-bit encoders)
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def main() -> None:
                          "loop); the default plan is always timed")
     ap.add_argument("--wide-fp8", action="store_true",
                     help="also time MXFP8 with 16-element lane slots")
+    ap.add_argument("--no-h2", action="store_true",
+                    help="also time MX fp4 / fp6 without the packed 16-bit encoders")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
     k = args.k
@@ -93,8 +96,10 @@ def main() -> None:
     import kernelgen.mx as mx
     from kernelgen.arch import device_info
     from kernelgen.bench import copy_bandwidth, rotation, time_gpu
+    from kernelgen.mx.config import h2_applies
     from kernelgen.mx.select import (
         force_blocks_per_sm,
+        force_h2,
         force_small_auto_path,
         force_wide_fp8,
         quantize_plan,
@@ -117,14 +122,17 @@ def main() -> None:
                 modes = ("value",)
                 if fmt == "nvfp4":
                     modes = ("value", "auto") + (("auto:fused",) if m <= 64 else ())
-                variants = [(g, None, None) for g in modes]
-                variants += [(modes[0], c[:2], None) for c in (extra_caps if m > 64 else ())
+                variants = [(g, None, None, None) for g in modes]
+                variants += [(modes[0], c[:2], None, None) for c in (extra_caps if m > 64 else ())
                              if "fp8" not in fmt]  # fp8: a block a chunk, no cap
-                variants += [("value", None, True)] if args.wide_fp8 and "fp8" in fmt else []
-                for gs, cap, wide in variants:
+                variants += [("value", None, True, None)] if args.wide_fp8 and "fp8" in fmt else []
+                variants += [("value", None, None, False)] if args.no_h2 and \
+                    h2_applies(fmt, dtype) else []
+                for gs, cap, wide, h2 in variants:
                     force_small_auto_path("fused" if gs == "auto:fused" else None)
                     force_blocks_per_sm(*(cap or (None, None)))
                     force_wide_fp8(wide)
+                    force_h2(h2)
                     q = quantizer(fmt, dtype, gs)
                     plan = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
                                          gs.split(":")[0])
@@ -136,14 +144,14 @@ def main() -> None:
                                       info.l2_bytes, factor=2)
                     t = graph_time(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), stream)
                     eager = None
-                    if m > 64 and cap is None:
+                    if m > 64 and cap is None and h2 is None:
                         eager = time_gpu(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), iters=20,
                                          repeats=5)
                     del xs
                     r = {"format": fmt, "dtype": dtype, "m": m, "k": k, "gs": gs,
                          "path": plan.path, "grid": plan.grid, "slots": plan.slots,
                          "blocks_per_sm": None if cap is None else cap[0],
-                         "lane_elems": plan.config.lane_elems,
+                         "lane_elems": plan.config.lane_elems, "h2": plan.config.h2,
                          "us": t * 1e6, "gbps": nbytes / t / 1e9, "frac_copy": nbytes / t / bw,
                          "eager_us": None if eager is None else eager * 1e6}
                     rows.append(r)
@@ -152,12 +160,14 @@ def main() -> None:
                     cap_col = f"{plan.grid} blocks x {plan.slots} slots" + (
                         "" if cap is None else f" (forced {cap[0]}/SM)")
                     cap_col += ", 16-element lanes" if wide else ""
+                    cap_col += ", h2 off" if h2 is False else ""
                     print(f"| {fmt} | {dtype} | {m} | {gs_col} | {plan.path} | {cap_col} | "
                           f"{r['us']:.2f} | {r['gbps']:.0f} | {100 * r['frac_copy']:.0f}% | "
                           f"{eager_col} |", flush=True)
     force_small_auto_path(None)
     force_blocks_per_sm(None)
     force_wide_fp8(None)
+    force_h2(None)
     # dequantize to the input dtype at the largest M (not a target; for reference)
     m = max(ms)
     deq = []

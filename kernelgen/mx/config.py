@@ -26,6 +26,9 @@ QUANT_MIN_BLOCKS = 3
 # MXFP8 quantize lanes of 16 elements (quant_lane_elems); H100, K = 4096: 20.1 vs 20.4-20.5 us at
 # M = 4096 (84% vs 83% of copy), equal at M = 16 and 16384 (BENCHMARKS.md)
 WIDE_FP8 = True
+# MX fp4 / fp6 quantize of fp16 / bf16 inputs encodes two elements a 32-bit word in the input's
+# own format (mx.cuh "Packed 16-bit encoders"; ~6 SASS instructions an element instead of ~13)
+H2_DEFAULT = True
 CLUSTER = 8  # fused NVFP4 path: one cluster of 8 blocks of 1024 threads (sm_90+)
 FUSED_THREADS = 1024
 
@@ -59,6 +62,13 @@ def hw_fp8_cvt(arch: str, fmt: str) -> bool:
     return elem_bits(fmt) == 8 and get_arch(arch).cc >= 90
 
 
+def h2_applies(fmt: str, dtype: str) -> bool:
+    """The packed 16-bit encoders exist for MX fp4 / fp6 (power-of-two scales, exact in the input's
+    format) with fp16 / bf16 inputs; NVFP4 (an fp32 scale factor) and fp8 (hardware cvt) do not
+    use them."""
+    return fmt != "nvfp4" and elem_bits(fmt) in (4, 6) and dtype in ("float16", "bfloat16")
+
+
 def _check(cfg: KernelConfig, fmt: str, dtype: str) -> None:
     if fmt not in FORMATS:
         raise UnsupportedConfigError(f"{cfg.short()}: fmt={fmt!r}; expected one of {list(FORMATS)}")
@@ -84,6 +94,7 @@ class MxQuantizeConfig(KernelConfig):
     dtype: str = "float16"  # input
     hw_cvt: bool = False  # MXFP8 elements by the hardware cvt (see hw_fp8_cvt)
     wide: bool = False  # MXFP8: 16 elements a lane slot instead of 8 (see quant_lane_elems)
+    h2: bool = False  # packed 16-bit element encoders (see h2_applies)
 
     def check(self) -> None:
         _check(self, self.fmt, self.dtype)
@@ -93,6 +104,9 @@ class MxQuantizeConfig(KernelConfig):
         if self.wide and elem_bits(self.fmt) != 8:
             raise UnsupportedConfigError(f"{self.short()}: wide is for mxfp8 formats (fp4 / fp6 "
                                          f"lanes hold 16 elements already)")
+        if self.h2 and not h2_applies(self.fmt, self.dtype):
+            raise UnsupportedConfigError(f"{self.short()}: h2 (packed 16-bit encoders) needs an "
+                                         f"MX fp4 / fp6 format and a float16 / bfloat16 input")
 
     @property
     def lane_elems(self) -> int:
@@ -129,7 +143,7 @@ class MxQuantizeConfig(KernelConfig):
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), **_format_vars(self.fmt, self.dtype),
                 "lane_elems": self.lane_elems, "slots": self.slots, "loop": self.loops,
-                "min_blocks": QUANT_MIN_BLOCKS, "fused": self.fused,
+                "min_blocks": QUANT_MIN_BLOCKS, "fused": self.fused, "h2": self.h2,
                 "cluster": CLUSTER,
                 "fused_threads": FUSED_THREADS,
                 "fused_slots": self.fused_slots}

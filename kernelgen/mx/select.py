@@ -26,10 +26,12 @@ from .config import (
     ESIZE,
     FLOAT_DTYPES,
     FUSED_THREADS,
+    H2_DEFAULT,
     THREADS,
     WIDE_FP8,
     MxDequantizeConfig,
     MxQuantizeConfig,
+    h2_applies,
     hw_fp8_cvt,
     lane_elems,
 )
@@ -49,6 +51,7 @@ _small_auto_path: str | None = None  # tests / benchmarks: force "fused" or "red
 _blocks_per_sm: int | None = None  # tests / benchmarks: the direct grid's cap (0: none)
 _wide_fp8: bool | None = None  # tests / benchmarks: MXFP8 lane slots of 16 (True) or 8 elements
 _slots: int | None = None  # tests / benchmarks: slots a thread of a chunk (at most the config's)
+_h2: bool | None = None  # tests / benchmarks: packed 16-bit encoders on / off where they apply
 
 
 def force_small_auto_path(path: str | None) -> None:
@@ -81,6 +84,16 @@ def force_wide_fp8(wide: bool | None) -> None:
     if wide not in (None, True, False):
         raise ValueError(f"wide={wide!r}; expected None, True or False")
     _wide_fp8 = wide
+    quantize_plan.cache_clear()
+
+
+def force_h2(h2: bool | None) -> None:
+    """MX fp4 / fp6 quantize of 16-bit inputs with (True) or without (False) the packed 16-bit
+    encoders; None: H2_DEFAULT. For tests and benchmarks; clears the plan memo."""
+    global _h2
+    if h2 not in (None, True, False):
+        raise ValueError(f"h2={h2!r}; expected None, True or False")
+    _h2 = h2
     quantize_plan.cache_clear()
 
 
@@ -136,10 +149,12 @@ def slot_counts(fmt: str, rows: int, k: int, swizzled: bool,
 
 def quantize_config(arch: str, fmt: str, dtype: str) -> MxQuantizeConfig:
     """The quantize config dispatch uses: the hardware fp8 cvt where the arch has it; MXFP8
-    lanes of 16 elements if WIDE_FP8."""
+    lanes of 16 elements if WIDE_FP8; the packed 16-bit encoders where they apply if
+    H2_DEFAULT."""
     wide = (WIDE_FP8 if _wide_fp8 is None else _wide_fp8) and elem_bits(fmt) == 8
+    h2 = (H2_DEFAULT if _h2 is None else _h2) and h2_applies(fmt, dtype)
     return MxQuantizeConfig(arch=arch, fmt=fmt, dtype=dtype, hw_cvt=hw_fp8_cvt(arch, fmt),
-                            wide=wide)
+                            wide=wide, h2=h2)
 
 
 @selector
@@ -153,6 +168,10 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
     if total >= MAX_SLOTS:
         raise ValueError(f"x: {rows} rows x K={k} is too large for one launch (rows * K / "
                          f"{cfg.lane_elems} must be < 2**31)")
+    s = k // group_size(fmt)
+    if (_cdiv(rows, 128) * 128 * 4 * _cdiv(s, 4) if swizzled else rows * s) >= MAX_SLOTS:
+        raise ValueError(f"x: {rows} rows x K={k} is too large for one launch (the scale "
+                         f"bytes, padding included, must be < 2**31: 32-bit offsets)")
     path, amax_grid = "direct", 0
     if fmt == "nvfp4" and gs_mode == "auto":
         small = _small_auto_path or "redundant"

@@ -258,6 +258,7 @@ struct Shape {
   uint32_t total;     // rows * slots_per_row (< 2^31, checked on the host)
   long long pad_words;  // 4-byte scale words of the padding rows (swizzled only)
   bool swizzled;
+  bool linear;  // no padding columns: slot idx holds elements [idx * E, +E) of the flat input
 
   template <int GROUP, int E>
   __device__ __forceinline__ static Shape make(int rows, int k, int swizzled) {
@@ -270,6 +271,7 @@ struct Shape {
     sh.slots_per_row = (sh.swizzled ? 4 * sh.k_tiles : sh.s) * (GROUP / E);
     sh.total = uint32_t(rows) * uint32_t(sh.slots_per_row);
     sh.pad_words = sh.swizzled ? (long long)(((rows + 127) & ~127) - rows) * sh.k_tiles : 0;
+    sh.linear = sh.slots_per_row * E == k;
     return sh;
   }
 };
@@ -310,6 +312,140 @@ template <class F> __device__ __forceinline__ uint32_t cvt_fp8x2(float lo, float
   }
 #endif
   return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packed 16-bit encoders (MX fp4 / fp6 elements, fp16 / bf16 inputs): two elements a 32-bit word.
+//
+// Exactness. The MX element is encode(x * 2^k), k = 127 - scale code, |x * 2^k| < 2^(EMAX + 1)
+// by the floor rule. (1) x * 2^k in the input's own 16-bit format is exact or harmless: scaling
+// up never loses bits (no overflow: the result is < 2^(EMAX+1) <= 32); scaling down loses bits
+// only where the result is below the format's normal range (fp16 2^-14, bf16 2^-126), far below
+// half the smallest element step (>= 2^-5), so the result and the exact value both encode to a
+// signed zero (RN keeps the sign). fp16 holds 2^k only for k <= 15: larger k (a group below
+// 2^(EMAX - 15)) multiplies by 2^(k - 15) first, then by 2^15, both scaling up. k >= EMAX - 15
+// for fp16 (amax <= 65504; k <= EMAX + 24 as amax >= 2^-24 or the group is zero, clamped) and
+// >= -125 for bf16, so 2^k (fp16: 2^min(k, 15) and 2^(k-15)) is a normal number of the format.
+// (2) t = min(|y|, max) and e1 = max(t, 2^emin) are exact; eb = e1's exponent field (per lane).
+// (3) magic = 2^(e + MANT - MBITS) (eb plus a constant): t < 2^(e+1) <= magic / 2^(MANT-MBITS-1),
+// so t + magic lies in [magic, 2 magic), whose ulp is 2^(e - MBITS), the element step in binade e;
+// one RN add (HADD2, RNE) rounds t to that step, ties to even because magic / ulp = 2^MANT is even.
+// (4) r = bits(s) - bits(magic) = RN(t) / step; the code is r + (e - emin) 2^MBITS, a carry into
+// the next binade (r = 2^(MBITS+1)) landing on the right code, exactly as encode_mag does in fp32.
+// (5) Lanes: every per-lane result is in [0, 2^16) and the word arithmetic is + / - / shifts by
+// < MANT of fields that start at bit MANT, so 32-bit modular arithmetic on the pair is the two
+// lanes' arithmetic. tests/mx/test_h2_codec.py replays these steps bit for bit in NumPy over
+// every fp16 / bf16 value and every k against reference.encode.
+// ---------------------------------------------------------------------------------------------
+template <typename T> struct H16;
+template <> struct H16<half> {
+  static constexpr int MANT = 10, BIAS = 15;
+  using T2 = __half2;
+};
+template <> struct H16<__nv_bfloat16> {
+  static constexpr int MANT = 7, BIAS = 127;
+  using T2 = __nv_bfloat162;
+};
+template <typename T> struct is_h16 { static constexpr bool value = false; };
+template <> struct is_h16<half> { static constexpr bool value = true; };
+template <> struct is_h16<__nv_bfloat16> { static constexpr bool value = true; };
+
+constexpr uint32_t LANES2 = 0x00010001u;  // a 16-bit constant in both lanes
+
+template <typename T> __device__ __forceinline__ typename H16<T>::T2 as_t2(uint32_t w) {
+  typename H16<T>::T2 r;
+  *reinterpret_cast<uint32_t*>(&r) = w;
+  return r;
+}
+template <typename T2> __device__ __forceinline__ uint32_t t2_bits(T2 v) {
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Bits (one lane) of F's largest finite value and of 2^emin in the 16-bit format T.
+template <class F, typename T> __host__ __device__ constexpr uint32_t h16_max_bits() {
+  return (uint32_t((F::MAX_CODE >> F::MBITS) - F::BIAS + H16<T>::BIAS) << H16<T>::MANT) |
+         ((F::MAX_CODE & ((1u << F::MBITS) - 1)) << (H16<T>::MANT - F::MBITS));
+}
+template <class F, typename T> __host__ __device__ constexpr uint32_t h16_emin_field() {
+  return uint32_t(H16<T>::BIAS + 1 - F::BIAS);
+}
+
+// y: two scaled elements (x * 2^k, see above) -> two codes with sign, lane 0 in bits [0, BITS),
+// lane 1 in bits [16, 16 + BITS).
+template <class F, typename T> __device__ __forceinline__ uint32_t encode_h2(uint32_t y) {
+  constexpr int MANT = H16<T>::MANT, SH = MANT - F::MBITS;
+  constexpr uint32_t EXP = ((1u << (15 - MANT)) - 1) << MANT;
+  constexpr uint32_t EMIN = h16_emin_field<F, T>();
+  const auto t = __hmin2(__habs2(as_t2<T>(y)), as_t2<T>(h16_max_bits<F, T>() * LANES2));
+  const uint32_t eb = t2_bits(__hmax2(t, as_t2<T>((EMIN << MANT) * LANES2))) & (EXP * LANES2);
+  constexpr uint32_t MAGIC = (uint32_t(SH) << MANT) * LANES2, C = (EMIN << F::MBITS) * LANES2;
+  const uint32_t s = t2_bits(__hadd2_rn(t, as_t2<T>(eb + MAGIC)));
+  const uint32_t code = (s - eb - (MAGIC + C)) + (eb >> SH);  // s - magic + (eb >> SH) - C
+  return code | ((y >> (16 - F::BITS)) & ((1u << (F::BITS - 1)) * LANES2));
+}
+
+// Pair words p[i] = codes of elements 2i, 2i+1 (lanes) -> the packed little-endian words.
+template <int BITS, int E>
+__device__ __forceinline__ void pack_pairs(const uint32_t (&p)[E / 2],
+                                           uint32_t (&w)[Pack<BITS, E>::WORDS]) {
+  if constexpr (BITS == 4) {
+#pragma unroll
+    for (int i = 0; i < E / 8; ++i) {
+      uint32_t q[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) q[j] = p[4 * i + j] + (p[4 * i + j] >> 12);  // byte 0: e0 | e1 << 4
+      w[i] = __byte_perm(__byte_perm(q[0], q[1], 0x5540), __byte_perm(q[2], q[3], 0x5540), 0x5410);
+    }
+  } else {
+    uint32_t c[E];
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) {
+      c[2 * i] = p[i] & 0xffffu;
+      c[2 * i + 1] = p[i] >> 16;
+    }
+    Pack<BITS, E>::pack(c, w);
+  }
+}
+
+// One MX slot of a 16-bit input by the packed encoders (all lanes of the warp together:
+// shuffles). Returns the group's scale byte; writes the lane's packed words.
+template <class F, typename T, int E, int L>
+__device__ __forceinline__ uint32_t quantize_slot_h2(const InVec<T, E>& in,
+                                                     uint32_t (&w)[Pack<F::BITS, E>::WORDS]) {
+  uint32_t amax = in.abs_max_bits();
+#pragma unroll
+  for (int o = 1; o < L; o <<= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const bool bad = amax >= 0x7f800000u;  // NaN or Inf in the group
+  const uint32_t code = e8m0_floor<F::EMAX>(amax);
+  int k = bad ? 0 : 127 - int(code);  // elements times 2^k
+  // fp16: k <= EMAX + 24 but for an all-zero group (code 0): any k serves, keep 2^(k-15) finite
+  if constexpr (same_type<T, half>::value) k = min(k, F::EMAX + 24);
+  const uint32_t* x = reinterpret_cast<const uint32_t*>(in.raw);
+  uint32_t y[E / 2];
+  if constexpr (same_type<T, half>::value) {
+    if (k > 15) {  // a tiny group: 2^k is not an fp16; scale up in two exact steps
+      const auto m1 = as_t2<T>((uint32_t(k) << 10) * LANES2);  // 2^(k - 15)
+      const auto m2 = as_t2<T>((30u << 10) * LANES2);  // 2^15
+#pragma unroll
+      for (int i = 0; i < E / 2; ++i) y[i] = t2_bits(__hmul2_rn(__hmul2_rn(as_t2<T>(x[i]), m1), m2));
+    } else {
+      const auto m = as_t2<T>((uint32_t(k + 15) << 10) * LANES2);
+#pragma unroll
+      for (int i = 0; i < E / 2; ++i) y[i] = t2_bits(__hmul2_rn(as_t2<T>(x[i]), m));
+    }
+  } else {
+    const auto m = as_t2<T>((uint32_t(k + 127) << 7) * LANES2);
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) y[i] = t2_bits(__hmul2_rn(as_t2<T>(x[i]), m));
+  }
+  uint32_t p[E / 2];
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i) p[i] = encode_h2<F, T>(y[i]);
+  pack_pairs<F::BITS, E>(p, w);
+  const uint32_t keep = bad ? 0u : 0xffffffffu;
+#pragma unroll
+  for (int i = 0; i < Pack<F::BITS, E>::WORDS; ++i) w[i] &= keep;
+  return bad ? 0xFFu : code;
 }
 
 // HW: encode fp8 elements with cvt_fp8x2 (MXFP8 on sm_89+), else exact integer arithmetic.
@@ -356,7 +492,15 @@ __device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], uint32_t 
 
 // Quantize the U slots idx[u] whose inputs are already loaded (the caller issues all loads
 // first, so U * 16-byte loads per thread are in flight). Writes data and scale bytes.
-template <typename T, class F, bool NV, int GROUP, int E, int U, bool HW = false>
+// Byte offset of swizzled_offset in 32 bits (the host keeps the scale tensor below 2^31 bytes).
+__device__ __forceinline__ uint32_t swizzled_offset32(uint32_t r, uint32_t c, uint32_t k_tiles) {
+  return ((r >> 7) * k_tiles + (c >> 2)) * 512u + (r & 31u) * 16u + ((r >> 5) & 3u) * 4u + (c & 3u);
+}
+
+// LIN (sh.linear): slot idx's input and output bytes follow from idx alone (no row / column
+// arithmetic, no padding-column tests); pos is then needed for the scale bytes only.
+template <typename T, class F, bool NV, int GROUP, int E, int U, bool HW = false, bool H2 = false,
+          bool LIN = false>
 __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const uint32_t (&idx)[U],
                                                const SlotPos (&pos)[U], int u_count,
                                                const Shape& sh, float gs, uint8_t* __restrict__ data,
@@ -371,20 +515,29 @@ __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const
     const uint32_t row = pos[u].row;
     const int j = pos[u].j;
     const int col = j * E;
-    float v[E];
-    in[u].to_float(v);
     uint32_t w[WORDS];
-    const uint32_t sbyte = quantize_slot<F, NV, E, L, HW>(v, in[u].abs_max_bits(), gs, w);
-    if (in_range && col < sh.k) store_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w);
+    uint32_t sbyte;
+    if constexpr (H2) {
+      sbyte = quantize_slot_h2<F, T, E, L>(in[u], w);
+    } else {
+      float v[E];
+      in[u].to_float(v);
+      sbyte = quantize_slot<F, NV, E, L, HW>(v, in[u].abs_max_bits(), gs, w);
+    }
+    if constexpr (LIN) {
+      if (in_range) store_words<WORDS>(data + (size_t)idx[u] * (E * F::BITS / 8), w);
+    } else {
+      if (in_range && col < sh.k) store_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w);
+    }
     const int g = j / L;
     if (sh.swizzled) {
       uint32_t word = sbyte << (8 * (g & 3));
       word |= __shfl_xor_sync(0xffffffffu, word, L);
       word |= __shfl_xor_sync(0xffffffffu, word, 2 * L);
       if (in_range && j % (4 * L) == 0)
-        *reinterpret_cast<uint32_t*>(scales + swizzled_offset(row, g, sh.k_tiles)) = word;
+        *reinterpret_cast<uint32_t*>(scales + swizzled_offset32(row, g, sh.k_tiles)) = word;
     } else if (in_range && j % L == 0) {
-      scales[(long long)row * sh.s + g] = (uint8_t)sbyte;
+      scales[row * uint32_t(sh.s) + uint32_t(g)] = (uint8_t)sbyte;
     }
   }
 }
@@ -419,7 +572,7 @@ __device__ __forceinline__ SlotPos add_pos(SlotPos p, SlotPos d, int slots_per_r
 
 // Loads of the u_count slots base + u * THREADS (u < u_count) of a thread; p0: (row, slot) of
 // base, du: of THREADS. Out-of-range slots and padding columns load zeros (their pos is unused).
-template <typename T, int E, int U, int THREADS>
+template <typename T, int E, int U, int THREADS, bool LIN = false>
 __device__ __forceinline__ void load_slots(const T* __restrict__ x, uint32_t base, SlotPos p0,
                                            SlotPos du, int u_count, const Shape& sh,
                                            uint32_t (&idx)[U], SlotPos (&pos)[U],
@@ -428,9 +581,14 @@ __device__ __forceinline__ void load_slots(const T* __restrict__ x, uint32_t bas
   for (int u = 0; u < U; ++u) {
     idx[u] = u < u_count ? base + uint32_t(u * THREADS) : 0xffffffffu;
     pos[u] = u == 0 ? p0 : add_pos(pos[u > 0 ? u - 1 : 0], du, sh.slots_per_row);
-    const int col = pos[u].j * E;
-    if (idx[u] < sh.total && col < sh.k) in[u].load(x + (long long)pos[u].row * sh.k + col);
-    else in[u].zero();
+    if constexpr (LIN) {
+      if (idx[u] < sh.total) in[u].load(x + (size_t)idx[u] * E);
+      else in[u].zero();
+    } else {
+      const int col = pos[u].j * E;
+      if (idx[u] < sh.total && col < sh.k) in[u].load(x + (long long)pos[u].row * sh.k + col);
+      else in[u].zero();
+    }
   }
 }
 
@@ -497,15 +655,17 @@ __device__ __forceinline__ void amax_partials(const T* __restrict__ x, uint32_t*
 // takes one chunk (the grid covers them all).
 // gs_mode (NVFP4): 0 = gs_val, 1 = *gs_in, 2 = from the finite amax partials of mx_amax,
 // 3 = each block reduces the finite amax of the whole input (small inputs: one launch, any arch).
-template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool LOOP>
-__device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __restrict__ data,
-                                         uint8_t* __restrict__ scales, const float* gs_in,
-                                         const uint32_t* partials, float* gs_out, float gs_val,
-                                         int gs_mode, int n_partials, int rows, int k,
-                                         int swizzled, int u_count) {
+// LIN: sh.linear (the wrapper below picks the instantiation).
+template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool LOOP,
+          bool H2, bool LIN>
+__device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restrict__ x,
+                                              uint8_t* __restrict__ data,
+                                              uint8_t* __restrict__ scales, const float* gs_in,
+                                              const uint32_t* partials, float* gs_out,
+                                              float gs_val, int gs_mode, int n_partials, int rows,
+                                              int k, int u_count) {
   // u_count (1..U, uniform): slots per thread of a chunk; 1 spreads small inputs over more
   // blocks (shorter per-thread chains), U keeps U loads in flight for large ones.
-  const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
   const uint32_t spr = uint32_t(sh.slots_per_row);
   const uint32_t chunk = uint32_t(THREADS * u_count), step = gridDim.x * chunk;
   const SlotPos du = {uint32_t(THREADS) / spr, int(uint32_t(THREADS) % spr)};
@@ -516,7 +676,7 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
   SlotPos pos[U];
   InVec<T, E> in[U];
   if constexpr (LOOP) {
-    load_slots<T, E, U, THREADS>(x, first + threadIdx.x, p0, du, u_count, sh, idx, pos, in);
+    load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, p0, du, u_count, sh, idx, pos, in);
   } else {  // a division a slot, fewer live registers (more blocks an SM)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -545,31 +705,56 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
     if (blockIdx.x == 0 && threadIdx.x == 0) *gs_out = gs;
   }
   if constexpr (!LOOP) {
-    quantize_slots<T, F, NV, GROUP, E, U, HW>(in, idx, pos, u_count, sh, gs, data, scales);
+    quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, data, scales);
   } else {
+    // two register sets in turn (no copies between iterations): the loads of one chunk fly
+    // while the other is quantized
+    uint32_t idx2[U];
+    SlotPos pos2[U];
+    InVec<T, E> in2[U];
     for (;;) {
-      const bool more = first + step < sh.total;  // block-uniform; total < 2^31: no overflow
-      uint32_t idx2[U];
-      SlotPos pos2[U];
-      InVec<T, E> in2[U];
+      bool more = first + step < sh.total;  // block-uniform; total < 2^31: no overflow
       if (more) {
         first += step;
         p0 = add_pos(p0, dstep, int(spr));
-        load_slots<T, E, U, THREADS>(x, first + threadIdx.x, p0, du, u_count, sh, idx2, pos2,
-                                     in2);
+        load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, p0, du, u_count, sh, idx2,
+                                          pos2, in2);
       }
-      quantize_slots<T, F, NV, GROUP, E, U, HW>(in, idx, pos, u_count, sh, gs, data, scales);
+      quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, data, scales);
       if (!more) break;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        idx[u] = idx2[u];
-        pos[u] = pos2[u];
-        in[u] = in2[u];
+      more = first + step < sh.total;
+      if (more) {
+        first += step;
+        p0 = add_pos(p0, dstep, int(spr));
+        load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, p0, du, u_count, sh, idx, pos,
+                                          in);
       }
+      quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in2, idx2, pos2, u_count, sh, gs, data,
+                                                    scales);
+      if (!more) break;
     }
   }
   zero_padding_rows(sh, scales, (long long)blockIdx.x * THREADS + threadIdx.x,
                     (long long)gridDim.x * THREADS);
+}
+
+template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool LOOP,
+          bool H2 = false>
+__device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __restrict__ data,
+                                         uint8_t* __restrict__ scales, const float* gs_in,
+                                         const uint32_t* partials, float* gs_out, float gs_val,
+                                         int gs_mode, int n_partials, int rows, int k,
+                                         int swizzled, int u_count) {
+  const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
+  if (sh.linear) {
+    quantize_impl<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2, true>(
+        sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k,
+        u_count);
+  } else {
+    quantize_impl<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2, false>(
+        sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k,
+        u_count);
+  }
 }
 
 #if __CUDA_ARCH__ >= 900

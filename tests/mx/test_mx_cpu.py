@@ -40,6 +40,9 @@ DTYPES = ("float16", "bfloat16", "float32")
     ({"fmt": "mxfp4", "hw_cvt": True}, "hw_cvt"),
     ({"fmt": "mxfp6_e2m3", "wide": True}, "wide is for mxfp8"),
     ({"fmt": "mxfp8_e4m3", "hw_cvt": True, "arch": "sm_80"}, "hw_cvt"),
+    ({"fmt": "nvfp4", "h2": True}, "h2"),
+    ({"fmt": "mxfp8_e4m3", "h2": True}, "h2"),
+    ({"fmt": "mxfp4", "dtype": "float32", "h2": True}, "h2"),
 ])
 def test_quantize_config_rejects(kw, match):
     kw = {"arch": "sm_90a", **kw}
@@ -404,3 +407,32 @@ def test_quantize_zero_rows(zero_rows, shape, layout):
         quantize_nvfp4(make((4, 0)))
     with pytest.raises(AssertionError, match="must not plan"):  # control: one row plans
         quantize_mx(make((1, 64)), "mxfp4")
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+def test_h2_encoders_where_they_apply(arch):
+    """The packed 16-bit encoders: MX fp4 / fp6 with fp16 / bf16 inputs by default, off when
+    forced off, never for NVFP4 / fp8 / fp32."""
+    from kernelgen.mx.config import H2_DEFAULT
+    from kernelgen.mx.select import force_h2
+
+    for fmt in FORMATS:
+        for dt in DTYPES:
+            want = H2_DEFAULT and fmt in ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2") and dt != "float32"
+            assert quantize_config(arch, fmt, dt).h2 == want, (fmt, dt)
+    force_h2(False)
+    try:
+        assert not quantize_config(arch, "mxfp4", "float16").h2
+        assert not quantize_plan(arch, 132, "mxfp4", "bfloat16", 64, 256, True, "value").config.h2
+    finally:
+        force_h2(None)
+    with pytest.raises(ValueError, match="h2="):
+        force_h2("on")
+
+
+def test_scale_bytes_must_fit_32_bit_offsets():
+    """The quantize kernels address scale bytes in 32 bits: a launch whose (padded) scale tensor
+    reaches 2**31 bytes is refused, even when its slots fit."""
+    with pytest.raises(ValueError, match="scale bytes"):
+        quantize_plan("sm_90a", 132, "mxfp8_e4m3", "float16", 1, 2**30 - 2**25, True, "value")
+    quantize_plan("sm_90a", 132, "mxfp8_e4m3", "float16", 1, 2**25, True, "value")

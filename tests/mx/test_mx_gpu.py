@@ -11,7 +11,7 @@ import pytest
 
 from kernelgen.kbit.reference import f32_to_bf16
 from kernelgen.mx import reference as R
-from kernelgen.mx.config import WIDE_FP8
+from kernelgen.mx.config import H2_DEFAULT, WIDE_FP8
 from kernelgen.mx.tensor import FORMATS, data_shape, scale_shape
 
 pytestmark = pytest.mark.gpu
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.gpu
 DTYPES = ("float16", "bfloat16", "float32")
 LAYOUTS = ("swizzled", "row_major")
 SHAPES = ((1, 64), (16, 4096), (130, 96), (257, 320), (3, 5, 128))  # last: [..., K] input
+H2_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")  # where config.h2_applies (16-bit inputs)
 TINY = {"float16": 2.0 ** -24, "bfloat16": 1e-39, "float32": 1e-41}  # subnormal inputs
 HUGE = {"float16": 60000.0, "bfloat16": 3e38, "float32": 3.4e38}
 
@@ -100,14 +101,19 @@ def _check_dequantize(t, packed, scales, fmt, gs, ctx):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("fmt, wide", [(f, None) for f in FORMATS if f != "nvfp4"] +
-                         [(f, not WIDE_FP8) for f in FORMATS if f.startswith("mxfp8")])
-def test_quantize_mx_exact(fmt, wide, dtype, layout):
-    """wide: MXFP8 lanes of 16 / 8 elements forced (None: the default)."""
+@pytest.mark.parametrize("fmt, wide, h2", [(f, None, None) for f in FORMATS if f != "nvfp4"] +
+                         [(f, not WIDE_FP8, None) for f in FORMATS if f.startswith("mxfp8")] +
+                         [(f, None, not H2_DEFAULT) for f in FORMATS if f in H2_FORMATS])
+def test_quantize_mx_exact(fmt, wide, h2, dtype, layout):
+    """wide: MXFP8 lanes of 16 / 8 elements forced; h2: the packed 16-bit encoders of MX fp4 /
+    fp6 forced on / off (None: the defaults)."""
     import cupy
 
     import kernelgen.mx as mx
-    from kernelgen.mx.select import force_wide_fp8
+    from kernelgen.mx.select import force_h2, force_wide_fp8
+
+    if h2 is not None and dtype == "float32":
+        pytest.skip("h2 is for 16-bit inputs")
 
     rng = np.random.default_rng(hash((fmt, dtype, layout)) % 2**32)
     for shape in SHAPES:
@@ -116,11 +122,13 @@ def test_quantize_mx_exact(fmt, wide, dtype, layout):
             x2, hint = _ref_input(xh, dtype)
             packed, scales = R.quantize_mx(x2, fmt, dtype=hint, scale_layout=layout)
             force_wide_fp8(wide)
+            force_h2(h2)
             try:
                 t = mx.quantize_mx(cupy.asarray(xh), fmt, scale_layout=layout, dtype=hint)
             finally:
                 force_wide_fp8(None)
-            ctx = f"{fmt=} {wide=} {dtype=} {layout=} {shape=} {special=}"
+                force_h2(None)
+            ctx = f"{fmt=} {wide=} {h2=} {dtype=} {layout=} {shape=} {special=}"
             assert t.shape == x2.shape and t.global_scale is None and t.scale_layout == layout
             _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
             _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
@@ -158,22 +166,24 @@ def test_quantize_nvfp4_exact(dtype, layout):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt, variant", [
     *((f, v) for f in ("nvfp4", "mxfp4", "mxfp6_e3m2") for v in ("loops", "loops1", "default")),
+    ("mxfp4", "noh2"), ("mxfp6_e2m3", "noh2"), ("mxfp6_e2m3", "default"),
     *(("mxfp8_e4m3", v) for v in ("default", "wide", "narrow")), ("mxfp8_e5m2", "narrow")])
 def test_quantize_large_grids_exact(fmt, variant, dtype):
     """Inputs of more chunks than the capped grid: blocks loop over chunks ("loops": 1 block an
     SM, many loops; "loops1": the same with a slot a thread a chunk; "default": the planner's
     cap), next chunk's loads in flight; MXFP8 with 16- / 8-element lanes ("wide" / "narrow");
-    padding rows included."""
+    "noh2": without the packed 16-bit encoders; padding rows included."""
     import cupy
 
     import kernelgen.mx as mx
-    from kernelgen.mx.select import force_blocks_per_sm, force_wide_fp8
+    from kernelgen.mx.select import force_blocks_per_sm, force_h2, force_wide_fp8
 
     rng = np.random.default_rng(hash((fmt, dtype, variant)) % 2**32)
     xh = _values(rng, (1100, 1024) if variant.startswith("loops") else (1500, 4096), dtype, True)
     x2, hint = _ref_input(xh, dtype)
     force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1)}.get(variant, (None, None)))
     force_wide_fp8({"wide": True, "narrow": False}.get(variant))
+    force_h2(False if variant == "noh2" else None)
     try:
         if fmt == "nvfp4":
             packed, scales, _ = R.quantize_nvfp4(x2, np.float32(300.0), dtype=hint)
@@ -184,6 +194,7 @@ def test_quantize_large_grids_exact(fmt, variant, dtype):
     finally:
         force_blocks_per_sm(None)
         force_wide_fp8(None)
+        force_h2(None)
     ctx = f"{fmt=} {dtype=} {variant=} {xh.shape=}"
     _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
     _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
