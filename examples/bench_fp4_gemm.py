@@ -133,14 +133,10 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
         if base.path == "gemv":
             cfg = base.config
             yield "hint=off", dataclasses.replace(base, config=cfg.replace(hint=False))
-            yield f"ahead={'off' if cfg.ahead else 'on'}", dataclasses.replace(base, config=cfg.replace(ahead=not cfg.ahead))
-            for tpw in (1, 2):  # tiles a warp (the planner re-picks KW / grid for them)
+            for tpw in (1, 2):  # tiles a warp (the planner re-picks KW / grid / split for them)
                 if tpw != cfg.tpw:
                     p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, tpw=tpw)
-                    yield f"tpw={tpw} kw={p2.kw} ahead={'on' if p2.config.ahead else 'off'}", p2
-                    if p2.config.ahead:
-                        yield f"tpw={tpw} kw={p2.kw} ahead=off", dataclasses.replace(
-                            p2, config=p2.config.replace(ahead=False))
+                    yield f"tpw={tpw} kw={p2.kw} split={p2.split}", p2
             for kw in (1, 2, 4, 8):  # warps a tile along K (one CTA covers 8 / kw tiles)
                 if kw != base.kw:
                     grid = (-(-(-(-n // (16 * cfg.tpw)) * kw) // 8), base.grid[1], base.grid[2])
@@ -213,8 +209,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--variants", action="store_true",
-                    help="time launch variants (load hint, A ahead, tiles a warp, depth, K warps, splits, "
-                         "tile BM / stages)")
+                    help="time launch variants (load hint, tiles a warp, depth, K warps, splits, tile "
+                         "BM / stages)")
     ap.add_argument("--variant-ms", default="1,16,256,1024,4096", help="M values of --variants")
     ap.add_argument("--sass", default=None, help="write a SASS opcode histogram of the M=1 kernel here")
     ap.add_argument("--json", default=None)

@@ -22,7 +22,6 @@ GEMV_WARPS = 8
 GEMV_MIN_BLOCKS = 2  # CTAs/SM the launch bounds ask for (<= 128 registers a thread)
 DEPTHS = (2, 4)  # quad steps in flight per warp
 TPWS = (1, 2)  # tiles a warp
-AHEAD2_ARCHS = ("sm_80", "sm_90a")  # tpw 2 + ahead fits 128 registers (m_tile 8) only there
 # tile path
 TILE_BN = 128
 TILE_BMS = {32: 1, 64: 2, 128: 2}  # BM tokens -> default warps along tokens (4 along W each)
@@ -45,7 +44,6 @@ class Fp4GemvConfig(KernelConfig):
     warps: int = GEMV_WARPS
     depth: int = 4
     tpw: int = 1  # tiles (16 W rows) a warp owns at the same k: they share its A fragments
-    ahead: bool = False  # A fragments of the next step loaded while this one is decoded
     hint: bool = True  # weight loads skip L1 and prefetch 256-byte L2 segments
 
     def check(self) -> None:
@@ -61,12 +59,6 @@ class Fp4GemvConfig(KernelConfig):
             raise _bad(self, "depth", f"expected one of {DEPTHS}")
         if self.tpw not in TPWS:
             raise _bad(self, "tpw", f"expected one of {TPWS}")
-        if not isinstance(self.ahead, bool):
-            raise _bad(self, "ahead", "expected a bool")
-        if self.ahead and self.tpw == 2 and (self.m_tile == 16 or self.arch not in AHEAD2_ARCHS):
-            raise _bad(self, "ahead", f"2 tiles a warp have no registers for the next step's A "
-                                      f"fragments (spills at 128 a thread) unless m_tile=8 on one "
-                                      f"of {AHEAD2_ARCHS}: use ahead=False")
         if not isinstance(self.hint, bool):
             raise _bad(self, "hint", "expected a bool")
 

@@ -16,7 +16,6 @@ from ..arch import SM_COUNTS, get_arch
 from ..core.select import selector, weight_shapes
 from ..errors import UnsupportedConfigError
 from .config import (
-    AHEAD2_ARCHS,
     DTYPES,
     FMTS,
     GEMV_WARPS,
@@ -47,16 +46,12 @@ KW_CHOICES = (8, 4, 2, 1)
 # M = 1 and 16, both decode shapes and formats): depth 2 beat depth 4 in all 8 cases by 2-10%;
 # the loop waits on the activation loads (L1TEX scoreboard, ncu), not on the weight bytes.
 GEMV_DEPTH = 2
-# Tiles a warp owns at the same k (they share its activation fragments: TPW 2 halves the A loads
-# per weight byte and doubles the weight bytes a warp has in flight) and whether the next step's
-# A fragments are loaded while this step is decoded (registers permitting: m_tile 16 with two
-# tiles would spill, and so would m_tile 8 on sm_100a / sm_120a).
-GEMV_TPW = 1
-
-
-def gemv_ahead(arch: str, m_tile: int, tpw: int) -> bool:
-    """A one step ahead, unless its registers do not fit (see Fp4GemvConfig.check)."""
-    return tpw == 1 or (m_tile == 8 and arch in AHEAD2_ARCHS)
+# Tiles a warp owns at the same k, by m_tile: they share the warp's activation fragments, so
+# TPW 2 halves the A loads per weight byte (4 KB of A per 1 KB of W at m_tile 16 with one tile).
+# Measured on H100 (session 9): m_tile 16 14336x4096 24.4 -> 20.0 us (nvfp4), 23.9 -> 18.9
+# (mxfp4); M = 1 (m_tile 8) 1-4% slower. Where TPW 2 leaves too few CTAs for one wave without a
+# global K split (4096x14336: 128 CTAs, split 2; 1-3% slower at M = 16), the planner keeps TPW 1.
+GEMV_TPW = {8: 1, 16: 2}
 
 
 # Tile path: BM by M (largest M of the row), split-K until the CTAs make one wave.
@@ -128,7 +123,10 @@ def _kw(units: int, steps: int, ctas_cap: int) -> int:
 
 def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw):
     m_tile = 8 if m <= 8 else 16
-    tpw = GEMV_TPW if tpw is None else tpw
+    if tpw is None:  # the table's TPW unless it would need a global K split to fill the GPU
+        tpw = GEMV_TPW[m_tile]
+        if tpw > 1 and _gemv(arch, m, n, k, fmt, dtype, sm_count, None, tpw).split > 1:
+            tpw = 1
     m_tiles = -(-m // m_tile)
     units = -(-n // (16 * tpw))  # a warp's tiles (TPW x 16 W rows)
     q = k // STEP_K
@@ -143,7 +141,7 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw):
     split = -(-q // sps)
     kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)))
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=GEMV_WARPS,
-                        depth=GEMV_DEPTH, tpw=tpw, ahead=gemv_ahead(arch, m_tile, tpw))
+                        depth=GEMV_DEPTH, tpw=tpw)
     grid = (-(-units * kw // GEMV_WARPS), split, m_tiles)
     return Plan(cfg, split, sps, grid, (GEMV_WARPS * 32, 1, 1), 0, kw)
 
@@ -219,10 +217,9 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4G
             for dtype in dtypes:
                 if not shapes:  # what dispatch picks, and the variants the bench and tests force
                     for m_tile in M_TILES:
-                        for tpw, ahead in ((1, True), (1, False), (2, gemv_ahead(arch, m_tile, 2))):
+                        for depth, tpw in ((GEMV_DEPTH, 1), (GEMV_DEPTH, 2), (4, 1)):
                             yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
-                                                warps=GEMV_WARPS, depth=GEMV_DEPTH, tpw=tpw,
-                                                ahead=ahead)
+                                                warps=GEMV_WARPS, depth=depth, tpw=tpw)
                     for bm in TILE_BMS:
                         yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm,
                                             stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])

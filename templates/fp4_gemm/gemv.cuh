@@ -16,14 +16,13 @@
 // issued before anything else. The activation fragments are 16-byte loads from global memory (L1
 // hits after the first warp of an SM: A is small and every warp of a K slice reads the same
 // bytes), at immediate offsets from one pointer per token row: no staging, no barrier before the
-// loop. AHEAD: the next step's fragments are requested before this step is decoded (a ring of
-// two), so their latency hides behind a step's decode instead of opening it.
+// loop.
 #pragma once
 #include "fp4_gemm/fp4.cuh"
 
 namespace kg::fp4 {
 
-template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool AHEAD, bool HINT>
+template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool HINT>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
@@ -35,7 +34,6 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   constexpr int NT = M_TILE / 8;
   constexpr int SB = Fmt<FMT>::SB;
   constexpr int WSTEP = 1024, SSTEP = 16 * SB;  // bytes of W / S per (tile, step) block
-  constexpr int AR = AHEAD ? 2 : 1;              // A fragment ring: this step (+ the next)
   constexpr int CH = TPW == 1 ? 2 : TPW;         // independent mma accumulator chains
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -83,16 +81,6 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
     ap[nt] = A + (size_t)(m0 + min(g + 8 * nt, rows - 1)) * K + (size_t)q0 * STEP_K + 32 * t;
-  uint4 b[AR][4][NT];  // slot r: A[token][k0 + 32t + 8j .. +7] of a step
-  const auto load_a = [&](int r, int off) {  // the step at ap + off elements -> slot r
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) b[r][j][nt] = ld_nc_v4(ap[nt] + off + 8 * j);
-  };
-  if constexpr (AHEAD) {
-    if (n_it > 0) load_a(0, 0);
-  }
 
   float acc[CH][NT][4];
 #pragma unroll
@@ -104,13 +92,11 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
       if (it0 + d < n_it) {  // warp-uniform
-        // AHEAD: the next step's A is requested before this step's decode (a step to land)
-        const int r = AHEAD ? (d & 1) : 0;
-        if constexpr (AHEAD) {
-          if (it0 + d + 1 < n_it) load_a(r ^ 1, (d + 1) * STEP_K);  // warp-uniform
-        } else {
-          load_a(0, d * STEP_K);
-        }
+        uint4 b[4][NT];  // A[token][k0 + 32t + 8j .. +7] of this step, shared by the TPW tiles
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 8 * j);
 #pragma unroll
         for (int i = 0; i < TPW; ++i) {
           const RowScale<T, FMT> sca = chunk_scales<T, FMT>(sr[d][i]);
@@ -122,8 +108,8 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
             const int c = TPW == 1 ? (j & 1) : i;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-              Mma<T>::run(acc[c][nt], f[0], f[1], f[2], f[3], b[r][j][nt].x, b[r][j][nt].y);
-              Mma<T>::run(acc[c][nt], f[4], f[5], f[6], f[7], b[r][j][nt].z, b[r][j][nt].w);
+              Mma<T>::run(acc[c][nt], f[0], f[1], f[2], f[3], b[j][nt].x, b[j][nt].y);
+              Mma<T>::run(acc[c][nt], f[4], f[5], f[6], f[7], b[j][nt].z, b[j][nt].w);
             }
           }
         }

@@ -4,8 +4,6 @@ the A staging swizzle, the mma fragment layout (each m16n8k16 assembled from the
 registers), split-K and the epilogue, checked against the float64 reference. The address
 expressions are the kernel's; what it cannot see is a typo in the CUDA spelling of them."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -127,17 +125,8 @@ def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
                                         bf[nt, j, hf, 2 * t + 8: 2 * t + 10, g] = bv[4 * hf + 2: 4 * hf + 4]
                         return bf
 
-                    ring = {}  # A fragment ring: slot -> (step, fragments)
-                    if cfg.ahead and n_it > 0:
-                        ring[0] = (0, load_a(0))
                     for it in range(n_it):
-                        if cfg.ahead:  # step it + 1 into the other slot, before step it's decode
-                            if it + 1 < n_it:
-                                ring[(it + 1) & 1] = (it + 1, load_a(it + 1))
-                            step, bf = ring[it & 1]
-                        else:
-                            step, bf = it, load_a(it)
-                        assert step == it, p.short()
+                        bf = load_a(it)  # shared by the warp's TPW tiles
                         for i in range(TPW):  # a tile past N re-reads the last one
                             blk = min(tile0 + i, n_tiles - 1) * Q + q0 + it
                             af = lane_frags(td, ts, blk * 1024, blk * 16 * SB, fmt, dtype, SB)
@@ -181,19 +170,16 @@ def test_gemv_emulation_uneven_k_slices():
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("m,split,n,k,kw,ahead", [(3, 1, 40, 384, 1, True), (11, 2, 40, 384, 1, False),
-                                                  (5, 1, 200, 1024, 2, True), (2, 1, 24, 33 * 128, 8, True)])
-def test_gemv_emulation_two_tiles_a_warp(fmt, m, split, n, k, kw, ahead):
-    """TPW = 2: N = 40 / 200 / 24 are 3 / 13 / 2 tiles, so the last warp's second tile is past N
-    (re-reads the last tile, never stored) except at N = 24."""
-    _check_gemv(fmt, "float16", m, split, n, k, kw, tpw=2, ahead=ahead)
+@pytest.mark.parametrize("tpw", [1, 2])
+@pytest.mark.parametrize("m,split,n,k,kw", [(3, 1, 40, 384, 1), (11, 2, 40, 384, 1), (5, 1, 200, 1024, 2),
+                                            (17, 1, 200, 1024, 2), (2, 1, 24, 33 * 128, 8)])
+def test_gemv_emulation_tiles_a_warp(fmt, tpw, m, split, n, k, kw):
+    """TPW = 1 and 2 at m_tile 8 and 16: N = 40 / 200 / 24 are 3 / 13 / 2 tiles, so with TPW 2
+    the last warp's second tile is past N (re-reads the last tile, never stored) except at 24."""
+    _check_gemv(fmt, "float16", m, split, n, k, kw, tpw=tpw)
 
 
-def test_gemv_emulation_without_a_ahead():
-    _check_gemv("mxfp4", "bfloat16", 5, 1, 40, 1024, 2, ahead=False)
-
-
-def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None, ahead=None):
+def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None):
     packed, scales, gs, w64 = host_weight(fmt, n, k)
     sb = 8 if fmt == "nvfp4" else 4
     if fmt == "mxfp4":
@@ -205,8 +191,6 @@ def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None, ahead=None):
     a = rng.standard_normal((m, k)).astype(np.float16).astype(np.float64)
     bias = rng.standard_normal(n)
     p = plan("sm_90a", m, n, k, fmt, dtype, 132, path="gemv", split=split, tpw=tpw)
-    if ahead is not None:
-        p = dataclasses.replace(p, config=p.config.replace(ahead=ahead))
     assert p.kw == kw, p.short()
     got = emulate_gemv(p, td, ts, post, a, bias, 0.5, fmt, dtype, m, n, k)
     if fmt == "nvfp4":  # the reference rounds each e2m1 * e4m3 / gs to fp32; the kernel divides once

@@ -17,7 +17,6 @@ from kernelgen.fp4_gemm.select import (
     MIN_STEPS,
     SM_COUNTS,
     bm_for,
-    gemv_ahead,
     plan,
     prewarm_configs,
     select_fp4,
@@ -158,8 +157,8 @@ def test_plans_are_consistent(n, k, fmt):
                 units = -(-n // (16 * cfg.tpw))
                 assert p.grid == (-(-units * p.kw // 8), p.split, -(-m // cfg.m_tile)), ctx
                 per = -(-p.sps // p.kw)
-                assert cfg.depth == GEMV_DEPTH and cfg.tpw == GEMV_TPW, ctx
-                assert cfg.ahead == gemv_ahead(cfg.arch, cfg.m_tile, cfg.tpw), ctx
+                assert cfg.depth == GEMV_DEPTH, ctx
+                assert cfg.tpw == GEMV_TPW[cfg.m_tile] or (cfg.tpw == 1 and p.split == 1), ctx
                 assert p.kw == 1 or per >= MIN_STEPS, ctx  # every K slice has a full ring
                 if p.split > 1:
                     assert p.kw == 8 and p.sps >= 8 * MIN_STEPS, ctx  # split only past KW 8
@@ -200,25 +199,24 @@ def test_forced_path_and_split():
 
 def test_two_tiles_a_warp_plan():
     """TPW = 2 covers the same warps with half the tile units: 14336x4096 at M = 16 goes from
-    KW 2 to KW 4 (224 CTAs either way); m_tile 16 then loads A one step late (registers)."""
+    KW 2 to KW 4 (224 CTAs either way) and is the default there; on 4096x14336 it would need a
+    global split (128 CTAs), so the default stays TPW 1 (KW 8, 256 CTAs)."""
     one = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=1)
     two = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=2)
-    assert (one.kw, one.grid, one.config.ahead) == (2, (224, 1, 1), True), one.short()
-    assert (two.kw, two.grid, two.config.tpw, two.config.ahead) == (4, (224, 1, 1), 2, False), two.short()
+    assert (one.kw, one.grid, one.config.tpw) == (2, (224, 1, 1), 1), one.short()
+    assert (two.kw, two.grid, two.config.tpw) == (4, (224, 1, 1), 2), two.short()
+    assert select_fp4("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132) == two
+    assert select_fp4("sm_90a", 1, 14336, 4096, "nvfp4", "float16", 132).config.tpw == 1
+    wide = plan("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132, tpw=2)
+    assert (wide.kw, wide.grid) == (8, (128, 2, 1)), wide.short()
+    p = select_fp4("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132)
+    assert (p.config.tpw, p.kw, p.grid) == (1, 8, (256, 1, 1)), p.short()
     p = plan("sm_90a", 1, 40, 384, "mxfp4", "float16", 132, tpw=2)  # 3 tiles: 2 units
-    assert p.grid == (1, 1, 1) and p.config.ahead, p.short()
+    assert p.grid == (1, 1, 1), p.short()
     with pytest.raises(ValueError, match="tpw=3: expected one of"):
         plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, tpw=3)
     with pytest.raises(ValueError, match="bandwidth path only"):
         plan("sm_90a", 40, 4096, 4096, "nvfp4", "float16", 132, tpw=2)
-
-
-def test_gemv_ahead_register_rule():
-    for arch, m_tile in (("sm_90a", 16), ("sm_100a", 8), ("sm_120a", 8)):
-        with pytest.raises(UnsupportedConfigError, match="ahead=True.*no registers"):
-            Fp4GemvConfig(arch=arch, m_tile=m_tile, tpw=2, ahead=True)
-    Fp4GemvConfig(arch="sm_90a", m_tile=8, tpw=2, ahead=True)
-    Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=1, ahead=True)
 
 
 @pytest.mark.parametrize("n,k", [(100, 96), (100, 0), (0, 128), (64, 4160)])
@@ -272,7 +270,7 @@ def test_prewarm_rejects_bad_shapes():
 
 @pytest.mark.parametrize("field,value", [("fmt", "mxfp8_e4m3"), ("dtype", "float32"),
                                          ("m_tile", 12), ("warps", 3), ("depth", 3),
-                                         ("tpw", 4), ("ahead", 1)])
+                                         ("tpw", 4)])
 def test_gemv_config_check_names_field(field, value):
     kw = dict(arch="sm_90a", fmt="nvfp4", dtype="float16", m_tile=8, warps=8, depth=4)
     kw[field] = value
