@@ -26,8 +26,8 @@ QUANT_MIN_BLOCKS = 3
 # MXFP8 quantize lanes of 16 elements (quant_lane_elems); H100, K = 4096: 20.1 vs 20.4-20.5 us at
 # M = 4096 (84% vs 83% of copy), equal at M = 16 and 16384 (BENCHMARKS.md)
 WIDE_FP8 = True
-# MX fp4 / fp6 quantize of fp16 / bf16 inputs encodes two elements a 32-bit word in the input's
-# own format (mx.cuh "Packed 16-bit encoders"; ~6 SASS instructions an element instead of ~13)
+# fp4 / fp6 quantize of fp16 / bf16 inputs encodes two elements a 32-bit word in 16-bit lanes
+# (mx.cuh "Packed 16-bit encoders"; MX: ~6 SASS instructions an element instead of ~13)
 H2_DEFAULT = True
 CLUSTER = 8  # fused NVFP4 path: one cluster of 8 blocks of 1024 threads (sm_90+)
 FUSED_THREADS = 1024
@@ -63,10 +63,10 @@ def hw_fp8_cvt(arch: str, fmt: str) -> bool:
 
 
 def h2_applies(fmt: str, dtype: str) -> bool:
-    """The packed 16-bit encoders exist for MX fp4 / fp6 (power-of-two scales, exact in the input's
-    format) with fp16 / bf16 inputs; NVFP4 (an fp32 scale factor) and fp8 (hardware cvt) do not
-    use them."""
-    return fmt != "nvfp4" and elem_bits(fmt) in (4, 6) and dtype in ("float16", "bfloat16")
+    """The packed 16-bit encoders exist for fp4 / fp6 with fp16 / bf16 inputs: MX elements are
+    scaled by a power of two in the input's format, NVFP4 elements are scaled in fp32 and rounded
+    to odd into fp16 first; fp8 uses the hardware cvt."""
+    return elem_bits(fmt) in (4, 6) and dtype in ("float16", "bfloat16")
 
 
 def _check(cfg: KernelConfig, fmt: str, dtype: str) -> None:
@@ -95,6 +95,7 @@ class MxQuantizeConfig(KernelConfig):
     hw_cvt: bool = False  # MXFP8 elements by the hardware cvt (see hw_fp8_cvt)
     wide: bool = False  # MXFP8: 16 elements a lane slot instead of 8 (see quant_lane_elems)
     h2: bool = False  # packed 16-bit element encoders (see h2_applies)
+    loop: bool | None = None  # blocks loop over chunks; None: by format (see loops)
 
     def check(self) -> None:
         _check(self, self.fmt, self.dtype)
@@ -106,7 +107,7 @@ class MxQuantizeConfig(KernelConfig):
                                          f"lanes hold 16 elements already)")
         if self.h2 and not h2_applies(self.fmt, self.dtype):
             raise UnsupportedConfigError(f"{self.short()}: h2 (packed 16-bit encoders) needs an "
-                                         f"MX fp4 / fp6 format and a float16 / bfloat16 input")
+                                         f"fp4 / fp6 format and a float16 / bfloat16 input")
 
     @property
     def lane_elems(self) -> int:
@@ -120,8 +121,9 @@ class MxQuantizeConfig(KernelConfig):
     @property
     def loops(self) -> bool:
         """Blocks loop over chunks with the next chunk's loads in flight (fp4 / fp6: heavy
-        per-element work); fp8 keeps a chunk a block (fewer registers, more blocks an SM)."""
-        return elem_bits(self.fmt) != 8
+        per-element work); fp8 keeps a chunk a block (fewer registers, more blocks an SM) unless
+        `loop` says otherwise."""
+        return elem_bits(self.fmt) != 8 if self.loop is None else self.loop
 
     @property
     def fused(self) -> bool:

@@ -52,6 +52,7 @@ _blocks_per_sm: int | None = None  # tests / benchmarks: the direct grid's cap (
 _wide_fp8: bool | None = None  # tests / benchmarks: MXFP8 lane slots of 16 (True) or 8 elements
 _slots: int | None = None  # tests / benchmarks: slots a thread of a chunk (at most the config's)
 _h2: bool | None = None  # tests / benchmarks: packed 16-bit encoders on / off where they apply
+_interleave = False  # tests / benchmarks: looping blocks take interleaved chunks
 
 
 def force_small_auto_path(path: str | None) -> None:
@@ -66,8 +67,9 @@ def force_small_auto_path(path: str | None) -> None:
 
 def force_blocks_per_sm(blocks: int | None, slots: int | None = None) -> None:
     """Cap a looping mx_quantize's grid at `blocks` an SM (0: a block a chunk, no loop; None:
-    LOOP_GRID) and force the slots a thread of a chunk (None: the planner's; at most the
-    config's). For tests and benchmarks; clears the plan memo."""
+    LOOP_GRID; > 0 makes fp8 configs loop as well) and force the slots a thread of a chunk
+    (None: the planner's; at most the config's). For tests and benchmarks; clears the plan
+    memo."""
     global _blocks_per_sm, _slots
     if blocks is not None and (not isinstance(blocks, int) or blocks < 0):
         raise ValueError(f"blocks={blocks!r}; expected None or an int >= 0")
@@ -97,6 +99,16 @@ def force_h2(h2: bool | None) -> None:
     quantize_plan.cache_clear()
 
 
+def force_interleave(on: bool) -> None:
+    """Looping mx_quantize blocks take the chunks b, b + grid, ... (True) instead of even
+    contiguous shares (False, the default). For tests and benchmarks; clears the plan memo."""
+    global _interleave
+    if on not in (True, False):
+        raise ValueError(f"on={on!r}; expected True or False")
+    _interleave = on
+    quantize_plan.cache_clear()
+
+
 def chunk_grid(chunks: int, sm_count: int, blocks_per_sm: int) -> int:
     """Blocks of mx_quantize for `chunks` chunks: a block a chunk while they fit blocks_per_sm
     resident blocks an SM, else exactly that many blocks an SM, block b running chunks b,
@@ -115,9 +127,11 @@ class QuantizePlan:
     block: int
     slots: int = 1  # lane slots per thread of mx_quantize (its runtime u_count)
     amax_grid: int = 0  # blocks of mx_amax (path "amax"), = number of partial maxima
+    interleave: bool = False  # looping blocks take chunks b, b + grid, ... (not even shares)
 
     def short(self) -> str:
         extra = f", amax_grid={self.amax_grid}" if self.path == "amax" else ""
+        extra += ", interleave" if self.interleave else ""
         return f"QuantizePlan({self.config.short()}, path={self.path}, grid={self.grid}, " \
                f"block={self.block}, slots={self.slots}{extra})"
 
@@ -153,8 +167,10 @@ def quantize_config(arch: str, fmt: str, dtype: str) -> MxQuantizeConfig:
     H2_DEFAULT."""
     wide = (WIDE_FP8 if _wide_fp8 is None else _wide_fp8) and elem_bits(fmt) == 8
     h2 = (H2_DEFAULT if _h2 is None else _h2) and h2_applies(fmt, dtype)
+    # a forced grid cap makes fp8 loop too (benchmarks compare); else by format
+    loop = True if elem_bits(fmt) == 8 and _blocks_per_sm else None
     return MxQuantizeConfig(arch=arch, fmt=fmt, dtype=dtype, hw_cvt=hw_fp8_cvt(arch, fmt),
-                            wide=wide, h2=h2)
+                            wide=wide, h2=h2, loop=loop)
 
 
 @selector
@@ -201,7 +217,7 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
         slots = min(_slots, cfg.slots)
     grid = max(chunk_grid(_cdiv(total, THREADS * slots), sm_count, per_sm),
                _cdiv(pad_words, THREADS * PAD_WORDS_PER_THREAD))
-    return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid)
+    return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid, _interleave and cfg.loops)
 
 
 @selector

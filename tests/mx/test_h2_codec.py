@@ -142,3 +142,47 @@ def test_encode_h2_saturates_and_keeps_signed_zero():
         want = R.encode(_f32(b, dtype).astype(np.float64), f)
         assert np.array_equal(p & 0xFFFF, want.astype(np.uint32))
         assert list(want[:2]) == [0x7, 0xF] and want[7] == 0x8
+
+
+def _f16_rz(v: np.ndarray) -> np.ndarray:
+    """float32 -> fp16 bit patterns rounded toward zero (cvt.rz.f16x2.f32; Inf stays Inf)."""
+    with np.errstate(over="ignore"):
+        r = v.astype(np.float16)
+    over = np.abs(r.astype(np.float64)) > np.abs(v.astype(np.float64))
+    r = np.where(over & ~np.isinf(v), np.nextafter(r, np.float16(0)), r)
+    return r.view(np.uint16).astype(np.uint32)
+
+
+def nv_pairs(y: np.ndarray) -> np.ndarray:
+    """mx.cuh quantize_slot_nv_h2 from the fp32 products y (even / odd elements in the lanes):
+    f32x2_to_f16x2_odd, then encode_h2<E2M1, half>."""
+    u = y.astype(np.float32).view(np.uint32)
+    u = u | (((u + np.uint32(0x1FFF)) ^ u) & np.uint32(0x2000))
+    h = _f16_rz(u.view(np.float32))
+    w = (h[0::2] | (h[1::2] << 16)).astype(np.uint32)
+    return encode_h2(w, R.E2M1, "float16")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_nvfp4_round_to_odd_path_matches_reference(dtype):
+    """Every finite 16-bit x times fp32 multipliers of every kind (random over a wide range, ones
+    that put x * mult on or next to an E2M1 midpoint, FLT_MAX for overflow, tiny ones): the codes
+    agree with reference.encode(RN32(x * mult)), as quantize_nvfp4 defines the elements."""
+    rng = np.random.default_rng(7)
+    bits = _all_finite(dtype)
+    x = _f32(bits, dtype)
+    mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 6.0], np.float32)
+    mults = list(np.exp2(rng.uniform(-30, 30, 150)).astype(np.float32))
+    mults += [np.float32(3.4028235e38), np.float32(1e-30), np.float32(1.0), np.float32(597.33)]
+    # multipliers making x * mult land on a midpoint for some x, and one ulp either side
+    for xv in rng.choice(x[(np.abs(x) > 1e-3) & (np.abs(x) < 1e3)], 60):
+        m = np.float32(rng.choice(mids) / abs(xv))
+        mults += [m, np.nextafter(m, np.float32(0)), np.nextafter(m, np.float32(np.inf))]
+    n = x.size - x.size % 2
+    for m in mults:
+        with np.errstate(over="ignore"):
+            y = (x[:n] * np.float32(m)).astype(np.float32)
+        p = nv_pairs(y)
+        got = np.stack([p & 0xFFFF, p >> 16], axis=-1).ravel()
+        want = R.encode(y.astype(np.float64), R.E2M1)
+        assert np.array_equal(got, want.astype(np.uint32)), (dtype, float(m))

@@ -40,7 +40,7 @@ DTYPES = ("float16", "bfloat16", "float32")
     ({"fmt": "mxfp4", "hw_cvt": True}, "hw_cvt"),
     ({"fmt": "mxfp6_e2m3", "wide": True}, "wide is for mxfp8"),
     ({"fmt": "mxfp8_e4m3", "hw_cvt": True, "arch": "sm_80"}, "hw_cvt"),
-    ({"fmt": "nvfp4", "h2": True}, "h2"),
+    ({"fmt": "nvfp4", "dtype": "float32", "h2": True}, "h2"),
     ({"fmt": "mxfp8_e4m3", "h2": True}, "h2"),
     ({"fmt": "mxfp4", "dtype": "float32", "h2": True}, "h2"),
 ])
@@ -281,10 +281,24 @@ def _slot_indices(plan, total):
         tid = np.arange(plan.grid * plan.block)
         u_count = -(-total // (plan.grid * plan.block))
         return (np.arange(u_count)[:, None] * plan.grid * plan.block + tid[None, :]).ravel()
-    loops = -(-total // (plan.grid * plan.slots * plan.block))  # a block's chunks b + i * grid
-    i, b, u, t = np.meshgrid(np.arange(loops), np.arange(plan.grid), np.arange(plan.slots),
-                             np.arange(plan.block), indexing="ij")
-    return (((i * plan.grid + b) * plan.slots + u) * plan.block + t).ravel()
+    chunk = plan.slots * plan.block
+    if plan.interleave:  # block b: chunks b, b + grid, ...
+        loops = -(-total // (plan.grid * chunk))
+        i, b, u, t = np.meshgrid(np.arange(loops), np.arange(plan.grid), np.arange(plan.slots),
+                                 np.arange(plan.block), indexing="ij")
+        return (((i * plan.grid + b) * plan.slots + u) * plan.block + t).ravel()
+    if plan.config.loops:  # block b: whole warps [b W / grid, (b + 1) W / grid), in chunks
+        warps = -(-total // 32)
+        out = []
+        for b in range(plan.grid):
+            first, end = b * warps // plan.grid * 32, min((b + 1) * warps // plan.grid * 32, total)
+            n = max(1, -(-(end - first) // chunk))
+            s = first + np.arange(n * chunk)
+            out.append(np.where(s < end, s, 2**32 - 1))
+        return np.concatenate(out)
+    b, u, t = np.meshgrid(np.arange(plan.grid), np.arange(plan.slots), np.arange(plan.block),
+                          indexing="ij")  # block b: chunk b
+    return ((b * plan.slots + u) * plan.block + t).ravel()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -296,7 +310,12 @@ def _slot_indices(plan, total):
 def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
     """Every packed byte and every scale byte (padding included) is written by exactly one lane,
     and the 4 groups of a swizzled scale word sit in 4L lanes of one warp, one row."""
-    from kernelgen.mx.select import force_small_auto_path, force_wide_fp8
+    from kernelgen.mx.select import (
+        force_blocks_per_sm,
+        force_interleave,
+        force_small_auto_path,
+        force_wide_fp8,
+    )
 
     group = 16 if fmt == "nvfp4" else 32
     bits = data_shape(fmt, 1, 8)[1]  # bytes per 8 elements = bits
@@ -304,18 +323,27 @@ def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
     s, kt = k // group, -(-(k // group) // 4)
     # 2 SMs: the direct grid's blocks loop over several chunks at (300, 4096); MXFP8 with
     # 16-element lanes too
-    variants = [(None, 132, None), (None, 2, None)]
-    variants += [("fused", 132, None)] if fmt == "nvfp4" else []
-    variants += [(None, 132, True)] if fmt.startswith("mxfp8") else []
-    for small, sms, wide in variants:
+    # blocks: a forced grid cap (1 an SM; fp8 loops then too)
+    # (last two) interleaved chunks of the looping blocks
+    variants = [(None, 132, None, None, False), (None, 2, None, None, False),
+                (None, 3, None, 1, False), (None, 2, None, None, True), (None, 3, None, 1, True)]
+    variants += [("fused", 132, None, None, False)] if fmt == "nvfp4" else []
+    variants += [(None, 132, True, None, False)] if fmt.startswith("mxfp8") else []
+    for small, sms, wide, blocks, inter in variants:
         force_small_auto_path(small)
         force_wide_fp8(wide)
+        force_blocks_per_sm(blocks)
+        force_interleave(inter)
         try:
             plan = quantize_plan("sm_90a", sms, fmt, dtype, rows, k, swz,
                                  "auto" if fmt == "nvfp4" else "value")
         finally:
             force_small_auto_path(None)
             force_wide_fp8(None)
+            force_blocks_per_sm(None)
+            force_interleave(False)
+        assert plan.interleave == (inter and plan.config.loops and plan.path != "fused")
+        assert plan.config.loops == (blocks is not None or elem_bits(fmt) != 8), plan.short()
         e = plan.config.lane_elems
         lanes = group // e
         total, pad_words = slot_counts(fmt, rows, k, swz, e)
@@ -411,14 +439,14 @@ def test_quantize_zero_rows(zero_rows, shape, layout):
 
 @pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_h2_encoders_where_they_apply(arch):
-    """The packed 16-bit encoders: MX fp4 / fp6 with fp16 / bf16 inputs by default, off when
-    forced off, never for NVFP4 / fp8 / fp32."""
+    """The packed 16-bit encoders: fp4 / fp6 (NVFP4 included) with fp16 / bf16 inputs by
+    default, off when forced off, never for fp8 / fp32."""
     from kernelgen.mx.config import H2_DEFAULT
     from kernelgen.mx.select import force_h2
 
     for fmt in FORMATS:
         for dt in DTYPES:
-            want = H2_DEFAULT and fmt in ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2") and dt != "float32"
+            want = H2_DEFAULT and elem_bits(fmt) != 8 and dt != "float32"
             assert quantize_config(arch, fmt, dt).h2 == want, (fmt, dt)
     force_h2(False)
     try:

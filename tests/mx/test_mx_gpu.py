@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 DTYPES = ("float16", "bfloat16", "float32")
 LAYOUTS = ("swizzled", "row_major")
 SHAPES = ((1, 64), (16, 4096), (130, 96), (257, 320), (3, 5, 128))  # last: [..., K] input
-H2_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")  # where config.h2_applies (16-bit inputs)
+H2_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2")  # MX ones where config.h2_applies
 TINY = {"float16": 2.0 ** -24, "bfloat16": 1e-39, "float32": 1e-41}  # subnormal inputs
 HUGE = {"float16": 60000.0, "bfloat16": 3e38, "float32": 3.4e38}
 
@@ -135,13 +135,18 @@ def test_quantize_mx_exact(fmt, wide, h2, dtype, layout):
             _check_dequantize(t, packed, scales, fmt, None, ctx)
 
 
+@pytest.mark.parametrize("h2", [None, not H2_DEFAULT])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_quantize_nvfp4_exact(dtype, layout):
+def test_quantize_nvfp4_exact(dtype, layout, h2):
+    """h2: the packed 16-bit encoders (fp16 / bf16 inputs) forced on / off (None: default)."""
     import cupy
 
     import kernelgen.mx as mx
+    from kernelgen.mx.select import force_h2
 
+    if h2 is not None and dtype == "float32":
+        pytest.skip("h2 is for 16-bit inputs")
     rng = np.random.default_rng(hash((dtype, layout)) % 2**32)
     for shape in SHAPES:
         for special in (False, True):
@@ -153,8 +158,14 @@ def test_quantize_nvfp4_exact(dtype, layout):
                 gs_host = None if gs_arg is None else np.float32(
                     gs_arg if isinstance(gs_arg, float) else gs_auto * 2)
                 packed, scales, gs = R.quantize_nvfp4(x2, gs_host, dtype=hint, scale_layout=layout)
-                t = mx.quantize_nvfp4(cupy.asarray(xh), gs_arg, scale_layout=layout, dtype=hint)
-                ctx = f"nvfp4 {dtype=} {layout=} {shape=} {special=} gs={type(gs_arg).__name__}"
+                force_h2(h2)
+                try:
+                    t = mx.quantize_nvfp4(cupy.asarray(xh), gs_arg, scale_layout=layout,
+                                          dtype=hint)
+                finally:
+                    force_h2(None)
+                ctx = f"nvfp4 {dtype=} {layout=} {h2=} {shape=} {special=} " \
+                    f"gs={type(gs_arg).__name__}"
                 got_gs = cupy.asnumpy(t.global_scale)
                 assert got_gs.shape == (1,) and got_gs.view(np.uint32)[0] == \
                     np.float32(gs).view(np.uint32), f"{ctx}: gs {got_gs[0]} != {gs}"
@@ -166,22 +177,33 @@ def test_quantize_nvfp4_exact(dtype, layout):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt, variant", [
     *((f, v) for f in ("nvfp4", "mxfp4", "mxfp6_e3m2") for v in ("loops", "loops1", "default")),
-    ("mxfp4", "noh2"), ("mxfp6_e2m3", "noh2"), ("mxfp6_e2m3", "default"),
+    ("mxfp4", "noh2"), ("nvfp4", "noh2"), ("mxfp6_e2m3", "noh2"), ("mxfp6_e2m3", "default"), ("mxfp8_e4m3", "loops"),
+    ("mxfp8_e5m2", "loops1"), ("mxfp4", "interleave"), ("nvfp4", "interleave"),
     *(("mxfp8_e4m3", v) for v in ("default", "wide", "narrow")), ("mxfp8_e5m2", "narrow")])
 def test_quantize_large_grids_exact(fmt, variant, dtype):
     """Inputs of more chunks than the capped grid: blocks loop over chunks ("loops": 1 block an
     SM, many loops; "loops1": the same with a slot a thread a chunk; "default": the planner's
-    cap), next chunk's loads in flight; MXFP8 with 16- / 8-element lanes ("wide" / "narrow");
-    "noh2": without the packed 16-bit encoders; padding rows included."""
+    cap; fp8 loops only so), next chunk's loads in flight; MXFP8 with 16- / 8-element lanes
+    ("wide" / "narrow");
+    "noh2": without the packed 16-bit encoders; "interleave": capped grid, blocks taking chunks
+    b, b + grid, ... instead of even shares; padding rows included."""
     import cupy
 
     import kernelgen.mx as mx
-    from kernelgen.mx.select import force_blocks_per_sm, force_h2, force_wide_fp8
+    from kernelgen.mx.select import (
+        force_blocks_per_sm,
+        force_h2,
+        force_interleave,
+        force_wide_fp8,
+    )
 
     rng = np.random.default_rng(hash((fmt, dtype, variant)) % 2**32)
-    xh = _values(rng, (1100, 1024) if variant.startswith("loops") else (1500, 4096), dtype, True)
+    xh = _values(rng, (1100, 1024) if variant in ("loops", "loops1", "interleave") else (1500, 4096),
+                 dtype, True)
     x2, hint = _ref_input(xh, dtype)
-    force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1)}.get(variant, (None, None)))
+    force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1),
+                          "interleave": (1, None)}.get(variant, (None, None)))
+    force_interleave(variant == "interleave")
     force_wide_fp8({"wide": True, "narrow": False}.get(variant))
     force_h2(False if variant == "noh2" else None)
     try:
@@ -195,6 +217,7 @@ def test_quantize_large_grids_exact(fmt, variant, dtype):
         force_blocks_per_sm(None)
         force_wide_fp8(None)
         force_h2(None)
+        force_interleave(False)
     ctx = f"{fmt=} {dtype=} {variant=} {xh.shape=}"
     _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
     _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
