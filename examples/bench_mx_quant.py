@@ -15,7 +15,6 @@ device from the input ("gs=auto": one launch for small inputs, amax + quantize e
                                    fp8 loops under a cap > 0)
         [--wide-fp8]            (also time MXFP8 with 16-element lane slots)
         [--no-h2]               (also time MX fp4 / fp6 without the packed 16-bit encoders)
-        [--interleave]          (also time the looping kernels with interleaved chunks, M > 64)
 """
 
 from __future__ import annotations
@@ -89,8 +88,6 @@ def main() -> None:
                     help="also time MXFP8 with 16-element lane slots")
     ap.add_argument("--no-h2", action="store_true",
                     help="also time MX fp4 / fp6 without the packed 16-bit encoders")
-    ap.add_argument("--interleave", action="store_true",
-                    help="also time the looping kernels with blocks taking interleaved chunks")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
     k = args.k
@@ -104,7 +101,6 @@ def main() -> None:
     from kernelgen.mx.select import (
         force_blocks_per_sm,
         force_h2,
-        force_interleave,
         force_small_auto_path,
         force_wide_fp8,
         quantize_plan,
@@ -133,11 +129,7 @@ def main() -> None:
                 variants += [("value", None, True, None)] if args.wide_fp8 and "fp8" in fmt else []
                 variants += [("value", None, None, False)] if args.no_h2 and \
                     h2_applies(fmt, dtype) else []
-                variants += [("value", None, None, "interleave")] if args.interleave and \
-                    m > 64 and "fp8" not in fmt else []
                 for gs, cap, wide, h2 in variants:
-                    force_interleave(h2 == "interleave")
-                    h2 = None if h2 == "interleave" else h2
                     force_small_auto_path("fused" if gs == "auto:fused" else None)
                     force_blocks_per_sm(*(cap or (None, None)))
                     force_wide_fp8(wide)
@@ -153,7 +145,7 @@ def main() -> None:
                                       info.l2_bytes, factor=2)
                     t = graph_time(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), stream)
                     eager = None
-                    if m > 64 and cap is None and h2 is None and not plan.interleave:
+                    if m > 64 and cap is None and h2 is None:
                         eager = time_gpu(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), iters=20,
                                          repeats=5)
                     del xs
@@ -161,7 +153,6 @@ def main() -> None:
                          "path": plan.path, "grid": plan.grid, "slots": plan.slots,
                          "blocks_per_sm": None if cap is None else cap[0],
                          "lane_elems": plan.config.lane_elems, "h2": plan.config.h2,
-                         "interleave": plan.interleave,
                          "us": t * 1e6, "gbps": nbytes / t / 1e9, "frac_copy": nbytes / t / bw,
                          "eager_us": None if eager is None else eager * 1e6}
                     rows.append(r)
@@ -171,7 +162,6 @@ def main() -> None:
                         "" if cap is None else f" (forced {cap[0]}/SM)")
                     cap_col += ", 16-element lanes" if wide else ""
                     cap_col += ", h2 off" if h2 is False else ""
-                    cap_col += ", interleaved" if plan.interleave else ""
                     print(f"| {fmt} | {dtype} | {m} | {gs_col} | {plan.path} | {cap_col} | "
                           f"{r['us']:.2f} | {r['gbps']:.0f} | {100 * r['frac_copy']:.0f}% | "
                           f"{eager_col} |", flush=True)
@@ -179,7 +169,6 @@ def main() -> None:
     force_blocks_per_sm(None)
     force_wide_fp8(None)
     force_h2(None)
-    force_interleave(False)
     # dequantize to the input dtype at the largest M (not a target; for reference)
     m = max(ms)
     deq = []

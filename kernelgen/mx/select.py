@@ -52,7 +52,6 @@ _blocks_per_sm: int | None = None  # tests / benchmarks: the direct grid's cap (
 _wide_fp8: bool | None = None  # tests / benchmarks: MXFP8 lane slots of 16 (True) or 8 elements
 _slots: int | None = None  # tests / benchmarks: slots a thread of a chunk (at most the config's)
 _h2: bool | None = None  # tests / benchmarks: packed 16-bit encoders on / off where they apply
-_interleave = False  # tests / benchmarks: looping blocks take interleaved chunks
 
 
 def force_small_auto_path(path: str | None) -> None:
@@ -99,16 +98,6 @@ def force_h2(h2: bool | None) -> None:
     quantize_plan.cache_clear()
 
 
-def force_interleave(on: bool) -> None:
-    """Looping mx_quantize blocks take the chunks b, b + grid, ... (True) instead of even
-    contiguous shares (False, the default). For tests and benchmarks; clears the plan memo."""
-    global _interleave
-    if on not in (True, False):
-        raise ValueError(f"on={on!r}; expected True or False")
-    _interleave = on
-    quantize_plan.cache_clear()
-
-
 def chunk_grid(chunks: int, sm_count: int, blocks_per_sm: int) -> int:
     """Blocks of mx_quantize for `chunks` chunks: a block a chunk while they fit blocks_per_sm
     resident blocks an SM, else exactly that many blocks an SM, block b running chunks b,
@@ -127,11 +116,9 @@ class QuantizePlan:
     block: int
     slots: int = 1  # lane slots per thread of mx_quantize (its runtime u_count)
     amax_grid: int = 0  # blocks of mx_amax (path "amax"), = number of partial maxima
-    interleave: bool = False  # looping blocks take chunks b, b + grid, ... (not even shares)
 
     def short(self) -> str:
         extra = f", amax_grid={self.amax_grid}" if self.path == "amax" else ""
-        extra += ", interleave" if self.interleave else ""
         return f"QuantizePlan({self.config.short()}, path={self.path}, grid={self.grid}, " \
                f"block={self.block}, slots={self.slots}{extra})"
 
@@ -217,7 +204,7 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
         slots = min(_slots, cfg.slots)
     grid = max(chunk_grid(_cdiv(total, THREADS * slots), sm_count, per_sm),
                _cdiv(pad_words, THREADS * PAD_WORDS_PER_THREAD))
-    return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid, _interleave and cfg.loops)
+    return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid)
 
 
 @selector

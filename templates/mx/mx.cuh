@@ -298,15 +298,6 @@ __device__ __forceinline__ float nvfp4_global_scale(uint32_t amax_bits) {
   return fminf(__fdiv_rn(2688.0f, __uint_as_float(amax_bits)), FLT_MAX_F);
 }
 
-// NVFP4 element multipliers by scale code: tab[c] = min(RN(gs / e4m3(c)), FLT_MAX) for c in
-// 1..126, tab[0] = 0 (the reference's rule for a zero scale). Every thread of the block calls it
-// (ends with a barrier); shared memory of 128 floats.
-__device__ __forceinline__ void nvfp4_mult_table(float gs, float* tab) {
-  for (int c = threadIdx.x; c < 128; c += blockDim.x)
-    tab[c] = c == 0 ? 0.0f : fminf(__fdiv_rn(gs, decode<E4M3>(uint32_t(c))), FLT_MAX_F);
-  __syncthreads();
-}
-
 // One slot: quantize E values of a lane (all lanes of the warp call this together: shuffles).
 // Returns the group's scale byte; writes the lane's packed words.
 // Two fp32 -> two E4M3 / E5M2 codes (lo in the low byte) with the sm_89+ cvt (RNE, satfinite);
@@ -479,13 +470,13 @@ __device__ __forceinline__ uint32_t f32x2_to_f16x2_odd(float lo, float hi) {
 // tests/mx/test_h2_codec.py replays it in NumPy (every 16-bit x, many kinds of multiplier).
 template <typename T, int E>
 __device__ __forceinline__ uint32_t quantize_slot_nv_h2(const InVec<T, E>& in, float gs,
-                                                        const float* mtab,
                                                         uint32_t (&w)[Pack<4, E>::WORDS]) {
   const uint32_t amax = in.abs_max_bits();
   const bool bad = amax >= 0x7f800000u;  // NaN or Inf in the group
   const float sf32 = __fmul_rn(__fdiv_rn(__uint_as_float(amax), 6.0f), gs);
   const uint32_t sf = encode_mag<E4M3>(fminf(sf32, max_value<E4M3>()));  // sf32 >= 0
-  const float mult = mtab[sf];
+  const float sfv = decode<E4M3>(sf);
+  const float mult = sfv > 0.0f ? fminf(__fdiv_rn(gs, sfv), FLT_MAX_F) : 0.0f;
   float v[E];
   in.to_float(v);
   uint32_t p[E / 2];
@@ -503,7 +494,6 @@ __device__ __forceinline__ uint32_t quantize_slot_nv_h2(const InVec<T, E>& in, f
 // HW: encode fp8 elements with cvt_fp8x2 (MXFP8 on sm_89+), else exact integer arithmetic.
 template <class F, bool NV, int E, int L, bool HW = false>
 __device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], uint32_t amax, float gs,
-                                                  const float* mtab,
                                                   uint32_t (&w)[Pack<F::BITS, E>::WORDS]) {
   // amax: the lane's max |x| as fp32 bits; reduced over the group's L lanes here
 #pragma unroll
@@ -515,7 +505,8 @@ __device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], uint32_t 
     // sf = E4M3(RN(RN(amax / 6) * gs)); elements scaled by min(RN(gs / sf), FLT_MAX) (0 if sf 0)
     const float sf32 = __fmul_rn(__fdiv_rn(__uint_as_float(amax), 6.0f), gs);
     const uint32_t sf = encode_mag<E4M3>(fminf(sf32, max_value<E4M3>()));  // sf32 >= 0
-    mult = mtab[sf];  // min(RN(gs / sf), FLT_MAX), 0 for sf 0 (nvfp4_mult_table)
+    const float sfv = decode<E4M3>(sf);
+    mult = sfv > 0.0f ? fminf(__fdiv_rn(gs, sfv), FLT_MAX_F) : 0.0f;
     sbyte = bad ? 0x7Fu : sf;
   } else {
     const uint32_t code = e8m0_floor<F::EMAX>(amax);
@@ -555,7 +546,7 @@ template <typename T, class F, bool NV, int GROUP, int E, int U, bool HW = false
           bool LIN = false>
 __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const uint32_t (&idx)[U],
                                                const SlotPos (&pos)[U], int u_count,
-                                               const Shape& sh, float gs, const float* mtab,
+                                               const Shape& sh, float gs,
                                                uint8_t* __restrict__ data,
                                                uint8_t* __restrict__ scales) {
   constexpr int L = GROUP / E;
@@ -571,13 +562,13 @@ __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const
     uint32_t w[WORDS];
     uint32_t sbyte;
     if constexpr (H2 && NV) {
-      sbyte = quantize_slot_nv_h2<T, E>(in[u], gs, mtab, w);
+      sbyte = quantize_slot_nv_h2<T, E>(in[u], gs, w);
     } else if constexpr (H2) {
       sbyte = quantize_slot_h2<F, T, E, L>(in[u], w);
     } else {
       float v[E];
       in[u].to_float(v);
-      sbyte = quantize_slot<F, NV, E, L, HW>(v, in[u].abs_max_bits(), gs, mtab, w);
+      sbyte = quantize_slot<F, NV, E, L, HW>(v, in[u].abs_max_bits(), gs, w);
     }
     if constexpr (LIN) {
       if (in_range) store_words<WORDS>(data + (size_t)idx[u] * (E * F::BITS / 8), w);
@@ -626,17 +617,15 @@ __device__ __forceinline__ SlotPos add_pos(SlotPos p, SlotPos d, int slots_per_r
 }
 
 // Loads of the u_count slots base + u * THREADS (u < u_count) of a thread; p0: (row, slot) of
-// base, du: of THREADS. Slots at or past end (index 0xffffffff) and padding columns load zeros
-// (their pos is unused).
+// base, du: of THREADS. Out-of-range slots and padding columns load zeros (their pos is unused).
 template <typename T, int E, int U, int THREADS, bool LIN = false>
-__device__ __forceinline__ void load_slots(const T* __restrict__ x, uint32_t base, uint32_t end,
-                                           SlotPos p0, SlotPos du, int u_count, const Shape& sh,
+__device__ __forceinline__ void load_slots(const T* __restrict__ x, uint32_t base, SlotPos p0,
+                                           SlotPos du, int u_count, const Shape& sh,
                                            uint32_t (&idx)[U], SlotPos (&pos)[U],
                                            InVec<T, E> (&in)[U]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    idx[u] = u < u_count && base + uint32_t(u * THREADS) < end ? base + uint32_t(u * THREADS)
-                                                               : 0xffffffffu;
+    idx[u] = u < u_count ? base + uint32_t(u * THREADS) : 0xffffffffu;
     pos[u] = u == 0 ? p0 : add_pos(pos[u > 0 ? u - 1 : 0], du, sh.slots_per_row);
     if constexpr (LIN) {
       if (idx[u] < sh.total) in[u].load(x + (size_t)idx[u] * E);
@@ -705,11 +694,12 @@ __device__ __forceinline__ void amax_partials(const T* __restrict__ x, uint32_t*
   if (threadIdx.x == 0) partials[blockIdx.x] = m;
 }
 
-// The direct path: U slots per thread, chunks of THREADS * u_count slots. LOOP: the host caps
-// the grid at the resident blocks; block b owns an even, contiguous share of the slots and loops
-// over it a chunk at a time, the loads of its next chunk issued before the current one is
-// quantized (loads stay in flight while the SM computes; no partial last wave, no block with a
-// chunk more than another); else block b takes chunk b (the grid covers them all).
+// The direct path: U slots per thread; block b owns the chunks of THREADS * u_count slots
+// b, b + grid, b + 2 grid, ... LOOP: the host caps the grid at the resident blocks, so a block
+// loops over several chunks when the input is large, the loads of its next chunk issued before
+// the current one is quantized (loads stay in flight while the SM computes); else a block
+// takes one chunk (the grid covers them all). Interleaved chunks, not an even contiguous share
+// a block: the shares (2f911c2) measured 2-14% slower on the H100 in the same run.
 // gs_mode (NVFP4): 0 = gs_val, 1 = *gs_in, 2 = from the finite amax partials of mx_amax,
 // 3 = each block reduces the finite amax of the whole input (small inputs: one launch, any arch).
 // LIN: sh.linear (the wrapper below picks the instantiation).
@@ -720,34 +710,20 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
                                               uint8_t* __restrict__ scales, const float* gs_in,
                                               const uint32_t* partials, float* gs_out,
                                               float gs_val, int gs_mode, int n_partials, int rows,
-                                              int k, int u_count, int interleave) {
+                                              int k, int u_count) {
   // u_count (1..U, uniform): slots per thread of a chunk; 1 spreads small inputs over more
   // blocks (shorter per-thread chains), U keeps U loads in flight for large ones.
   const uint32_t spr = uint32_t(sh.slots_per_row);
-  const uint32_t chunk = uint32_t(THREADS * u_count);
+  const uint32_t chunk = uint32_t(THREADS * u_count), step = gridDim.x * chunk;
   const SlotPos du = {uint32_t(THREADS) / spr, int(uint32_t(THREADS) % spr)};
-  // LOOP: block b owns the slots [first, end): its share of the whole warps of slots, cut evenly
-  // (every block gets the same work +-32 slots; whole warps keep a scale word's lanes together),
-  // run in chunks; else the chunk b.
-  // interleave (benchmarks compare): LOOP blocks take the chunks b, b + grid, ... instead.
-  uint32_t first, end, step = chunk;
-  if (LOOP && !interleave) {
-    const unsigned long long warps = (sh.total + 31u) / 32u;
-    first = uint32_t(blockIdx.x * warps / gridDim.x) * 32u;
-    end = min(uint32_t((blockIdx.x + 1ull) * warps / gridDim.x) * 32u, sh.total);
-  } else {
-    first = blockIdx.x * chunk;
-    end = sh.total;
-    step = gridDim.x * chunk;
-  }
   const SlotPos dstep = {step / spr, int(step % spr)};
+  uint32_t first = blockIdx.x * chunk;  // the block's first slot of the current chunk
   SlotPos p0 = {(first + threadIdx.x) / spr, int((first + threadIdx.x) % spr)};
   uint32_t idx[U];
   SlotPos pos[U];
   InVec<T, E> in[U];
   if constexpr (LOOP) {
-    load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, end, p0, du, u_count, sh, idx, pos,
-                                      in);
+    load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, p0, du, u_count, sh, idx, pos, in);
   } else {  // a division a slot, fewer live registers (more blocks an SM)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -775,37 +751,32 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *gs_out = gs;
   }
-  __shared__ float mtab_s[NV ? 128 : 1];
-  const float* mtab = mtab_s;
-  if constexpr (NV) nvfp4_mult_table(gs, mtab_s);
   if constexpr (!LOOP) {
-    quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, mtab, data, scales);
+    quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, data, scales);
   } else {
-    // two register sets in turn (no copies between iterations): the loads of one chunk fly
-    // while the other is quantized
-    uint32_t idx2[U];
-    SlotPos pos2[U];
-    InVec<T, E> in2[U];
+    // One register set and copies, not two sets in turn: the two-set loop of 2f911c2 (twice
+    // the loop code) ran 3-10% slower on the H100 than this loop did at c477e5f (two runs, not
+    // an A/B of that change alone; suspected: instruction fetch).
     for (;;) {
-      bool more = first + step < end;  // block-uniform; end <= total < 2^31: no overflow
+      const bool more = first + step < sh.total;  // block-uniform; total < 2^31: no overflow
+      uint32_t idx2[U];
+      SlotPos pos2[U];
+      InVec<T, E> in2[U];
       if (more) {
         first += step;
         p0 = add_pos(p0, dstep, int(spr));
-        load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, end, p0, du, u_count, sh, idx2,
-                                          pos2, in2);
+        load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, p0, du, u_count, sh, idx2, pos2,
+                                          in2);
       }
-      quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, mtab, data, scales);
+      quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, data,
+                                                         scales);
       if (!more) break;
-      more = first + step < end;
-      if (more) {
-        first += step;
-        p0 = add_pos(p0, dstep, int(spr));
-        load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, end, p0, du, u_count, sh, idx, pos,
-                                          in);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        idx[u] = idx2[u];
+        pos[u] = pos2[u];
+        in[u] = in2[u];
       }
-      quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in2, idx2, pos2, u_count, sh, gs, mtab,
-                                                         data, scales);
-      if (!more) break;
     }
   }
   zero_padding_rows(sh, scales, (long long)blockIdx.x * THREADS + threadIdx.x,
@@ -818,16 +789,16 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
                                          uint8_t* __restrict__ scales, const float* gs_in,
                                          const uint32_t* partials, float* gs_out, float gs_val,
                                          int gs_mode, int n_partials, int rows, int k,
-                                         int swizzled, int u_count, int interleave) {
+                                         int swizzled, int u_count) {
   const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
   if (sh.linear) {
     quantize_impl<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2, true>(
         sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k,
-        u_count, interleave);
+        u_count);
   } else {
     quantize_impl<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2, false>(
         sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k,
-        u_count, interleave);
+        u_count);
   }
 }
 
@@ -885,9 +856,7 @@ __device__ __forceinline__ void quantize_fused(const T* __restrict__ x, uint8_t*
   cluster_arrive();  // done reading the other blocks' shared memory (waited on before exit)
   const float gs = nvfp4_global_scale(a);
   if (tid == 0) *gs_out = gs;
-  __shared__ float mtab[128];
-  nvfp4_mult_table(gs, mtab);
-  quantize_slots<T, F, true, GROUP, E, U>(in, idx, pos, u_count, sh, gs, mtab, data, scales);
+  quantize_slots<T, F, true, GROUP, E, U>(in, idx, pos, u_count, sh, gs, data, scales);
   zero_padding_rows(sh, scales, tid, (long long)THREADS * CLUSTER);
   cluster_wait();
 }

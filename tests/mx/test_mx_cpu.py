@@ -282,23 +282,10 @@ def _slot_indices(plan, total):
         u_count = -(-total // (plan.grid * plan.block))
         return (np.arange(u_count)[:, None] * plan.grid * plan.block + tid[None, :]).ravel()
     chunk = plan.slots * plan.block
-    if plan.interleave:  # block b: chunks b, b + grid, ...
-        loops = -(-total // (plan.grid * chunk))
-        i, b, u, t = np.meshgrid(np.arange(loops), np.arange(plan.grid), np.arange(plan.slots),
-                                 np.arange(plan.block), indexing="ij")
-        return (((i * plan.grid + b) * plan.slots + u) * plan.block + t).ravel()
-    if plan.config.loops:  # block b: whole warps [b W / grid, (b + 1) W / grid), in chunks
-        warps = -(-total // 32)
-        out = []
-        for b in range(plan.grid):
-            first, end = b * warps // plan.grid * 32, min((b + 1) * warps // plan.grid * 32, total)
-            n = max(1, -(-(end - first) // chunk))
-            s = first + np.arange(n * chunk)
-            out.append(np.where(s < end, s, 2**32 - 1))
-        return np.concatenate(out)
-    b, u, t = np.meshgrid(np.arange(plan.grid), np.arange(plan.slots), np.arange(plan.block),
-                          indexing="ij")  # block b: chunk b
-    return ((b * plan.slots + u) * plan.block + t).ravel()
+    loops = -(-total // (plan.grid * chunk))  # a block's chunks b + i * grid
+    i, b, u, t = np.meshgrid(np.arange(loops), np.arange(plan.grid), np.arange(plan.slots),
+                             np.arange(plan.block), indexing="ij")
+    return (((i * plan.grid + b) * plan.slots + u) * plan.block + t).ravel()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -310,12 +297,7 @@ def _slot_indices(plan, total):
 def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
     """Every packed byte and every scale byte (padding included) is written by exactly one lane,
     and the 4 groups of a swizzled scale word sit in 4L lanes of one warp, one row."""
-    from kernelgen.mx.select import (
-        force_blocks_per_sm,
-        force_interleave,
-        force_small_auto_path,
-        force_wide_fp8,
-    )
+    from kernelgen.mx.select import force_blocks_per_sm, force_small_auto_path, force_wide_fp8
 
     group = 16 if fmt == "nvfp4" else 32
     bits = data_shape(fmt, 1, 8)[1]  # bytes per 8 elements = bits
@@ -324,16 +306,13 @@ def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
     # 2 SMs: the direct grid's blocks loop over several chunks at (300, 4096); MXFP8 with
     # 16-element lanes too
     # blocks: a forced grid cap (1 an SM; fp8 loops then too)
-    # (last two) interleaved chunks of the looping blocks
-    variants = [(None, 132, None, None, False), (None, 2, None, None, False),
-                (None, 3, None, 1, False), (None, 2, None, None, True), (None, 3, None, 1, True)]
-    variants += [("fused", 132, None, None, False)] if fmt == "nvfp4" else []
-    variants += [(None, 132, True, None, False)] if fmt.startswith("mxfp8") else []
-    for small, sms, wide, blocks, inter in variants:
+    variants = [(None, 132, None, None), (None, 2, None, None), (None, 3, None, 1)]
+    variants += [("fused", 132, None, None)] if fmt == "nvfp4" else []
+    variants += [(None, 132, True, None)] if fmt.startswith("mxfp8") else []
+    for small, sms, wide, blocks in variants:
         force_small_auto_path(small)
         force_wide_fp8(wide)
         force_blocks_per_sm(blocks)
-        force_interleave(inter)
         try:
             plan = quantize_plan("sm_90a", sms, fmt, dtype, rows, k, swz,
                                  "auto" if fmt == "nvfp4" else "value")
@@ -341,8 +320,6 @@ def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
             force_small_auto_path(None)
             force_wide_fp8(None)
             force_blocks_per_sm(None)
-            force_interleave(False)
-        assert plan.interleave == (inter and plan.config.loops and plan.path != "fused")
         assert plan.config.loops == (blocks is not None or elem_bits(fmt) != 8), plan.short()
         e = plan.config.lane_elems
         lanes = group // e

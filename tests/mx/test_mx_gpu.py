@@ -178,32 +178,23 @@ def test_quantize_nvfp4_exact(dtype, layout, h2):
 @pytest.mark.parametrize("fmt, variant", [
     *((f, v) for f in ("nvfp4", "mxfp4", "mxfp6_e3m2") for v in ("loops", "loops1", "default")),
     ("mxfp4", "noh2"), ("nvfp4", "noh2"), ("mxfp6_e2m3", "noh2"), ("mxfp6_e2m3", "default"), ("mxfp8_e4m3", "loops"),
-    ("mxfp8_e5m2", "loops1"), ("mxfp4", "interleave"), ("nvfp4", "interleave"),
+    ("mxfp8_e5m2", "loops1"),
     *(("mxfp8_e4m3", v) for v in ("default", "wide", "narrow")), ("mxfp8_e5m2", "narrow")])
 def test_quantize_large_grids_exact(fmt, variant, dtype):
     """Inputs of more chunks than the capped grid: blocks loop over chunks ("loops": 1 block an
     SM, many loops; "loops1": the same with a slot a thread a chunk; "default": the planner's
     cap; fp8 loops only so), next chunk's loads in flight; MXFP8 with 16- / 8-element lanes
     ("wide" / "narrow");
-    "noh2": without the packed 16-bit encoders; "interleave": capped grid, blocks taking chunks
-    b, b + grid, ... instead of even shares; padding rows included."""
+    "noh2": without the packed 16-bit encoders; padding rows included."""
     import cupy
 
     import kernelgen.mx as mx
-    from kernelgen.mx.select import (
-        force_blocks_per_sm,
-        force_h2,
-        force_interleave,
-        force_wide_fp8,
-    )
+    from kernelgen.mx.select import force_blocks_per_sm, force_h2, force_wide_fp8
 
     rng = np.random.default_rng(hash((fmt, dtype, variant)) % 2**32)
-    xh = _values(rng, (1100, 1024) if variant in ("loops", "loops1", "interleave") else (1500, 4096),
-                 dtype, True)
+    xh = _values(rng, (1100, 1024) if variant.startswith("loops") else (1500, 4096), dtype, True)
     x2, hint = _ref_input(xh, dtype)
-    force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1),
-                          "interleave": (1, None)}.get(variant, (None, None)))
-    force_interleave(variant == "interleave")
+    force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1)}.get(variant, (None, None)))
     force_wide_fp8({"wide": True, "narrow": False}.get(variant))
     force_h2(False if variant == "noh2" else None)
     try:
@@ -217,7 +208,6 @@ def test_quantize_large_grids_exact(fmt, variant, dtype):
         force_blocks_per_sm(None)
         force_wide_fp8(None)
         force_h2(None)
-        force_interleave(False)
     ctx = f"{fmt=} {dtype=} {variant=} {xh.shape=}"
     _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
     _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
