@@ -14,7 +14,8 @@ device from the input ("gs=auto": one launch for small inputs, amax + quantize e
         [--blocks-per-sm 0,3,3x1] (also time these grid caps [x slots] of mx_quantize, M > 64;
                                    fp8 loops under a cap > 0)
         [--wide-fp8]            (also time MXFP8 with 16-element lane slots)
-        [--no-h2]               (also time MX fp4 / fp6 without the packed 16-bit encoders)
+        [--no-h2]               (also time fp4 / fp6 without the packed 16-bit encoders)
+        [--no-linear]           (also time every format without the linear-index path, M > 64)
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def main() -> None:
     ap.add_argument("--wide-fp8", action="store_true",
                     help="also time MXFP8 with 16-element lane slots")
     ap.add_argument("--no-h2", action="store_true",
-                    help="also time MX fp4 / fp6 without the packed 16-bit encoders")
+                    help="also time fp4 / fp6 without the packed 16-bit encoders")
+    ap.add_argument("--no-linear", action="store_true",
+                    help="also time every format without the linear-index path (M > 64)")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
     k = args.k
@@ -101,6 +104,7 @@ def main() -> None:
     from kernelgen.mx.select import (
         force_blocks_per_sm,
         force_h2,
+        force_linear,
         force_small_auto_path,
         force_wide_fp8,
         quantize_plan,
@@ -129,7 +133,10 @@ def main() -> None:
                 variants += [("value", None, True, None)] if args.wide_fp8 and "fp8" in fmt else []
                 variants += [("value", None, None, False)] if args.no_h2 and \
                     h2_applies(fmt, dtype) else []
+                variants += [("value", None, None, "nolinear")] if args.no_linear and m > 64 else []
                 for gs, cap, wide, h2 in variants:
+                    force_linear(h2 != "nolinear")
+                    h2 = None if h2 == "nolinear" else h2
                     force_small_auto_path("fused" if gs == "auto:fused" else None)
                     force_blocks_per_sm(*(cap or (None, None)))
                     force_wide_fp8(wide)
@@ -145,7 +152,7 @@ def main() -> None:
                                       info.l2_bytes, factor=2)
                     t = graph_time(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), stream)
                     eager = None
-                    if m > 64 and cap is None and h2 is None:
+                    if m > 64 and cap is None and h2 is None and plan.config.linear:
                         eager = time_gpu(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), iters=20,
                                          repeats=5)
                     del xs
@@ -153,6 +160,7 @@ def main() -> None:
                          "path": plan.path, "grid": plan.grid, "slots": plan.slots,
                          "blocks_per_sm": None if cap is None else cap[0],
                          "lane_elems": plan.config.lane_elems, "h2": plan.config.h2,
+                         "linear": plan.config.linear,
                          "us": t * 1e6, "gbps": nbytes / t / 1e9, "frac_copy": nbytes / t / bw,
                          "eager_us": None if eager is None else eager * 1e6}
                     rows.append(r)
@@ -162,6 +170,7 @@ def main() -> None:
                         "" if cap is None else f" (forced {cap[0]}/SM)")
                     cap_col += ", 16-element lanes" if wide else ""
                     cap_col += ", h2 off" if h2 is False else ""
+                    cap_col += ", linear off" if not plan.config.linear else ""
                     print(f"| {fmt} | {dtype} | {m} | {gs_col} | {plan.path} | {cap_col} | "
                           f"{r['us']:.2f} | {r['gbps']:.0f} | {100 * r['frac_copy']:.0f}% | "
                           f"{eager_col} |", flush=True)
@@ -169,6 +178,7 @@ def main() -> None:
     force_blocks_per_sm(None)
     force_wide_fp8(None)
     force_h2(None)
+    force_linear(True)
     # dequantize to the input dtype at the largest M (not a target; for reference)
     m = max(ms)
     deq = []

@@ -96,6 +96,7 @@ class MxQuantizeConfig(KernelConfig):
     wide: bool = False  # MXFP8: 16 elements a lane slot instead of 8 (see quant_lane_elems)
     h2: bool = False  # packed 16-bit element encoders (see h2_applies)
     loop: bool | None = None  # blocks loop over chunks; None: by format (see loops)
+    linear: bool = True  # slot addresses from the slot index alone where there is no column padding
 
     def check(self) -> None:
         _check(self, self.fmt, self.dtype)
@@ -146,6 +147,7 @@ class MxQuantizeConfig(KernelConfig):
         return {**super().template_vars(), **_format_vars(self.fmt, self.dtype),
                 "lane_elems": self.lane_elems, "slots": self.slots, "loop": self.loops,
                 "min_blocks": QUANT_MIN_BLOCKS, "fused": self.fused, "h2": self.h2,
+                "linear": self.linear,
                 "cluster": CLUSTER,
                 "fused_threads": FUSED_THREADS,
                 "fused_slots": self.fused_slots}

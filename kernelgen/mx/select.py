@@ -52,6 +52,7 @@ _blocks_per_sm: int | None = None  # tests / benchmarks: the direct grid's cap (
 _wide_fp8: bool | None = None  # tests / benchmarks: MXFP8 lane slots of 16 (True) or 8 elements
 _slots: int | None = None  # tests / benchmarks: slots a thread of a chunk (at most the config's)
 _h2: bool | None = None  # tests / benchmarks: packed 16-bit encoders on / off where they apply
+_linear = True  # tests / benchmarks: False keeps the row / column slot addressing everywhere
 
 
 def force_small_auto_path(path: str | None) -> None:
@@ -95,6 +96,16 @@ def force_h2(h2: bool | None) -> None:
     if h2 not in (None, True, False):
         raise ValueError(f"h2={h2!r}; expected None, True or False")
     _h2 = h2
+    quantize_plan.cache_clear()
+
+
+def force_linear(on: bool) -> None:
+    """mx_quantize with (True, the default) or without the linear-index path. For tests and
+    benchmarks; clears the plan memo."""
+    global _linear
+    if on not in (True, False):
+        raise ValueError(f"on={on!r}; expected True or False")
+    _linear = on
     quantize_plan.cache_clear()
 
 
@@ -157,7 +168,7 @@ def quantize_config(arch: str, fmt: str, dtype: str) -> MxQuantizeConfig:
     # a forced grid cap makes fp8 loop too (benchmarks compare); else by format
     loop = True if elem_bits(fmt) == 8 and _blocks_per_sm else None
     return MxQuantizeConfig(arch=arch, fmt=fmt, dtype=dtype, hw_cvt=hw_fp8_cvt(arch, fmt),
-                            wide=wide, h2=h2, loop=loop)
+                            wide=wide, h2=h2, loop=loop, linear=_linear)
 
 
 @selector

@@ -783,15 +783,16 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
                     (long long)gridDim.x * THREADS);
 }
 
+// LINEAR: take the linear-index path where the shape allows it (a config knob for comparison).
 template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool LOOP,
-          bool H2 = false>
+          bool H2 = false, bool LINEAR = true>
 __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __restrict__ data,
                                          uint8_t* __restrict__ scales, const float* gs_in,
                                          const uint32_t* partials, float* gs_out, float gs_val,
                                          int gs_mode, int n_partials, int rows, int k,
                                          int swizzled, int u_count) {
   const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
-  if (sh.linear) {
+  if (LINEAR && sh.linear) {
     quantize_impl<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2, true>(
         sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k,
         u_count);

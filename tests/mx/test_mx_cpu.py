@@ -435,6 +435,20 @@ def test_h2_encoders_where_they_apply(arch):
         force_h2("on")
 
 
+def test_linear_knob():
+    from kernelgen.mx.select import force_linear
+
+    assert quantize_config("sm_90a", "mxfp4", "float16").linear
+    force_linear(False)
+    try:
+        assert not quantize_plan("sm_90a", 132, "nvfp4", "float16", 64, 256, True,
+                                 "value").config.linear
+    finally:
+        force_linear(True)
+    with pytest.raises(ValueError, match="on="):
+        force_linear(None)
+
+
 def test_scale_bytes_must_fit_32_bit_offsets():
     """The quantize kernels address scale bytes in 32 bits: a launch whose (padded) scale tensor
     reaches 2**31 bytes is refused, even when its slots fit."""

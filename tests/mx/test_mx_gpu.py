@@ -177,7 +177,8 @@ def test_quantize_nvfp4_exact(dtype, layout, h2):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt, variant", [
     *((f, v) for f in ("nvfp4", "mxfp4", "mxfp6_e3m2") for v in ("loops", "loops1", "default")),
-    ("mxfp4", "noh2"), ("nvfp4", "noh2"), ("mxfp6_e2m3", "noh2"), ("mxfp6_e2m3", "default"), ("mxfp8_e4m3", "loops"),
+    ("mxfp4", "noh2"), ("nvfp4", "noh2"), ("mxfp6_e2m3", "noh2"), ("mxfp4", "nolinear"),
+    ("nvfp4", "nolinear"), ("mxfp8_e4m3", "nolinear"), ("mxfp6_e2m3", "default"), ("mxfp8_e4m3", "loops"),
     ("mxfp8_e5m2", "loops1"),
     *(("mxfp8_e4m3", v) for v in ("default", "wide", "narrow")), ("mxfp8_e5m2", "narrow")])
 def test_quantize_large_grids_exact(fmt, variant, dtype):
@@ -185,11 +186,12 @@ def test_quantize_large_grids_exact(fmt, variant, dtype):
     SM, many loops; "loops1": the same with a slot a thread a chunk; "default": the planner's
     cap; fp8 loops only so), next chunk's loads in flight; MXFP8 with 16- / 8-element lanes
     ("wide" / "narrow");
-    "noh2": without the packed 16-bit encoders; padding rows included."""
+    "noh2": without the packed 16-bit encoders; "nolinear": row / column slot addressing (no
+    linear-index path); padding rows included."""
     import cupy
 
     import kernelgen.mx as mx
-    from kernelgen.mx.select import force_blocks_per_sm, force_h2, force_wide_fp8
+    from kernelgen.mx.select import force_blocks_per_sm, force_h2, force_linear, force_wide_fp8
 
     rng = np.random.default_rng(hash((fmt, dtype, variant)) % 2**32)
     xh = _values(rng, (1100, 1024) if variant.startswith("loops") else (1500, 4096), dtype, True)
@@ -197,6 +199,7 @@ def test_quantize_large_grids_exact(fmt, variant, dtype):
     force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1)}.get(variant, (None, None)))
     force_wide_fp8({"wide": True, "narrow": False}.get(variant))
     force_h2(False if variant == "noh2" else None)
+    force_linear(variant != "nolinear")
     try:
         if fmt == "nvfp4":
             packed, scales, _ = R.quantize_nvfp4(x2, np.float32(300.0), dtype=hint)
@@ -208,6 +211,7 @@ def test_quantize_large_grids_exact(fmt, variant, dtype):
         force_blocks_per_sm(None)
         force_wide_fp8(None)
         force_h2(None)
+        force_linear(True)
     ctx = f"{fmt=} {dtype=} {variant=} {xh.shape=}"
     _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
     _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
