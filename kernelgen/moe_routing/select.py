@@ -43,6 +43,7 @@ SINGLE_WARPS: tuple[tuple[int, int], ...] = ((2048, 8), (SINGLE_MAX, 16))
 ROUTE_FUSED_MAX = 1024  # pairs; the fused route measured faster than two launches up to here
 CHUNK = 4096  # pairs a CTA of the multi-CTA layout (a multiple of 32 * ITEMS * max(WARPS))
 MOVE_CTAS_PER_SM = 16  # dispatch / combine grid: resident CTAs of MOVE_THREADS (2048 threads/SM)
+COMBINE_SPLIT_WAVES = 4  # combine splits columns up to this many waves of CTAs (combine_launch)
 # fused route: copy CTAs an SM before a CTA takes two pairs (H100, E = 128 / 256, top-8,
 # H = 7168: a pair a CTA 5.2-5.3 us at T = 64 vs 5.3-5.4 with two; at T = 128 two pairs 7.7 us
 # vs 8.3 with one)
@@ -137,11 +138,13 @@ def plan_route(arch: str, pairs: int, num_experts: int, id_dtype: str, sm_count:
 
 
 def combine_launch(tokens: int, vpr: int, sm_count: int) -> tuple[bool, tuple[int, int, int]]:
-    """(split, grid) of combine. Columns split over grid.y only while the whole grid stays
-    within an eighth of the SMs (H100, T = 1: 2.2 us split vs 6.0 a CTA a token at H = 7168,
-    2.3 vs 4.1 at H = 4096; the split measured slower at T = 16: 8.0 vs 6.3 and 4.3 vs 3.7)."""
+    """(split, grid) of combine. Columns split over grid.y (a thread a 16-byte column, its
+    top_k loads in flight at once) while the grid stays within COMBINE_SPLIT_WAVES waves of
+    resident CTAs; above, a CTA a token, grid-stride. H100, H = 7168, top-8: a CTA a token took
+    14.3 / 14.9 / 38.4 us at T = 16 / 64 / 512 (latency-bound), the split 2.5 / 3.4 us at
+    T = 16 / 64; at T = 4096 a CTA a token runs at 0.95x copy."""
     chunks = -(-vpr // MOVE_THREADS)
-    if tokens * chunks <= sm_count // 8:
+    if tokens * chunks <= COMBINE_SPLIT_WAVES * sm_count * MOVE_CTAS_PER_SM:
         return True, (max(1, tokens), chunks, 1)
     return False, (move_grid(tokens, sm_count), 1, 1)
 

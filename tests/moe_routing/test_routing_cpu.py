@@ -192,8 +192,10 @@ def test_planner():
     with pytest.raises(ValueError, match="pairs_per_cta=9"):
         plan_route("sm_90a", 100, 8, "int32", 132, pairs_per_cta=9)
     assert combine_launch(1, 896, 132) == (True, (1, 7, 1))  # T = 1, H = 7168 bf16
-    assert combine_launch(16, 896, 132) == (False, (16, 1, 1))
-    assert combine_launch(16, 512, 132) == (False, (16, 1, 1))  # H = 4096: 64 CTAs split was slower
+    assert combine_launch(16, 896, 132) == (True, (16, 7, 1))  # one wave: columns split
+    assert combine_launch(64, 896, 132) == (True, (64, 7, 1))
+    assert combine_launch(512, 896, 132) == (True, (512, 7, 1))
+    assert combine_launch(4096, 896, 132) == (False, (132 * 16, 1, 1))  # past 4 waves: a CTA a token
     assert combine_launch(10**6, 512, 132) == (False, (132 * 16, 1, 1))
     assert move_grid(0, 132) == 1 and move_grid(512, 132) == 512 and move_grid(10**7, 132) == 132 * 16
 
