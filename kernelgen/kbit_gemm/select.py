@@ -27,6 +27,11 @@ M_TILE_TABLE: tuple[tuple[int, int], ...] = ((8, 8), (1 << 31, 16))
 # 14336x4096 fastest unsplit, 4096x14336 and 4096x4096 with 4 splits).
 ITEM_OVERHEAD_STEPS = 1.0
 SPLIT_ITEM_OVERHEAD_STEPS = 2.5
+# ... and an SM runs about 8 busy warps before the decode saturates it (H100, 4 bits M = 1:
+# 128 CTAs x 7 warps and 224 x 4 both 19.4 us on 14336x4096, 16 warps an SM no faster), so
+# items beyond 8 an SM count as another round (4096x14336: 4 splits 19.5-19.8 us, 6 splits
+# 20.3-21.1 us; 2 bits 14.5 vs 15.4).
+BUSY_WARPS_PER_SM = 8
 # ... and a split keeps at least this many groups of 128 k (two quad steps of a warp).
 MIN_GROUPS_PER_SPLIT = 8
 @dataclass(frozen=True)
@@ -88,7 +93,7 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
 
     def cost(s: int) -> float:
         gps = -(-groups // s)
-        warps_resident = sm_count * resident(gps) * warps
+        warps_resident = sm_count * min(resident(gps) * warps, BUSY_WARPS_PER_SM)
         rounds = -(-(tiles * m_tiles * s) // warps_resident)
         return rounds * (-(-gps // 4) + (SPLIT_ITEM_OVERHEAD_STEPS if s > 1 else ITEM_OVERHEAD_STEPS))
 
