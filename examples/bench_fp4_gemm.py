@@ -19,22 +19,10 @@ import json
 
 import numpy as np
 
+from kernelgen.bench import graph_time, read_bandwidth, read_kernel
+
 SHAPES = ((14336, 4096), (4096, 14336))
 MS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096)
-
-_READ_SRC = r"""
-extern "C" __global__ void read_bw(const uint4* __restrict__ p, unsigned long long n, unsigned* out) {
-  unsigned acc = 0;
-  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
-    uint4 v;
-    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p + i));
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) out[0] = acc;
-}
-"""
-
 
 def plain_read_us(copies, stream) -> float:
     """Microseconds per call of the 16-byte streaming read kernel over one weight copy's fp4
@@ -44,7 +32,7 @@ def plain_read_us(copies, stream) -> float:
 
     from kernelgen.arch import device_info
 
-    k = cupy.RawKernel(_READ_SRC, "read_bw")
+    k = read_kernel()
     out = cupy.zeros(1, cupy.uint32)
     grid = device_info().sm_count * 8
 
@@ -53,44 +41,6 @@ def plain_read_us(copies, stream) -> float:
         k((grid,), (256,), (x, np.uint64(x.nbytes // 16), out))
 
     return graph_time(call, len(copies), stream)[0] * 1e6
-
-
-def read_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Streaming read rate in bytes/s (16-byte loads, grid-stride, 1 GiB)."""
-    import cupy
-
-    from kernelgen.arch import device_info
-    from kernelgen.bench import time_gpu
-
-    buf = cupy.ones(nbytes // 4, cupy.uint32)
-    out = cupy.zeros(1, cupy.uint32)
-    k = cupy.RawKernel(_READ_SRC, "read_bw")
-    n = np.uint64(nbytes // 16)
-    grid = device_info().sm_count * 8
-    t = time_gpu(lambda i: k((grid,), (256,), (buf, n, out)), iters=10, repeats=5)
-    return nbytes / t
-
-
-def graph_time(call, n: int, stream) -> tuple[float, str]:
-    """Median seconds per call of call(i), i = 0..n-1 captured once in a graph and replayed."""
-    from kernelgen.bench import time_gpu
-
-    for i in range(n):  # warm-up: compiles, selector memo, split-K scratch, cuBLAS handles
-        call(i)
-    stream.synchronize()
-    try:
-        stream.begin_capture()
-        for i in range(n):
-            call(i)
-        graph = stream.end_capture()
-        return time_gpu(lambda i: graph.launch(stream), iters=5, repeats=7, warmup=2) / n, "graph"
-    except Exception:
-        if stream.is_capturing():
-            try:
-                stream.end_capture()
-            except Exception:
-                pass
-        return time_gpu(call, iters=max(n, 50), repeats=7), "stream"
 
 
 def weight_copies(fmt, n, k, l2_bytes):

@@ -18,36 +18,10 @@ import time
 
 import numpy as np
 
+from kernelgen.bench import read_bandwidth
+
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
 MS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-
-_READ_SRC = r"""
-extern "C" __global__ void read_bw(const uint4* __restrict__ p, unsigned long long n, unsigned* out) {
-  unsigned acc = 0;
-  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
-    uint4 v;
-    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p + i));
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) out[0] = acc;
-}
-"""
-
-
-def read_bandwidth(nbytes: int = 1 << 30) -> float:
-    import cupy
-
-    from kernelgen.arch import device_info
-    from kernelgen.bench import time_gpu
-
-    buf = cupy.ones(nbytes // 4, cupy.uint32)
-    out = cupy.zeros(1, cupy.uint32)
-    k = cupy.RawKernel(_READ_SRC, "read_bw")
-    n = np.uint64(nbytes // 16)
-    grid = device_info().sm_count * 8
-    return nbytes / time_gpu(lambda i: k((grid,), (256,), (buf, n, out)), iters=10, repeats=5)
-
 
 def timed(call, n: int, graph: bool, label: str = "") -> tuple[float, str]:
     """(median seconds per call of call(i) over a rotation of n inputs, "graph" | "stream").

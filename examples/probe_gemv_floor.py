@@ -24,16 +24,15 @@ def main() -> None:
     args = ap.parse_args()
 
     import cupy
-    from bench_kbit_gemv import _READ_SRC, graph_time, read_bandwidth
 
     import kernelgen as kg
     from kernelgen.arch import device_info
-    from kernelgen.bench import rotation
+    from kernelgen.bench import graph_time, read_bandwidth, read_kernel, rotation
     from kernelgen.kbit_gemm.select import select_gemv
 
     dev = device_info()
     stream = cupy.cuda.Stream(non_blocking=True)
-    k_read = cupy.RawKernel(_READ_SRC, "read_bw")
+    k_read = read_kernel()
     with stream:
         print(f"{dev.name}: read (1 GiB) {read_bandwidth() / 1e9:.0f} GB/s", flush=True)
         out1 = cupy.zeros(1, cupy.uint32)

@@ -41,3 +41,63 @@ def rotation(make: Callable[[], object], bytes_each: int, l2_bytes: int, factor:
     """Enough independent copies of an input that together they span factor x L2."""
     count = max(2, -(-factor * l2_bytes // max(1, bytes_each)))
     return [make() for _ in range(count)]
+
+
+READ_SRC = r"""
+extern "C" __global__ void read_bw(const uint4* __restrict__ p, unsigned long long n, unsigned* out) {
+  unsigned acc = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p + i));
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) out[0] = acc;
+}
+"""
+
+
+def read_kernel():
+    """The streaming read kernel: read_bw(uint4* p, uint64 n16, uint32* out), 16-byte loads,
+    grid-stride; `out` is written only on an impossible xor, which keeps the loads alive."""
+    import cupy
+
+    return cupy.RawKernel(READ_SRC, "read_bw")
+
+
+def read_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Streaming read rate in bytes/s (16-byte loads, grid-stride, 1 GiB): the floor of kernels
+    that read weights once."""
+    import cupy
+    import numpy as np
+
+    from .arch import device_info
+
+    buf = cupy.ones(nbytes // 4, cupy.uint32)
+    out = cupy.zeros(1, cupy.uint32)
+    k = read_kernel()
+    n = np.uint64(nbytes // 16)
+    grid = device_info().sm_count * 8
+    return nbytes / time_gpu(lambda i: k((grid,), (256,), (buf, n, out)), iters=10, repeats=5)
+
+
+def graph_time(call: Callable[[int], object], n: int, stream) -> tuple[float, str]:
+    """(median seconds per call, "graph" | "stream") of call(i), i = 0..n-1 (a rotation of
+    inputs) captured once in a CUDA graph on `stream` and replayed; a call that cannot be
+    captured falls back to back-to-back launches."""
+    for i in range(n):  # warm-up: compiles, selector memo, split-K scratch, cuBLAS handles
+        call(i)
+    stream.synchronize()
+    try:
+        stream.begin_capture()
+        for i in range(n):
+            call(i)
+        graph = stream.end_capture()
+        return time_gpu(lambda i: graph.launch(stream), iters=5, repeats=7, warmup=2) / n, "graph"
+    except Exception:  # a library that cannot be captured: back-to-back launches instead
+        if stream.is_capturing():
+            try:
+                stream.end_capture()
+            except Exception:
+                pass
+        return time_gpu(call, iters=max(n, 50), repeats=7), "stream"

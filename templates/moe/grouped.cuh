@@ -20,9 +20,6 @@
 // tokens (TILE_M) and Q = weight rows (TILE_N); with SWAP (decode), P = weight rows and Q =
 // tokens, so 8 or 16 tokens fill whole n8 tiles while the weights fill the 16-row side.
 //
-// Partial tiles. Without SWAP, a warp skips the ldmatrix and mma work of its m16 tiles that lie
-// past the segment's last token (the zero-filled padding of an expert's last tile).
-//
 // Pipeline. STAGES-deep cp.async (16 B, zero-filled past the segment / N / K) into shared
 // memory, 64 k per stage, rows of 128 B with their 16-byte chunks XOR-swizzled by row % 8 so
 // that ldmatrix reads hit 8 different bank groups. Warps are WARPS_P x WARPS_Q x WARPS_K; the
@@ -287,10 +284,6 @@ struct Grouped {
     // row = (lane / 16) * 8 + lane % 8, chunk + (lane / 8) % 2; (x2): row = lane % 8, same chunk.
     const int a_row = wp * WP + (lane & 15), a_chk = lane >> 4;
     const int b_row = wq * WQ + ((lane >> 4) << 3) + (lane & 7), b_chk = (lane >> 3) & 1;
-    // Token rows on P (no swap): the m16 tiles of this warp that hold a token of the segment.
-    // A partial tile (an expert's last) skips the others' ldmatrix and mma: with ~256 rows an
-    // expert and 128-row tiles, a third of the tiles are mostly padding. Warp-uniform.
-    const int mi_live = SWAP ? MI : max(0, min(MI, (tile.rows - wp * WP + 15) / 16));
 
     for (int kt = 0; kt < k_tiles; ++kt) {
       cp_async_wait<STAGES - 2>();
@@ -299,15 +292,13 @@ struct Grouped {
       cp_async_commit();
       const uint32_t sp = base + (uint32_t)((kt % STAGES) * STAGE_BYTES);
       const uint32_t sq = sp + TP * ROW_BYTES;
-      if (mi_live == 0) continue;  // this warp's token rows are all past the segment
 #pragma unroll
       for (int kk = wk; kk < TK / 16; kk += WARPS_K) {
         uint32_t a[MI][4], b[NI][2];
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
-          if (mi < mi_live)
-            ldmatrix_x4_ordered(sp + swz(a_row + mi * 16, 2 * kk + a_chk), a[mi][0], a[mi][1],
-                                a[mi][2], a[mi][3]);
+          ldmatrix_x4_ordered(sp + swz(a_row + mi * 16, 2 * kk + a_chk), a[mi][0], a[mi][1], a[mi][2],
+                              a[mi][3]);
         if constexpr (NI % 2 == 0) {
 #pragma unroll
           for (int ni = 0; ni < NI; ni += 2)
@@ -321,10 +312,9 @@ struct Grouped {
         }
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
-          if (mi < mi_live)
 #pragma unroll
-            for (int ni = 0; ni < NI; ++ni)
-              Mma<T>::run(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[ni][0], b[ni][1]);
+          for (int ni = 0; ni < NI; ++ni)
+            Mma<T>::run(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[ni][0], b[ni][1]);
       }
     }
     cp_async_wait<0>();

@@ -194,13 +194,8 @@ def test_dequant_scratch_in_a_graph_is_not_handed_back_to_the_pool(stream):
     assert err <= GR.REL_ERROR_BOUND["float16"]
 
 
-@pytest.mark.parametrize("path,m,split", (("gemv", 16, None), ("mma", 1, None), ("dequant", 200, None)),
-                         ids=lambda v: str(v))
-def test_torch_graph_capture(path, m, split):
-    """torch.cuda.graph (global capture mode) on the stream the warm-up ran on (split-K scratch
-    is per stream: a first use inside a global-mode capture would cudaMalloc and fail)."""
-    torch = pytest.importorskip("torch")
-
+def _torch_weight(torch):
+    """A 4-bit KbitLinear of a random torch [N, K] weight and its float64 dequantization."""
     import cupy
 
     import kernelgen as kg
@@ -209,6 +204,35 @@ def test_torch_graph_capture(path, m, split):
     w64 = GR.dequantize_weight(cupy.asnumpy(cupy.asarray(lin.q.packed)),
                                cupy.asnumpy(cupy.asarray(lin.q.absmax)),
                                cupy.asnumpy(cupy.asarray(lin.q.codebook)), 4, N, K)
+    return lin, w64
+
+
+def _check_torch_replays(g, a_t, c_t, w64, rng, path, m):
+    """Two replays of g on fresh A (C poisoned first) against the float64 reference."""
+    import torch
+
+    for rep in range(2):
+        a = _host(rng, (m, K), "float16")
+        a_t.copy_(torch.from_numpy(a))
+        c_t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        c = c_t.cpu().numpy().astype(np.float64)
+        assert np.all(np.isfinite(c)), f"torch {path} {m=} replay {rep}: C not written"
+        err = GR.rel_error(c, GR.gemm(a, w64, None))
+        assert err <= GR.REL_ERROR_BOUND["float16"], f"torch {path} {m=}: rel error {err:.3g}"
+
+
+@pytest.mark.parametrize("path,m,split", (("gemv", 16, None), ("mma", 1, None), ("dequant", 200, None)),
+                         ids=lambda v: str(v))
+def test_torch_graph_capture(path, m, split):
+    """torch.cuda.graph (global capture mode) on the stream the warm-up ran on: the capture
+    reuses that stream's split-K scratch and cuBLAS workspace."""
+    torch = pytest.importorskip("torch")
+
+    import kernelgen as kg
+
+    lin, w64 = _torch_weight(torch)
     kw = _kw(path, split)
     rng = np.random.default_rng(11)
     a_t = torch.empty((m, K), dtype=torch.float16, device="cuda")
@@ -224,16 +248,7 @@ def test_torch_graph_capture(path, m, split):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
         kg.gemm(a_t, lin, out=c_t, **kw)
-    for rep in range(2):
-        a = _host(rng, (m, K), "float16")
-        a_t.copy_(torch.from_numpy(a))
-        c_t.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        c = c_t.cpu().numpy().astype(np.float64)
-        assert np.all(np.isfinite(c)), f"torch {path} {m=} replay {rep}: C not written"
-        err = GR.rel_error(c, GR.gemm(a, w64, None))
-        assert err <= GR.REL_ERROR_BOUND["float16"], f"torch {path} {m=}: rel error {err:.3g}"
+    _check_torch_replays(g, a_t, c_t, w64, rng, path, m)
 
 
 @pytest.mark.parametrize("path,m", (("gemv", 16), ("dequant", 200)), ids=lambda v: str(v))
@@ -243,14 +258,9 @@ def test_torch_graph_on_its_own_side_stream(path, m):
     are made inside a global-mode capture, from torch memory (a cudaMalloc would be refused)."""
     torch = pytest.importorskip("torch")
 
-    import cupy
-
     import kernelgen as kg
 
-    lin = kg.quantize_weight(torch.randn(N, K, dtype=torch.float16, device="cuda"), 4)
-    w64 = GR.dequantize_weight(cupy.asnumpy(cupy.asarray(lin.q.packed)),
-                               cupy.asnumpy(cupy.asarray(lin.q.absmax)),
-                               cupy.asnumpy(cupy.asarray(lin.q.codebook)), 4, N, K)
+    lin, w64 = _torch_weight(torch)
     kw = _kw(path, None)
     rng = np.random.default_rng(12)
     a_t = torch.from_numpy(_host(rng, (m, K), "float16")).cuda()
@@ -260,13 +270,4 @@ def test_torch_graph_on_its_own_side_stream(path, m):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         kg.gemm(a_t, lin, out=c_t, **kw)
-    for rep in range(2):
-        a = _host(rng, (m, K), "float16")
-        a_t.copy_(torch.from_numpy(a))
-        c_t.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        c = c_t.cpu().numpy().astype(np.float64)
-        assert np.all(np.isfinite(c)), f"torch {path} {m=} replay {rep}: C not written"
-        err = GR.rel_error(c, GR.gemm(a, w64, None))
-        assert err <= GR.REL_ERROR_BOUND["float16"], f"torch {path} {m=}: rel error {err:.3g}"
+    _check_torch_replays(g, a_t, c_t, w64, rng, path, m)
