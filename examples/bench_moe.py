@@ -2,14 +2,16 @@
 torch._grouped_mm and cuBLAS dense bf16, all measured in the same run.
 
     python examples/bench_moe.py [--shapes E128,E256,E8] [--ts 1,2,4,8,16,64,256,4096]
-                                 [--forced] [--json out.json]
+                                 [--forced] [--path auto|wgmma|mma] [--json out.json]
 
 Per (shape, T, GEMM): W13 + SwiGLU ([E, 2I, H], writes [M, I]) and W2 ([E, H, I]), M = T * top_k
 rows routed uniformly (distinct experts per token, like torch.topk), a different routing each
 call (several draws rotate). Median microseconds of back-to-back calls (CUDA events), the
 floor = bytes of the experts touched (+ activations in and out) / device-copy rate (bytes read
 + written, kernelgen.bench.copy_bandwidth) of the same run, TFLOP/s, the TILE_M / swap_ab /
-TILE_N the selector chose, and with --forced the time of every tile-table row.
+TILE_N the selector chose, and with --forced the time of every tile-table row. --path forces
+the main loop of the selector's row (wgmma: sm_90a only); at T >= 1024 on sm_90a both paths are
+also timed with the selector's tile (`path_us`, and their fraction of the cuBLAS rate).
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ def _routing(rng, t, e, top_k):
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32), counts
 
 
-def _variants(arch, prefill, act):
-    """Pipeline variants around the table rows (tuning data for config.py TILES)."""
-    from kernelgen.moe.config import MoeGemmConfig
+def _variants(arch, prefill, act, which="all"):
+    """Pipeline variants around the table rows (tuning data for config.py TILES / WG_TILES)."""
+    from kernelgen.moe.config import WGMMA_ARCHS, MoeGemmConfig
 
     epi = "swiglu" if act else "none"
     base = dict(arch=arch, dtype="bfloat16", epilogue=epi)
@@ -44,12 +46,18 @@ def _variants(arch, prefill, act):
         specs = [(8, tn, True, 1, 1, wk, st, mb) for tn in (32, 64, 128) for wk in (2, 4)
                  for st in (3, 4, 6, 8) for mb in (2, 4)]
         specs += [(16, 64, True, 1, 1, 4, st, 4) for st in (3, 4, 5)]
+    specs = [(*sp, False) for sp in specs] if which == "all" else []
+    if prefill and arch in WGMMA_ARCHS:  # wgmma: tile_m / 64 warpgroups, warps (tile_m / 16, 1, 1)
+        specs += [(128, 256, False, 8, 1, 1, st, 1, True) for st in (3, 4)]
+        specs += [(128, 128, False, 8, 1, 1, st, mb, True) for st, mb in ((3, 2), (4, 1), (6, 1))]
+        specs += [(256, 128, False, 16, 1, 1, st, 1, True) for st in (3, 4)]
+        specs += [(64, 256, False, 4, 1, 1, 4, 1, True), (64, 128, False, 4, 1, 1, 4, 2, True)]
     out = []
-    for tm, tn, sw, wp, wq, wk, st, mb in specs:
-        label = f"{tm}{'s' if sw else 'n'}{tn}_w{wp}{wq}{wk}_s{st}_b{mb}"
+    for tm, tn, sw, wp, wq, wk, st, mb, wg in specs:
+        label = f"{tm}{'s' if sw else 'w' if wg else 'n'}{tn}_w{wp}{wq}{wk}_s{st}_b{mb}"
         try:
             cfg = MoeGemmConfig(tile_m=tm, tile_n=tn, swap_ab=sw, warps_p=wp, warps_q=wq,
-                                warps_k=wk, stages=st, min_blocks=mb, **base)
+                                warps_k=wk, stages=st, min_blocks=mb, wgmma=wg, **base)
         except ValueError:
             continue
         out.append((label, cfg))
@@ -60,8 +68,8 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
     import torch
 
     from kernelgen.bench import time_gpu
-    from kernelgen.moe import grouped_gemm, select_grouped
-    from kernelgen.moe.config import TILES
+    from kernelgen.moe import grouped_gemm, plan_grouped, select_grouped
+    from kernelgen.moe.config import TILES, WG_TILES, WGMMA_ARCHS
 
     m = x.shape[0]
     n_out = n // 2 if act else n
@@ -73,13 +81,18 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
     def run(j, **kw):
         grouped_gemm(x, w, offs[j % DRAWS], activation=act, out=out, **kw)
 
-    plan = select_grouped(info.arch.name, info.sm_count, "bfloat16", e, n, k, m,
-                          "swiglu" if act else "none")
-    tt = time_gpu(run, iters=args.iters, repeats=5)
+    epi = "swiglu" if act else "none"
+    path = {"auto": None, "wgmma": True, "mma": False}[args.path]
+    if path is None:
+        plan = select_grouped(info.arch.name, info.sm_count, "bfloat16", e, n, k, m, epi)
+    else:
+        plan = plan_grouped(info.arch.name, info.sm_count, "bfloat16", e, n, k, m, epi,
+                            wgmma=path)
+    tt = time_gpu(lambda j: run(j, wgmma=path), iters=args.iters, repeats=5)
     row = {"shape": name, "T": t, "gemm": gemm, "us": tt * 1e6, "floor_us": floor * 1e6,
            "floor_frac": floor / tt, "tflops": flops / tt / 1e12,
            "tile_m": plan.config.tile_m, "swap_ab": plan.config.swap_ab,
-           "tile_n": plan.config.tile_n, "touched": touched}
+           "tile_n": plan.config.tile_n, "wgmma": plan.config.wgmma, "touched": touched}
     if has_gmm:
         wt = w.transpose(-2, -1)
         ends = [o[1:] for o in offs]
@@ -97,6 +110,15 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
         row["cublas_dense_us"] = time_gpu(lambda j: torch.matmul(x, wd.t()),
                                           iters=args.iters, repeats=5) * 1e6
         row["frac_of_cublas_rate"] = row["cublas_dense_us"] / row["us"]
+        if info.arch.name in WGMMA_ARCHS and not plan.config.swap_ab:  # both paths, same tile_m
+            row["path_us"], row["path_frac_of_cublas_rate"] = {}, {}
+            for label, wg in (("mma", False), ("wgmma", True)):
+                cfg = plan_grouped(info.arch.name, info.sm_count, "bfloat16", e, n, k, m, epi,
+                                   tile_m=plan.config.tile_m, wgmma=wg).config
+                us = time_gpu(lambda j, cfg=cfg: run(j, config=cfg), iters=args.iters,
+                              repeats=5) * 1e6
+                row["path_us"][label] = us
+                row["path_frac_of_cublas_rate"][label] = row["cublas_dense_us"] / us
 
     def timed(**kw):
         try:
@@ -105,18 +127,26 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
             return f"error: {err}"[:120]
 
     if args.forced:
-        row["forced_us"] = {f"{tm}{'s' if sw else 'n'}{tn}": timed(tile_m=tm, swap_ab=sw, tile_n=tn)
+        row["forced_us"] = {f"{tm}{'s' if sw else 'n'}{tn}": timed(tile_m=tm, swap_ab=sw, tile_n=tn,
+                                                                   wgmma=False)
                             for tm, sw, tn in TILES if not (t >= 1024 and tm <= 16)}
-    if args.sweep and (t >= 1024 or (args.decode_sweep and t == 1)) and name != "E256":
+        if info.arch.name in WGMMA_ARCHS:
+            row["forced_us"].update({f"{tm}w{tn}": timed(tile_m=tm, tile_n=tn, wgmma=True)
+                                     for tm, tn in WG_TILES})
+    if ((args.sweep or args.sweep_wgmma) and (t >= 1024 or (args.decode_sweep and t == 1))
+            and name != "E256"):
+        which = "all" if args.sweep else "wgmma"
         row["sweep_us"] = {label: timed(config=cfg)
-                           for label, cfg in _variants(info.arch.name, t >= 1024, act)}
+                           for label, cfg in _variants(info.arch.name, t >= 1024, act, which)}
     gm = row.get("torch_grouped_mm_us")
     extra = f" torch_gmm {gm:9.1f}" if isinstance(gm, float) else ""
     if "frac_of_cublas_rate" in row:
         extra += f" cublas {row['cublas_dense_us']:9.1f} ({row['frac_of_cublas_rate']:.2f}x rate)"
+    for label, us in row.get("path_us", {}).items():
+        extra += f" {label} {us:.1f} ({row['path_frac_of_cublas_rate'][label]:.2f}x)"
     print(f"{name:5s} T={t:5d} {gemm:11s} {row['us']:9.1f} us floor {row['floor_us']:8.1f} "
           f"({row['floor_frac']:.2f}) {row['tflops']:6.1f} TF/s tile_m={row['tile_m']} "
-          f"swap={row['swap_ab']} tile_n={row['tile_n']}{extra}", flush=True)
+          f"swap={row['swap_ab']} tile_n={row['tile_n']} wgmma={row['wgmma']}{extra}", flush=True)
     for key in ("forced_us", "sweep_us"):
         if key in row:
             print(f"      {key[:-3]}: " + " ".join(
@@ -193,6 +223,10 @@ def main() -> None:
     ap.add_argument("--forced", action="store_true", help="also time every tile-table row")
     ap.add_argument("--sweep", action="store_true",
                     help="also time pipeline variants (stages, warps, CTAs/SM) at T >= 1024")
+    ap.add_argument("--sweep-wgmma", action="store_true",
+                    help="--sweep over the wgmma variants only (sm_90a)")
+    ap.add_argument("--path", choices=("auto", "wgmma", "mma"), default="auto",
+                    help="main loop of the selector's row: its choice, or forced (wgmma: sm_90a)")
     ap.add_argument("--kbit", default="4", help="bits of the kbit-expert runs ('' = none)")
     ap.add_argument("--kbit-ts", default="1,2,4,8,16")
     ap.add_argument("--decode-sweep", action="store_true", help="--sweep at T=1 too")

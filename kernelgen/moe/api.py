@@ -19,7 +19,7 @@ from .select import GroupedPlan, check_shape, plan_grouped, select_grouped
 def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None, out: Any = None,
                  rows: int | None = None, tile_m: int | None = None, swap_ab: bool | None = None,
                  tile_n: int | None = None, policy: str = "threshold",
-                 dtype: str | None = None,
+                 dtype: str | None = None, wgmma: bool | None = None,
                  config: MoeGemmConfig | MoeKbitConfig | None = None) -> Any:
     """Y[rows of e] = X[rows of e] . W[e]^T for every expert e, one launch.
 
@@ -35,7 +35,8 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     silu(X . gate^T) * (X . up^T). Rows of Y outside every segment are not written.
     `rows`: the host-side row count the selector uses, <= M (default M; e.g. T * top_k when x
     is a capacity-sized buffer). tile_m / swap_ab / tile_n force a table row; policy "threshold"
-    (default) or "waste" picks TILE_M (kernelgen.moe.select); `config` forces a whole
+    (default) or "waste" picks TILE_M (kernelgen.moe.select); wgmma True / False forces the
+    main loop (True: warpgroup MMA, sm_90a only; None: the selector's); `config` forces a whole
     MoeGemmConfig / MoeKbitConfig (tuning; dtype, epilogue and bits must match the call).
     """
     ctx = context_of(x, "x")
@@ -81,6 +82,8 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     if kbit:
         if swap_ab is False:
             raise ValueError("swap_ab=False: kbit experts always run swap_ab (decode kernel)")
+        if wgmma:
+            raise ValueError("wgmma=True: kbit experts run their own decode kernel (mma.sync)")
         if config is not None:
             kplan = forced_kbit_plan(config, dt, epilogue, w.bits, e, n, k)
         elif tile_m is None:
@@ -103,11 +106,11 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
                              f"epilogue={epilogue}")
         check_shape(e, n, k, epilogue)
         plan = GroupedPlan(config, e, -(-n // config.tile_n))
-    elif tile_m is None and swap_ab is None and tile_n is None:
+    elif tile_m is None and swap_ab is None and tile_n is None and wgmma is None:
         plan = select_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, policy)
     else:
         plan = plan_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, tile_m,
-                            swap_ab, tile_n, policy)
+                            swap_ab, tile_n, policy, wgmma)
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_gemm")
     ctx.launch(fn, plan.grid(m), plan.block,
                (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem)

@@ -1,5 +1,6 @@
 """Config of the MoE grouped GEMM (bf16 / fp16 experts): tile shape, swap_ab, warps, stages,
-epilogue. Every field is part of the cache key, so each variant is its own cache entry."""
+epilogue, and the main-loop path (mma.sync, or wgmma on sm_90a). Every field is part of the
+cache key, so each variant is its own cache entry."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16"}
 EPILOGUES = ("none", "swiglu")
 TILE_MS = (8, 16, 32, 64, 128, 256)
 TILE_NS = (32, 64, 128, 256)
+WGMMA_ARCHS = ("sm_90a",)  # wgmma.mma_async: Hopper only (sm_100a has tcgen05 instead)
+WGMMA_TILE_MS = (64, 128, 256)  # 64-token warpgroups
+WGMMA_TILE_NS = (64, 128, 256)  # the wgmma n of templates/common/wgmma.cuh
 TK = 64  # k per pipeline stage (templates/moe/grouped.cuh)
 ROW_BYTES = 2 * TK
 KB = 1024
@@ -54,12 +58,28 @@ TILES: dict[tuple[int, bool, int], TileShape] = {
     (128, False, 256): TileShape(256, 2, 4, 1, 2, 1),
     (256, False, 128): TileShape(128, 4, 2, 1, 3, 1),
 }
+# (tile_m, tile_n) -> shape of the wgmma path (sm_90a, templates/moe/grouped_wgmma.cuh): tile_m / 64
+# warpgroups (warps_p = tile_m / 16: one warp a 16-token slice of the epilogue), the weight rows
+# as the wgmma's n, >= 3 stages (one wgmma group stays in flight).
+WG_TILES: dict[tuple[int, int], TileShape] = {
+    (128, 128): TileShape(128, 8, 1, 1, 3, 2),
+    (128, 256): TileShape(256, 8, 1, 1, 4, 1),
+}
 # sm_120a opts in to 99 KB a block: fewer stages there
 STAGES_SM120: dict[tuple[int, bool, int], int] = {(128, False, 128): 3, (256, False, 128): 2}
 
 
-def tile_shape(arch: str, tile_m: int, swap_ab: bool, tile_n: int, few: bool = False) -> TileShape:
-    """The table row, with the stage count for `arch` (and for few CTAs if `few`)."""
+def tile_shape(arch: str, tile_m: int, swap_ab: bool, tile_n: int, few: bool = False,
+               wgmma: bool = False) -> TileShape:
+    """The table row, with the stage count for `arch` (and for few CTAs if `few`); `wgmma`:
+    the row of WG_TILES."""
+    if wgmma:
+        if swap_ab or (tile_m, tile_n) not in WG_TILES:
+            have = ", ".join(f"(tile_m={m}, tile_n={n})" for m, n in WG_TILES)
+            raise UnsupportedConfigError(f"no MoE wgmma tile (tile_m={tile_m}, swap_ab={swap_ab}, "
+                                         f"tile_n={tile_n}); wgmma tiles are swap_ab=False with "
+                                         f"{have}")
+        return WG_TILES[(tile_m, tile_n)]
     try:
         s = TILES[(tile_m, swap_ab, tile_n)]
     except KeyError:
@@ -86,15 +106,17 @@ class MoeGemmConfig(KernelConfig):
     stages: int = 4
     min_blocks: int = 1
     epilogue: str = "none"  # "swiglu": W is W13 [E, 2I, K], Y [M, I] = silu(gate) * up
+    wgmma: bool = False  # main loop on warpgroup MMA (sm_90a only), else mma.sync
 
     @classmethod
     def of(cls, arch: str, dtype: str, tile_m: int, swap_ab: bool, tile_n: int,
-           epilogue: str = "none", few: bool = False) -> MoeGemmConfig:
-        """The config of a tile-table row (`few`: its deep-pipeline variant, if it has one)."""
-        s = tile_shape(arch, tile_m, swap_ab, tile_n, few)
+           epilogue: str = "none", few: bool = False, wgmma: bool = False) -> MoeGemmConfig:
+        """The config of a tile-table row (`few`: its deep-pipeline variant, if it has one;
+        `wgmma`: the row of WG_TILES)."""
+        s = tile_shape(arch, tile_m, swap_ab, tile_n, few, wgmma)
         return cls(arch=arch, dtype=dtype, tile_m=tile_m, tile_n=tile_n, swap_ab=swap_ab,
                    warps_p=s.warps_p, warps_q=s.warps_q, warps_k=s.warps_k, stages=s.stages,
-                   min_blocks=s.min_blocks, epilogue=epilogue)
+                   min_blocks=s.min_blocks, epilogue=epilogue, wgmma=wgmma)
 
     @property
     def tp(self) -> int:  # rows on the mma's 16-row side
@@ -123,13 +145,16 @@ class MoeGemmConfig(KernelConfig):
         if self.tile_m == 8 and not self.swap_ab:
             raise bad("swap_ab", "tile_m=8 needs swap_ab=True (the mma's token side is 16 rows "
                                  "without it)")
-        for f in ("warps_p", "warps_q", "warps_k"):
-            if getattr(self, f) not in (1, 2, 4, 8):
-                raise bad(f, "expected 1, 2, 4 or 8")
         if not 2 <= self.stages <= 8:
             raise bad("stages", "expected 2..8")
         if self.min_blocks not in (1, 2, 3, 4):
             raise bad("min_blocks", "expected 1..4")
+        if self.wgmma:
+            self._check_wgmma(bad)
+            return
+        for f in ("warps_p", "warps_q", "warps_k"):
+            if getattr(self, f) not in (1, 2, 4, 8):
+                raise bad(f, "expected 1, 2, 4 or 8")
         if self.threads > 512:
             raise bad("warps_k", f"{self.threads} threads a CTA; at most 512")
         if self.tp % (16 * self.warps_p):
@@ -145,12 +170,32 @@ class MoeGemmConfig(KernelConfig):
         if 4 % self.warps_k:
             raise bad("warps_k", "must divide the 4 k16 steps of a stage")
 
+    def _check_wgmma(self, bad: Any) -> None:
+        if self.arch not in WGMMA_ARCHS:
+            raise bad("wgmma", f"wgmma (warpgroup MMA) exists only on {WGMMA_ARCHS}, not "
+                               f"{self.arch}; use wgmma=False (mma.sync) there")
+        if self.swap_ab:
+            raise bad("swap_ab", "the wgmma path puts tokens on the 64-row side: swap_ab=False")
+        if self.tile_m not in WGMMA_TILE_MS:
+            raise bad("tile_m", f"wgmma tiles take tile_m in {WGMMA_TILE_MS} (64-token "
+                                f"warpgroups)")
+        if self.tile_n not in WGMMA_TILE_NS:
+            raise bad("tile_n", f"wgmma tiles take tile_n in {WGMMA_TILE_NS}")
+        if (self.warps_p, self.warps_q, self.warps_k) != (self.tile_m // 16, 1, 1):
+            raise bad("warps_p", f"wgmma: warps (P, Q, K) must be ({self.tile_m // 16}, 1, 1) "
+                                 f"(one warpgroup per 64 tokens)")
+        if self.stages < 3:
+            raise bad("stages", "wgmma keeps one group in flight: at least 3 stages")
+
     def symbols(self) -> tuple[str, ...]:
         return ("moe_grouped_gemm",)
 
     def smem_bytes(self) -> int:
-        """Pipeline stages, or the k-split reduction buffer if larger (it reuses them)."""
+        """Pipeline stages, or the k-split reduction buffer if larger (it reuses them); wgmma:
+        the stages + 1024 bytes to align them to the 128-byte swizzle atoms."""
         pipe = self.stages * (self.tp + self.tq) * ROW_BYTES
+        if self.wgmma:
+            return pipe + 1024 + 16
         acc = (self.tp // self.warps_p // 16) * (self.tq // self.warps_q // 8) * 4
         red = (self.warps_k - 1) * self.warps_p * self.warps_q * acc * 32 * 4
         return max(pipe, red) + 16  # + the work item (templates/moe/grouped.cuh find_tile)

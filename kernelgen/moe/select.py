@@ -6,7 +6,9 @@ covers, E, N, K, dtype, epilogue, SM count. TILE_M comes from the average rows p
   bound is >= the average;
 - policy "waste" (option B): the tile that wastes the fewest padded rows on an expert holding
   ceil(M / E) rows, the larger tile on ties.
-swap_ab follows SWAP_AB (tokens on the mma's n8 side up to 32 rows a tile). With swap_ab the
+swap_ab follows SWAP_AB (tokens on the mma's n8 side up to 32 rows a tile). On sm_90a a TILE_M of
+WGMMA_TILE_N runs on the wgmma main loop (templates/moe/grouped_wgmma.cuh) with that TILE_N
+(unless wgmma=False forces mma.sync). With swap_ab the
 weight tile is 32 rows, with the deep pipeline when the experts touched (at most min(E, M))
 times the N tiles give fewer than FEW_CTAS_PER_SM CTAs an SM. The grid is sized from the rows of x_perm
 (host shape): slots = ceil(M / TILE_M) + min(E, M) (each non-empty expert adds at most one
@@ -28,7 +30,7 @@ from ..arch import SM_COUNTS, get_arch
 from ..core.config import KernelConfig
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
-from .config import DTYPES, EPILOGUES, TILE_MS, MoeGemmConfig
+from .config import DTYPES, EPILOGUES, TILE_MS, WG_TILES, WGMMA_ARCHS, MoeGemmConfig
 
 # (largest average rows per expert, TILE_M); the last row takes everything above. TILE_M=256
 # stays available (forced, policy "waste") but the threshold table never picks it: at 1024
@@ -39,6 +41,8 @@ SWAP_AB: dict[int, bool] = {8: True, 16: True, 32: True, 64: False, 128: False, 
 SWAP_TILE_N = 32  # weight rows of a swap_ab tile
 FEW_CTAS_PER_SM = 4  # below: the deep-pipeline variant of a swap_ab row
 PLAIN_TILE_N: dict[int, int] = {16: 128, 32: 128, 64: 128, 128: 256, 256: 128}
+# TILE_M -> TILE_N of the wgmma path the selector takes on sm_90a (WGMMA_ARCHS) without swap_ab
+WGMMA_TILE_N: dict[int, int] = {128: 256}
 POLICIES = ("threshold", "waste")
 
 
@@ -68,7 +72,8 @@ class GroupedPlan:
 
     def short(self) -> str:
         c = self.config
-        return (f"MoeGemm(tile_m={c.tile_m}, tile_n={c.tile_n}, swap_ab={c.swap_ab}, "
+        wg = ", wgmma" if c.wgmma else ""
+        return (f"MoeGemm(tile_m={c.tile_m}, tile_n={c.tile_n}, swap_ab={c.swap_ab}{wg}, "
                 f"epilogue={c.epilogue}, {c.dtype}) n_tiles={self.n_tiles} smem={self.smem}")
 
 
@@ -96,10 +101,20 @@ def tile_m_for(rows: int, experts: int, policy: str = "threshold") -> int:
     raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
 
 
+def uses_wgmma(arch: str, tile_m: int, swap_ab: bool, tile_n: int | None = None) -> bool:
+    """The selector's path choice: wgmma on WGMMA_ARCHS for a TILE_M of WGMMA_TILE_N without
+    swap_ab (and a forced tile_n of WG_TILES, if any)."""
+    if arch not in WGMMA_ARCHS or swap_ab or tile_m not in WGMMA_TILE_N:
+        return False
+    return tile_n is None or (tile_m, tile_n) in WG_TILES
+
+
 def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, rows: int,
                  epilogue: str = "none", tile_m: int | None = None, swap_ab: bool | None = None,
-                 tile_n: int | None = None, policy: str = "threshold") -> GroupedPlan:
-    """Pure planner; tile_m / swap_ab / tile_n force a table row (tests, benchmarks)."""
+                 tile_n: int | None = None, policy: str = "threshold",
+                 wgmma: bool | None = None) -> GroupedPlan:
+    """Pure planner; tile_m / swap_ab / tile_n force a table row (tests, benchmarks); wgmma
+    True / False forces the main-loop path (True: a row of WG_TILES, sm_90a only)."""
     check_shape(e, n, k, epilogue)
     if epilogue not in EPILOGUES:
         raise ValueError(f"activation: {epilogue!r}; expected None or 'swiglu'")
@@ -110,10 +125,12 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
         raise ValueError(f"tile_m={tm}: expected one of {TILE_MS}")
     swap = SWAP_AB[tm] if swap_ab is None else bool(swap_ab)
     touched = min(e, rows)
+    wg = uses_wgmma(arch, tm, swap, tile_n) if wgmma is None else bool(wgmma)
     if tile_n is None:
-        tile_n = SWAP_TILE_N if swap else PLAIN_TILE_N[tm]
+        tile_n = (WGMMA_TILE_N.get(tm, PLAIN_TILE_N.get(tm)) if wg else
+                  SWAP_TILE_N if swap else PLAIN_TILE_N[tm])
     few = swap and touched * -(-n // tile_n) < FEW_CTAS_PER_SM * sm_count
-    cfg = MoeGemmConfig.of(arch, dtype, tm, swap, tile_n, epilogue, few)
+    cfg = MoeGemmConfig.of(arch, dtype, tm, swap, tile_n, epilogue, few, wg)
     return GroupedPlan(cfg, e, -(-n // tile_n))
 
 
@@ -142,6 +159,9 @@ def _rows_to_walk(e: int, top_k: int) -> list[int]:
 def _default_set(arch: str, dtype: str, epilogue: str) -> Iterator[MoeGemmConfig]:
     for _, tm in TILE_M_TABLE:
         swap = SWAP_AB[tm]
+        if uses_wgmma(arch, tm, swap):
+            yield MoeGemmConfig.of(arch, dtype, tm, swap, WGMMA_TILE_N[tm], epilogue, wgmma=True)
+            continue
         for few in ((False, True) if swap and tm <= 16 else (False,)):
             yield MoeGemmConfig.of(arch, dtype, tm, swap, SWAP_TILE_N if swap else PLAIN_TILE_N[tm],
                                    epilogue, few)

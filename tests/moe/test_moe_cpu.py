@@ -8,10 +8,11 @@ import pytest
 
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.moe import reference as MR
-from kernelgen.moe.config import TILES, MoeGemmConfig
+from kernelgen.moe.config import TILES, WG_TILES, MoeGemmConfig
 from kernelgen.moe.select import (
     SWAP_AB,
     TILE_M_TABLE,
+    WGMMA_TILE_N,
     plan_grouped,
     prewarm_configs,
     select_grouped,
@@ -53,6 +54,65 @@ def test_config_rules():
     b = MoeGemmConfig.of("sm_90a", "bfloat16", 16, True, 64)
     c = MoeGemmConfig.of("sm_90a", "bfloat16", 8, True, 64, "swiglu")
     assert len({a.to_json(), b.to_json(), c.to_json()}) == 3
+
+
+def test_wgmma_config_rules():
+    for (tm, tn), shape in WG_TILES.items():
+        for epi in ("none", "swiglu"):
+            cfg = MoeGemmConfig.of("sm_90a", "float16", tm, False, tn, epi, wgmma=True)
+            assert cfg.wgmma and (cfg.warps_p, cfg.warps_q, cfg.warps_k) == (tm // 16, 1, 1)
+            assert cfg.threads == 2 * tm and cfg.stages == shape.stages >= 3
+            assert cfg.smem_bytes() == cfg.stages * (tm + tn) * 128 + 1024 + 16
+            # one CTA an SM at least, min_blocks of them where the table asks for more
+            assert cfg.min_blocks * (cfg.smem_bytes() + 1024) <= 228 * 1024, cfg
+        for arch in ("sm_80", "sm_100a", "sm_120a"):
+            with pytest.raises(UnsupportedConfigError, match="wgmma .warpgroup MMA. exists only on"):
+                MoeGemmConfig.of(arch, "bfloat16", tm, False, tn, wgmma=True)
+    base = dict(arch="sm_90a", tile_m=128, tile_n=256, warps_p=8, warps_q=1, warps_k=1, stages=4,
+                wgmma=True)
+    MoeGemmConfig(**base)
+    with pytest.raises(UnsupportedConfigError, match="swap_ab=False"):
+        MoeGemmConfig(**{**base, "swap_ab": True})
+    with pytest.raises(UnsupportedConfigError, match="wgmma tiles take tile_n"):
+        MoeGemmConfig(**{**base, "tile_n": 32})
+    with pytest.raises(UnsupportedConfigError, match="wgmma tiles take tile_m"):
+        MoeGemmConfig(**{**base, "tile_m": 32, "warps_p": 2})
+    with pytest.raises(UnsupportedConfigError, match=r"must be \(8, 1, 1\)"):
+        MoeGemmConfig(**{**base, "warps_p": 2, "warps_q": 4})
+    with pytest.raises(UnsupportedConfigError, match="at least 3 stages"):
+        MoeGemmConfig(**{**base, "stages": 2})
+    with pytest.raises(UnsupportedConfigError, match="no MoE wgmma tile"):
+        MoeGemmConfig.of("sm_90a", "bfloat16", 64, False, 128, wgmma=True)
+    # 256-token tiles (4 warpgroups, 512 threads) are valid configs outside the table
+    assert MoeGemmConfig(**{**base, "tile_m": 256, "tile_n": 128, "warps_p": 16}).threads == 512
+    # the path is part of the cache key
+    assert MoeGemmConfig(**base).to_json() != MoeGemmConfig(**{**base, "wgmma": False,
+                                                               "warps_p": 2, "warps_q": 4}).to_json()
+
+
+def test_wgmma_selector():
+    """sm_90a takes wgmma for the TILE_Ms of WGMMA_TILE_N (prefill), no other arch does;
+    wgmma=False / True force the path, a forced tile_n outside WG_TILES stays on mma.sync."""
+    e, h, i, k = SHAPES["E128"]
+    for arch in ("sm_80", "sm_90a", "sm_100a", "sm_120a"):
+        for n, kk, epi in ((2 * i, h, "swiglu"), (h, i, "none")):
+            p = select_grouped(arch, 132, "bfloat16", e, n, kk, 4096 * k, epi)
+            assert p.config.wgmma == (arch == "sm_90a"), (arch, p.short())
+            if arch == "sm_90a":
+                assert p.config.tile_m == 128 and p.config.tile_n == WGMMA_TILE_N[128]
+                assert "wgmma" in p.short()
+            d = select_grouped(arch, 132, "bfloat16", e, n, kk, 4 * k, epi)  # decode
+            assert not d.config.wgmma, d.short()
+    p = plan_grouped("sm_90a", 132, "bfloat16", e, h, i, 4096 * k, wgmma=False)
+    assert not p.config.wgmma and p.config.tile_m == 128 and p.config.tile_n == 256
+    p = plan_grouped("sm_90a", 132, "bfloat16", e, h, i, 4096 * k, tile_n=128)
+    assert p.config.wgmma and p.config.tile_n == 128 and p.n_tiles == h // 128
+    p = plan_grouped("sm_90a", 132, "bfloat16", e, h, i, 4096 * k, tile_m=64)
+    assert not p.config.wgmma  # 64-token tiles stay on mma.sync
+    with pytest.raises(ValueError, match="exists only on"):
+        plan_grouped("sm_80", 132, "bfloat16", e, h, i, 4096 * k, wgmma=True)
+    with pytest.raises(ValueError, match="no MoE wgmma tile"):
+        plan_grouped("sm_90a", 132, "bfloat16", e, h, i, 4096 * k, tile_m=16, wgmma=True)
 
 
 def test_tile_m_threshold_policy():
@@ -129,6 +189,8 @@ def test_prewarm_default_set_is_modest_and_valid():
         assert 0 < len(cfgs) <= 40 and len(set(cfgs)) == len(cfgs)
         assert {c.epilogue for c in cfgs} == {"none", "swiglu"}
         assert {c.tile_m for c in cfgs if isinstance(c, MoeGemmConfig)} == {8, 16, 32, 64, 128}
+        wg = {(c.tile_m, c.tile_n) for c in cfgs if isinstance(c, MoeGemmConfig) and c.wgmma}
+        assert wg == ({(128, WGMMA_TILE_N[128])} if arch == "sm_90a" else set()), (arch, wg)
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

@@ -1,7 +1,8 @@
 """MoE grouped GEMM and fused_moe on the GPU against the NumPy reference (float64): routing
 patterns (uniform, 80% to one expert, all to one, experts with zero rows, duplicate ids in a
-token, T = 0, 1, large), every tile-table row forced (TILE_M x swap_ab x TILE_N) and the
-selector's choice, plain and SwiGLU epilogues, fp16 and bf16, CuPy and torch.
+token, T = 0, 1, large), every tile-table row forced (TILE_M x swap_ab x TILE_N, mma.sync) and,
+on sm_90a, every wgmma row (WG_TILES), and the selector's choice, plain and SwiGLU epilogues,
+fp16 and bf16, CuPy and torch.
 
 Outputs are poisoned (KERNELGEN_POISON=1: NaN bit patterns) so a row the kernel does not write
 fails the bound; rows outside every expert segment must stay poisoned.
@@ -12,12 +13,21 @@ import pytest
 
 from kernelgen.kbit import reference as KR
 from kernelgen.moe import reference as MR
-from kernelgen.moe.config import TILES
+from kernelgen.moe.config import TILES, WG_TILES, WGMMA_ARCHS
 
 pytestmark = pytest.mark.gpu
 
 DTYPES = ("float16", "bfloat16")
-ROWS = [(tm, sw, tn) for (tm, sw, tn) in TILES]  # every tile-table row
+# every tile-table row (mma.sync forced), then the wgmma rows: (tile_m, swap_ab, tile_n, wgmma)
+ROWS = [(tm, sw, tn, False) for (tm, sw, tn) in TILES]
+WG_ROWS = [(tm, False, tn, True) for (tm, tn) in WG_TILES]
+
+
+def _rows():
+    """ROWS, plus WG_ROWS on a device of WGMMA_ARCHS."""
+    from kernelgen.arch import device_info
+
+    return ROWS + (WG_ROWS if device_info().arch.name in WGMMA_ARCHS else [])
 
 
 @pytest.fixture(autouse=True)
@@ -97,11 +107,11 @@ def test_every_tile_row_matches_reference(dtype, activation):
             x, w, off = _problem(rng, kind, t, e, top_k, n, k, dtype, gap)
             ref = MR.grouped_gemm(MR.to_float64(x, dtype), MR.to_float64(w, dtype), off, activation)
             xd, wd, od = cupy.asarray(x), cupy.asarray(w), cupy.asarray(off)
-            for row in [None, *ROWS]:
-                tm, sw, tn = row if row else (None, None, None)
+            for row in [None, *_rows()]:
+                tm, sw, tn, wg = row if row else (None, None, None, None)
                 ctx = f"{kind=} {t=} {e=} {top_k=} {gap=} {n=} {k=} {dtype} {activation} {row=}"
                 y = grouped_gemm(xd, wd, od, activation=activation, tile_m=tm, swap_ab=sw,
-                                 tile_n=tn, dtype=hint)
+                                 tile_n=tn, wgmma=wg, dtype=hint)
                 _check(y, ref, dtype, ctx)
 
 
@@ -120,11 +130,43 @@ def test_large_t_and_decode_shapes():
         for act in (None, "swiglu"):
             ref = MR.grouped_gemm(MR.to_float64(x, dtype), MR.to_float64(w, dtype), off, act)
             xd, wd, od = cupy.asarray(x), cupy.asarray(w), cupy.asarray(off)
-            for row in [None, *ROWS]:
-                tm, sw, tn = row if row else (None, None, None)
+            for row in [None, *_rows()]:
+                tm, sw, tn, wg = row if row else (None, None, None, None)
                 y = grouped_gemm(xd, wd, od, activation=act, tile_m=tm, swap_ab=sw, tile_n=tn,
-                                 dtype="bfloat16")
+                                 wgmma=wg, dtype="bfloat16")
                 _check(y, ref, dtype, f"{kind=} {t=} {e=} {top_k=} {n=} {k=} {act} {row=}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wgmma_prefill_shapes(dtype):
+    """The wgmma path (sm_90a) at prefill-like sizes: many M tiles per expert, a skewed
+    routing, empty experts, N and K not multiples of the tile (K several times the stage ring),
+    each WG_TILES row and the selector's choice (wgmma at TILE_M 128), W13 + SwiGLU and W2."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.moe import grouped_gemm, select_grouped
+
+    info = device_info()
+    if info.arch.name not in WGMMA_ARCHS:
+        pytest.skip(f"wgmma path: {WGMMA_ARCHS} only, device is {info.arch.name}")
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for kind, t, e, top_k, n, k in (("hot80", 700, 16, 4, 528, 1048),
+                                    ("zero_rows", 1200, 16, 2, 400, 776),
+                                    ("uniform", 2048, 8, 2, 256, 520)):
+        x, w, off = _problem(rng, kind, t, e, top_k, n, k, dtype, gap=5)
+        for act in (None, "swiglu"):
+            ref = MR.grouped_gemm(MR.to_float64(x, dtype), MR.to_float64(w, dtype), off, act)
+            xd, wd, od = cupy.asarray(x), cupy.asarray(w), cupy.asarray(off)
+            plan = select_grouped(info.arch.name, info.sm_count, dtype, e, n, k, x.shape[0],
+                                  "swiglu" if act else "none")
+            assert plan.config.wgmma, plan.short()
+            for row in [None, *WG_ROWS]:
+                tm, sw, tn, wg = row if row else (None, None, None, None)
+                y = grouped_gemm(xd, wd, od, activation=act, tile_m=tm, swap_ab=sw, tile_n=tn,
+                                 wgmma=wg, dtype=hint)
+                _check(y, ref, dtype, f"wgmma {kind=} {t=} {e=} {top_k=} {n=} {k=} {act} {row=}")
 
 
 def test_rows_zero_and_out_buffer():
@@ -230,6 +272,8 @@ def test_bad_inputs():
         grouped_gemm(x, w, off, activation="swiglu", out=cupy.empty((4, 32), cupy.float16))
     with pytest.raises(ValueError, match="no MoE tile"):
         grouped_gemm(x, w, off, tile_m=64, swap_ab=True)
+    with pytest.raises(ValueError, match="no MoE wgmma tile"):
+        grouped_gemm(x, w, off, tile_m=32, wgmma=True)
 
 
 # -- kbit experts ---------------------------------------------------------------------------------

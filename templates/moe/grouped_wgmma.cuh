@@ -1,0 +1,97 @@
+// MoE grouped GEMM on warpgroup MMA (sm_90a): the prefill path of templates/moe/grouped.cuh.
+//
+// Same contract, work items, loaders, zero-fill of rows past the segment / N / K, SwiGLU
+// weight-row interleave and epilogue as kg::moe::Grouped (this file reuses them through the
+// instantiation G below, tokens on P, no swap_ab); only the main loop differs:
+//
+// - CTA tile TM tokens x TN (virtual) weight rows; TM / 64 warpgroups, warpgroup w issues
+//   wgmma.m64nTNk16 for tokens 64 w .. 64 w + 63 against all TN weight rows (acc: TN / 2
+//   floats a thread, the m16n8 fragment layout of a warp tile of 16 x TN: G's epilogue
+//   with warp tile P = 16, Q = TN).
+// - The stage layout of grouped.cuh (128-byte rows of 64 k, 16-byte chunks XOR row % 8) is the
+//   K-major 128-byte swizzle wgmma reads, given 1024-byte aligned tiles: the stages start on
+//   a 1024-byte boundary of the dynamic allocation (aligned at run time) and every tile is a
+//   multiple of 8 rows.
+// - Pipeline over STAGES (>= 3) slots: every thread cp.asyncs its chunks; at k-tile kt each
+//   thread waits for its copies of kt, fences them into the async proxy, the CTA syncs, each
+//   warpgroup issues four k16 wgmmas of kt and commits, the CTA issues the copies of
+//   kt + STAGES - 2 into the slot of kt - 2, then waits until only kt's group is pending.
+//   So one wgmma group stays in flight across the barrier and the copy issue, and a slot is
+//   refilled only after both warpgroups waited for its group (before the barrier of kt).
+#pragma once
+#include "common/wgmma.cuh"
+#include "moe/grouped.cuh"
+
+namespace kg::moe {
+
+template <typename T, int TM, int TN, int STAGES, bool SWIGLU>
+struct GroupedWgmma {
+  static_assert(TM % 64 == 0 && TM <= 256, "64-row warpgroup tiles");
+  static_assert(TN == 64 || TN == 128 || TN == 256, "wgmma n of the common wrappers");
+  static_assert(STAGES >= 3, "one wgmma group in flight: the slot refilled is kt - 2's");
+  using G = Grouped<T, TM, TN, TM / 16, 1, 1, STAGES, false, SWIGLU>;  // loaders + epilogue
+  static constexpr int THREADS = G::THREADS;  // 32 * TM / 16 = 128 * warpgroups
+  static constexpr int STAGE_BYTES = (TM + TN) * ROW_BYTES;
+  static_assert(STAGE_BYTES % 1024 == 0, "stages of whole swizzle atoms");
+  static constexpr int SMEM_PIPE = STAGES * STAGE_BYTES;
+  // + up to 1008 bytes to align the stages to 1024, + 16 for the work item (find_tile)
+  static constexpr int SMEM = SMEM_PIPE + 1024 + 16;
+
+  static __device__ __forceinline__ void run(const T* __restrict__ X, const T* __restrict__ W,
+                                             const int* __restrict__ offsets, T* __restrict__ Y,
+                                             int E, int N, int K, int M) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int n_tiles = (N + TN - 1) / TN;
+    const TileOf tile = find_tile<TM>(offsets, E, M, n_tiles, blockIdx.x,
+                                      reinterpret_cast<int*>(smem + SMEM_PIPE + 1024));
+    if (tile.e < 0) return;
+    const int n0 = tile.n_tile * TN;
+    const T* We = W + (size_t)tile.e * N * K;
+
+    Loader<T, TM, THREADS> lx;
+    Loader<T, TN, THREADS> lw;
+    G::template x_rows<TM>(lx, X, K, tile.row0, tile.rows);
+    G::template w_rows<TN>(lw, We, N, K, n0);
+
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t base = (raw + 1023u) & ~1023u;
+    const int k_tiles = (K + TK - 1) / TK;
+    const auto load_stage = [&](int kt) {
+      const uint32_t st = base + (uint32_t)((kt % STAGES) * STAGE_BYTES);
+      G::template copy<TM>(lx, st, kt * TK, K);
+      G::template copy<TN>(lw, st + TM * ROW_BYTES, kt * TK, K);
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; ++s) {
+      if (s < k_tiles) load_stage(s);
+      cp_async_commit();
+    }
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
+    float acc[1][TN / 8][4];
+#pragma unroll
+    for (int j = 0; j < TN / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cp_async_wait<STAGES - 3>();  // this thread's copies of kt landed
+      fence_proxy_async_smem();
+      __syncthreads();  // everyone's copies of kt; every warpgroup past its wait for kt - 2
+      const uint32_t sx = base + (uint32_t)((kt % STAGES) * STAGE_BYTES) + wg * 64 * ROW_BYTES;
+      const uint32_t sw = base + (uint32_t)((kt % STAGES) * STAGE_BYTES) + TM * ROW_BYTES;
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < TK / 16; ++ks)
+        Wgmma<T, TN>::run(acc[0], wgmma_desc_k128(sx + ks * 32), wgmma_desc_k128(sw + ks * 32));
+      wgmma_commit();
+      if (kt + STAGES - 2 < k_tiles) load_stage(kt + STAGES - 2);  // into kt - 2's slot
+      cp_async_commit();
+      wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+    cp_async_wait<0>();
+
+    G::epilogue(acc, tile, n0, Y, N, warp, 0, lane);
+  }
+};
+
+}  // namespace kg::moe
