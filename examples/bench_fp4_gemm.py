@@ -2,7 +2,7 @@
 read-bandwidth floor and cuBLAS fp16 (cupy.matmul), all measured in the same run.
 
     python examples/bench_fp4_gemm.py [--ms 1,2,4,...] [--fmts nvfp4,mxfp4] [--json out.json]
-        [--sweep]
+        [--sweep] [--arrangements tile_major,step_major,...] [--probe]
 
 Per (shape, fmt, M): median microseconds per call from a CUDA graph of back-to-back calls, each
 call on a different weight copy (copies span >= 8 x L2). Floor = bytes the call must read
@@ -10,6 +10,9 @@ call on a different weight copy (copies span >= 8 x L2). Floor = bytes the call 
 forced K splits at M=1 and both paths at M = 16..128 (the selector's crossover); --variants
 (at --variant-ms) launch variants checked against the default plan; the plain-read line is a
 streaming-read kernel over the same bytes in the same kind of graph (launch, ramp and tail).
+--arrangements times each block arrangement of the weight (layout.py; outputs checked bit for bit
+against the first); --probe adds read-only kernels that walk the bytes exactly as the M=1 GEMV's
+warps do (same grid, K slices, ring depth, loads), without decode or mma.
 """
 
 from __future__ import annotations
@@ -43,13 +46,85 @@ def plain_read_us(copies, stream) -> float:
     return graph_time(call, len(copies), stream)[0] * 1e6
 
 
-def weight_copies(fmt, n, k, l2_bytes):
+PROBE_SRC = r"""
+template <int DEPTH>
+__device__ __forceinline__ void walk(const unsigned char* __restrict__ W, const unsigned char* __restrict__ S,
+                                     long long wt, long long wq, long long st, long long sq, int tiles,
+                                     int Q, int kw_log, int sbytes, unsigned* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kw = 1 << kw_log, ks = warp & (kw - 1);
+  const int tile = blockIdx.x * (8 >> kw_log) + (warp >> kw_log);
+  if (tile >= tiles) return;
+  const int per = (Q + kw - 1) >> kw_log, q0 = ks * per, n = max(0, min(per, Q - q0));
+  const unsigned char* wp = W + tile * wt + q0 * wq + 16 * lane;
+  const unsigned char* sp = S + tile * st + q0 * sq + sbytes * lane;
+  uint4 a[DEPTH], b[DEPTH];
+  unsigned s[DEPTH], acc = 0;
+  auto load = [&](int d) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a[d].x), "=r"(a[d].y), "=r"(a[d].z), "=r"(a[d].w) : "l"(wp));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(b[d].x), "=r"(b[d].y), "=r"(b[d].z), "=r"(b[d].w) : "l"(wp + 512));
+    s[d] = sbytes == 4 ? __ldg((const unsigned*)sp) : sbytes == 2 ? __ldg((const unsigned short*)sp) : 0u;
+    wp += wq;
+    sp += sq;
+  };
+#pragma unroll
+  for (int d = 0; d < DEPTH; ++d)
+    if (d < n) load(d);
+  for (int i0 = 0; i0 < n; i0 += DEPTH) {
+#pragma unroll
+    for (int d = 0; d < DEPTH; ++d) {
+      if (i0 + d < n) {
+        acc ^= a[d].x ^ a[d].y ^ a[d].z ^ a[d].w ^ b[d].x ^ b[d].y ^ b[d].z ^ b[d].w ^ s[d];
+        if (i0 + d + DEPTH < n) load(d);
+      }
+    }
+  }
+  if (acc == 0x12345678u) out[0] = acc;
+}
+#define ARGS const unsigned char* W, const unsigned char* S, long long wt, long long wq, long long st, \
+    long long sq, int tiles, int Q, int kw_log, int sbytes, unsigned* out
+extern "C" __global__ void __launch_bounds__(256, 2) walk2(ARGS) { walk<2>(W, S, wt, wq, st, sq, tiles, Q, kw_log, sbytes, out); }
+extern "C" __global__ void __launch_bounds__(256, 2) walk4(ARGS) { walk<4>(W, S, wt, wq, st, sq, tiles, Q, kw_log, sbytes, out); }
+"""
+
+
+def probe_us(copies, fmt, dev, stream) -> dict:
+    """Microseconds per call of read-only walks over the weight copies in the M=1 GEMV's
+    pattern (its plan's grid and K slices): W and scales at depth 2, W only at depth 2 and 4."""
+    import cupy
+
+    from kernelgen.fp4_gemm import plan
+
+    mod = cupy.RawModule(code=PROBE_SRC, options=("-std=c++17",))
+    w0 = copies[0]
+    p = plan(dev.arch.name, 1, w0.n, w0.k, fmt, "float16", dev.sm_count)
+    out = cupy.zeros(1, cupy.uint32)
+    sbytes = 4 if fmt == "nvfp4" else 2
+    res = {}
+    for name, depth, with_s in (("W+S d2", 2, True), ("W d2", 2, False), ("W d4", 4, False)):
+        fn = mod.get_function(f"walk{depth}")
+
+        def call(i, fn=fn, with_s=with_s):
+            w = copies[i % len(copies)]
+            wt, wq, st, sq = (np.int64(x) for x in w.strides())
+            fn(p.grid[:1], (256,), (w.data, w.scales, wt, wq, st, sq, np.int32(-(-w.n // 16)),
+                                    np.int32(w.k // 128), np.int32(p.kw.bit_length() - 1),
+                                    np.int32(sbytes if with_s else 0), out))
+
+        res[name] = graph_time(call, len(copies), stream)[0] * 1e6
+    return res
+
+
+def weight_copies(fmt, n, k, l2_bytes, arrangement="tile_major"):
     """Prepared weights (random codes and scales of a realistic range), enough copies to span
     8 x L2, and the bytes one call reads from them."""
     import cupy
 
     from kernelgen.bench import rotation
     from kernelgen.fp4_gemm import Fp4Weight
+    from kernelgen.fp4_gemm.layout import arrange
 
     g = 16 if fmt == "nvfp4" else 32
     rs = cupy.random.RandomState(0)
@@ -64,15 +139,19 @@ def weight_copies(fmt, n, k, l2_bytes):
         else:
             scales = rs.randint(120, 128, (t, q, 8, 4, 2, sb // 4), dtype=cupy.int32).astype(cupy.uint8)
             post = cupy.full(n, 2.0**-6, cupy.float32)
-        return Fp4Weight(fmt, n, k, data, scales, post, cupy.cuda.runtime.getDevice())
+        data, scales = arrange(cupy, data, scales, arrangement)
+        return Fp4Weight(fmt, n, k, data, scales, post, cupy.cuda.runtime.getDevice(), arrangement)
 
     wbytes = n * k // 2 + n * k // g
     return rotation(make, wbytes, l2_bytes), wbytes
 
 
-def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, variant_ms) -> None:
-    """Variants the selector would not pick, each checked against the default launch."""
+def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, variant_ms,
+                 only=None) -> None:
+    """Variants the selector would not pick, each checked against the default launch; `only`: a
+    regular expression their names must match."""
     import dataclasses
+    import re
 
     import cupy
 
@@ -114,6 +193,8 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
         a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
         ref = fp4_gemm(a, copies[0]).astype(cupy.float32)
         for name, p in variants(m):
+            if only and not re.search(only, name):
+                continue
             out = cupy.full((m, n), np.nan, cupy.float16)
             fp4_gemm(a, copies[0], out=out, _plan=p)
             err = float(cupy.linalg.norm(out.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
@@ -121,8 +202,9 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                 a, c[i % len(c)], out=out, _plan=p), len(copies), stream)
             fr = (wbytes + m * k * 2) / read_bw / t
             res.setdefault("variants", []).append({"N": n, "K": k, "fmt": fmt, "M": m, "variant": name,
+                                                   "arrangement": copies[0].arrangement,
                                                    "us": t * 1e6, "frac_read_bw": fr, "err": err})
-            print(f"  variant {fmt} {n}x{k} M={m:<4} {name:18} {t * 1e6:8.2f} us {100 * fr:5.1f}% read BW"
+            print(f"  variant {fmt} {copies[0].arrangement} {n}x{k} M={m:<4} {name:18} {t * 1e6:8.2f} us {100 * fr:5.1f}% read BW"
                   f"  {2 * m * n * k / t / 1e12:6.1f} TF/s  err {err:.1e}", flush=True)
 
 
@@ -162,7 +244,11 @@ def main() -> None:
                     help="time launch variants (load hint, tiles a warp, depth, K warps, splits, tile "
                          "BM / stages)")
     ap.add_argument("--variant-ms", default="1,16,256,1024,4096", help="M values of --variants")
+    ap.add_argument("--variant-filter", default=None, help="regex: only variants whose name matches")
     ap.add_argument("--sass", default=None, help="write a SASS opcode histogram of the M=1 kernel here")
+    ap.add_argument("--arrangements", default="tile_major",
+                    help="weight block arrangements to time (layout.py ARRANGEMENTS)")
+    ap.add_argument("--probe", action="store_true", help="read-only walks in the GEMV's pattern")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
@@ -194,29 +280,41 @@ def main() -> None:
                 cublas[m] = graph_time(lambda i, a=a, out=out, d=dense: cupy.matmul(a, d[i % len(d)].T, out=out),
                                        len(dense), stream)[0]
             del dense
-            for fmt in args.fmts.split(","):
-                copies, wbytes = weight_copies(fmt, n, k, dev.l2_bytes)
-                plain = plain_read_us(copies, stream)
-                res.setdefault("plain_read_us", {})[f"{n}x{k} {fmt}"] = plain
-                print(f"{n:>5}x{k:<5} {fmt} plain 16-byte read of W's fp4 bytes: {plain:.2f} us",
-                      flush=True)
+            for fmt, arr in [(f, r) for f in args.fmts.split(",") for r in args.arrangements.split(",")]:
+                copies, wbytes = weight_copies(fmt, n, k, dev.l2_bytes, arr)
+                if arr == args.arrangements.split(",")[0]:
+                    plain = plain_read_us(copies, stream)
+                    res.setdefault("plain_read_us", {})[f"{n}x{k} {fmt}"] = plain
+                    print(f"{n:>5}x{k:<5} {fmt} plain 16-byte read of W's fp4 bytes: {plain:.2f} us",
+                          flush=True)
+                    firsts = {}
+                if args.probe:
+                    pr = probe_us(copies, fmt, dev, stream)
+                    res.setdefault("probe_us", []).append({"N": n, "K": k, "fmt": fmt, "arrangement": arr, **pr})
+                    print(f"{n:>5}x{k:<5} {fmt} {arr} walks: " + ", ".join(f"{a} {v:.2f} us" for a, v in pr.items()),
+                          flush=True)
                 for m in ms:
-                    a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
+                    a = cupy.asarray(np.random.default_rng(m).standard_normal((m, k)).astype(np.float16))
                     out = cupy.empty((m, n), cupy.float16)
+                    fp4_gemm(a, copies[0], out=out)
+                    same = firsts.setdefault(m, out.copy())
+                    exact = bool((same.view(cupy.uint16) == out.view(cupy.uint16)).all())
                     t, mode = graph_time(lambda i, a=a, out=out, c=copies: fp4_gemm(a, c[i % len(c)], out=out),
                                          len(copies), stream)
                     rbytes = wbytes + m * k * 2
                     tc = cublas[m]
                     p = select_fp4(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
-                    row = {"N": n, "K": k, "fmt": fmt, "M": m, "us": t * 1e6, "read_bytes": rbytes,
+                    row = {"N": n, "K": k, "fmt": fmt, "arrangement": arr, "M": m, "us": t * 1e6,
+                           "same_as_first": exact, "read_bytes": rbytes,
                            "floor_us": rbytes / read_bw * 1e6, "frac_read_bw": rbytes / read_bw / t,
                            "tflops": 2 * m * n * k / t / 1e12, "cublas_fp16_us": tc * 1e6,
                            "speedup_vs_cublas": tc / t, "timing": mode, "plan": p.short()}
                     res["rows"].append(row)
-                    print(f"{n:>5}x{k:<5} {fmt} M={m:<4} {t * 1e6:8.2f} us  floor {row['floor_us']:7.2f}"
+                    print(f"{n:>5}x{k:<5} {fmt} {arr} M={m:<4} {t * 1e6:8.2f} us  floor {row['floor_us']:7.2f}"
                           f"  {100 * row['frac_read_bw']:5.1f}% read BW  {row['tflops']:6.1f} TF/s  "
                           f"cuBLAS {tc * 1e6:8.2f} us ({row['speedup_vs_cublas']:.2f}x)  [{p.path} "
-                          f"split={p.split}]", flush=True)
+                          f"split={p.split}]{'' if exact else '  NOT BIT-EXACT vs the first arrangement'}",
+                          flush=True)
                 if args.sweep:
                     for m, path, split in ([(1, "gemv", s) for s in (1, 2, 3, 4, 6, 8, 12)]
                                            + [(16, "gemv", s) for s in (2, 4, 7)]
@@ -237,7 +335,7 @@ def main() -> None:
                               f"{100 * fr:5.1f}% read BW", flush=True)
                 if args.variants:
                     run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng,
-                                 [int(v) for v in args.variant_ms.split(",")])
+                                 [int(v) for v in args.variant_ms.split(",")], args.variant_filter)
                 del copies
     if args.sass:
         sass_histogram(args.sass, dev)

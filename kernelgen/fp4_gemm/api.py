@@ -12,8 +12,11 @@ from ..arch import device_info
 from ..core.interop import context_of, device_array, gemm_bias_out, on_stream, scratch
 from ..core.jit import get_kernel
 from .config import DTYPES, FMTS, GROUP, SCALE_BYTES
-from .layout import tile_data, tile_scales
+from .layout import ARRANGEMENTS, arrange, arranged_shapes, block_strides, tile_data, tile_scales
 from .select import Plan, check_shape, plan, select_fp4
+
+# how prepare_weight stores the blocks (layout.py ARRANGEMENTS)
+ARRANGEMENT = "tile_major"
 
 
 @dataclass(frozen=True, eq=False)
@@ -21,8 +24,10 @@ class Fp4Weight:
     """A weight W [N, K] ready for `fp4_gemm` (built once by `prepare_weight`).
 
     Its arrays are CuPy arrays on `device` (also for torch input), owned by it (no view of the
-    MxTensor's buffers), C-contiguous; the constructor checks their shapes and dtypes against
-    fmt, n and k (`check_arrays`), so fp4_gemm trusts them. T = ceil(N/16), Q = K/128:
+    MxTensor's buffers), C-contiguous (the scales of an *_inline arrangement: the view of each
+    block's tail); the constructor checks their shapes and dtypes against fmt, n, k and the
+    arrangement (`check_arrays`), so fp4_gemm trusts them. T = ceil(N/16), Q = K/128; in the
+    tile_major arrangement (layout.py has the others):
     data    uint8 [T, Q, 2, 8, 4, 16], the packed E2M1 bytes (element 2j in the low nibble of
             byte j, as MxTensor packs them) in the tiled layout of layout.py
     scales  uint8 [T, Q, 8, 4, 2, SB/4], tiled the same way: E4M3 bytes (nvfp4, groups of 16,
@@ -39,9 +44,10 @@ class Fp4Weight:
     scales: Any
     post: Any
     device: int
+    arrangement: str = "tile_major"
 
     def __post_init__(self) -> None:
-        check_arrays(self.fmt, self.n, self.k, self.data, self.scales, self.post)
+        check_arrays(self.fmt, self.n, self.k, self.data, self.scales, self.post, self.arrangement)
         cupy = _cupy()
         for name in ("data", "scales", "post"):
             x = getattr(self, name)
@@ -56,22 +62,36 @@ class Fp4Weight:
     def shape(self) -> tuple[int, int]:
         return (self.n, self.k)
 
+    def strides(self) -> tuple[int, int, int, int]:
+        """Byte strides of a block: W along tiles, W along steps, S along tiles, S along steps."""
+        return block_strides(self.arrangement, self.data, self.scales)
+
     def __call__(self, A: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = None,
                  dtype: str | None = None) -> Any:
         return fp4_gemm(A, self, bias, alpha=alpha, out=out, dtype=dtype)
 
 
-def check_arrays(fmt: str, n: int, k: int, data: Any, scales: Any, post: Any) -> None:
-    """Raise ValueError unless (data, scales, post) are the arrays of an Fp4Weight of this fmt
-    and shape [n, k] (see Fp4Weight): shapes, dtypes, C-contiguity. Any array module."""
+def _ptr(x: Any) -> int:
+    return x.data.ptr if hasattr(x.data, "ptr") else x.ctypes.data
+
+
+def check_arrays(fmt: str, n: int, k: int, data: Any, scales: Any, post: Any,
+                 arrangement: str = "tile_major") -> None:
+    """Raise ValueError unless (data, scales, post) are the arrays of an Fp4Weight of this fmt,
+    shape [n, k] and arrangement (see Fp4Weight): shapes, dtypes, C-contiguity (inline scales:
+    the view of data's block tails). Any array module."""
+    if arrangement not in ARRANGEMENTS:
+        raise ValueError(f"Fp4Weight.arrangement: {arrangement!r}; expected one of {ARRANGEMENTS}")
     if fmt not in FMTS:
         raise ValueError(f"Fp4Weight.fmt: {fmt!r}; expected {' or '.join(FMTS)}")
     if not all(isinstance(v, (int, np.integer)) for v in (n, k)):
         raise ValueError(f"Fp4Weight: n and k must be integers, got {n!r}, {k!r}")
     check_shape(int(n), int(k))
     t, q, sb = -(-n // 16), k // 128, SCALE_BYTES[fmt]
-    want = {"data": ((t, q, 2, 8, 4, 16), "uint8"), "scales": ((t, q, 8, 4, 2, sb // 4), "uint8"),
+    dshape, sshape = arranged_shapes(arrangement, t, q, sb)
+    want = {"data": (dshape, "uint8"), "scales": (sshape, "uint8"),
             "post": ((1,) if fmt == "nvfp4" else (n,), "float32")}
+    inline = arrangement.endswith("inline")
     for name, x in (("data", data), ("scales", scales), ("post", post)):
         shape, dt = want[name]
         if not all(hasattr(x, a) for a in ("shape", "dtype", "flags")):
@@ -79,7 +99,10 @@ def check_arrays(fmt: str, n: int, k: int, data: Any, scales: Any, post: Any) ->
         if tuple(x.shape) != shape or str(x.dtype) != dt:
             raise ValueError(f"Fp4Weight.{name}: {x.dtype} {tuple(x.shape)}; a {fmt} weight "
                              f"[{n}, {k}] needs {dt} {shape} (build it with prepare_weight)")
-        if not x.flags.c_contiguous:
+        if name == "scales" and inline:
+            if tuple(x.strides) != tuple(data.strides[:2]) + (1,) or _ptr(x) != _ptr(data) + 1024:
+                raise ValueError(f"Fp4Weight.scales: {arrangement} scales must be data[:, :, 1024:]")
+        elif not x.flags.c_contiguous:
             raise ValueError(f"Fp4Weight.{name}: must be C-contiguous")
 
 
@@ -97,8 +120,9 @@ def _cupy():
     return cupy
 
 
-def prepare_weight(t: Any) -> Fp4Weight:
+def prepare_weight(t: Any, arrangement: str | None = None) -> Fp4Weight:
     """An MxTensor (fmt "nvfp4" or "mxfp4", any scale layout) -> Fp4Weight, on t's device.
+    `arrangement` (layout.py ARRANGEMENTS; default ARRANGEMENT) orders the blocks.
 
     Makes a copy in the kernels' tiled layout (layout.py; W's bytes, its scales, its global
     scale): keep the Fp4Weight and drop the MxTensor. Scales may be row-major [N, S] or
@@ -127,12 +151,14 @@ def prepare_weight(t: Any) -> Fp4Weight:
             raise ValueError("W.global_scale: an nvfp4 weight needs its fp32 global scale")
         gs, _ = device_array(t.global_scale, "W.global_scale", ctx, ("float32",))
     with on_stream(ctx.device, ctx.stream):
-        data, sc, post = prepare_arrays(cupy, fmt, n, k, data, sc, t.scale_layout, gs)
-    return Fp4Weight(fmt, n, k, data, sc, post, ctx.device)
+        arr = ARRANGEMENT if arrangement is None else arrangement
+        data, sc, post = prepare_arrays(cupy, fmt, n, k, data, sc, t.scale_layout, gs, arr)
+    return Fp4Weight(fmt, n, k, data, sc, post, ctx.device, arr)
 
 
 def prepare_arrays(xp: Any, fmt: str, n: int, k: int, data: Any, scales: Any,
-                   scale_layout: str, global_scale: Any) -> tuple[Any, Any, Any]:
+                   scale_layout: str, global_scale: Any, arrangement: str = "tile_major"
+                   ) -> tuple[Any, Any, Any]:
     """(data, scales, post) of an Fp4Weight from W's packed bytes [N, K/2], its scale bytes
     (row_major [N, S] or swizzled) and, for nvfp4, its fp32 global scale [1]; xp is the array
     module of the inputs (CuPy in prepare_weight, NumPy in the tests). All three results are
@@ -168,7 +194,11 @@ def prepare_arrays(xp: Any, fmt: str, n: int, k: int, data: Any, scales: Any,
         sc = xp.where(nan, 0xFF, xp.clip(s - rowmax + 127, 0, 254)).astype(xp.uint8)
         post = xp.ldexp(xp.ones(n, xp.float32), (rowmax[:, 0] - 127).astype(xp.int32))
         post = post.astype(xp.float32)
-    return tile_data(xp, data, n, k), tile_scales(xp, sc, n, k, SCALE_BYTES[fmt]), post
+    if arrangement not in ARRANGEMENTS:
+        raise ValueError(f"arrangement {arrangement!r}: expected one of {ARRANGEMENTS}")
+    td, ts = arrange(xp, tile_data(xp, data, n, k), tile_scales(xp, sc, n, k, SCALE_BYTES[fmt]),
+                     arrangement)
+    return td, ts, post
 
 
 # prepared weights of MxTensors passed to fp4_gemm directly: id -> (weakref, Fp4Weight)
@@ -241,5 +271,9 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
             counters, np.int32(m), np.int32(n), np.int32(k), np.int32(p.sps))
     if p.path == "gemv":
         args += (np.int32(p.kw.bit_length() - 1),)
+    wt, wq, st, sq = W.strides()
+    if max(wq, sq) >= 1 << 32:
+        raise ValueError(f"W: {W.arrangement} step stride of {max(wq, sq)} bytes; the kernels take < 2**32")
+    args += (np.int64(wt), np.uint32(wq), np.int64(st), np.uint32(sq))
     ctx.launch(fn, p.grid, p.block, args, smem=p.smem)
     return out

@@ -48,6 +48,62 @@ def tile_scales(xp: Any, scales: Any, n: int, k: int, sb: int) -> Any:
     return s.transpose(0, 3, 2, 4, 1, 5).copy()
 
 
+# -- block order and where the scales go ---------------------------------------------------------
+# The (tile, step) blocks above can be stored in four arrangements; the kernels take the byte
+# strides of a block along tiles and steps (for W and for S) as launch arguments, so all read
+# the same way:
+#   tile_major          data [T, Q, 1 KB], scales [T, Q, 16 SB] (a warp's steps are adjacent)
+#   step_major          data [Q, T, 1 KB], scales [Q, T, 16 SB] (a step of every tile is adjacent:
+#                       warps at the same step read neighbouring blocks, like one streaming copy)
+#   *_inline            one array [T, Q | Q, T, 1 KB + 16 SB]: each block's scales follow its
+#                       1 KB (one contiguous stream a warp); `scales` is a view of its tail
+ARRANGEMENTS = ("tile_major", "step_major", "tile_major_inline", "step_major_inline")
+
+
+def arrange(xp: Any, td: Any, ts: Any, arrangement: str) -> tuple[Any, Any]:
+    """(data, scales) of an arrangement from tile_data / tile_scales (tile-major) results."""
+    if arrangement not in ARRANGEMENTS:
+        raise ValueError(f"arrangement {arrangement!r}: expected one of {ARRANGEMENTS}")
+    t, q = td.shape[:2]
+    if arrangement.startswith("step"):
+        td, ts = td.transpose(1, 0, 2, 3, 4, 5), ts.transpose(1, 0, 2, 3, 4, 5)
+    if not arrangement.endswith("inline"):
+        return xp.ascontiguousarray(td), xp.ascontiguousarray(ts)
+    a0, a1 = td.shape[:2]
+    ssz = ts[0, 0].size
+    buf = xp.empty((a0, a1, 1024 + ssz), dtype=xp.uint8)
+    buf[:, :, :1024] = td.reshape(a0, a1, 1024)
+    buf[:, :, 1024:] = ts.reshape(a0, a1, ssz)
+    return buf, buf[:, :, 1024:]
+
+
+def arranged_shapes(arrangement: str, t: int, q: int, sb: int) -> tuple[tuple, tuple]:
+    """Shapes of (data, scales) of an arrangement for T tiles, Q steps, SB scale bytes a row."""
+    a0, a1 = (q, t) if arrangement.startswith("step") else (t, q)
+    if arrangement.endswith("inline"):
+        return (a0, a1, 1024 + 16 * sb), (a0, a1, 16 * sb)
+    return (a0, a1, 2, 8, 4, 16), (a0, a1, 8, 4, 2, sb // 4)
+
+
+def block_strides(arrangement: str, data: Any, scales: Any) -> tuple[int, int, int, int]:
+    """Byte strides of a block (W along tiles, W along steps, S along tiles, S along steps)."""
+    wd, sd = data.strides, scales.strides
+    if arrangement.startswith("step"):
+        return wd[1], wd[0], sd[1], sd[0]
+    return wd[0], wd[1], sd[0], sd[1]
+
+
+def canonical(arrangement: str, data: Any, scales: Any, sb: int) -> tuple[Any, Any]:
+    """Views [T, Q, 2, 8, 4, 16] / [T, Q, 8, 4, 2, SB/4] of any arrangement (for the tests)."""
+    if arrangement.endswith("inline"):
+        a0, a1 = data.shape[:2]
+        data = data[:, :, :1024].reshape(a0, a1, 2, 8, 4, 16)
+        scales = scales.reshape(a0, a1, 8, 4, 2, sb // 4)
+    if arrangement.startswith("step"):
+        data, scales = data.transpose(1, 0, 2, 3, 4, 5), scales.transpose(1, 0, 2, 3, 4, 5)
+    return data, scales
+
+
 # -- bit encoding of the weight words ------------------------------------------------------------
 # The kernels decode a 32-bit word q (8 elements of one row, consecutive k) into the four T pairs
 # of (elements 0,1), (2,3), (4,5), (6,7) with shifts and masks only (fp4.cuh e2m1_word):

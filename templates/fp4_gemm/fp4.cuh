@@ -1,6 +1,8 @@
 // FP4 (E2M1) weights for fp16 / bf16 tensor-core GEMMs: decode, scales, loads, split-K finish.
 //
-// Weight layout both kernels read (kernelgen/fp4_gemm/layout.py; prepare_weight makes it):
+// Weight layout both kernels read (kernelgen/fp4_gemm/layout.py; prepare_weight makes it; the
+// blocks may be stored tile- or step-major, scales apart or after each block: the kernels take
+// a block's byte strides along tiles and steps as arguments):
 //   W  packed E2M1 tiled per 16 rows and 128 k: [T, Q, 2 (h), 8 (g), 4 (t), 16 B], row =
 //      16*tile + 8h + g (T = ceil(N/16), rows past N zero, Q = K/128): the 1 KB a warp loads per
 //      step is contiguous. Each 4-byte word holds 8 elements of consecutive k, its bits encoded
@@ -174,13 +176,20 @@ __device__ __forceinline__ float row_factor(const float* __restrict__ post, floa
   else return alpha * unit * __ldg(post + n);
 }
 
+// D = RN(RN(sum * factor) + bias): two roundings, never contracted (every path agrees)
+template <typename T>
+__device__ __forceinline__ T out_value(float v, float fac, int has_bias, float b) {
+  float r = __fmul_rn(v, fac);
+  if (has_bias) r = __fadd_rn(r, b);
+  return from_float<T>(r);
+}
+
 template <typename T, int FMT>
 __device__ __forceinline__ void store_out(T* __restrict__ C, const T* __restrict__ bias,
                                           int has_bias, const float* __restrict__ post,
                                           float alpha, int m, int n, int N, float v) {
-  float r = v * row_factor<T, FMT>(post, alpha, n);
-  if (has_bias) r += to_float(bias[n]);
-  C[(size_t)m * N + n] = from_float<T>(r);
+  C[(size_t)m * N + n] = out_value<T>(v, row_factor<T, FMT>(post, alpha, n), has_bias,
+                                      has_bias ? to_float(bias[n]) : 0.0f);
 }
 
 // Split-K finish of one CTA tile (rows [n_lo, n_lo + n_cnt) x tokens [m_lo, m_lo + m_cnt)):

@@ -28,12 +28,12 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
                                      const T* __restrict__ bias, int has_bias, float alpha,
                                      T* __restrict__ C, float* __restrict__ ws,
                                      unsigned* __restrict__ counters, int M, int N, int K, int sps,
-                                     int kw_log) {
+                                     int kw_log, long long wt, unsigned wq, long long st,
+                                     unsigned sq) {
   static_assert(M_TILE == 8 || M_TILE == 16, "m_tile is 8 or 16 tokens");
   static_assert(TPW == 1 || TPW == 2, "a warp owns 1 or 2 tiles");
   constexpr int NT = M_TILE / 8;
   constexpr int SB = Fmt<FMT>::SB;
-  constexpr int WSTEP = 1024, SSTEP = 16 * SB;  // bytes of W / S per (tile, step) block
   constexpr int CH = TPW == 1 ? 2 : TPW;         // independent mma accumulator chains
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -49,30 +49,49 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   const int q0 = q_cta + ks * per;
   const int n_it = active ? max(0, min(per, n_cta - ks * per)) : 0;
 
-  // this warp's (tile, step) blocks: lane (g, t) reads chunk t of rows g (wp) and g+8 (wp + 512)
-  // and one scale word; the ring slots are filled in step order from immediate offsets. A second
-  // tile past N re-reads the last tile (its rows are never stored).
+  // this warp's (tile, step) blocks, at W + tile * wt + step * wq (S: st, sq; layout.py
+  // arrangements): lane (g, t) reads chunk t of rows g (wp) and g+8 (wp + 512) and one scale
+  // word; the ring slots are filled in step order, each load moving the pointers one step on. A
+  // second tile past N re-reads the last tile (its rows are never stored).
   const uint8_t* wp[TPW];
   const uint8_t* sp[TPW];
 #pragma unroll
   for (int i = 0; i < TPW; ++i) {
-    const size_t blk = (size_t)min(tile0 + i, tiles - 1) * Q + q0;
-    wp[i] = W + blk * WSTEP + 64 * g + 16 * t;
-    sp[i] = S + blk * SSTEP + (4 * g + t) * (SB / 2);
+    const long long tl = min(tile0 + i, tiles - 1);
+    wp[i] = W + tl * wt + (size_t)q0 * wq + 64 * g + 16 * t;
+    sp[i] = S + tl * st + (size_t)q0 * sq + (4 * g + t) * (SB / 2);
   }
   uint4 wa[DEPTH][TPW], wb[DEPTH][TPW];
   uint32_t sr[DEPTH][TPW];  // rows g (low half) and g+8 (high half)
-  const auto load = [&](int d, int step) {
+  const auto load = [&](int d) {
 #pragma unroll
     for (int i = 0; i < TPW; ++i) {
-      wa[d][i] = ld_stream_v4<HINT>(wp[i] + step * WSTEP);
-      wb[d][i] = ld_stream_v4<HINT>(wp[i] + step * WSTEP + 512);
-      sr[d][i] = FMT == FMT_NVFP4 ? ld_nc_u32(sp[i] + step * SSTEP) : ld_nc_u16(sp[i] + step * SSTEP);
+      wa[d][i] = ld_stream_v4<HINT>(wp[i]);
+      wb[d][i] = ld_stream_v4<HINT>(wp[i] + 512);
+      sr[d][i] = FMT == FMT_NVFP4 ? ld_nc_u32(sp[i]) : ld_nc_u16(sp[i]);
+      wp[i] += wq;
+      sp[i] += sq;
     }
   };
 #pragma unroll
   for (int d = 0; d < DEPTH; ++d)
-    if (d < n_it) load(d, d);
+    if (d < n_it) load(d);
+
+  // the epilogue's row factors and bias: at m_tile 8 loaded now (their latency hides behind the
+  // loop), at 16 in the stores (registers)
+  const bool pre = ks == 0 && gridDim.y == 1;  // this warp stores C
+  float fac[TPW][2], bia[TPW][2];
+  constexpr bool EARLY = M_TILE == 8;
+  if (EARLY) {
+#pragma unroll
+    for (int i = 0; i < TPW; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int n = min((tile0 + i) * 16 + g + 8 * h, N - 1);
+        fac[i][h] = pre ? row_factor<T, FMT>(post, alpha, n) : 0.0f;
+        bia[i][h] = pre && has_bias ? to_float(bias[n]) : 0.0f;
+      }
+  }
 
   // token rows g (+8) of this pass; rows past M re-read row M-1 (their columns are never stored)
   const int m0 = blockIdx.z * M_TILE;
@@ -114,13 +133,8 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
           }
         }
         // the slot refills once decoded (no register copies; DEPTH - 1 steps stay in flight)
-        if (it0 + d + DEPTH < n_it) load(d, d + DEPTH);  // warp-uniform
+        if (it0 + d + DEPTH < n_it) load(d);  // warp-uniform
       }
-    }
-#pragma unroll
-    for (int i = 0; i < TPW; ++i) {
-      wp[i] += DEPTH * WSTEP;
-      sp[i] += DEPTH * SSTEP;
     }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) ap[nt] += DEPTH * STEP_K;
@@ -172,6 +186,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
           const int m = m0 + 8 * nt + 2 * t + (e & 1), n = (tile0 + i) * 16 + g + 8 * (e >> 1);
           if (m >= M || n >= N) continue;
           if (split) __stcg(wsy + (size_t)m * N + n, v[i][nt][e]);
+          else if (EARLY) C[(size_t)m * N + n] = out_value<T>(v[i][nt][e], fac[i][e >> 1], has_bias, bia[i][e >> 1]);
           else store_out<T, FMT>(C, bias, has_bias, post, alpha, m, n, N, v[i][nt][e]);
         }
   }

@@ -7,7 +7,7 @@
 // ceil(M/BM), split); blockIdx.z takes a K range (split-K: fp32 partials + last-CTA reduction).
 //
 // Shared memory per stage: W [8 tiles][1 KB] and scales [8 tiles][16 * SB] as in the tiled
-// layout (fp4.cuh), A [BM][256 B] (chunks swizzled, fp4.cuh swz). A lane reads chunk t of its W rows (16 B = 32 elements, 8
+// layout (fp4.cuh; block (tile, step) at W + tile * w_t + step * w_q, S likewise), A [BM][256 B] (chunks swizzled, fp4.cuh swz). A lane reads chunk t of its W rows (16 B = 32 elements, 8
 // k-steps) and the matching 16-byte activation chunks, as in the bandwidth path (fp4.cuh).
 #pragma once
 #include "fp4_gemm/fp4.cuh"
@@ -31,7 +31,8 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
                                           const T* __restrict__ bias, int has_bias, float alpha,
                                           T* __restrict__ C, float* __restrict__ ws,
                                           unsigned* __restrict__ counters, int M, int N, int K,
-                                          int sps) {
+                                          int sps, long long w_t, unsigned w_q, long long s_t,
+                                          unsigned s_q) {
   constexpr int THREADS = 32 * TILE_WARPS_W * WARPS_T;
   constexpr int NI = BM / (8 * WARPS_T);
   constexpr int MI = 2;
@@ -57,13 +58,13 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
     const uint32_t ss = sw + L::W_BYTES, sa = ss + L::S_BYTES;
 #pragma unroll
     for (int i = threadIdx.x; i < TILE_BN * 4; i += THREADS) {  // W: 64 chunks a tile
-      const size_t blk = (size_t)min(n0 / 16 + (i >> 6), n_tiles - 1) * Q + kq;
-      cp_async16(sw + 16u * (uint32_t)i, W + blk * 1024 + 16 * (i & 63));
+      const long long tl = min(n0 / 16 + (i >> 6), n_tiles - 1);
+      cp_async16(sw + 16u * (uint32_t)i, W + tl * w_t + (size_t)kq * w_q + 16 * (i & 63));
     }
 #pragma unroll
     for (int i = threadIdx.x; i < TILE_BN * SB / 16; i += THREADS) {  // scales: SB chunks a tile
-      const size_t blk = (size_t)min(n0 / 16 + i / SB, n_tiles - 1) * Q + kq;
-      cp_async16(ss + 16u * (uint32_t)i, S + blk * (16 * SB) + 16 * (i % SB));
+      const long long tl = min(n0 / 16 + i / SB, n_tiles - 1);
+      cp_async16(ss + 16u * (uint32_t)i, S + tl * s_t + (size_t)kq * s_q + 16 * (i % SB));
     }
 #pragma unroll
     for (int i = threadIdx.x; i < BM * 16; i += THREADS) {  // A: 16 chunks a token row

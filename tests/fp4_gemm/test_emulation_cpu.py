@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from kernelgen.fp4_gemm import reference as GR
-from kernelgen.fp4_gemm.layout import decode_word, tile_data, tile_scales
+from kernelgen.fp4_gemm.layout import (
+    ARRANGEMENTS,
+    arrange,
+    block_strides,
+    decode_word,
+    tile_data,
+    tile_scales,
+)
 from kernelgen.fp4_gemm.select import plan
 from kernelgen.mx import reference as MR
 
@@ -84,12 +91,20 @@ def lane_frags(wd, sd, w_base, s_base, fmt, dtype, SB):
     return af
 
 
-def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
+def _strides(strides, k, SB):
+    """(wt, wq, st, sq, s_off): a block's byte strides and the scales' offset in ts (tile-major
+    flat arrays by default; layout.py block_strides for the other arrangements)."""
+    Q = k // 128
+    return strides or (Q * 1024, 1024, Q * 16 * SB, 16 * SB, 0)
+
+
+def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=None):
     cfg = p.config
     M_TILE, WARPS, NT, TPW = cfg.m_tile, cfg.warps, cfg.m_tile // 8, cfg.tpw
     KW = p.kw
     SB = 8 if fmt == "nvfp4" else 4
     Q, n_tiles = k // 128, -(-n // 16)
+    w_t, w_q, s_t, s_q, s_off = _strides(strides, k, SB)
     c_out = np.full((m, n), np.nan)
     ws = np.zeros((p.split, m, n))
     gx, gy, gz = p.grid
@@ -128,8 +143,9 @@ def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
                     for it in range(n_it):
                         bf = load_a(it)  # shared by the warp's TPW tiles
                         for i in range(TPW):  # a tile past N re-reads the last one
-                            blk = min(tile0 + i, n_tiles - 1) * Q + q0 + it
-                            af = lane_frags(td, ts, blk * 1024, blk * 16 * SB, fmt, dtype, SB)
+                            tl, q = min(tile0 + i, n_tiles - 1), q0 + it
+                            af = lane_frags(td, ts, tl * w_t + q * w_q, s_off + tl * s_t + q * s_q, fmt,
+                                            dtype, SB)
                             for nt in range(NT):
                                 for j in range(4):
                                     for hf in range(2):
@@ -200,13 +216,14 @@ def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None):
     assert np.allclose(got, want, rtol=1e-12, atol=1e-12), f"{fmt=} {dtype=} {m=} {split=} {p.short()}"
 
 
-def emulate_tile(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
+def emulate_tile(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=None):
     """templates/fp4_gemm/tile.cuh: stage loads into 'shared memory', lane reads, mma fragments."""
     cfg = p.config
     BM, WT = cfg.bm, cfg.warps_t
     NI, MI = BM // (8 * WT), 2
     SB = 8 if fmt == "nvfp4" else 4
     Q, n_tiles = k // 128, -(-n // 16)
+    w_t, w_q, s_t, s_q, s_off = _strides(strides, k, SB)
     ws = np.zeros((p.split, m, n))
     gx, gy, gz = p.grid
     for bz in range(gz):
@@ -221,12 +238,11 @@ def emulate_tile(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k):
                     kq = q0 + kt
                     sw = np.zeros(128 * 64, np.uint8)
                     for i in range(512):
-                        blk = min(n0 // 16 + (i >> 6), n_tiles - 1) * Q + kq
-                        sw[16 * i: 16 * i + 16] = td[blk * 1024 + 16 * (i & 63): blk * 1024 + 16 * (i & 63) + 16]
+                        o = min(n0 // 16 + (i >> 6), n_tiles - 1) * w_t + kq * w_q + 16 * (i & 63)
+                        sw[16 * i: 16 * i + 16] = td[o: o + 16]
                     ss = np.zeros(128 * SB, np.uint8)
                     for i in range(128 * SB // 16):
-                        blk = min(n0 // 16 + i // SB, n_tiles - 1) * Q + kq
-                        o = blk * 16 * SB + 16 * (i % SB)
+                        o = s_off + min(n0 // 16 + i // SB, n_tiles - 1) * s_t + kq * s_q + 16 * (i % SB)
                         ss[16 * i: 16 * i + 16] = ts[o: o + 16]
                     sa = np.zeros((BM, 16, 8))
                     for r in range(BM):
@@ -320,3 +336,33 @@ def test_mx_extreme_row_scales(how, dtype, path, m, split):
     got = emu(p, td, ts, post, a, None, 1.0, "mxfp4", dtype, m, n, k)
     assert np.all(np.isfinite(got)), f"{how=} {dtype=} {p.short()}: rows {np.unique(np.nonzero(~np.isfinite(got))[1])}"
     assert np.allclose(got, a @ w64.T, rtol=1e-12, atol=1e-12), f"{how=} {dtype=} {p.short()}"
+
+
+def _flat(arrangement, td6, ts6, sb):
+    """(W buffer, S buffer, strides) of an arrangement as the kernels see them: flat bytes of
+    the owning arrays, block strides and the scales' offset into their buffer."""
+    data, scales = arrange(np, td6, ts6, arrangement)
+    wt, wq, st, sq = block_strides(arrangement, data, scales)
+    if arrangement.endswith("inline"):
+        return data.ravel(), data.ravel(), (wt, wq, st, sq, 1024)
+    return data.ravel(), scales.ravel(), (wt, wq, st, sq, 0)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("arrangement", ARRANGEMENTS)
+@pytest.mark.parametrize("path,m,split,tpw", [("gemv", 3, 1, 1), ("gemv", 11, 2, 2), ("tile", 5, 1, None)])
+def test_arrangements_read_the_same_blocks(fmt, arrangement, path, m, split, tpw):
+    """The kernels' reads through an arrangement's strides give the tile-major result exactly."""
+    n, k = 40, 384
+    packed, scales, gs, _ = host_weight(fmt, n, k)
+    sb = 8 if fmt == "nvfp4" else 4
+    rel, post = GR.prepare_scales_mx(scales) if fmt == "mxfp4" else (scales, np.array([gs], np.float32))
+    td6, ts6 = tile_data(np, packed, n, k), tile_scales(np, rel, n, k, sb)
+    a = np.random.default_rng(m).standard_normal((m, k)).astype(np.float16).astype(np.float64)
+    p = plan("sm_90a", m, n, k, fmt, "float16", 132, path=path, split=split, tpw=tpw)
+    emu = emulate_gemv if path == "gemv" else emulate_tile
+    want = emu(p, td6.ravel(), ts6.ravel(), post, a, None, 1.0, fmt, "float16", m, n, k)
+    wd, sd, strides = _flat(arrangement, td6, ts6, sb)
+    got = emu(p, wd, sd, post, a, None, 1.0, fmt, "float16", m, n, k, strides=strides)
+    assert np.array_equal(got, want), (arrangement, p.short())
+

@@ -124,6 +124,41 @@ def test_gemv_tiles_a_warp(fmt, dtype, tpw):
                 _check(out, GR.gemm(a, w64, bias, 1.25, dtype), dtype, f"{p.short()} {m=} {n=} {k=}")
 
 
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("arrangement", ["step_major", "tile_major_inline", "step_major_inline"])
+def test_arrangements_equal_tile_major(fmt, arrangement):
+    """Every block arrangement (layout.py) gives the tile-major result bit for bit (same sums in
+    the same order), on both paths, TPW 1 / 2, split 1 / 2, bf16 and fp16, and matches the
+    reference; the weight is built by prepare_weight(arrangement=...)."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.fp4_gemm import fp4_gemm, plan, prepare_weight
+
+    dev = device_info()
+    rng = np.random.default_rng()
+    for n, k in ((200, 384), (1000, 4224)):
+        t, w64 = _weight(fmt, n, k)
+        base, arr = prepare_weight(t, "tile_major"), prepare_weight(t, arrangement)
+        assert arr.arrangement == arrangement and arr.strides() != base.strides()
+        for dtype in DTYPES:
+            hint = "bfloat16" if dtype == "bfloat16" else None
+            for m, path, split, tpw in ((1, "gemv", 1, None), (16, "gemv", 1, 2), (16, "gemv", 2, 1),
+                                        (5, "gemv", 3, None), (40, "tile", 1, None), (40, "tile", 2, None)):
+                p = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path=path, split=split, tpw=tpw)
+                a = cupy.asarray(_host(rng, (m, k), dtype))
+                bias = cupy.asarray(_host(rng, (n,), dtype))
+                outs = []
+                for w in (base, arr):
+                    out = cupy.full((m, n), 0xFFFF, cupy.uint16) if hint else cupy.full((m, n), np.nan, cupy.float16)
+                    fp4_gemm(a, w, bias, alpha=0.75, out=out, dtype=hint, _plan=p)
+                    outs.append(out.view(cupy.uint16))
+                ctx = f"{arrangement} {p.short()} {m=} {n=} {k=} {dtype}"
+                assert bool((outs[0] == outs[1]).all()), ctx
+                _check(outs[1].view(cupy.float16) if not hint else outs[1], GR.gemm(
+                    cupy.asnumpy(a), w64, cupy.asnumpy(bias), 0.75, dtype), dtype, ctx)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mxfp4_wide_scale_range(dtype):
     """Groups 2^-24 .. 2^4 apart within a row (fp16: the scale goes into the decode table)."""
