@@ -35,6 +35,7 @@ class TileShape:
     stages: int
     min_blocks: int
     stages_few: int | None = None
+    inflight: int = 1  # wgmma rows: groups pending across the barrier (MoeGemmConfig.inflight)
 
 
 # (tile_m, swap_ab, tile_n) -> shape. swap_ab: weight rows on the mma's 16-row side (P), tokens
@@ -60,9 +61,10 @@ TILES: dict[tuple[int, bool, int], TileShape] = {
 }
 # (tile_m, tile_n) -> shape of the wgmma path (sm_90a, templates/moe/grouped_wgmma.cuh): tile_m / 64
 # warpgroups (warps_p = tile_m / 16: one warp a 16-token slice of the epilogue), the weight rows
-# as the wgmma's n, >= 3 stages (one wgmma group stays in flight).
+# as the wgmma's n. Measured on H100 at T = 4096 (BENCHMARKS.md): 128 x 256 with 4 stages
+# (3 stages: 1.6x slower, one k-tile of prefetch is too little); 128 x 128: 6 stages.
 WG_TILES: dict[tuple[int, int], TileShape] = {
-    (128, 128): TileShape(128, 8, 1, 1, 3, 2),
+    (128, 128): TileShape(128, 8, 1, 1, 6, 1),
     (128, 256): TileShape(256, 8, 1, 1, 4, 1),
 }
 # sm_120a opts in to 99 KB a block: fewer stages there
@@ -107,6 +109,9 @@ class MoeGemmConfig(KernelConfig):
     min_blocks: int = 1
     epilogue: str = "none"  # "swiglu": W is W13 [E, 2I, K], Y [M, I] = silu(gate) * up
     wgmma: bool = False  # main loop on warpgroup MMA (sm_90a only), else mma.sync
+    # wgmma groups left pending across the per-k-tile barrier: 1 overlaps it with tensor work,
+    # 0 prefetches one stage deeper (templates/moe/grouped_wgmma.cuh); 1 without wgmma
+    inflight: int = 1
 
     @classmethod
     def of(cls, arch: str, dtype: str, tile_m: int, swap_ab: bool, tile_n: int,
@@ -116,7 +121,8 @@ class MoeGemmConfig(KernelConfig):
         s = tile_shape(arch, tile_m, swap_ab, tile_n, few, wgmma)
         return cls(arch=arch, dtype=dtype, tile_m=tile_m, tile_n=tile_n, swap_ab=swap_ab,
                    warps_p=s.warps_p, warps_q=s.warps_q, warps_k=s.warps_k, stages=s.stages,
-                   min_blocks=s.min_blocks, epilogue=epilogue, wgmma=wgmma)
+                   min_blocks=s.min_blocks, epilogue=epilogue, wgmma=wgmma,
+                   inflight=s.inflight if wgmma else 1)
 
     @property
     def tp(self) -> int:  # rows on the mma's 16-row side
@@ -152,6 +158,8 @@ class MoeGemmConfig(KernelConfig):
         if self.wgmma:
             self._check_wgmma(bad)
             return
+        if self.inflight != 1:
+            raise bad("inflight", "only the wgmma path has groups in flight; keep 1")
         for f in ("warps_p", "warps_q", "warps_k"):
             if getattr(self, f) not in (1, 2, 4, 8):
                 raise bad(f, "expected 1, 2, 4 or 8")
@@ -184,8 +192,11 @@ class MoeGemmConfig(KernelConfig):
         if (self.warps_p, self.warps_q, self.warps_k) != (self.tile_m // 16, 1, 1):
             raise bad("warps_p", f"wgmma: warps (P, Q, K) must be ({self.tile_m // 16}, 1, 1) "
                                  f"(one warpgroup per 64 tokens)")
-        if self.stages < 3:
-            raise bad("stages", "wgmma keeps one group in flight: at least 3 stages")
+        if self.inflight not in (0, 1):
+            raise bad("inflight", "wgmma groups pending across the barrier: 0 or 1")
+        if self.stages < 2 + self.inflight:
+            raise bad("stages", f"wgmma with {self.inflight} group(s) in flight needs at least "
+                                f"{2 + self.inflight} stages (one k-tile prefetched)")
 
     def symbols(self) -> tuple[str, ...]:
         return ("moe_grouped_gemm",)

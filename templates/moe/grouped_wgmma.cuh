@@ -12,23 +12,28 @@
 //   K-major 128-byte swizzle wgmma reads, given 1024-byte aligned tiles: the stages start on
 //   a 1024-byte boundary of the dynamic allocation (aligned at run time) and every tile is a
 //   multiple of 8 rows.
-// - Pipeline over STAGES (>= 3) slots: every thread cp.asyncs its chunks; at k-tile kt each
-//   thread waits for its copies of kt, fences them into the async proxy, the CTA syncs, each
-//   warpgroup issues four k16 wgmmas of kt and commits, the CTA issues the copies of
-//   kt + STAGES - 2 into the slot of kt - 2, then waits until only kt's group is pending.
-//   So one wgmma group stays in flight across the barrier and the copy issue, and a slot is
-//   refilled only after both warpgroups waited for its group (before the barrier of kt).
+// - Pipeline over STAGES slots, INFLIGHT (0 or 1) wgmma groups left pending across the
+//   barrier. Every thread cp.asyncs its chunks; at k-tile kt each thread waits for its copies
+//   of kt, fences them into the async proxy, the CTA syncs, each warpgroup issues four k16
+//   wgmmas of kt and commits, the CTA issues the copies of kt + D (D = STAGES - 1 - INFLIGHT)
+//   into the slot of kt - 1 - INFLIGHT, then waits until INFLIGHT groups are pending. A slot
+//   is refilled only after both warpgroups waited for its group (before the barrier of kt).
+//   INFLIGHT 1 keeps the tensor core busy across the barrier and the copy issue; INFLIGHT 0
+//   prefetches one k-tile deeper in the same shared memory (bubbles at the barrier, which a
+//   second CTA on the SM can fill).
 #pragma once
 #include "common/wgmma.cuh"
 #include "moe/grouped.cuh"
 
 namespace kg::moe {
 
-template <typename T, int TM, int TN, int STAGES, bool SWIGLU>
+template <typename T, int TM, int TN, int STAGES, int INFLIGHT, bool SWIGLU>
 struct GroupedWgmma {
   static_assert(TM % 64 == 0 && TM <= 256, "64-row warpgroup tiles");
   static_assert(TN == 64 || TN == 128 || TN == 256, "wgmma n of the common wrappers");
-  static_assert(STAGES >= 3, "one wgmma group in flight: the slot refilled is kt - 2's");
+  static_assert(INFLIGHT == 0 || INFLIGHT == 1, "wgmma groups pending across the barrier");
+  static constexpr int D = STAGES - 1 - INFLIGHT;  // k-tiles prefetched ahead
+  static_assert(D >= 1, "at least one k-tile in flight");
   using G = Grouped<T, TM, TN, TM / 16, 1, 1, STAGES, false, SWIGLU>;  // loaders + epilogue
   static constexpr int THREADS = G::THREADS;  // 32 * TM / 16 = 128 * warpgroups
   static constexpr int STAGE_BYTES = (TM + TN) * ROW_BYTES;
@@ -62,7 +67,7 @@ struct GroupedWgmma {
       G::template copy<TN>(lw, st + TM * ROW_BYTES, kt * TK, K);
     };
 #pragma unroll
-    for (int s = 0; s < STAGES - 2; ++s) {
+    for (int s = 0; s < D; ++s) {
       if (s < k_tiles) load_stage(s);
       cp_async_commit();
     }
@@ -73,9 +78,9 @@ struct GroupedWgmma {
     for (int j = 0; j < TN / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
 
     for (int kt = 0; kt < k_tiles; ++kt) {
-      cp_async_wait<STAGES - 3>();  // this thread's copies of kt landed
+      cp_async_wait<D - 1>();  // this thread's copies of kt landed
       fence_proxy_async_smem();
-      __syncthreads();  // everyone's copies of kt; every warpgroup past its wait for kt - 2
+      __syncthreads();  // everyone's copies of kt; every warpgroup past its wait for kt - 1 - INFLIGHT
       const uint32_t sx = base + (uint32_t)((kt % STAGES) * STAGE_BYTES) + wg * 64 * ROW_BYTES;
       const uint32_t sw = base + (uint32_t)((kt % STAGES) * STAGE_BYTES) + TM * ROW_BYTES;
       wgmma_fence();
@@ -83,9 +88,9 @@ struct GroupedWgmma {
       for (int ks = 0; ks < TK / 16; ++ks)
         Wgmma<T, TN>::run(acc[0], wgmma_desc_k128(sx + ks * 32), wgmma_desc_k128(sw + ks * 32));
       wgmma_commit();
-      if (kt + STAGES - 2 < k_tiles) load_stage(kt + STAGES - 2);  // into kt - 2's slot
+      if (kt + D < k_tiles) load_stage(kt + D);  // into the slot of kt - 1 - INFLIGHT
       cp_async_commit();
-      wgmma_wait<1>();
+      wgmma_wait<INFLIGHT>();
     }
     wgmma_wait<0>();
     cp_async_wait<0>();

@@ -81,6 +81,11 @@ def test_wgmma_config_rules():
         MoeGemmConfig(**{**base, "warps_p": 2, "warps_q": 4})
     with pytest.raises(UnsupportedConfigError, match="at least 3 stages"):
         MoeGemmConfig(**{**base, "stages": 2})
+    assert MoeGemmConfig(**{**base, "stages": 2, "inflight": 0}).inflight == 0
+    with pytest.raises(UnsupportedConfigError, match="inflight=2"):
+        MoeGemmConfig(**{**base, "inflight": 2})
+    with pytest.raises(UnsupportedConfigError, match="only the wgmma path"):
+        MoeGemmConfig(arch="sm_90a", inflight=0)
     with pytest.raises(UnsupportedConfigError, match="no MoE wgmma tile"):
         MoeGemmConfig.of("sm_90a", "bfloat16", 64, False, 128, wgmma=True)
     # 256-token tiles (4 warpgroups, 512 threads) are valid configs outside the table

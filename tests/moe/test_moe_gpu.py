@@ -21,6 +21,9 @@ DTYPES = ("float16", "bfloat16")
 # every tile-table row (mma.sync forced), then the wgmma rows: (tile_m, swap_ab, tile_n, wgmma)
 ROWS = [(tm, sw, tn, False) for (tm, sw, tn) in TILES]
 WG_ROWS = [(tm, False, tn, True) for (tm, tn) in WG_TILES]
+# wgmma variants outside the table (tuning sweeps): (tile_m, tile_n, stages, min_blocks, inflight)
+WG_VARIANTS = [(128, 256, 4, 1, 0), (128, 128, 3, 2, 0), (256, 128, 4, 1, 1), (256, 128, 4, 1, 0),
+               (64, 128, 3, 2, 0), (64, 256, 4, 1, 1)]
 
 
 def _rows():
@@ -141,11 +144,13 @@ def test_large_t_and_decode_shapes():
 def test_wgmma_prefill_shapes(dtype):
     """The wgmma path (sm_90a) at prefill-like sizes: many M tiles per expert, a skewed
     routing, empty experts, N and K not multiples of the tile (K several times the stage ring),
-    each WG_TILES row and the selector's choice (wgmma at TILE_M 128), W13 + SwiGLU and W2."""
+    each WG_TILES row, the variants of WG_VARIANTS and the selector's choice (wgmma at
+    TILE_M 128), W13 + SwiGLU and W2."""
     import cupy
 
     from kernelgen.arch import device_info
     from kernelgen.moe import grouped_gemm, select_grouped
+    from kernelgen.moe.config import MoeGemmConfig
 
     info = device_info()
     if info.arch.name not in WGMMA_ARCHS:
@@ -167,6 +172,13 @@ def test_wgmma_prefill_shapes(dtype):
                 y = grouped_gemm(xd, wd, od, activation=act, tile_m=tm, swap_ab=sw, tile_n=tn,
                                  wgmma=wg, dtype=hint)
                 _check(y, ref, dtype, f"wgmma {kind=} {t=} {e=} {top_k=} {n=} {k=} {act} {row=}")
+            for tm, tn, st, mb, inf in WG_VARIANTS:
+                cfg = MoeGemmConfig(arch=info.arch.name, dtype=dtype, tile_m=tm, tile_n=tn,
+                                    warps_p=tm // 16, warps_q=1, warps_k=1, stages=st,
+                                    min_blocks=mb, epilogue=plan.config.epilogue, wgmma=True,
+                                    inflight=inf)
+                y = grouped_gemm(xd, wd, od, activation=act, config=cfg, dtype=hint)
+                _check(y, ref, dtype, f"wgmma {kind=} {t=} {n=} {k=} {act} {cfg.short()}")
 
 
 def test_rows_zero_and_out_buffer():
