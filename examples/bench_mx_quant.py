@@ -16,11 +16,24 @@ device from the input ("gs=auto": one launch for small inputs, amax + quantize e
         [--wide-fp8]            (also time MXFP8 with 16-element lane slots)
         [--no-h2]               (also time fp4 / fp6 without the packed 16-bit encoders)
         [--no-linear]           (also time every format without the linear-index path, M > 64)
+        [--balanced]            (also time looping grids balanced to equal chunks a block)
+        [--l2-hint]             (also time input loads with the .L2::256B prefetch hint)
+        [--bulk 4,4x3]          (also time the input through N shared-memory stages of bulk
+                                 copies (sm_90+), optionally at B blocks an SM: NxB)
+        [--same-copy]           (also time, in the same graph harness, copies of the same bytes:
+                                 "rw" reads the input and writes out/in of it in the format's
+                                 ratio, "sym" reads and writes half the logical bytes each, a
+                                 pure read of the input, and an empty kernel; every quantize
+                                 row then also gets its % of the best same-size copy, and a fit
+                                 t = a + bytes / bw over the M > 64 gives each one's fixed cost)
+        [--profile]             (launch each default quantize and its "rw" copy once at each
+                                 M > 64, nothing timed: for `ncu --clock-control none`)
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import numpy as np
@@ -28,6 +41,34 @@ import numpy as np
 FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2")
 DTYPES = ("float16", "bfloat16")
 GRAPH_CALLS = 20
+RATIO = {4: (4, 1), 6: (8, 3), 8: (2, 1)}  # element bits -> input / output 16-byte vectors
+
+# A warp's unit: DEN x 32 input vectors read, NUM x 32 output vectors written (each the xor of
+# the unit's inputs, so every load is live), 16-byte accesses, coalesced like mx_quantize's.
+RW_SRC = r"""
+extern "C" __global__ void rw_copy(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                   unsigned long long units) {
+  const unsigned lane = threadIdx.x & 31;
+  const unsigned long long nw = (gridDim.x * (unsigned long long)blockDim.x) >> 5;
+  for (unsigned long long u = (blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x) >> 5;
+       u < units; u += nw) {
+    uint4 v[DEN];
+#pragma unroll
+    for (int j = 0; j < DEN; ++j)
+      asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w)
+                   : "l"(src + (u * DEN + j) * 32 + lane));
+    uint4 a = v[0];
+#pragma unroll
+    for (int j = 1; j < DEN; ++j) { a.x ^= v[j].x; a.y ^= v[j].y; a.z ^= v[j].z; a.w ^= v[j].w; }
+#pragma unroll
+    for (int j = 0; j < NUM; ++j)
+      dst[(u * NUM + j) * 32 + lane] = make_uint4(v[j].x ^ a.y, v[j].y ^ a.z, v[j].z ^ a.w,
+                                                  v[j].w ^ a.x);
+  }
+}
+extern "C" __global__ void nop() {}
+"""
 
 
 def make_x(m: int, k: int, dtype: str):
@@ -54,6 +95,78 @@ def logical_bytes(fmt: str, m: int, k: int) -> int:
 
     out = int(np.prod(data_shape(fmt, m, k))) + int(np.prod(scale_shape(fmt, m, k, "swizzled")))
     return m * k * 2 + out
+
+
+@functools.cache
+def rw_kernels(den: int, num: int):
+    """(rw_copy, nop) RawKernels of the DEN / NUM unit."""
+    import cupy
+
+    mod = cupy.RawModule(code=RW_SRC, options=(f"-DDEN={den}", f"-DNUM={num}"))
+    return mod.get_function("rw_copy"), mod.get_function("nop")
+
+
+def rw_launcher(den: int, num: int, srcs: list, n_in: int, sm_count: int, persistent: bool):
+    """(call(i), bytes moved) of rw_copy over the first n_in bytes of srcs[i % len] into fresh
+    outputs; persistent: 8 blocks of 256 an SM, grid-stride; else a unit a warp."""
+    import cupy
+
+    rw, _ = rw_kernels(den, num)
+    units = n_in // (16 * 32 * den)
+    outs = [cupy.empty(units * num * 32 * 16, cupy.uint8) for _ in range(GRAPH_CALLS)]
+    grid = sm_count * 8 if persistent else -(-units // 8)
+    n = np.uint64(units)
+    return (lambda i: rw((grid,), (256,), (srcs[i % len(srcs)], outs[i % len(outs)], n)),
+            units * 32 * 16 * (den + num))
+
+
+def same_copies(m: int, k: int, fmt: str, xs: list, stream, info, cache: dict) -> dict:
+    """Graph-timed copies of the same bytes as quantizing [m, k] fp16 / bf16 to fmt (memoised by
+    the bytes): {name: (us, bytes)}."""
+    import cupy
+
+    from kernelgen.bench import read_kernel
+    from kernelgen.mx.tensor import elem_bits
+
+    den, num = RATIO[elem_bits(fmt)]
+    key = (m, k, den, num, fmt == "nvfp4")
+    if key in cache:
+        return cache[key]
+    n_in = m * k * 2
+    res = {}
+    for name, persistent in (("rw", True), ("rw1", False)):
+        call, nbytes = rw_launcher(den, num, xs, n_in, info.sm_count, persistent)
+        res[name] = (graph_time(call, stream) * 1e6, nbytes)
+    half = logical_bytes(fmt, m, k) // 2 // 512 * 512  # a copy of the same logical bytes
+    srcs = [cupy.ones(half, cupy.uint8) for _ in range(max(2, -(-2 * info.l2_bytes // half)))]
+    for name, persistent in (("sym", True), ("sym1", False)):
+        call, nbytes = rw_launcher(1, 1, srcs, half, info.sm_count, persistent)
+        res[name] = (graph_time(call, stream) * 1e6, nbytes)
+    dsts = [cupy.empty(half, cupy.uint8) for _ in range(GRAPH_CALLS)]
+    res["copyto"] = (graph_time(lambda i: cupy.copyto(dsts[i], srcs[i % len(srcs)]), stream)
+                     * 1e6, 2 * half)
+    rd = read_kernel()
+    sink = cupy.zeros(1, cupy.uint32)
+    n16 = np.uint64(n_in // 16)
+    res["read"] = (graph_time(lambda i: rd((info.sm_count * 8,), (256,),
+                                           (xs[i % len(xs)], n16, sink)), stream) * 1e6, n_in)
+    _, nop = rw_kernels(1, 1)
+    res["nop1"] = (graph_time(lambda i: nop((1,), (32,), ()), stream) * 1e6, 0)
+    res["nop2048"] = (graph_time(lambda i: nop((2048,), (256,), ()), stream) * 1e6, 0)
+    cache[key] = res
+    print(f"# same-size copies M={m} {fmt} ratio {den}:{num}: " + ", ".join(
+        f"{n} {us:.2f} us" + (f" ({b / us / 1e3:.0f} GB/s)" if b else "")
+        for n, (us, b) in res.items()), flush=True)
+    return res
+
+
+def fit(points: list) -> tuple[float, float] | None:
+    """Least squares t_us = a + bytes / bw over (bytes, us) points: (a us, bw GB/s)."""
+    if len(points) < 2:
+        return None
+    b, t = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+    slope, a = np.polyfit(b, t, 1)
+    return float(a), float(1e-3 / slope)
 
 
 def graph_time(call, stream) -> float:
@@ -91,6 +204,16 @@ def main() -> None:
                     help="also time fp4 / fp6 without the packed 16-bit encoders")
     ap.add_argument("--no-linear", action="store_true",
                     help="also time every format without the linear-index path (M > 64)")
+    ap.add_argument("--balanced", action="store_true",
+                    help="also time looping grids balanced to equal chunks a block (M > 64)")
+    ap.add_argument("--l2-hint", action="store_true",
+                    help="also time input loads with the .L2::256B prefetch hint (M > 64)")
+    ap.add_argument("--bulk", default="",
+                    help="also time bulk-copy stages (sm_90+): STAGES[xBLOCKS_PER_SM],... (M > 64)")
+    ap.add_argument("--same-copy", action="store_true",
+                    help="also time copies of the same bytes in the same graph harness (M > 64)")
+    ap.add_argument("--profile", action="store_true",
+                    help="launch each default quantize and its rw copy once per M > 64 (ncu)")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
     k = args.k
@@ -102,8 +225,11 @@ def main() -> None:
     from kernelgen.bench import copy_bandwidth, rotation, time_gpu
     from kernelgen.mx.config import h2_applies
     from kernelgen.mx.select import (
+        force_balanced,
         force_blocks_per_sm,
+        force_bulk,
         force_h2,
+        force_l2_hint,
         force_linear,
         force_small_auto_path,
         force_wide_fp8,
@@ -111,11 +237,15 @@ def main() -> None:
     )
 
     info = device_info()
+    if args.profile:
+        profile(args, info)
+        return
     bw = copy_bandwidth()
     print(f"# {info.name} ({info.arch.name}, {info.sm_count} SMs), device copy {bw / 1e9:.0f} GB/s "
           f"(read + write), K = {k}")
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = []
+    copy_cache: dict = {}
     extra_caps = [tuple(int(v) for v in c.split("x")) + (None,) for c in
                   args.blocks_per_sm.split(",") if c]  # (blocks an SM, slots or None[, None])
     print("| format | input | M | gs | path | grid cap | graph us/call | GB/s | % of copy | "
@@ -134,9 +264,30 @@ def main() -> None:
                 variants += [("value", None, None, False)] if args.no_h2 and \
                     h2_applies(fmt, dtype) else []
                 variants += [("value", None, None, "nolinear")] if args.no_linear and m > 64 else []
+                variants += [("value", None, None, "hint")] if args.l2_hint and m > 64 else []
+                if args.balanced and m > 64:
+                    force_balanced(True)
+                    p_bal = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
+                                          "value")
+                    force_balanced(None)
+                    if p_bal.grid != quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k,
+                                                   True, "value").grid:
+                        variants += [("value", None, None, "balanced")]
+                        if args.l2_hint:
+                            variants += [("value", None, None, "balanced+hint")]
+                if info.arch.cc >= 90 and m > 64:
+                    variants += [("value", None, None, f"bulk{b}") for b in args.bulk.split(",")
+                                 if b]
                 for gs, cap, wide, h2 in variants:
-                    force_linear(h2 != "nolinear")
-                    h2 = None if h2 == "nolinear" else h2
+                    knob = h2 if isinstance(h2, str) else ""
+                    bulk = knob[4:].split("x") if knob.startswith("bulk") else None
+                    force_bulk(int(bulk[0]) if bulk else None)
+                    if bulk and len(bulk) > 1:
+                        cap = (int(bulk[1]), None)
+                    force_linear(knob != "nolinear")
+                    force_l2_hint(True if "hint" in knob else None)
+                    force_balanced(True if "balanced" in knob else None)
+                    h2 = None if knob else h2
                     force_small_auto_path("fused" if gs == "auto:fused" else None)
                     force_blocks_per_sm(*(cap or (None, None)))
                     force_wide_fp8(wide)
@@ -151,8 +302,11 @@ def main() -> None:
                         xs = rotation(lambda m=m, dtype=dtype: make_x(m, k, dtype), m * k * 2,
                                       info.l2_bytes, factor=2)
                     t = graph_time(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), stream)
+                    same = None
+                    if args.same_copy and m > 64:
+                        same = same_copies(m, k, fmt, xs, stream, info, copy_cache)
                     eager = None
-                    if m > 64 and cap is None and h2 is None and plan.config.linear:
+                    if m > 64 and cap is None and h2 is None and not knob and plan.config.linear:
                         eager = time_gpu(lambda i, xs=xs, q=q: q(xs[i % len(xs)]), iters=20,
                                          repeats=5)
                     del xs
@@ -160,9 +314,16 @@ def main() -> None:
                          "path": plan.path, "grid": plan.grid, "slots": plan.slots,
                          "blocks_per_sm": None if cap is None else cap[0],
                          "lane_elems": plan.config.lane_elems, "h2": plan.config.h2,
-                         "linear": plan.config.linear,
+                         "linear": plan.config.linear, "l2_hint": plan.config.l2_hint,
+                         "knob": knob, "bytes": nbytes, "stages": plan.config.stages,
                          "us": t * 1e6, "gbps": nbytes / t / 1e9, "frac_copy": nbytes / t / bw,
                          "eager_us": None if eager is None else eager * 1e6}
+                    if same:  # the best same-size copy's rate (rw / sym, either grid)
+                        best = max(b / us for n, (us, b) in same.items()
+                                   if n.startswith(("rw", "sym", "copyto")))
+                        r["frac_same_copy"] = nbytes / (t * 1e6) / best
+                        r["frac_rw_copy"] = nbytes / (t * 1e6) / max(
+                            same[n][1] / same[n][0] for n in ("rw", "rw1"))
                     rows.append(r)
                     gs_col = gs if fmt == "nvfp4" else "-"
                     eager_col = "-" if eager is None else f"{eager * 1e6:.1f}"
@@ -171,14 +332,24 @@ def main() -> None:
                     cap_col += ", 16-element lanes" if wide else ""
                     cap_col += ", h2 off" if h2 is False else ""
                     cap_col += ", linear off" if not plan.config.linear else ""
+                    cap_col += ", L2 hint" if plan.config.l2_hint else ""
+                    cap_col += ", balanced" if "balanced" in knob else ""
+                    cap_col += f", {plan.config.stages} bulk stages" if plan.config.stages else ""
+                    same_col = "" if not same else \
+                        f" same-size copy {100 * r['frac_same_copy']:.0f}% " \
+                        f"(rw {100 * r['frac_rw_copy']:.0f}%) |"
                     print(f"| {fmt} | {dtype} | {m} | {gs_col} | {plan.path} | {cap_col} | "
                           f"{r['us']:.2f} | {r['gbps']:.0f} | {100 * r['frac_copy']:.0f}% | "
-                          f"{eager_col} |", flush=True)
+                          f"{eager_col} |{same_col}", flush=True)
     force_small_auto_path(None)
     force_blocks_per_sm(None)
     force_wide_fp8(None)
     force_h2(None)
     force_linear(True)
+    force_l2_hint(None)
+    force_balanced(None)
+    force_bulk(None)
+    print_fits(rows, copy_cache)
     # dequantize to the input dtype at the largest M (not a target; for reference)
     m = max(ms)
     deq = []
@@ -196,7 +367,59 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": info.name, "arch": info.arch.name, "copy_bw": bw, "k": k,
-                       "quantize": rows, "dequantize": deq}, f, indent=1)
+                       "quantize": rows, "dequantize": deq,
+                       "same_copies": [{"m": key[0], "k": key[1], "den": key[2], "num": key[3],
+                                        "nvfp4": key[4], **{n: {"us": us, "bytes": b}
+                                                            for n, (us, b) in res.items()}}
+                                       for key, res in copy_cache.items()]}, f, indent=1)
+
+
+def print_fits(rows: list, copy_cache: dict) -> None:
+    """Fixed cost (intercept) and steady rate of t = a + bytes / bw over the M > 64 of each
+    quantize variant and each same-size copy."""
+    groups: dict = {}
+    for r in rows:
+        if r["m"] > 64 and r["gs"] == "value":
+            key = (r["format"], r["dtype"], None if r["blocks_per_sm"] is None else
+                   f"cap {r['blocks_per_sm']}", f"E{r['lane_elems']} u{r['slots']}", "h2" if r["h2"] else None,
+                   None if r["linear"] else "nolinear", r["knob"])
+            groups.setdefault(key, []).append((r["bytes"], r["us"]))
+    for key, res in copy_cache.items():
+        for n, (us, b) in res.items():
+            if b:
+                groups.setdefault(("copy", n, key[2], key[3]), []).append((b, us))
+    print("# fit t = a + bytes / bw over M > 64: | what | a (us) | bw (GB/s) | points |")
+    for key, pts in groups.items():
+        f = fit(pts)
+        if f:
+            print(f"| {' '.join(str(v) for v in key if v not in (None, ''))} | {f[0]:.2f} | "
+                  f"{f[1]:.0f} | {len(pts)} |", flush=True)
+
+
+def profile(args, info) -> None:
+    """One launch each of the default quantize (fp16 in), the first --bulk variant, and the rw
+    copy of the same bytes at every M > 64, in that order (for ncu)."""
+    import cupy
+
+    from kernelgen.mx.select import force_blocks_per_sm, force_bulk
+    from kernelgen.mx.tensor import elem_bits
+
+    k = args.k
+    bulk = [b.split("x") for b in args.bulk.split(",") if b][:1]
+    for m in [int(v) for v in args.ms.split(",") if int(v) > 64]:
+        for fmt in args.formats.split(","):
+            x = make_x(m, k, "float16")
+            quantizer(fmt, "float16", "value")(x)
+            for b in bulk:
+                force_bulk(int(b[0]))
+                force_blocks_per_sm(int(b[1]) if len(b) > 1 else None)
+                quantizer(fmt, "float16", "value")(x)
+                force_bulk(None)
+                force_blocks_per_sm(None)
+            call, _ = rw_launcher(*RATIO[elem_bits(fmt)], [x], m * k * 2, info.sm_count, True)
+            call(0)
+            cupy.cuda.Device().synchronize()
+            print(f"# profiled M={m} {fmt}", flush=True)
 
 
 if __name__ == "__main__":
