@@ -62,9 +62,11 @@ extern "C" __global__ void rw_copy(const uint4* __restrict__ src, uint4* __restr
 #pragma unroll
     for (int j = 1; j < DEN; ++j) { a.x ^= v[j].x; a.y ^= v[j].y; a.z ^= v[j].z; a.w ^= v[j].w; }
 #pragma unroll
-    for (int j = 0; j < NUM; ++j)
-      dst[(u * NUM + j) * 32 + lane] = make_uint4(v[j].x ^ a.y, v[j].y ^ a.z, v[j].z ^ a.w,
-                                                  v[j].w ^ a.x);
+    for (int j = 0; j < NUM; ++j) {
+      uint4 o;
+      o.x = v[j].x ^ a.y; o.y = v[j].y ^ a.z; o.z = v[j].z ^ a.w; o.w = v[j].w ^ a.x;
+      dst[(u * NUM + j) * 32 + lane] = o;
+    }
   }
 }
 extern "C" __global__ void nop() {}
@@ -273,8 +275,6 @@ def main() -> None:
                     if p_bal.grid != quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k,
                                                    True, "value").grid:
                         variants += [("value", None, None, "balanced")]
-                        if args.l2_hint:
-                            variants += [("value", None, None, "balanced+hint")]
                 if info.arch.cc >= 90 and m > 64:
                     variants += [("value", None, None, f"bulk{b}") for b in args.bulk.split(",")
                                  if b]
