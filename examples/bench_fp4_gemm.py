@@ -47,7 +47,7 @@ def plain_read_us(copies, stream) -> float:
 
 
 PROBE_SRC = r"""
-template <int DEPTH>
+template <int DEPTH, bool HINT>
 __device__ __forceinline__ void walk(const unsigned char* __restrict__ W, const unsigned char* __restrict__ S,
                                      long long wt, long long wq, long long st, long long sq, int tiles,
                                      int Q, int kw_log, int sbytes, unsigned* out) {
@@ -61,10 +61,15 @@ __device__ __forceinline__ void walk(const unsigned char* __restrict__ W, const 
   uint4 a[DEPTH], b[DEPTH];
   unsigned s[DEPTH], acc = 0;
   auto load = [&](int d) {
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(a[d].x), "=r"(a[d].y), "=r"(a[d].z), "=r"(a[d].w) : "l"(wp));
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(b[d].x), "=r"(b[d].y), "=r"(b[d].z), "=r"(b[d].w) : "l"(wp + 512));
+    if (HINT) {
+      asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(a[d].x), "=r"(a[d].y), "=r"(a[d].z), "=r"(a[d].w) : "l"(wp));
+      asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(b[d].x), "=r"(b[d].y), "=r"(b[d].z), "=r"(b[d].w) : "l"(wp + 512));
+    } else {
+      a[d] = __ldg((const uint4*)wp);
+      b[d] = __ldg((const uint4*)(wp + 512));
+    }
     s[d] = sbytes == 4 ? __ldg((const unsigned*)sp) : sbytes == 2 ? __ldg((const unsigned short*)sp) : 0u;
     wp += wq;
     sp += sq;
@@ -85,14 +90,18 @@ __device__ __forceinline__ void walk(const unsigned char* __restrict__ W, const 
 }
 #define ARGS const unsigned char* W, const unsigned char* S, long long wt, long long wq, long long st, \
     long long sq, int tiles, int Q, int kw_log, int sbytes, unsigned* out
-extern "C" __global__ void __launch_bounds__(256, 2) walk2(ARGS) { walk<2>(W, S, wt, wq, st, sq, tiles, Q, kw_log, sbytes, out); }
-extern "C" __global__ void __launch_bounds__(256, 2) walk4(ARGS) { walk<4>(W, S, wt, wq, st, sq, tiles, Q, kw_log, sbytes, out); }
+#define PASS W, S, wt, wq, st, sq, tiles, Q, kw_log, sbytes, out
+extern "C" __global__ void __launch_bounds__(256, 2) walk2(ARGS) { walk<2, true>(PASS); }
+extern "C" __global__ void __launch_bounds__(256, 2) walk4(ARGS) { walk<4, true>(PASS); }
+extern "C" __global__ void __launch_bounds__(256, 2) walk2_nohint(ARGS) { walk<2, false>(PASS); }
 """
 
 
 def probe_us(copies, fmt, dev, stream) -> dict:
     """Microseconds per call of read-only walks over the weight copies in the M=1 GEMV's
-    pattern (its plan's grid and K slices): W and scales at depth 2, W only at depth 2 and 4."""
+    pattern (its plan's grid and K slices): W and scales at depth 2 (with and without the load
+    hints), W only at depth 2 and 4, and W and scales with twice / half the warps along K (the
+    walk's few registers let 8 CTAs reside on an SM)."""
     import cupy
 
     from kernelgen.fp4_gemm import plan
@@ -103,18 +112,43 @@ def probe_us(copies, fmt, dev, stream) -> dict:
     out = cupy.zeros(1, cupy.uint32)
     sbytes = 4 if fmt == "nvfp4" else 2
     res = {}
-    for name, depth, with_s in (("W+S d2", 2, True), ("W d2", 2, False), ("W d4", 4, False)):
-        fn = mod.get_function(f"walk{depth}")
+    tiles = -(-w0.n // 16)
+    for name, fname, with_s, kw in (("W+S d2", "walk2", True, p.kw),
+                                    ("W+S d2 no hint", "walk2_nohint", True, p.kw),
+                                    ("W d2", "walk2", False, p.kw), ("W d4", "walk4", False, p.kw),
+                                    (f"W+S d2 kw{2 * p.kw}", "walk2", True, 2 * p.kw),
+                                    (f"W+S d2 kw{p.kw // 2}", "walk2", True, p.kw // 2)):
+        if not 1 <= kw <= 8:
+            continue
+        fn = mod.get_function(fname)
+        grid = (-(-tiles * kw // 8),)
 
-        def call(i, fn=fn, with_s=with_s):
+        def call(i, fn=fn, with_s=with_s, kw=kw, grid=grid):
             w = copies[i % len(copies)]
             wt, wq, st, sq = (np.int64(x) for x in w.strides())
-            fn(p.grid[:1], (256,), (w.data, w.scales, wt, wq, st, sq, np.int32(-(-w.n // 16)),
-                                    np.int32(w.k // 128), np.int32(p.kw.bit_length() - 1),
-                                    np.int32(sbytes if with_s else 0), out))
+            fn(grid, (256,), (w.data, w.scales, wt, wq, st, sq, np.int32(tiles), np.int32(w.k // 128),
+                              np.int32(kw.bit_length() - 1), np.int32(sbytes if with_s else 0), out))
 
         res[name] = graph_time(call, len(copies), stream)[0] * 1e6
     return res
+
+
+def plain_read_bytes_us(nbytes, count, stream) -> float:
+    """The plain_read_us kernel over `count` flat buffers of nbytes (W and scales together)."""
+    import cupy
+
+    from kernelgen.arch import device_info
+
+    bufs = [cupy.ones(-(-nbytes // 16) * 4, cupy.uint32) for _ in range(count)]
+    k = read_kernel()
+    out = cupy.zeros(1, cupy.uint32)
+    grid = device_info().sm_count * 8
+
+    def call(i):
+        x = bufs[i % len(bufs)]
+        k((grid,), (256,), (x, np.uint64(x.nbytes // 16), out))
+
+    return graph_time(call, len(bufs), stream)[0] * 1e6
 
 
 def weight_copies(fmt, n, k, l2_bytes, arrangement="tile_major"):
@@ -124,6 +158,7 @@ def weight_copies(fmt, n, k, l2_bytes, arrangement="tile_major"):
 
     from kernelgen.bench import rotation
     from kernelgen.fp4_gemm import Fp4Weight
+    from kernelgen.fp4_gemm.api import ARRANGEMENT
     from kernelgen.fp4_gemm.layout import arrange
 
     g = 16 if fmt == "nvfp4" else 32
@@ -139,8 +174,9 @@ def weight_copies(fmt, n, k, l2_bytes, arrangement="tile_major"):
         else:
             scales = rs.randint(120, 128, (t, q, 8, 4, 2, sb // 4), dtype=cupy.int32).astype(cupy.uint8)
             post = cupy.full(n, 2.0**-6, cupy.float32)
-        data, scales = arrange(cupy, data, scales, arrangement)
-        return Fp4Weight(fmt, n, k, data, scales, post, cupy.cuda.runtime.getDevice(), arrangement)
+        arr = ARRANGEMENT[fmt] if arrangement == "default" else arrangement
+        data, scales = arrange(cupy, data, scales, arr)
+        return Fp4Weight(fmt, n, k, data, scales, post, cupy.cuda.runtime.getDevice(), arr)
 
     wbytes = n * k // 2 + n * k // g
     return rotation(make, wbytes, l2_bytes), wbytes
@@ -246,8 +282,9 @@ def main() -> None:
     ap.add_argument("--variant-ms", default="1,16,256,1024,4096", help="M values of --variants")
     ap.add_argument("--variant-filter", default=None, help="regex: only variants whose name matches")
     ap.add_argument("--sass", default=None, help="write a SASS opcode histogram of the M=1 kernel here")
-    ap.add_argument("--arrangements", default="tile_major",
-                    help="weight block arrangements to time (layout.py ARRANGEMENTS)")
+    ap.add_argument("--arrangements", default="default",
+                    help="weight block arrangements to time (layout.py ARRANGEMENTS; default: "
+                         "prepare_weight's for the format)")
     ap.add_argument("--probe", action="store_true", help="read-only walks in the GEMV's pattern")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -287,11 +324,16 @@ def main() -> None:
                     res.setdefault("plain_read_us", {})[f"{n}x{k} {fmt}"] = plain
                     print(f"{n:>5}x{k:<5} {fmt} plain 16-byte read of W's fp4 bytes: {plain:.2f} us",
                           flush=True)
+                    if args.probe:
+                        pws = plain_read_bytes_us(wbytes, len(copies), stream)
+                        res.setdefault("plain_read_w_s_us", {})[f"{n}x{k} {fmt}"] = pws
+                        print(f"{n:>5}x{k:<5} {fmt} plain 16-byte read of W + scales ({wbytes} B): "
+                              f"{pws:.2f} us = {100 * wbytes / read_bw / (pws * 1e-6):.1f}% read BW", flush=True)
                     firsts = {}
                 if args.probe:
                     pr = probe_us(copies, fmt, dev, stream)
-                    res.setdefault("probe_us", []).append({"N": n, "K": k, "fmt": fmt, "arrangement": arr, **pr})
-                    print(f"{n:>5}x{k:<5} {fmt} {arr} walks: " + ", ".join(f"{a} {v:.2f} us" for a, v in pr.items()),
+                    res.setdefault("probe_us", []).append({"N": n, "K": k, "fmt": fmt, "arrangement": copies[0].arrangement, **pr})
+                    print(f"{n:>5}x{k:<5} {fmt} {copies[0].arrangement} walks: " + ", ".join(f"{a} {v:.2f} us" for a, v in pr.items()),
                           flush=True)
                 for m in ms:
                     a = cupy.asarray(np.random.default_rng(m).standard_normal((m, k)).astype(np.float16))
@@ -304,13 +346,13 @@ def main() -> None:
                     rbytes = wbytes + m * k * 2
                     tc = cublas[m]
                     p = select_fp4(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
-                    row = {"N": n, "K": k, "fmt": fmt, "arrangement": arr, "M": m, "us": t * 1e6,
+                    row = {"N": n, "K": k, "fmt": fmt, "arrangement": copies[0].arrangement, "M": m, "us": t * 1e6,
                            "same_as_first": exact, "read_bytes": rbytes,
                            "floor_us": rbytes / read_bw * 1e6, "frac_read_bw": rbytes / read_bw / t,
                            "tflops": 2 * m * n * k / t / 1e12, "cublas_fp16_us": tc * 1e6,
                            "speedup_vs_cublas": tc / t, "timing": mode, "plan": p.short()}
                     res["rows"].append(row)
-                    print(f"{n:>5}x{k:<5} {fmt} {arr} M={m:<4} {t * 1e6:8.2f} us  floor {row['floor_us']:7.2f}"
+                    print(f"{n:>5}x{k:<5} {fmt} {copies[0].arrangement} M={m:<4} {t * 1e6:8.2f} us  floor {row['floor_us']:7.2f}"
                           f"  {100 * row['frac_read_bw']:5.1f}% read BW  {row['tflops']:6.1f} TF/s  "
                           f"cuBLAS {tc * 1e6:8.2f} us ({row['speedup_vs_cublas']:.2f}x)  [{p.path} "
                           f"split={p.split}]{'' if exact else '  NOT BIT-EXACT vs the first arrangement'}",

@@ -15,8 +15,11 @@ from .config import DTYPES, FMTS, GROUP, SCALE_BYTES
 from .layout import ARRANGEMENTS, arrange, arranged_shapes, block_strides, tile_data, tile_scales
 from .select import Plan, check_shape, plan, select_fp4
 
-# how prepare_weight stores the blocks (layout.py ARRANGEMENTS)
-ARRANGEMENT = "tile_major"
+# How prepare_weight stores the blocks (layout.py ARRANGEMENTS). Measured on H100 (session 10,
+# M = 1, both decode shapes, same run): step-major beats tile-major by 3% (mxfp4) to 3-6%
+# (nvfp4); scales inline help nvfp4 (1152-byte blocks, 128-byte aligned: 14336x4096 15.68 ->
+# 15.17 us) and hurt mxfp4 (1088-byte blocks straddle 128-byte lines: 14.23 -> 14.90 us).
+ARRANGEMENT = {"nvfp4": "step_major_inline", "mxfp4": "step_major"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,7 +30,7 @@ class Fp4Weight:
     MxTensor's buffers), C-contiguous (the scales of an *_inline arrangement: the view of each
     block's tail); the constructor checks their shapes and dtypes against fmt, n, k and the
     arrangement (`check_arrays`), so fp4_gemm trusts them. T = ceil(N/16), Q = K/128; in the
-    tile_major arrangement (layout.py has the others):
+    tile_major arrangement (layout.py has the others; prepare_weight's default is ARRANGEMENT):
     data    uint8 [T, Q, 2, 8, 4, 16], the packed E2M1 bytes (element 2j in the low nibble of
             byte j, as MxTensor packs them) in the tiled layout of layout.py
     scales  uint8 [T, Q, 8, 4, 2, SB/4], tiled the same way: E4M3 bytes (nvfp4, groups of 16,
@@ -122,7 +125,7 @@ def _cupy():
 
 def prepare_weight(t: Any, arrangement: str | None = None) -> Fp4Weight:
     """An MxTensor (fmt "nvfp4" or "mxfp4", any scale layout) -> Fp4Weight, on t's device.
-    `arrangement` (layout.py ARRANGEMENTS; default ARRANGEMENT) orders the blocks.
+    `arrangement` (layout.py ARRANGEMENTS; default ARRANGEMENT[fmt]) orders the blocks.
 
     Makes a copy in the kernels' tiled layout (layout.py; W's bytes, its scales, its global
     scale): keep the Fp4Weight and drop the MxTensor. Scales may be row-major [N, S] or
@@ -151,7 +154,7 @@ def prepare_weight(t: Any, arrangement: str | None = None) -> Fp4Weight:
             raise ValueError("W.global_scale: an nvfp4 weight needs its fp32 global scale")
         gs, _ = device_array(t.global_scale, "W.global_scale", ctx, ("float32",))
     with on_stream(ctx.device, ctx.stream):
-        arr = ARRANGEMENT if arrangement is None else arrangement
+        arr = ARRANGEMENT[fmt] if arrangement is None else arrangement
         data, sc, post = prepare_arrays(cupy, fmt, n, k, data, sc, t.scale_layout, gs, arr)
     return Fp4Weight(fmt, n, k, data, sc, post, ctx.device, arr)
 
