@@ -206,6 +206,10 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                 if kw != base.kw:
                     grid = (-(-(-(-n // (16 * cfg.tpw)) * kw) // 8), base.grid[1], base.grid[2])
                     yield f"kw={kw}", dataclasses.replace(base, kw=kw, grid=grid)
+            if cfg.warps == 8 and base.kw <= 4:  # 4-warp CTAs, twice as many: the SMs' warp counts even out
+                grid = (-(-(-(-n // (16 * cfg.tpw)) * base.kw) // 4), base.grid[1], base.grid[2])
+                yield "warps=4", dataclasses.replace(base, config=cfg.replace(warps=4), grid=grid,
+                                                     block=(128, 1, 1))
             for depth in (2, 4):
                 if depth != cfg.depth:
                     yield f"depth={depth}", dataclasses.replace(base, config=cfg.replace(depth=depth))

@@ -70,8 +70,9 @@ class Fp4GemvConfig(KernelConfig):
         return 0
 
     def template_vars(self) -> dict[str, Any]:
+        # the same warps an SM (<= 128 registers a thread) for 4- and 8-warp CTAs
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
-                "min_blocks": GEMV_MIN_BLOCKS}
+                "min_blocks": GEMV_MIN_BLOCKS * GEMV_WARPS // self.warps}
 
 
 def tile_smem(fmt: str, bm: int, stages: int) -> int:
