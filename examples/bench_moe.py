@@ -46,20 +46,24 @@ def _variants(arch, prefill, act, which="all"):
         specs = [(8, tn, True, 1, 1, wk, st, mb) for tn in (32, 64, 128) for wk in (2, 4)
                  for st in (3, 4, 6, 8) for mb in (2, 4)]
         specs += [(16, 64, True, 1, 1, 4, st, 4) for st in (3, 4, 5)]
-    specs = [(*sp, False, 1) for sp in specs] if which == "all" else []
+    specs = [(*sp, False, 1, False) for sp in specs] if which == "all" else []
     if prefill and arch in WGMMA_ARCHS:  # wgmma: warps (tile_m / 16, 1, 1), + groups in flight
-        wg = [(128, 256, 4, 1, 1), (128, 256, 4, 1, 0), (128, 256, 3, 1, 0),
-              (128, 128, 6, 1, 1), (128, 128, 6, 1, 0), (128, 128, 3, 2, 0), (128, 128, 4, 1, 0),
-              (256, 128, 4, 1, 1), (256, 128, 4, 1, 0), (64, 128, 4, 2, 1), (64, 128, 3, 2, 0)]
-        specs += [(tm, tn, False, tm // 16, 1, 1, st, mb, True, inf) for tm, tn, st, mb, inf in wg]
+        # (tile_m, tile_n, stages, min_blocks, inflight, producer warpgroup)
+        wg = [(128, 256, 4, 1, 1, False), (128, 256, 4, 1, 0, False), (128, 256, 3, 1, 0, False),
+              (128, 128, 6, 1, 1, False), (128, 128, 6, 1, 0, False), (128, 128, 3, 2, 0, False),
+              (256, 128, 4, 1, 1, False), (256, 128, 4, 1, 0, False), (64, 128, 3, 2, 0, False),
+              (128, 256, 4, 1, 1, True), (128, 256, 4, 1, 0, True), (128, 128, 6, 1, 1, True),
+              (64, 256, 4, 1, 1, True), (64, 128, 4, 2, 1, True)]
+        specs += [(tm, tn, False, tm // 16, 1, 1, st, mb, True, inf, pr)
+                  for tm, tn, st, mb, inf, pr in wg]
     out = []
-    for tm, tn, sw, wp, wq, wk, st, mb, wg, inf in specs:
+    for tm, tn, sw, wp, wq, wk, st, mb, wg, inf, pr in specs:
         label = f"{tm}{'s' if sw else 'w' if wg else 'n'}{tn}_w{wp}{wq}{wk}_s{st}_b{mb}"
-        label += f"_i{inf}" if wg else ""
+        label += (f"_i{inf}" if wg else "") + ("_p" if pr else "")
         try:
             cfg = MoeGemmConfig(tile_m=tm, tile_n=tn, swap_ab=sw, warps_p=wp, warps_q=wq,
                                 warps_k=wk, stages=st, min_blocks=mb, wgmma=wg, inflight=inf,
-                                **base)
+                                producer=pr, **base)
         except ValueError:
             continue
         out.append((label, cfg))

@@ -112,6 +112,9 @@ class MoeGemmConfig(KernelConfig):
     # wgmma groups left pending across the per-k-tile barrier: 1 overlaps it with tensor work,
     # 0 prefetches one stage deeper (templates/moe/grouped_wgmma.cuh); 1 without wgmma
     inflight: int = 1
+    # wgmma only: a producer warpgroup (cp.async + mbarriers) feeds the tile_m / 64 consumer
+    # warpgroups, no CTA barrier in the main loop (GroupedWgmmaWs)
+    producer: bool = False
 
     @classmethod
     def of(cls, arch: str, dtype: str, tile_m: int, swap_ab: bool, tile_n: int,
@@ -134,7 +137,7 @@ class MoeGemmConfig(KernelConfig):
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_p * self.warps_q * self.warps_k
+        return 32 * self.warps_p * self.warps_q * self.warps_k + (128 if self.producer else 0)
 
     def check(self) -> None:
         def bad(field: str, rule: str) -> UnsupportedConfigError:
@@ -160,6 +163,8 @@ class MoeGemmConfig(KernelConfig):
             return
         if self.inflight != 1:
             raise bad("inflight", "only the wgmma path has groups in flight; keep 1")
+        if self.producer:
+            raise bad("producer", "only the wgmma path has a producer warpgroup")
         for f in ("warps_p", "warps_q", "warps_k"):
             if getattr(self, f) not in (1, 2, 4, 8):
                 raise bad(f, "expected 1, 2, 4 or 8")
@@ -194,7 +199,9 @@ class MoeGemmConfig(KernelConfig):
                                  f"(one warpgroup per 64 tokens)")
         if self.inflight not in (0, 1):
             raise bad("inflight", "wgmma groups pending across the barrier: 0 or 1")
-        if self.stages < 2 + self.inflight:
+        if self.threads > 512:
+            raise bad("producer", f"{self.threads} threads a CTA; at most 512")
+        if self.stages < 2 + (0 if self.producer else self.inflight):
             raise bad("stages", f"wgmma with {self.inflight} group(s) in flight needs at least "
                                 f"{2 + self.inflight} stages (one k-tile prefetched)")
 
@@ -205,8 +212,8 @@ class MoeGemmConfig(KernelConfig):
         """Pipeline stages, or the k-split reduction buffer if larger (it reuses them); wgmma:
         the stages + 1024 bytes to align them to the 128-byte swizzle atoms."""
         pipe = self.stages * (self.tp + self.tq) * ROW_BYTES
-        if self.wgmma:
-            return pipe + 1024 + 16
+        if self.wgmma:  # + full / empty mbarriers of the producer variant
+            return pipe + 1024 + (16 * self.stages if self.producer else 0) + 16
         acc = (self.tp // self.warps_p // 16) * (self.tq // self.warps_q // 8) * 4
         red = (self.warps_k - 1) * self.warps_p * self.warps_q * acc * 32 * 4
         return max(pipe, red) + 16  # + the work item (templates/moe/grouped.cuh find_tile)

@@ -49,6 +49,26 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// mbarrier helpers (sm_90) for producer / consumer pipelines, by shared-window address.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Arrive on `bar` once every cp.async this thread issued so far has landed (the init count
+// includes this arrival: .noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// Spin until the phase of parity `parity` of `bar` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nKG_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra KG_MBAR_WAIT;\n}" ::"r"(bar), "r"(parity) : "memory");
+}
+
 // D[64 x N] (+)= A[64 x 16] . B[N x 16]^T, A and B K-major in shared memory (descriptors),
 // T = half | __nv_bfloat16; scale_d = 0 ignores D's old value (overwrites), 1 accumulates.
 template <typename T, int N> struct Wgmma;

@@ -27,6 +27,17 @@
 
 namespace kg::moe {
 
+// One k-tile of a warpgroup: 64 tokens at sx (64 rows of the X tile) x TN weight rows at sw,
+// four k16 steps of 32 bytes into the 128-byte swizzled rows; one commit group.
+template <typename T, int TN>
+__device__ __forceinline__ void wgmma_k_tile(float (&acc)[1][TN / 8][4], uint32_t sx, uint32_t sw) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < TK / 16; ++ks)
+    Wgmma<T, TN>::run(acc[0], wgmma_desc_k128(sx + ks * 32), wgmma_desc_k128(sw + ks * 32));
+  wgmma_commit();
+}
+
 template <typename T, int TM, int TN, int STAGES, int INFLIGHT, bool SWIGLU>
 struct GroupedWgmma {
   static_assert(TM % 64 == 0 && TM <= 256, "64-row warpgroup tiles");
@@ -83,11 +94,7 @@ struct GroupedWgmma {
       __syncthreads();  // everyone's copies of kt; every warpgroup past its wait for kt - 1 - INFLIGHT
       const uint32_t sx = base + (uint32_t)((kt % STAGES) * STAGE_BYTES) + wg * 64 * ROW_BYTES;
       const uint32_t sw = base + (uint32_t)((kt % STAGES) * STAGE_BYTES) + TM * ROW_BYTES;
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < TK / 16; ++ks)
-        Wgmma<T, TN>::run(acc[0], wgmma_desc_k128(sx + ks * 32), wgmma_desc_k128(sw + ks * 32));
-      wgmma_commit();
+      wgmma_k_tile<T, TN>(acc, sx, sw);
       if (kt + D < k_tiles) load_stage(kt + D);  // into the slot of kt - 1 - INFLIGHT
       cp_async_commit();
       wgmma_wait<INFLIGHT>();
@@ -96,6 +103,85 @@ struct GroupedWgmma {
     cp_async_wait<0>();
 
     G::epilogue(acc, tile, n0, Y, N, warp, 0, lane);
+  }
+};
+
+// Warp-specialized variant: warpgroup 0 is the producer (cp.async of whole stages, one
+// mbarrier "full" per slot that its 128 threads' copies complete), warpgroups 1.. the consumers
+// (wgmma; after waiting for k-tile kt - INFLIGHT's group every consumer thread arrives on that
+// slot's "empty" mbarrier, which the producer waits for before refilling it). No CTA-wide
+// barrier in the main loop: the producer runs up to STAGES k-tiles ahead.
+template <typename T, int TM, int TN, int STAGES, int INFLIGHT, bool SWIGLU>
+struct GroupedWgmmaWs {
+  static_assert(TM % 64 == 0 && TM <= 256, "64-row warpgroup tiles");
+  static_assert(TN == 64 || TN == 128 || TN == 256, "wgmma n of the common wrappers");
+  static_assert(INFLIGHT == 0 || INFLIGHT == 1, "wgmma groups pending before a slot is released");
+  static_assert(STAGES >= 2, "a slot in use and one filling");
+  using GP = Grouped<T, TM, TN, 4, 1, 1, STAGES, false, SWIGLU>;        // producer loaders (128 threads)
+  using GE = Grouped<T, TM, TN, TM / 16, 1, 1, STAGES, false, SWIGLU>;  // consumer epilogue
+  static constexpr int CONSUMERS = 32 * (TM / 16);
+  static constexpr int THREADS = 128 + CONSUMERS;
+  static constexpr int STAGE_BYTES = (TM + TN) * ROW_BYTES;
+  static_assert(STAGE_BYTES % 1024 == 0, "stages of whole swizzle atoms");
+  static constexpr int SMEM_PIPE = STAGES * STAGE_BYTES;
+  // + alignment slack, + full and empty mbarriers (8 bytes each a slot), + the work item
+  static constexpr int SMEM = SMEM_PIPE + 1024 + 16 * STAGES + 16;
+
+  static __device__ __forceinline__ void run(const T* __restrict__ X, const T* __restrict__ W,
+                                             const int* __restrict__ offsets, T* __restrict__ Y,
+                                             int E, int N, int K, int M) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t base = (raw + 1023u) & ~1023u;
+    const uint32_t full = base + SMEM_PIPE, empty = full + 8 * STAGES;
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < STAGES; ++s) {
+        mbar_init(full + 8 * s, 128);
+        mbar_init(empty + 8 * s, CONSUMERS);
+      }
+    }
+    const int n_tiles = (N + TN - 1) / TN;
+    // find_tile's barrier also publishes the mbarrier initialisation
+    const TileOf tile = find_tile<TM>(offsets, E, M, n_tiles, blockIdx.x,
+                                      reinterpret_cast<int*>(smem + (base - raw) + SMEM_PIPE +
+                                                             16 * STAGES));
+    if (tile.e < 0) return;
+    const int n0 = tile.n_tile * TN;
+    const int k_tiles = (K + TK - 1) / TK;
+
+    if (threadIdx.x < 128) {  // producer warpgroup
+      Loader<T, TM, 128> lx;
+      Loader<T, TN, 128> lw;
+      GP::template x_rows<TM>(lx, X, K, tile.row0, tile.rows);
+      GP::template w_rows<TN>(lw, W + (size_t)tile.e * N * K, N, K, n0);
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        const int s = kt % STAGES;
+        if (kt >= STAGES) mbar_wait(empty + 8 * s, ((kt / STAGES) - 1) & 1);
+        const uint32_t st = base + (uint32_t)(s * STAGE_BYTES);
+        GP::template copy<TM>(lx, st, kt * TK, K);
+        GP::template copy<TN>(lw, st + TM * ROW_BYTES, kt * TK, K);
+        cp_async_mbar_arrive(full + 8 * s);
+      }
+      cp_async_wait_all();
+      return;
+    }
+
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) - 4, wg = warp >> 2;
+    float acc[1][TN / 8][4];
+#pragma unroll
+    for (int j = 0; j < TN / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % STAGES;
+      mbar_wait(full + 8 * s, (kt / STAGES) & 1);
+      fence_proxy_async_smem();  // the producer's cp.async data -> the async proxy
+      const uint32_t st = base + (uint32_t)(s * STAGE_BYTES);
+      wgmma_k_tile<T, TN>(acc, st + wg * 64 * ROW_BYTES, st + TM * ROW_BYTES);
+      wgmma_wait<INFLIGHT>();
+      if (kt >= INFLIGHT) mbar_arrive(empty + 8 * ((kt - INFLIGHT) % STAGES));
+    }
+    wgmma_wait<0>();
+    GE::epilogue(acc, tile, n0, Y, N, warp, 0, lane);
   }
 };
 

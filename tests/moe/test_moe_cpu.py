@@ -86,6 +86,12 @@ def test_wgmma_config_rules():
         MoeGemmConfig(**{**base, "inflight": 2})
     with pytest.raises(UnsupportedConfigError, match="only the wgmma path"):
         MoeGemmConfig(arch="sm_90a", inflight=0)
+    with pytest.raises(UnsupportedConfigError, match="only the wgmma path has a producer"):
+        MoeGemmConfig(arch="sm_90a", producer=True)
+    ws = MoeGemmConfig(**{**base, "producer": True})
+    assert ws.threads == 384 and ws.smem_bytes() == 4 * 384 * 128 + 1024 + 16 * 4 + 16
+    with pytest.raises(UnsupportedConfigError, match="640 threads"):
+        MoeGemmConfig(**{**base, "tile_m": 256, "tile_n": 128, "warps_p": 16, "producer": True})
     with pytest.raises(UnsupportedConfigError, match="no MoE wgmma tile"):
         MoeGemmConfig.of("sm_90a", "bfloat16", 64, False, 128, wgmma=True)
     # 256-token tiles (4 warpgroups, 512 threads) are valid configs outside the table

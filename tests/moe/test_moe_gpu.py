@@ -21,9 +21,12 @@ DTYPES = ("float16", "bfloat16")
 # every tile-table row (mma.sync forced), then the wgmma rows: (tile_m, swap_ab, tile_n, wgmma)
 ROWS = [(tm, sw, tn, False) for (tm, sw, tn) in TILES]
 WG_ROWS = [(tm, False, tn, True) for (tm, tn) in WG_TILES]
-# wgmma variants outside the table (tuning sweeps): (tile_m, tile_n, stages, min_blocks, inflight)
-WG_VARIANTS = [(128, 256, 4, 1, 0), (128, 128, 3, 2, 0), (256, 128, 4, 1, 1), (256, 128, 4, 1, 0),
-               (64, 128, 3, 2, 0), (64, 256, 4, 1, 1)]
+# wgmma variants outside the table (tuning sweeps):
+# (tile_m, tile_n, stages, min_blocks, inflight, producer warpgroup)
+WG_VARIANTS = [(128, 256, 4, 1, 0, False), (128, 128, 3, 2, 0, False), (256, 128, 4, 1, 1, False),
+               (256, 128, 4, 1, 0, False), (64, 128, 3, 2, 0, False), (64, 256, 4, 1, 1, False),
+               (128, 256, 4, 1, 1, True), (128, 256, 4, 1, 0, True), (128, 128, 6, 1, 1, True),
+               (64, 256, 4, 1, 1, True), (64, 128, 4, 2, 1, True), (128, 128, 2, 1, 1, True)]
 
 
 def _rows():
@@ -159,7 +162,8 @@ def test_wgmma_prefill_shapes(dtype):
     hint = "bfloat16" if dtype == "bfloat16" else None
     for kind, t, e, top_k, n, k in (("hot80", 700, 16, 4, 528, 1048),
                                     ("zero_rows", 1200, 16, 2, 400, 776),
-                                    ("uniform", 2048, 8, 2, 256, 520)):
+                                    ("uniform", 2048, 8, 2, 256, 520),
+                                    ("dup", 900, 8, 4, 272, 136)):  # K: fewer k-tiles than stages
         x, w, off = _problem(rng, kind, t, e, top_k, n, k, dtype, gap=5)
         for act in (None, "swiglu"):
             ref = MR.grouped_gemm(MR.to_float64(x, dtype), MR.to_float64(w, dtype), off, act)
@@ -172,11 +176,11 @@ def test_wgmma_prefill_shapes(dtype):
                 y = grouped_gemm(xd, wd, od, activation=act, tile_m=tm, swap_ab=sw, tile_n=tn,
                                  wgmma=wg, dtype=hint)
                 _check(y, ref, dtype, f"wgmma {kind=} {t=} {e=} {top_k=} {n=} {k=} {act} {row=}")
-            for tm, tn, st, mb, inf in WG_VARIANTS:
+            for tm, tn, st, mb, inf, pr in WG_VARIANTS:
                 cfg = MoeGemmConfig(arch=info.arch.name, dtype=dtype, tile_m=tm, tile_n=tn,
                                     warps_p=tm // 16, warps_q=1, warps_k=1, stages=st,
                                     min_blocks=mb, epilogue=plan.config.epilogue, wgmma=True,
-                                    inflight=inf)
+                                    inflight=inf, producer=pr)
                 y = grouped_gemm(xd, wd, od, activation=act, config=cfg, dtype=hint)
                 _check(y, ref, dtype, f"wgmma {kind=} {t=} {n=} {k=} {act} {cfg.short()}")
 
