@@ -4,6 +4,7 @@ over N and K (M = 1), all timed as CUDA-graph replays with weights rotated past 
     python examples/probe_gemv_floor.py [--bits 4,2] [--read-mb 4,8,16,31,64,117]
     python examples/probe_gemv_floor.py --prmt 2,3,4,5 [--prmt-shapes 14336x4096,4096x14336]
         [--prmt-ms 1,16] [--json out.json]
+    ncu -k kbit_gemv --launch-skip 2 python examples/probe_gemv_floor.py --once 4:14336x4096:0
 
 A bare 16-byte-load read kernel at several grid sizes shows what any bandwidth kernel can reach
 at a given size (launch, ramp and tail included); the GEMV sweep over N separates its fixed cost
@@ -30,7 +31,11 @@ def main() -> None:
     ap.add_argument("--prmt-shapes", default="14336x4096,4096x14336")
     ap.add_argument("--prmt-ms", default="1,16")
     ap.add_argument("--json", default="")
+    ap.add_argument("--once", default="", help="BITS:NxK:PRMT_BLOCKS: 3 launches at M=1 (for ncu)")
     args = ap.parse_args()
+    if args.once:
+        once(args.once)
+        return
     if args.prmt:
         prmt_sweep(args)
         return
@@ -76,6 +81,22 @@ def main() -> None:
                 print(f"gemv k{bits} M=1 {n:6d}x{k:<6d} {wbytes / 2**20:7.2f} MB {t * 1e6:7.2f} us "
                       f"{wbytes / t / 1e9:6.0f} GB/s  split={plan.split} grid={plan.grid} [{mode}]", flush=True)
                 del copies, base, w
+
+
+def once(spec: str) -> None:
+    """Three M=1 launches of one GEMV variant (a target for ncu --launch-skip 2)."""
+    import cupy
+
+    import kernelgen as kg
+
+    bits, shape, pb = spec.split(":")
+    n, k = (int(v) for v in shape.split("x"))
+    w = cupy.random.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
+    lin = kg.quantize_weight(w, int(bits))
+    a = cupy.random.standard_normal((1, k), dtype=cupy.float32).astype(cupy.float16)
+    for _ in range(3):
+        kg.gemm(a, lin, path="gemv", prmt_blocks=int(pb))
+    cupy.cuda.Device().synchronize()
 
 
 def prmt_sweep(args: argparse.Namespace) -> None:

@@ -27,16 +27,16 @@
 // 2*BITS bits {plane b bit e, plane b bit e+1}_b, which a few bit-select ops build for 4 pairs
 // per 32-bit word. Each table entry holds the half2/bf16x2 (cb[i_e], cb[i_e+1]), replicated per
 // lane (32 copies; 16 for BITS=5) so that random codes never collide in a bank. The table
-// holds unscaled codebook values; the 4 lanes of a quad feed 4 different blocks into one mma,
-// so each W pair is multiplied by its block's E4M4 scale in T (exact scale, one rounding) before
-// the mma, and the fp32 accumulators are kept per block index j (4 independent mma chains).
+// holds codebook values times a power of two (ScaleBits); the 4 lanes of a quad feed 4
+// different blocks into one mma, so each W pair is multiplied by its block's E4M4 scale in T
+// (scale over that power of two, exact; one rounding of the product) before the mma, and the
+// fp32 accumulators are kept per block index j (4 independent mma chains).
 //
 // Split-K (grid.y > 1): each CTA covers a K range; partial sums go to ws, and the last warp to
 // finish a tile (a per-tile counter) adds the partials in split order (deterministic), adds
 // the bias, writes C and resets the counter for the next launch.
 #pragma once
 #include "common/dtypes.cuh"
-#include "common/e4m4.cuh"
 #include "common/mma.cuh"
 #include "common/ptx.cuh"
 
@@ -46,6 +46,32 @@ constexpr int TILE_ROWS = 16;     // W rows per warp tile (mma M)
 constexpr int GROUP_BLOCKS = 4;   // blocks per lane per step
 constexpr int GROUP_K = 32 * GROUP_BLOCKS;  // 128: k per group; K % 128 == 0
 constexpr uint32_t FULL = 0xffffffffu;
+
+// -- block scales ---------------------------------------------------------------------------
+// An E4M4 byte shifted into T's exponent and mantissa fields is its value / 2^4 (fp16) or
+// / 2^116 (bf16), E4M4 subnormals landing on T's subnormals: one PRMT and one shift a scale
+// pair instead of a decode. The tables hold the codebook (rounded to T) times the same power
+// of two, so table entry x scale pair is the exact product W * scale, rounded once in T as
+// before (codebook entries below 4096 in magnitude for fp16; the kbit levels lie in [-1, 1]).
+template <typename T> struct ScaleBits;
+template <> struct ScaleBits<half> {
+  static constexpr int SHIFT = 6;
+  static constexpr float TABLE = 16.0f;
+};
+template <> struct ScaleBits<__nv_bfloat16> {
+  static constexpr int SHIFT = 3;
+  static constexpr float TABLE = 0x1p116f;
+};
+
+// codebook value as the tables hold it: rounded to T, times ScaleBits<T>::TABLE (exact)
+template <typename T> __device__ __forceinline__ float table_value(float cb) {
+  return to_float(from_float<T>(cb)) * ScaleBits<T>::TABLE;
+}
+
+// (s, s) / TABLE as a T pair, s = E4M4 byte j of w (j a constant after unrolling).
+template <typename T> __device__ __forceinline__ uint32_t scale2(uint32_t w, int j) {
+  return __byte_perm(w, 0u, 0x4040u | ((uint32_t)j << 8) | (uint32_t)j) << ScaleBits<T>::SHIFT;
+}
 
 // -- pair-code table ------------------------------------------------------------------------
 // Entry c (code of 2*BITS bits, bit 2b+i = plane b of element i) = pair (cb[i0], cb[i1]),
@@ -68,7 +94,7 @@ __device__ __forceinline__ void fill_lut(unsigned char* lut, const float* __rest
   constexpr int VEC = L::COPIES / 4;          // 16-byte stores per entry
   constexpr int TOTAL = L::ENTRIES * VEC;     // a multiple of 32
   const int lane = threadIdx.x & 31;
-  const float cb = __ldg(codebook + (lane & ((1 << BITS) - 1)));
+  const float cb = table_value<T>(__ldg(codebook + (lane & ((1 << BITS) - 1))));
 #pragma unroll 8
   for (int i = threadIdx.x; i < (TOTAL + THREADS - 1) / THREADS * THREADS; i += THREADS) {
     const int c = min(i, TOTAL - 1) / VEC;    // warp-uniform bound: every lane shuffles
@@ -152,16 +178,15 @@ __device__ __forceinline__ uint32_t pair_addr(const Codes<BITS>& c, uint32_t lan
 // of lane t from A in shared memory, for NT n8 tiles.
 template <typename T, int NT, int S>
 __device__ __forceinline__ void mma_w(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                      const uint32_t (&arow)[NT], const bool (&b_ok)[NT],
-                                      uint32_t kbase, int j, float (&acc)[NT][4]) {
+                                      const uint32_t (&arow)[NT], uint32_t kbase, int j,
+                                      float (&acc)[NT][4]) {
   // B operand (A^T): the 4 k of lane t, block j, step S = 8-byte chunk (j&1)*8 + S of the
   // 128-byte line j>>1 (swizzled with x_a, which arow already holds).
   const uint32_t line = kbase + 128u * (uint32_t)(j >> 1);
   const uint32_t chunk = 8u * (uint32_t)((j & 1) * 8 + S);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    uint2 bfrag = make_uint2(0u, 0u);
-    if (b_ok[nt]) bfrag = lds64((arow[nt] + line) ^ chunk);
+    const uint2 bfrag = lds64((arow[nt] + line) ^ chunk);
     Mma<T>::run(acc[nt], a0, a1, a2, a3, bfrag.x, bfrag.y);
   }
 }
@@ -173,15 +198,14 @@ __device__ __forceinline__ void mma_w(uint32_t a0, uint32_t a1, uint32_t a2, uin
 template <typename T, int BITS, int NT, int S>
 __device__ __forceinline__ void mma_step(const Codes<BITS>& ca, const Codes<BITS>& cb,
                                          uint32_t lane_addr, uint32_t lut_base,
-                                         const uint32_t (&arow)[NT], const bool (&b_ok)[NT],
-                                         uint32_t kbase, int j, uint32_t s0, uint32_t s1,
-                                         float (&acc)[NT][4]) {
+                                         const uint32_t (&arow)[NT], uint32_t kbase, int j,
+                                         uint32_t s0, uint32_t s1, float (&acc)[NT][4]) {
   // A operand (W): reg0 row g k(2t,2t+1) = pair 4S, reg1 row g+8, reg2/3 pair 4S+2.
   const uint32_t a0 = hmul2<T>(lds32(pair_addr<BITS, S, false>(ca, lane_addr, lut_base)), s0);
   const uint32_t a1 = hmul2<T>(lds32(pair_addr<BITS, S, false>(cb, lane_addr, lut_base)), s1);
   const uint32_t a2 = hmul2<T>(lds32(pair_addr<BITS, S, true>(ca, lane_addr, lut_base)), s0);
   const uint32_t a3 = hmul2<T>(lds32(pair_addr<BITS, S, true>(cb, lane_addr, lut_base)), s1);
-  mma_w<T, NT, S>(a0, a1, a2, a3, arow, b_ok, kbase, j, acc);
+  mma_w<T, NT, S>(a0, a1, a2, a3, arow, kbase, j, acc);
 }
 
 // -- register codebook (PRMT decode) ---------------------------------------------------------------
@@ -206,7 +230,7 @@ __device__ __forceinline__ RegLut make_reglut(const float* __restrict__ codebook
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (4 * q + i < E) {
-        const uint32_t v = pack2<T>(__ldg(codebook + 4 * q + i), 0.0f) & 0xFFFFu;
+        const uint32_t v = pack2<T>(table_value<T>(__ldg(codebook + 4 * q + i)), 0.0f) & 0xFFFFu;
         lo |= (v & 0xFFu) << (8 * i);
         hi |= (v >> 8) << (8 * i);
       }
@@ -234,7 +258,7 @@ __device__ __forceinline__ uint32_t low_codes(const uint32_t* p) {
 }
 
 // Half H of a block from plane words p: r[c][0] = (elements c, c+4) + 16H, r[c][1] = (c+8,
-// c+12) + 16H, as T pairs (unscaled codebook values).
+// c+12) + 16H, as T pairs (table values: codebook x ScaleBits<T>::TABLE).
 template <int BITS, int H>
 __device__ __forceinline__ void prmt_half(const uint32_t* p, const uint32_t (&y)[4],
                                           const RegLut& L, uint32_t (&r)[4][2]) {
@@ -266,19 +290,19 @@ template <typename T, int BITS, int NT, int H>
 __device__ __forceinline__ void prmt_steps(const uint32_t* pa, const uint32_t* pb,
                                            const uint32_t (&ya)[4], const uint32_t (&yb)[4],
                                            const RegLut& L, const uint32_t (&arow)[NT],
-                                           const bool (&b_ok)[NT], uint32_t kbase, int j,
-                                           uint32_t s0, uint32_t s1, float (&acc)[NT][4]) {
+                                           uint32_t kbase, int j, uint32_t s0, uint32_t s1,
+                                           float (&acc)[NT][4]) {
   uint32_t ra[4][2], rb[4][2];
   prmt_half<BITS, H>(pa, ya, L, ra);
   prmt_half<BITS, H>(pb, yb, L, rb);
   mma_w<T, NT, 4 * H + 0>(hmul2<T>(ra[0][0], s0), hmul2<T>(rb[0][0], s1), hmul2<T>(ra[0][1], s0),
-                          hmul2<T>(rb[0][1], s1), arow, b_ok, kbase, j, acc);
+                          hmul2<T>(rb[0][1], s1), arow, kbase, j, acc);
   mma_w<T, NT, 4 * H + 1>(hmul2<T>(ra[1][0], s0), hmul2<T>(rb[1][0], s1), hmul2<T>(ra[1][1], s0),
-                          hmul2<T>(rb[1][1], s1), arow, b_ok, kbase, j, acc);
+                          hmul2<T>(rb[1][1], s1), arow, kbase, j, acc);
   mma_w<T, NT, 4 * H + 2>(hmul2<T>(ra[2][0], s0), hmul2<T>(rb[2][0], s1), hmul2<T>(ra[2][1], s0),
-                          hmul2<T>(rb[2][1], s1), arow, b_ok, kbase, j, acc);
+                          hmul2<T>(rb[2][1], s1), arow, kbase, j, acc);
   mma_w<T, NT, 4 * H + 3>(hmul2<T>(ra[3][0], s0), hmul2<T>(rb[3][0], s1), hmul2<T>(ra[3][1], s0),
-                          hmul2<T>(rb[3][1], s1), arow, b_ok, kbase, j, acc);
+                          hmul2<T>(rb[3][1], s1), arow, kbase, j, acc);
 }
 
 // -- A staging -----------------------------------------------------------------------------------
@@ -424,16 +448,15 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
 
   const uint32_t lane_addr = BITS <= 3 ? (uint32_t)lane * 4u
                                        : lut_base + (uint32_t)(lane % L::COPIES) * 4u;
-  // A fragment rows: token g (+8 for the second n8 tile); rows past M read as zero. Every
+  // A fragment rows: token g (+8 for the second n8 tile); tokens past M read row rows-1 (their
+  // outputs are never stored), so every lane loads without a predicate. Every
   // chunk this lane reads has swizzle x_a = (t, g mod 4), and rows start 128-byte aligned, so
   // the address of chunk c of a line is (line start + 8*x_a) ^ 8c: one XOR a load.
   const uint32_t x_a = (uint32_t)((t << 2) | (g & 3));
   uint32_t arow[NT];
-  bool a_ok[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int m = g + 8 * nt;
-    a_ok[nt] = m < rows;
     arow[nt] = as_base + 2u * (uint32_t)(min(m, rows - 1) * kr + t * GROUP_K) + 8u * x_a;
   }
 
@@ -499,11 +522,12 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
       nsa = ld_nc_u32(absmax + (nxt.s0 + 4u * grp_next));
       nsb = ld_nc_u32(absmax + (nxt.s1 + 4u * grp_next));
     }
-    const bool k_ok = g0 + it * 4 + t < g1;
-    const uint32_t kbase = 2u * (uint32_t)(it * 4 * GROUP_K);  // bytes into the A row
-    bool b_ok[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) b_ok[nt] = a_ok[nt] && k_ok;
+    // A lane past the K range decodes a valid group (group_of) with zero scales, so that it
+    // adds exact zeros, and reads A of the same clamped group (in range, finite): no predicate
+    // or zero fill per mma. Bytes into the A row, relative to this lane's t * GROUP_K.
+    const int rel = it * 4 + t, rel_c = min(rel, g1 - g0 - 1);
+    const uint32_t kbase = 2u * (uint32_t)((rel_c - t) * GROUP_K);
+    const uint32_t sa_k = rel == rel_c ? sa : 0u, sb_k = rel == rel_c ? sb : 0u;
 #pragma unroll
     for (int j = 0; j < GROUP_BLOCKS; ++j) {
       const bool by_prmt = j < PRMT_BLOCKS;  // compile-time after unrolling
@@ -525,23 +549,23 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
         for (int b = 0; b < BITS; ++b)
           if ((4 * b + 3) / BITS == j) load_slot(nxt, grp_next, b);  // slot b's last block is j
       }
-      // the block's E4M4 scale as a T pair (exact: E4M4 values fit fp16 and bf16)
-      const uint32_t s0 = splat2<T>(e4m4_decode((sa >> (8 * j)) & 0xFFu));
-      const uint32_t s1 = splat2<T>(e4m4_decode((sb >> (8 * j)) & 0xFFu));
+      // the block's E4M4 scale as a T pair, over ScaleBits<T>::TABLE (exact)
+      const uint32_t s0 = scale2<T>(sa_k, j);
+      const uint32_t s1 = scale2<T>(sb_k, j);
       if (by_prmt) {
-        prmt_steps<T, BITS, NT, 0>(pa, pb, ya, yb, rl, arow, b_ok, kbase, j, s0, s1, acc[j]);
-        prmt_steps<T, BITS, NT, 1>(pa, pb, ya, yb, rl, arow, b_ok, kbase, j, s0, s1, acc[j]);
+        prmt_steps<T, BITS, NT, 0>(pa, pb, ya, yb, rl, arow, kbase, j, s0, s1, acc[j]);
+        prmt_steps<T, BITS, NT, 1>(pa, pb, ya, yb, rl, arow, kbase, j, s0, s1, acc[j]);
         continue;
       }
       // one accumulator set per block j: 4 independent mma chains instead of one
-      mma_step<T, BITS, NT, 0>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
-      mma_step<T, BITS, NT, 1>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
-      mma_step<T, BITS, NT, 2>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
-      mma_step<T, BITS, NT, 3>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
-      mma_step<T, BITS, NT, 4>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
-      mma_step<T, BITS, NT, 5>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
-      mma_step<T, BITS, NT, 6>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
-      mma_step<T, BITS, NT, 7>(ca, cb, lane_addr, lut_base, arow, b_ok, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 0>(ca, cb, lane_addr, lut_base, arow, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 1>(ca, cb, lane_addr, lut_base, arow, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 2>(ca, cb, lane_addr, lut_base, arow, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 3>(ca, cb, lane_addr, lut_base, arow, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 4>(ca, cb, lane_addr, lut_base, arow, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 5>(ca, cb, lane_addr, lut_base, arow, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 6>(ca, cb, lane_addr, lut_base, arow, kbase, j, s0, s1, acc[j]);
+      mma_step<T, BITS, NT, 7>(ca, cb, lane_addr, lut_base, arow, kbase, j, s0, s1, acc[j]);
     }
     sa = nsa;
     sb = nsb;

@@ -146,6 +146,29 @@ def test_prmt_decode_matches_reference(bits, dtype):
                     _check(c, c_ref, dtype, ctx)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiny_block_scales(dtype):
+    """Blocks whose absmax is below 2^-10 get E4M4 subnormal scales, which the kernel turns into
+    T subnormals (ScaleBits): every weight tiny, so a flushed or misplaced scale fails the bound."""
+    import cupy
+
+    import kernelgen as kg
+
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    n, k = 96, 1024
+    w = (rng.standard_normal((n, k)) * rng.uniform(2e-5, 1e-4, (n, 1))).astype(np.float32)
+    lin = kg.quantize_weight(cupy.asarray(_host_w(w, dtype)), 4, dtype=hint)
+    amax = cupy.asnumpy(lin.q.absmax)
+    assert np.all((amax >> 4) == 0), "the test needs E4M4 subnormal scales"
+    w64 = GR.dequantize_weight(cupy.asnumpy(lin.q.packed), amax, cupy.asnumpy(lin.q.codebook), 4, n, k)
+    a = _host(rng, (3, k), dtype, scale=100.0)
+    c_ref = GR.gemm(a, w64, None, dtype)
+    for pb in (0, 4):
+        c = kg.gemm(cupy.asarray(a), lin, dtype=hint, prmt_blocks=pb)
+        _check(c, c_ref, dtype, f"{dtype=} tiny scales prmt_blocks={pb}")
+
+
 @pytest.mark.parametrize("bits", (2, 4))
 def test_out_buffer_and_leading_dims(bits):
     import cupy
