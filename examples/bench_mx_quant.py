@@ -16,10 +16,8 @@ device from the input ("gs=auto": one launch for small inputs, amax + quantize e
         [--wide-fp8]            (also time MXFP8 with 16-element lane slots)
         [--no-h2]               (also time fp4 / fp6 without the packed 16-bit encoders)
         [--no-linear]           (also time every format without the linear-index path, M > 64)
-        [--balanced]            (also time looping grids balanced to equal chunks a block)
-        [--l2-hint]             (also time input loads with the .L2::256B prefetch hint)
-        [--bulk 4,4x3]          (also time the input through N shared-memory stages of bulk
-                                 copies (sm_90+), optionally at B blocks an SM: NxB)
+        [--no-balance]          (also time capped grids filled to the cap where the plan
+                                 balances them)
         [--same-copy]           (also time, in the same graph harness, copies of the same bytes:
                                  "rw" reads the input and writes out/in of it in the format's
                                  ratio, "sym" reads and writes half the logical bytes each, a
@@ -206,12 +204,8 @@ def main() -> None:
                     help="also time fp4 / fp6 without the packed 16-bit encoders")
     ap.add_argument("--no-linear", action="store_true",
                     help="also time every format without the linear-index path (M > 64)")
-    ap.add_argument("--balanced", action="store_true",
-                    help="also time looping grids balanced to equal chunks a block (M > 64)")
-    ap.add_argument("--l2-hint", action="store_true",
-                    help="also time input loads with the .L2::256B prefetch hint (M > 64)")
-    ap.add_argument("--bulk", default="",
-                    help="also time bulk-copy stages (sm_90+): STAGES[xBLOCKS_PER_SM],... (M > 64)")
+    ap.add_argument("--no-balance", action="store_true",
+                    help="also time capped grids filled to the cap where the plan balances them")
     ap.add_argument("--same-copy", action="store_true",
                     help="also time copies of the same bytes in the same graph harness (M > 64)")
     ap.add_argument("--profile", action="store_true",
@@ -229,9 +223,7 @@ def main() -> None:
     from kernelgen.mx.select import (
         force_balanced,
         force_blocks_per_sm,
-        force_bulk,
         force_h2,
-        force_l2_hint,
         force_linear,
         force_small_auto_path,
         force_wide_fp8,
@@ -266,27 +258,18 @@ def main() -> None:
                 variants += [("value", None, None, False)] if args.no_h2 and \
                     h2_applies(fmt, dtype) else []
                 variants += [("value", None, None, "nolinear")] if args.no_linear and m > 64 else []
-                variants += [("value", None, None, "hint")] if args.l2_hint and m > 64 else []
-                if args.balanced and m > 64:
-                    force_balanced(True)
-                    p_bal = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
+                if args.no_balance and m > 64:
+                    force_balanced(False)
+                    p_cap = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
                                           "value")
                     force_balanced(None)
-                    if p_bal.grid != quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k,
+                    if p_cap.grid != quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k,
                                                    True, "value").grid:
-                        variants += [("value", None, None, "balanced")]
-                if info.arch.cc >= 90 and m > 64:
-                    variants += [("value", None, None, f"bulk{b}") for b in args.bulk.split(",")
-                                 if b]
+                        variants += [("value", None, None, "nobalance")]
                 for gs, cap, wide, h2 in variants:
                     knob = h2 if isinstance(h2, str) else ""
-                    bulk = knob[4:].split("x") if knob.startswith("bulk") else None
-                    force_bulk(int(bulk[0]) if bulk else None)
-                    if bulk and len(bulk) > 1:
-                        cap = (int(bulk[1]), None)
                     force_linear(knob != "nolinear")
-                    force_l2_hint(True if "hint" in knob else None)
-                    force_balanced(True if "balanced" in knob else None)
+                    force_balanced(False if knob == "nobalance" else None)
                     h2 = None if knob else h2
                     force_small_auto_path("fused" if gs == "auto:fused" else None)
                     force_blocks_per_sm(*(cap or (None, None)))
@@ -314,8 +297,7 @@ def main() -> None:
                          "path": plan.path, "grid": plan.grid, "slots": plan.slots,
                          "blocks_per_sm": None if cap is None else cap[0],
                          "lane_elems": plan.config.lane_elems, "h2": plan.config.h2,
-                         "linear": plan.config.linear, "l2_hint": plan.config.l2_hint,
-                         "knob": knob, "bytes": nbytes, "stages": plan.config.stages,
+                         "linear": plan.config.linear, "knob": knob, "bytes": nbytes,
                          "us": t * 1e6, "gbps": nbytes / t / 1e9, "frac_copy": nbytes / t / bw,
                          "eager_us": None if eager is None else eager * 1e6}
                     if same:  # the best same-size copy's rate (rw / sym, either grid)
@@ -332,9 +314,7 @@ def main() -> None:
                     cap_col += ", 16-element lanes" if wide else ""
                     cap_col += ", h2 off" if h2 is False else ""
                     cap_col += ", linear off" if not plan.config.linear else ""
-                    cap_col += ", L2 hint" if plan.config.l2_hint else ""
-                    cap_col += ", balanced" if "balanced" in knob else ""
-                    cap_col += f", {plan.config.stages} bulk stages" if plan.config.stages else ""
+                    cap_col += ", not balanced" if knob == "nobalance" else ""
                     same_col = "" if not same else \
                         f" same-size copy {100 * r['frac_same_copy']:.0f}% " \
                         f"(rw {100 * r['frac_rw_copy']:.0f}%) |"
@@ -346,9 +326,7 @@ def main() -> None:
     force_wide_fp8(None)
     force_h2(None)
     force_linear(True)
-    force_l2_hint(None)
     force_balanced(None)
-    force_bulk(None)
     print_fits(rows, copy_cache)
     # dequantize to the input dtype at the largest M (not a target; for reference)
     m = max(ms)
@@ -397,25 +375,17 @@ def print_fits(rows: list, copy_cache: dict) -> None:
 
 
 def profile(args, info) -> None:
-    """One launch each of the default quantize (fp16 in), the first --bulk variant, and the rw
-    copy of the same bytes at every M > 64, in that order (for ncu)."""
+    """One launch each of the default quantize (fp16 in) and the rw copy of the same bytes at
+    every M > 64, in that order (for ncu)."""
     import cupy
 
-    from kernelgen.mx.select import force_blocks_per_sm, force_bulk
     from kernelgen.mx.tensor import elem_bits
 
     k = args.k
-    bulk = [b.split("x") for b in args.bulk.split(",") if b][:1]
     for m in [int(v) for v in args.ms.split(",") if int(v) > 64]:
         for fmt in args.formats.split(","):
             x = make_x(m, k, "float16")
             quantizer(fmt, "float16", "value")(x)
-            for b in bulk:
-                force_bulk(int(b[0]))
-                force_blocks_per_sm(int(b[1]) if len(b) > 1 else None)
-                quantizer(fmt, "float16", "value")(x)
-                force_bulk(None)
-                force_blocks_per_sm(None)
             call, _ = rw_launcher(*RATIO[elem_bits(fmt)], [x], m * k * 2, info.sm_count, True)
             call(0)
             cupy.cuda.Device().synchronize()

@@ -29,12 +29,6 @@ WIDE_FP8 = True
 # fp4 / fp6 quantize of fp16 / bf16 inputs encodes two elements a 32-bit word in 16-bit lanes
 # (mx.cuh "Packed 16-bit encoders"; MX: ~6 SASS instructions an element instead of ~13)
 H2_DEFAULT = True
-# Input loads with the PTX L2 prefetch-size hint .L2::256B (a benchmark knob: off until measured)
-L2_HINT_DEFAULT = False
-# mx_quantize input through this many shared-memory stages of bulk copies (sm_90+, looping
-# configs; 0: register loads). A benchmark knob: off until measured
-BULK_STAGES_DEFAULT = 0
-MAX_BULK_STAGES = 8
 CLUSTER = 8  # fused NVFP4 path: one cluster of 8 blocks of 1024 threads (sm_90+)
 FUSED_THREADS = 1024
 
@@ -103,8 +97,6 @@ class MxQuantizeConfig(KernelConfig):
     h2: bool = False  # packed 16-bit element encoders (see h2_applies)
     loop: bool | None = None  # blocks loop over chunks; None: by format (see loops)
     linear: bool = True  # slot addresses from the slot index alone where there is no column padding
-    l2_hint: bool = False  # input loads ask L2 for 256-byte fetches (ld ... .L2::256B)
-    stages: int = 0  # > 0: input streamed by cp.async.bulk through that many smem stages (sm_90+)
 
     def check(self) -> None:
         _check(self, self.fmt, self.dtype)
@@ -117,15 +109,6 @@ class MxQuantizeConfig(KernelConfig):
         if self.h2 and not h2_applies(self.fmt, self.dtype):
             raise UnsupportedConfigError(f"{self.short()}: h2 (packed 16-bit encoders) needs an "
                                          f"fp4 / fp6 format and a float16 / bfloat16 input")
-        if not 0 <= self.stages <= MAX_BULK_STAGES:
-            raise UnsupportedConfigError(f"{self.short()}: stages={self.stages}; expected 0 (no "
-                                         f"bulk copies) to {MAX_BULK_STAGES}")
-        if self.stages and get_arch(self.arch).cc < 90:
-            raise UnsupportedConfigError(f"{self.short()}: stages > 0 needs sm_90a or newer "
-                                         f"(cp.async.bulk, mbarrier transaction counts)")
-        if self.stages and not self.loops:
-            raise UnsupportedConfigError(f"{self.short()}: stages > 0 needs a looping config "
-                                         f"(loop=True, or an fp4 / fp6 format)")
 
     @property
     def lane_elems(self) -> int:
@@ -147,11 +130,6 @@ class MxQuantizeConfig(KernelConfig):
     def fused(self) -> bool:
         return self.fmt == "nvfp4" and has_fused(self.arch)
 
-    def smem_bytes(self) -> int:
-        """Dynamic shared memory of mx_quantize: the bulk-copy stages (a chunk of THREADS x slots
-        lane slots each)."""
-        return self.stages * THREADS * self.slots * self.lane_elems * ESIZE[self.dtype]
-
     @property
     def fused_slots(self) -> int:
         """Slots per thread of the fused kernel (its inputs stay in registers)."""
@@ -169,7 +147,7 @@ class MxQuantizeConfig(KernelConfig):
         return {**super().template_vars(), **_format_vars(self.fmt, self.dtype),
                 "lane_elems": self.lane_elems, "slots": self.slots, "loop": self.loops,
                 "min_blocks": QUANT_MIN_BLOCKS, "fused": self.fused, "h2": self.h2,
-                "linear": self.linear, "l2_hint": self.l2_hint, "stages": self.stages,
+                "linear": self.linear,
                 "cluster": CLUSTER,
                 "fused_threads": FUSED_THREADS,
                 "fused_slots": self.fused_slots}

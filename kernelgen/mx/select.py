@@ -20,16 +20,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import get_arch
 from ..core.select import selector
 from .config import (
-    BULK_STAGES_DEFAULT,
     CLUSTER,
     ESIZE,
     FLOAT_DTYPES,
     FUSED_THREADS,
     H2_DEFAULT,
-    L2_HINT_DEFAULT,
     THREADS,
     WIDE_FP8,
     MxDequantizeConfig,
@@ -56,12 +53,12 @@ _wide_fp8: bool | None = None  # tests / benchmarks: MXFP8 lane slots of 16 (Tru
 _slots: int | None = None  # tests / benchmarks: slots a thread of a chunk (at most the config's)
 _h2: bool | None = None  # tests / benchmarks: packed 16-bit encoders on / off where they apply
 _linear = True  # tests / benchmarks: False keeps the row / column slot addressing everywhere
-_l2_hint: bool | None = None  # tests / benchmarks: input loads with / without .L2::256B
-_stages: int | None = None  # tests / benchmarks: bulk-copy stages of mx_quantize (0: none)
-BULK_BLOCKS_PER_SM = 2  # grid cap of the bulk-copy configs (blocks an SM, full slots)
-# Looping grids: as many blocks as fit the cap (False) or the fewest that keep the same number
-# of rounds, so every block runs the same number of chunks (True). Off until measured.
-BALANCED_DEFAULT = False
+# Capped grids balanced (chunk_grid): the fewest blocks that keep the rounds, once the last round
+# of the full cap would be at least BALANCE_MIN_FILL full. H100, K = 4096, same run: fp4 (last
+# round 76-88% full) M = 2048 / 4096 0.5-1.6% faster, M = 16384 (3%) 0.3-0.5% slower balanced;
+# fp6 (17-37% full) 0.2-2% slower balanced (BENCHMARKS.md)
+BALANCED_DEFAULT = True
+BALANCE_MIN_FILL = 0.5
 _balanced: bool | None = None  # tests / benchmarks: override BALANCED_DEFAULT
 
 
@@ -119,36 +116,8 @@ def force_linear(on: bool) -> None:
     quantize_plan.cache_clear()
 
 
-def force_l2_hint(on: bool | None) -> None:
-    """mx_quantize input loads with (True) or without (False) the .L2::256B prefetch-size hint;
-    None: L2_HINT_DEFAULT. For tests and benchmarks; clears the plan memo."""
-    global _l2_hint
-    if on not in (None, True, False):
-        raise ValueError(f"on={on!r}; expected None, True or False")
-    _l2_hint = on
-    quantize_plan.cache_clear()
-
-
-def force_bulk(stages: int | None) -> None:
-    """mx_quantize with its input streamed through `stages` shared-memory stages of bulk copies
-    where the arch has them (sm_90+; fp8 then loops too; 0: register loads; None:
-    BULK_STAGES_DEFAULT). For tests and benchmarks; clears the plan memo."""
-    global _stages
-    if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool)
-                               or stages < 0):
-        raise ValueError(f"stages={stages!r}; expected None or an int >= 0")
-    _stages = stages
-    quantize_plan.cache_clear()
-
-
-def bulk_stages(arch: str) -> int:
-    """Bulk-copy stages quantize_config uses on `arch` (0 before sm_90)."""
-    stages = BULK_STAGES_DEFAULT if _stages is None else _stages
-    return stages if get_arch(arch).cc >= 90 else 0
-
-
 def force_balanced(on: bool | None) -> None:
-    """Capped (looping) grids balanced to equal chunks a block (True) or filled to the cap
+    """Capped (looping) grids balanced where chunk_grid allows (True) or filled to the cap
     (False); None: BALANCED_DEFAULT. For tests and benchmarks; clears the plan memo."""
     global _balanced
     if on not in (None, True, False):
@@ -161,14 +130,16 @@ def chunk_grid(chunks: int, sm_count: int, blocks_per_sm: int, balanced: bool = 
     """Blocks of mx_quantize for `chunks` chunks: a block a chunk while they fit blocks_per_sm
     resident blocks an SM, else exactly that many blocks an SM, block b running chunks b,
     b + grid, ... (every SM then gets the same number of chunks, +-1; blocks_per_sm 0: no cap).
-    balanced: the capped grid shrunk to the fewest blocks that take the same number of rounds
-    (ceil(chunks / cap)), so no block runs a chunk more than another (2048 chunks, cap 264:
-    256 blocks of 8 chunks instead of 200 of 8 and 64 of 7)."""
+    balanced: where the cap's last round would be at least BALANCE_MIN_FILL full, the fewest
+    blocks that take the same number of rounds, so no block runs a chunk more than another
+    (2048 chunks, cap 264: 256 blocks of 8 chunks instead of 200 of 8 and 64 of 7; a nearly
+    empty last round is cheap, and shrinking the grid would slow every other round)."""
     cap = sm_count * blocks_per_sm
     if blocks_per_sm <= 0 or chunks <= cap:
         return max(1, chunks)
-    if balanced:
-        return _cdiv(chunks, _cdiv(chunks, cap))
+    rounds = _cdiv(chunks, cap)
+    if balanced and chunks - (rounds - 1) * cap >= BALANCE_MIN_FILL * cap:
+        return _cdiv(chunks, rounds)
     return cap
 
 
@@ -218,13 +189,10 @@ def quantize_config(arch: str, fmt: str, dtype: str) -> MxQuantizeConfig:
     H2_DEFAULT."""
     wide = (WIDE_FP8 if _wide_fp8 is None else _wide_fp8) and elem_bits(fmt) == 8
     h2 = (H2_DEFAULT if _h2 is None else _h2) and h2_applies(fmt, dtype)
-    stages = bulk_stages(arch)
-    # a forced grid cap or bulk copies make fp8 loop too (benchmarks compare); else by format
-    loop = True if elem_bits(fmt) == 8 and (_blocks_per_sm or stages) else None
-    hint = L2_HINT_DEFAULT if _l2_hint is None else _l2_hint
+    # a forced grid cap makes fp8 loop too (benchmarks compare); else by format
+    loop = True if elem_bits(fmt) == 8 and _blocks_per_sm else None
     return MxQuantizeConfig(arch=arch, fmt=fmt, dtype=dtype, hw_cvt=hw_fp8_cvt(arch, fmt),
-                            wide=wide, h2=h2, loop=loop, linear=_linear, l2_hint=hint,
-                            stages=stages)
+                            wide=wide, h2=h2, loop=loop, linear=_linear)
 
 
 @selector
@@ -263,8 +231,6 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
     if _cdiv(total, THREADS * slots) < 2 * sm_count:
         slots = 1
     per_sm, loop_slots = LOOP_GRID.get(elem_bits(fmt), (0, 0)) if cfg.loops else (0, 0)
-    if cfg.stages:  # the stages hold full chunks in flight: fewer, fuller blocks
-        per_sm, loop_slots = BULK_BLOCKS_PER_SM, 0
     if cfg.loops and _blocks_per_sm is not None:
         per_sm, loop_slots = _blocks_per_sm, 0
     if per_sm and loop_slots and _cdiv(total, THREADS * slots) > per_sm * sm_count:

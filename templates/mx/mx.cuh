@@ -164,25 +164,12 @@ template <int W> __device__ __forceinline__ void load_words(const uint8_t* p, ui
 // ---------------------------------------------------------------------------------------------
 // Input / output vectors: E consecutive elements of one row, as 16-byte accesses.
 // ---------------------------------------------------------------------------------------------
-// 16-byte read-only load; HINT adds the L2 prefetch-size hint (L2 fetches 256 bytes around the
-// miss: a streaming reader's next sectors are requested early).
-template <bool HINT> __device__ __forceinline__ uint4 ld_in_v4(const void* p) {
-  if constexpr (HINT) {
-    uint4 r;
-    asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-  } else {
-    return ld_nc_v4(p);
-  }
-}
-
 template <typename T, int E> struct InVec {
   static constexpr int VECS = E * (int)sizeof(T) / 16;
   uint4 raw[VECS];
-  template <bool HINT = false> __device__ __forceinline__ void load(const T* p) {
+  __device__ __forceinline__ void load(const T* p) {
 #pragma unroll
-    for (int v = 0; v < VECS; ++v) raw[v] = ld_in_v4<HINT>(reinterpret_cast<const uint4*>(p) + v);
+    for (int v = 0; v < VECS; ++v) raw[v] = ld_nc_v4(reinterpret_cast<const uint4*>(p) + v);
   }
   __device__ __forceinline__ void zero() {
 #pragma unroll
@@ -631,7 +618,7 @@ __device__ __forceinline__ SlotPos add_pos(SlotPos p, SlotPos d, int slots_per_r
 
 // Loads of the u_count slots base + u * THREADS (u < u_count) of a thread; p0: (row, slot) of
 // base, du: of THREADS. Out-of-range slots and padding columns load zeros (their pos is unused).
-template <typename T, int E, int U, int THREADS, bool LIN = false, bool HINT = false>
+template <typename T, int E, int U, int THREADS, bool LIN = false>
 __device__ __forceinline__ void load_slots(const T* __restrict__ x, uint32_t base, SlotPos p0,
                                            SlotPos du, int u_count, const Shape& sh,
                                            uint32_t (&idx)[U], SlotPos (&pos)[U],
@@ -641,124 +628,13 @@ __device__ __forceinline__ void load_slots(const T* __restrict__ x, uint32_t bas
     idx[u] = u < u_count ? base + uint32_t(u * THREADS) : 0xffffffffu;
     pos[u] = u == 0 ? p0 : add_pos(pos[u > 0 ? u - 1 : 0], du, sh.slots_per_row);
     if constexpr (LIN) {
-      if (idx[u] < sh.total) in[u].template load<HINT>(x + (size_t)idx[u] * E);
+      if (idx[u] < sh.total) in[u].load(x + (size_t)idx[u] * E);
       else in[u].zero();
     } else {
       const int col = pos[u].j * E;
-      if (idx[u] < sh.total && col < sh.k)
-        in[u].template load<HINT>(x + (long long)pos[u].row * sh.k + col);
+      if (idx[u] < sh.total && col < sh.k) in[u].load(x + (long long)pos[u].row * sh.k + col);
       else in[u].zero();
     }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Bulk-copy pipeline (sm_90+): one thread streams whole chunks of the flat input into shared
-// memory stages with cp.async.bulk, each stage completing an mbarrier by its byte count; every
-// thread then reads its slots from the stage. Loads in flight without registers: STAGES chunks a
-// block. Older archs never instantiate it (config.check refuses stages before sm_90).
-// ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
-               : "memory");
-  // the initialised barrier must be visible to the async proxy (the bulk copies complete on it)
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-// Arrive (count 1) and expect `bytes` more of transaction, then copy bytes (16-byte multiple,
-// 16-byte aligned both sides) global -> shared completing them on bar.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes,
-                                          uint64_t* bar) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-               "r"(bytes) : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-      ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-#else
-  __trap();
-#endif
-}
-// Wait for the completion of phase `parity` of bar.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-#if __CUDA_ARCH__ >= 900
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-  }
-#else
-  __trap();
-#endif
-}
-
-// The stage barriers (one block-wide set an instantiation) and the dynamic smem of the stages.
-template <int STAGES> __device__ __forceinline__ uint64_t* bulk_barriers() {
-  __shared__ uint64_t full[STAGES];
-  return full;
-}
-__device__ __forceinline__ uint8_t* bulk_stages() {
-  extern __shared__ __align__(128) uint8_t dyn_smem[];
-  return dyn_smem;
-}
-
-// The LOOP + LIN body with the input streamed through STAGES shared-memory stages of U * THREADS
-// slots: block b's chunks b, b + grid, ... (the same chunks as the register loop); the stage of
-// chunk i is refilled with chunk i + STAGES once every thread has read its slots. Slots past
-// sh.total in the last chunk read stale bytes and are not stored (quantize_slots' range test;
-// total is whole rows, so no scale group straddles it).
-template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool H2,
-          int STAGES>
-__device__ __forceinline__ void quantize_bulk_loop(const Shape& sh, const T* __restrict__ x,
-                                                   uint8_t* __restrict__ data,
-                                                   uint8_t* __restrict__ scales, float gs,
-                                                   int u_count, uint64_t* full, uint8_t* stage0) {
-  constexpr uint32_t STAGE_BYTES = uint32_t(THREADS * U * E * sizeof(T));
-  const uint32_t chunk = uint32_t(THREADS * u_count);  // slots a chunk
-  const uint32_t chunks = (sh.total + chunk - 1) / chunk;
-  const uint32_t spr = uint32_t(sh.slots_per_row);
-  const uint32_t step = gridDim.x * chunk;
-  const SlotPos du = {uint32_t(THREADS) / spr, int(uint32_t(THREADS) % spr)};
-  const SlotPos dstep = {step / spr, int(step % spr)};
-  uint32_t first = blockIdx.x * chunk;
-  SlotPos p0 = {(first + threadIdx.x) / spr, int((first + threadIdx.x) % spr)};
-  for (uint32_t i = 0, c = blockIdx.x; c < chunks; ++i, c += gridDim.x) {
-    const uint32_t s = i % STAGES;
-    mbar_wait(&full[s], (i / STAGES) & 1u);
-    uint32_t idx[U];
-    SlotPos pos[U];
-    InVec<T, E> in[U];
-    const uint8_t* src = stage0 + s * STAGE_BYTES;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      idx[u] = u < u_count ? first + uint32_t(u * THREADS) + threadIdx.x : 0xffffffffu;
-      pos[u] = u == 0 ? p0 : add_pos(pos[u > 0 ? u - 1 : 0], du, int(spr));
-      if (u < u_count) {
-        const uint32_t a = smem_u32(src + (u * THREADS + threadIdx.x) * (E * sizeof(T)));
-#pragma unroll
-        for (int v = 0; v < InVec<T, E>::VECS; ++v) in[u].raw[v] = lds128(a + 16 * v);
-      }
-    }
-    __syncthreads();  // every slot of stage s is in registers: refill it
-    const uint32_t next = c + STAGES * gridDim.x;
-    if (threadIdx.x == 0 && next < chunks) {
-      const uint32_t n = min(chunk, sh.total - next * chunk);
-      bulk_load(stage0 + s * STAGE_BYTES, x + (size_t)next * chunk * E,
-                n * uint32_t(E * sizeof(T)), &full[s]);
-    }
-    quantize_slots<T, F, NV, GROUP, E, U, HW, H2, true>(in, idx, pos, u_count, sh, gs, data,
-                                                        scales);
-    first += step;
-    p0 = add_pos(p0, dstep, int(spr));
   }
 }
 
@@ -828,7 +704,7 @@ __device__ __forceinline__ void amax_partials(const T* __restrict__ x, uint32_t*
 // 3 = each block reduces the finite amax of the whole input (small inputs: one launch, any arch).
 // LIN: sh.linear (the wrapper below picks the instantiation).
 template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool LOOP,
-          bool H2, bool LIN, bool HINT, int STAGES>
+          bool H2, bool LIN>
 __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restrict__ x,
                                               uint8_t* __restrict__ data,
                                               uint8_t* __restrict__ scales, const float* gs_in,
@@ -846,31 +722,14 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
   uint32_t idx[U];
   SlotPos pos[U];
   InVec<T, E> in[U];
-  constexpr bool BULK = STAGES > 0 && LOOP && LIN;
-  if constexpr (BULK) {  // the first STAGES chunks of the block in flight before anything else
-    uint64_t* full = bulk_barriers<STAGES>();
-    uint8_t* stages = bulk_stages();
-    if (threadIdx.x == 0) {
-      const uint32_t chunks = (sh.total + chunk - 1) / chunk;
-#pragma unroll
-      for (int s = 0; s < STAGES; ++s) {
-        mbar_init(&full[s], 1);
-        const uint32_t c = blockIdx.x + uint32_t(s) * gridDim.x;
-        if (c < chunks)
-          bulk_load(stages + s * (THREADS * U * E * sizeof(T)), x + (size_t)c * chunk * E,
-                    min(chunk, sh.total - c * chunk) * uint32_t(E * sizeof(T)), &full[s]);
-      }
-    }
-    __syncthreads();  // barriers initialised before anyone waits on them
-  } else if constexpr (LOOP) {
-    load_slots<T, E, U, THREADS, LIN, HINT>(x, first + threadIdx.x, p0, du, u_count, sh, idx, pos,
-                                            in);
+  if constexpr (LOOP) {
+    load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, p0, du, u_count, sh, idx, pos, in);
   } else {  // a division a slot, fewer live registers (more blocks an SM)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       idx[u] = u < u_count ? first + uint32_t(u * THREADS) + threadIdx.x : 0xffffffffu;
       const T* p = slot_input<T, E>(x, idx[u], sh, pos[u]);
-      if (p) in[u].template load<HINT>(p); else in[u].zero();
+      if (p) in[u].load(p); else in[u].zero();
     }
   }
   float gs = 1.0f;
@@ -892,10 +751,7 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *gs_out = gs;
   }
-  if constexpr (BULK) {
-    quantize_bulk_loop<T, F, NV, GROUP, E, U, THREADS, HW, H2, STAGES>(
-        sh, x, data, scales, gs, u_count, bulk_barriers<STAGES>(), bulk_stages());
-  } else if constexpr (!LOOP) {
+  if constexpr (!LOOP) {
     quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, data, scales);
   } else {
     // One register set and copies, not two sets in turn: the two-set loop of 2f911c2 (twice
@@ -909,8 +765,8 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
       if (more) {
         first += step;
         p0 = add_pos(p0, dstep, int(spr));
-        load_slots<T, E, U, THREADS, LIN, HINT>(x, first + threadIdx.x, p0, du, u_count, sh, idx2,
-                                                pos2, in2);
+        load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, p0, du, u_count, sh, idx2, pos2,
+                                          in2);
       }
       quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, data,
                                                          scales);
@@ -928,12 +784,8 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
 }
 
 // LINEAR: take the linear-index path where the shape allows it (a config knob for comparison).
-// HINT: input loads with the L2 prefetch-size hint (a config knob for comparison).
-// STAGES > 0 (sm_90+, LOOP): the linear-index shapes stream their input through that many
-// shared-memory stages of bulk copies (quantize_bulk_loop; dynamic smem STAGES x U x THREADS
-// slots); other shapes take the register loop.
 template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool LOOP,
-          bool H2 = false, bool LINEAR = true, bool HINT = false, int STAGES = 0>
+          bool H2 = false, bool LINEAR = true>
 __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __restrict__ data,
                                          uint8_t* __restrict__ scales, const float* gs_in,
                                          const uint32_t* partials, float* gs_out, float gs_val,
@@ -941,11 +793,11 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
                                          int swizzled, int u_count) {
   const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
   if (LINEAR && sh.linear) {
-    quantize_impl<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2, true, HINT, STAGES>(
+    quantize_impl<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2, true>(
         sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k,
         u_count);
   } else {
-    quantize_impl<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2, false, HINT, 0>(
+    quantize_impl<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2, false>(
         sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k,
         u_count);
   }

@@ -19,8 +19,8 @@ from kernelgen.mx.config import (
     slots_per_thread,
 )
 from kernelgen.mx.select import (
+    BALANCE_MIN_FILL,
     BALANCED_DEFAULT,
-    BULK_BLOCKS_PER_SM,
     LOOP_GRID,
     PAD_WORDS_PER_THREAD,
     chunk_grid,
@@ -45,9 +45,6 @@ DTYPES = ("float16", "bfloat16", "float32")
     ({"fmt": "nvfp4", "dtype": "float32", "h2": True}, "h2"),
     ({"fmt": "mxfp8_e4m3", "h2": True}, "h2"),
     ({"fmt": "mxfp4", "dtype": "float32", "h2": True}, "h2"),
-    ({"fmt": "mxfp4", "stages": 4, "arch": "sm_80"}, "stages > 0 needs sm_90a"),
-    ({"fmt": "mxfp8_e4m3", "stages": 4}, "stages > 0 needs a looping config"),
-    ({"fmt": "mxfp4", "stages": 9}, "stages=9"),
 ])
 def test_quantize_config_rejects(kw, match):
     kw = {"arch": "sm_90a", **kw}
@@ -463,33 +460,24 @@ def test_scale_bytes_must_fit_32_bit_offsets():
     quantize_plan("sm_90a", 132, "mxfp8_e4m3", "float16", 1, 2**25, True, "value")
 
 
-def test_l2_hint_knob():
-    from kernelgen.mx.config import L2_HINT_DEFAULT
-    from kernelgen.mx.select import force_l2_hint
-
-    assert quantize_config("sm_90a", "mxfp4", "float16").l2_hint == L2_HINT_DEFAULT
-    force_l2_hint(not L2_HINT_DEFAULT)
-    try:
-        assert quantize_plan("sm_80", 132, "mxfp8_e4m3", "float16", 64, 256, True,
-                             "value").config.l2_hint != L2_HINT_DEFAULT
-    finally:
-        force_l2_hint(None)
-    with pytest.raises(ValueError, match="on="):
-        force_l2_hint("yes")
-
-
 def test_balanced_grid():
-    """Balanced capped grids: the fewest blocks that keep the rounds, every block the same number
-    of chunks (+0 / -1 on the last round at most), every slot covered once."""
+    """Balanced capped grids: where the cap's last round would be at least BALANCE_MIN_FILL
+    full, the fewest blocks that keep the rounds (every block the same number of chunks, +0 /
+    -1); else the cap. Every slot covered once."""
     from kernelgen.mx.select import force_balanced
 
-    assert chunk_grid(2048, 132, 2) == 264 and chunk_grid(2048, 132, 2, True) == 256
-    assert chunk_grid(4096, 132, 3, True) == 373  # 11 rounds of 396 -> of 373
+    assert BALANCE_MIN_FILL == 0.5
+    assert chunk_grid(2048, 132, 2) == 264 and chunk_grid(2048, 132, 2, True) == 256  # 76% full
+    assert chunk_grid(1024, 132, 2, True) == 256  # 88% full: 4 rounds of 256
+    assert chunk_grid(8192, 132, 2, True) == 264  # last round 3% full: keep the cap
+    assert chunk_grid(4096, 132, 3, True) == 396  # 34% full
     assert chunk_grid(200, 132, 2, True) == 200 and chunk_grid(0, 132, 2, True) == 1
-    for chunks in (265, 1000, 2048, 8193):
+    for chunks in range(265, 3000, 7):
         g = chunk_grid(chunks, 132, 2, True)
         rounds = -(-chunks // 264)
+        fill = chunks - (rounds - 1) * 264
         assert g <= 264 and -(-chunks // g) == rounds and g * (rounds - 1) < chunks
+        assert g == (264 if fill < 132 else -(-chunks // rounds)), (chunks, g)
     force_balanced(True)
     try:
         for fmt in ("mxfp4", "mxfp6_e2m3", "nvfp4"):
@@ -498,6 +486,10 @@ def test_balanced_grid():
             chunks = -(-total // (THREADS * p.slots))
             assert p.grid == max(chunk_grid(chunks, 2, LOOP_GRID[elem_bits(fmt)][0], True),
                                  -(-pad // (THREADS * PAD_WORDS_PER_THREAD))), p.short()
+            force_balanced(False)
+            assert quantize_plan("sm_90a", 2, fmt, "float16", 300, 4096, True, "value").grid == \
+                max(2 * LOOP_GRID[elem_bits(fmt)][0], -(-pad // (THREADS * PAD_WORDS_PER_THREAD)))
+            force_balanced(True)
             idx = _slot_indices(p, total)
             idx = idx[idx < total]
             assert np.unique(idx).size == idx.size == total, p.short()
@@ -505,33 +497,3 @@ def test_balanced_grid():
         force_balanced(None)
     with pytest.raises(ValueError, match="on="):
         force_balanced("yes")
-
-
-def test_bulk_knob():
-    """Bulk-copy stages: sm_90+ only (0 before), fp8 loops with them, the grid capped at
-    BULK_BLOCKS_PER_SM full blocks an SM, smem = stages x a chunk, every slot covered once."""
-    from kernelgen.mx.select import force_bulk
-
-    assert quantize_config("sm_90a", "mxfp4", "float16").stages == 0
-    force_bulk(4)
-    try:
-        for fmt in ("mxfp4", "mxfp8_e5m2", "nvfp4", "mxfp6_e3m2"):
-            for dt in DTYPES:
-                assert quantize_config("sm_80", fmt, dt).stages == 0
-                cfg = quantize_config("sm_90a", fmt, dt)
-                assert cfg.stages == 4 and cfg.loops, cfg.short()
-                assert cfg.smem_bytes() == 4 * THREADS * cfg.slots * cfg.lane_elems * \
-                    {"float32": 4}.get(dt, 2) == 4 * 16384, cfg.short()
-                p = quantize_plan("sm_90a", 132, fmt, dt, 4096, 4096, True, "value")
-                assert p.grid == 132 * BULK_BLOCKS_PER_SM and p.slots == cfg.slots, p.short()
-                p = quantize_plan("sm_90a", 2, fmt, dt, 300, 4096, True, "value")
-                total, _ = slot_counts(fmt, 300, 4096, True, p.config.lane_elems)
-                idx = _slot_indices(p, total)
-                idx = idx[idx < total]
-                assert np.unique(idx).size == idx.size == total, p.short()
-    finally:
-        force_bulk(None)
-    assert quantize_config("sm_90a", "mxfp4", "float16").smem_bytes() == 0
-    for bad in (-1, 2.0, True):
-        with pytest.raises(ValueError, match="stages="):
-            force_bulk(bad)

@@ -181,51 +181,39 @@ def test_quantize_nvfp4_exact(dtype, layout, h2):
     ("nvfp4", "nolinear"), ("mxfp8_e4m3", "nolinear"), ("mxfp6_e2m3", "default"), ("mxfp8_e4m3", "loops"),
     ("mxfp8_e5m2", "loops1"),
     *(("mxfp8_e4m3", v) for v in ("default", "wide", "narrow")), ("mxfp8_e5m2", "narrow"),
-    ("mxfp4", "hint"), ("nvfp4", "hint"), ("mxfp8_e4m3", "hint"), ("nvfp4", "balanced"),
-    ("mxfp6_e3m2", "balanced"), ("mxfp4", "loops_balanced"),
-    *((f, v) for f in ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mxfp8_e5m2")
-      for v in ("bulk", "loops_bulk", "bulk_pad"))])
+    ("nvfp4", "balanced"), ("mxfp6_e3m2", "balanced"), ("mxfp4", "nobalance"),
+    ("nvfp4", "nobalance")])
 def test_quantize_large_grids_exact(fmt, variant, dtype):
     """Inputs of more chunks than the capped grid: blocks loop over chunks ("loops": 1 block an
     SM, many loops; "loops1": the same with a slot a thread a chunk; "default": the planner's
     cap; fp8 loops only so), next chunk's loads in flight; MXFP8 with 16- / 8-element lanes
     ("wide" / "narrow");
     "noh2": without the packed 16-bit encoders; "nolinear": row / column slot addressing (no
-    linear-index path); "hint": loads with the .L2::256B hint; "balanced": capped grids of equal
-    chunks a block; "bulk": the input through 4 shared-memory stages of bulk copies (sm_90+; a
-    partial last chunk at 1100 x 1024; "bulk_pad": padding columns, the register loop; NVFP4
-    with the global scale computed on the device: amax + quantize); padding rows included."""
+    linear-index path); "balanced" / "nobalance": capped grids balanced to equal chunks a block
+    wherever chunk_grid allows / filled to the cap; padding rows included."""
     import cupy
 
     import kernelgen.mx as mx
     from kernelgen.mx.select import (
         force_balanced,
         force_blocks_per_sm,
-        force_bulk,
         force_h2,
-        force_l2_hint,
         force_linear,
         force_wide_fp8,
     )
 
     rng = np.random.default_rng(hash((fmt, dtype, variant)) % 2**32)
-    shape = {"bulk_pad": (700, 1056)}.get(variant, (1500, 4096))
-    xh = _values(rng, (1100, 1024) if variant.startswith("loops") else shape, dtype, True)
+    xh = _values(rng, (1100, 1024) if variant.startswith("loops") else (1500, 4096), dtype, True)
     x2, hint = _ref_input(xh, dtype)
-    force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1), "loops_balanced": (1, 1),
-                          "loops_bulk": (1, None)}.get(variant, (None, None)))
+    force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1)}.get(variant, (None, None)))
     force_wide_fp8({"wide": True, "narrow": False}.get(variant))
     force_h2(False if variant == "noh2" else None)
     force_linear(variant != "nolinear")
-    force_l2_hint(True if variant == "hint" else None)
-    force_balanced(True if variant.endswith("balanced") else None)
-    force_bulk(4 if "bulk" in variant else None)
-    gs = None if "bulk" in variant else 300.0  # bulk: amax + quantize (gs_mode 2)
+    force_balanced({"balanced": True, "nobalance": False}.get(variant))
     try:
         if fmt == "nvfp4":
-            packed, scales, _ = R.quantize_nvfp4(x2, None if gs is None else np.float32(gs),
-                                                 dtype=hint)
-            t = mx.quantize_nvfp4(cupy.asarray(xh), gs, dtype=hint)
+            packed, scales, _ = R.quantize_nvfp4(x2, np.float32(300.0), dtype=hint)
+            t = mx.quantize_nvfp4(cupy.asarray(xh), 300.0, dtype=hint)
         else:
             packed, scales = R.quantize_mx(x2, fmt, dtype=hint)
             t = mx.quantize_mx(cupy.asarray(xh), fmt, dtype=hint)
@@ -234,9 +222,7 @@ def test_quantize_large_grids_exact(fmt, variant, dtype):
         force_wide_fp8(None)
         force_h2(None)
         force_linear(True)
-        force_l2_hint(None)
         force_balanced(None)
-        force_bulk(None)
     ctx = f"{fmt=} {dtype=} {variant=} {xh.shape=}"
     _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
     _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
