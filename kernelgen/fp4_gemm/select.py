@@ -52,6 +52,12 @@ GEMV_DEPTH = 2
 # (mxfp4); M = 1 (m_tile 8) 1-4% slower. Where TPW 2 leaves too few CTAs for one wave without a
 # global K split (4096x14336: 128 CTAs, split 2; 1-3% slower at M = 16), the planner keeps TPW 1.
 GEMV_TPW = {8: 1, 16: 2}
+# Warps a CTA of the bandwidth path, by m_tile (the launch bounds keep the warps an SM the same:
+# 2 CTAs of 8 or 4 of 4), where the plan's KW fits (KW <= warps). Measured on H100 (session 10,
+# same run, bit-exact): m_tile 16 on 14336x4096 (KW 2) 20.06 -> 19.47 us nvfp4, 19.61 -> 19.02
+# mxfp4 with 4-warp CTAs (448 instead of 224: every SM gets 12 or 16 warps, not 8 or 16);
+# m_tile 8 unchanged (15.25 vs 15.32 us), so it keeps 8.
+GEMV_CTA_WARPS = {8: 8, 16: 4}
 
 
 # Tile path: BM by M (largest M of the row), split-K until the CTAs make one wave.
@@ -140,10 +146,11 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw):
     sps = -(-q // split)
     split = -(-q // sps)
     kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)))
-    cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=GEMV_WARPS,
+    warps = GEMV_CTA_WARPS[m_tile] if kw <= GEMV_CTA_WARPS[m_tile] else GEMV_WARPS
+    cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=warps,
                         depth=GEMV_DEPTH, tpw=tpw)
-    grid = (-(-units * kw // GEMV_WARPS), split, m_tiles)
-    return Plan(cfg, split, sps, grid, (GEMV_WARPS * 32, 1, 1), 0, kw)
+    grid = (-(-units * kw // warps), split, m_tiles)
+    return Plan(cfg, split, sps, grid, (warps * 32, 1, 1), 0, kw)
 
 
 def _tile(arch, m, n, k, fmt, dtype, sm_count, split):
@@ -216,10 +223,11 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4G
         for fmt in fmts:
             for dtype in dtypes:
                 if not shapes:  # what dispatch picks, and the variants the bench and tests force
-                    for m_tile in M_TILES:
-                        for depth, tpw in ((GEMV_DEPTH, 1), (GEMV_DEPTH, 2), (4, 1)):
-                            yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
-                                                warps=GEMV_WARPS, depth=depth, tpw=tpw)
+                    for m_tile in M_TILES:  # (depth 4, a bench variant, compiles on demand)
+                        for tpw in TPWS:
+                            for warps in sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile]}):
+                                yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
+                                                    warps=warps, depth=GEMV_DEPTH, tpw=tpw)
                     for bm in TILE_BMS:
                         yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm,
                                             stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])

@@ -11,6 +11,7 @@ from kernelgen.fp4_gemm import reference as GR
 from kernelgen.fp4_gemm.config import Fp4GemvConfig, Fp4TileConfig, tile_smem
 from kernelgen.fp4_gemm.layout import E2M1_MASK, decode_word, encode_words
 from kernelgen.fp4_gemm.select import (
+    GEMV_CTA_WARPS,
     GEMV_DEPTH,
     GEMV_MAX_M,
     GEMV_TPW,
@@ -155,7 +156,9 @@ def test_plans_are_consistent(n, k, fmt):
                 assert cfg.m_tile == (8 if m <= 8 else 16), ctx
                 assert p.kw in (1, 2, 4, 8) and p.smem == 0, ctx
                 units = -(-n // (16 * cfg.tpw))
-                assert p.grid == (-(-units * p.kw // 8), p.split, -(-m // cfg.m_tile)), ctx
+                assert cfg.warps == (GEMV_CTA_WARPS[cfg.m_tile] if p.kw <= GEMV_CTA_WARPS[cfg.m_tile] else 8), ctx
+                assert p.block == (32 * cfg.warps, 1, 1) and p.kw <= cfg.warps, ctx
+                assert p.grid == (-(-units * p.kw // cfg.warps), p.split, -(-m // cfg.m_tile)), ctx
                 per = -(-p.sps // p.kw)
                 assert cfg.depth == GEMV_DEPTH, ctx
                 assert cfg.tpw == GEMV_TPW[cfg.m_tile] or (cfg.tpw == 1 and p.split == 1), ctx
@@ -174,7 +177,8 @@ def test_decode_shapes_fill_the_gpu():
             warps = -(-n // 16) * p.kw * p.split * p.grid[2]
             assert warps >= 132 * 12, p.short()  # >= 12 streaming warps an SM
             assert p.split == 1, p.short()  # no global split-K epilogue
-            assert p.grid[0] * p.split * p.grid[2] <= 132 * 2, p.short()  # one wave, 2 CTAs/SM
+            ctas_per_sm = 2 * 8 // p.config.warps  # the launch bounds: 16 warps an SM
+            assert p.grid[0] * p.split * p.grid[2] <= 132 * ctas_per_sm, p.short()  # one wave
 
 
 def test_plan_printable_and_memoised():
@@ -203,8 +207,8 @@ def test_two_tiles_a_warp_plan():
     global split (128 CTAs), so the default stays TPW 1 (KW 8, 256 CTAs)."""
     one = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=1)
     two = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=2)
-    assert (one.kw, one.grid, one.config.tpw) == (2, (224, 1, 1), 1), one.short()
-    assert (two.kw, two.grid, two.config.tpw) == (4, (224, 1, 1), 2), two.short()
+    assert (one.kw, one.grid, one.config.tpw, one.config.warps) == (2, (448, 1, 1), 1, 4), one.short()
+    assert (two.kw, two.grid, two.config.tpw, two.config.warps) == (4, (448, 1, 1), 2, 4), two.short()
     assert select_fp4("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132) == two
     assert select_fp4("sm_90a", 1, 14336, 4096, "nvfp4", "float16", 132).config.tpw == 1
     wide = plan("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132, tpw=2)
