@@ -2,16 +2,15 @@
 over N and K (M = 1), all timed as CUDA-graph replays with weights rotated past L2.
 
     python examples/probe_gemv_floor.py [--bits 4,2] [--read-mb 4,8,16,31,64,117]
-    python examples/probe_gemv_floor.py --prmt 2,3,4,5 [--prmt-shapes 14336x4096,4096x14336]
-        [--prmt-ms 1,16] [--json out.json]
-    ncu -k kbit_gemv --launch-skip 2 python examples/probe_gemv_floor.py --once 4:14336x4096:0
+    python examples/probe_gemv_floor.py --table 2,3,4,5 [--shapes 14336x4096,4096x14336]
+        [--ms 1,16] [--json out.json]
+    ncu -k kbit_gemv --launch-skip 2 python examples/probe_gemv_floor.py --once 4:14336x4096
 
 A bare 16-byte-load read kernel at several grid sizes shows what any bandwidth kernel can reach
 at a given size (launch, ramp and tail included); the GEMV sweep over N separates its fixed cost
-per launch (the intercept) from its marginal rate. --prmt instead times the GEMV at every
-share of the decode done by PRMT from the register codebook (prmt_blocks 0..4 of each lane's 4
-blocks; 0 = all through the shared pair table), each against the read floor of its weight
-bytes (bytes / 1 GiB read rate) and against the same-size plain read kernel.
+per launch (the intercept) from its marginal rate. --table instead times the GEMV per bits,
+shape and M against the read floor of its weight bytes (bytes / 1 GiB read rate) and against
+the plain read kernel on the same bytes.
 """
 
 from __future__ import annotations
@@ -27,17 +26,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bits", default="4,2")
     ap.add_argument("--read-mb", default="4,8,16,31,64,117")
-    ap.add_argument("--prmt", default="", help="bits to sweep prmt_blocks over (skips the rest)")
-    ap.add_argument("--prmt-shapes", default="14336x4096,4096x14336")
-    ap.add_argument("--prmt-ms", default="1,16")
+    ap.add_argument("--table", default="", help="bits of the GEMV table (skips the rest)")
+    ap.add_argument("--shapes", default="14336x4096,4096x14336")
+    ap.add_argument("--ms", default="1,16")
     ap.add_argument("--json", default="")
-    ap.add_argument("--once", default="", help="BITS:NxK:PRMT_BLOCKS: 3 launches at M=1 (for ncu)")
+    ap.add_argument("--once", default="", help="BITS:NxK: 3 launches at M=1 (for ncu)")
     args = ap.parse_args()
     if args.once:
         once(args.once)
         return
-    if args.prmt:
-        prmt_sweep(args)
+    if args.table:
+        gemv_table(args)
         return
 
     import cupy
@@ -89,18 +88,18 @@ def once(spec: str) -> None:
 
     import kernelgen as kg
 
-    bits, shape, pb = spec.split(":")
+    bits, shape = spec.split(":")
     n, k = (int(v) for v in shape.split("x"))
     w = cupy.random.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
     lin = kg.quantize_weight(w, int(bits))
     a = cupy.random.standard_normal((1, k), dtype=cupy.float32).astype(cupy.float16)
     for _ in range(3):
-        kg.gemm(a, lin, path="gemv", prmt_blocks=int(pb))
+        kg.gemm(a, lin, path="gemv")
     cupy.cuda.Device().synchronize()
 
 
-def prmt_sweep(args: argparse.Namespace) -> None:
-    """GEMV time per prmt_blocks (0..4; 5 bits: 0 only), fp16, weights rotated past L2, graphs."""
+def gemv_table(args: argparse.Namespace) -> None:
+    """GEMV time per bits, shape and M, fp16, weights rotated past L2, graphs."""
     import json
 
     import cupy
@@ -108,7 +107,7 @@ def prmt_sweep(args: argparse.Namespace) -> None:
     import kernelgen as kg
     from kernelgen.arch import device_info
     from kernelgen.bench import graph_time, read_bandwidth, read_kernel, rotation
-    from kernelgen.kbit_gemm.select import plan_gemv, select_gemv
+    from kernelgen.kbit_gemm.select import select_gemv
 
     dev = device_info()
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -119,8 +118,8 @@ def prmt_sweep(args: argparse.Namespace) -> None:
         k_read = read_kernel()
         out1 = cupy.zeros(1, cupy.uint32)
         rng = np.random.default_rng(0)
-        shapes = [tuple(int(v) for v in s.split("x")) for s in args.prmt_shapes.split(",") if s]
-        for bits in (int(b) for b in args.prmt.split(",") if b):
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
+        for bits in (int(b) for b in args.table.split(",") if b):
             for n, k in shapes:
                 w = cupy.random.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
                 base = kg.quantize_weight(w, bits)
@@ -133,23 +132,19 @@ def prmt_sweep(args: argparse.Namespace) -> None:
                 n16 = np.uint64(base.q.packed.nbytes // 16)
                 t_read, _ = graph_time(lambda i, b=bufs, n16=n16: k_read((dev.sm_count * 8,), (256,), (b[i % len(b)], n16, out1)),
                                        len(bufs), stream)
-                for m in (int(v) for v in args.prmt_ms.split(",") if v):
+                for m in (int(v) for v in args.ms.split(",") if v):
                     a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
                     out = cupy.empty((m, n), cupy.float16)
-                    default = select_gemv(dev.arch.name, m, n, k, bits, "float16", dev.sm_count)
-                    for pb in ((0, 1, 2, 3, 4) if bits <= 4 else (0,)):
-                        plan = plan_gemv(dev.arch.name, m, n, k, bits, "float16", dev.sm_count, prmt_blocks=pb)
-                        t, mode = graph_time(lambda i, c=copies, a=a, out=out, pb=pb: kg.gemm(
-                            a, c[i % len(c)], out=out, path="gemv", prmt_blocks=pb), len(copies), stream)
-                        floor = wbytes / bw
-                        row = dict(bits=bits, n=n, k=k, m=m, prmt_blocks=pb, us=t * 1e6, floor_us=floor * 1e6,
-                                   read_us=t_read * 1e6, pct_read_bw=100 * floor / t,
-                                   default=pb == default.config.prmt_blocks, split=plan.split, mode=mode)
-                        rows.append(row)
-                        print(f"k{bits} M={m:2d} {n:5d}x{k:<5d} prmt_blocks={pb} {t * 1e6:7.2f} us  floor "
-                              f"{floor * 1e6:6.2f} us ({100 * floor / t:4.1f}% read BW)  plain read "
-                              f"{t_read * 1e6:6.2f} us  split={plan.split}{' *' if row['default'] else ''} [{mode}]",
-                              flush=True)
+                    plan = select_gemv(dev.arch.name, m, n, k, bits, "float16", dev.sm_count)
+                    t, mode = graph_time(lambda i, c=copies, a=a, out=out: kg.gemm(
+                        a, c[i % len(c)], out=out, path="gemv"), len(copies), stream)
+                    floor = wbytes / bw
+                    rows.append(dict(bits=bits, n=n, k=k, m=m, us=t * 1e6, floor_us=floor * 1e6,
+                                     read_us=t_read * 1e6, pct_read_bw=100 * floor / t,
+                                     split=plan.split, mode=mode))
+                    print(f"k{bits} M={m:2d} {n:5d}x{k:<5d} {t * 1e6:7.2f} us  floor {floor * 1e6:6.2f} us "
+                          f"({100 * floor / t:4.1f}% read BW)  plain read {t_read * 1e6:6.2f} us  "
+                          f"split={plan.split} [{mode}]", flush=True)
                 del copies, bufs, base, w
     if args.json:
         with open(args.json, "w") as f:

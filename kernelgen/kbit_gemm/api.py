@@ -77,17 +77,14 @@ def quantize_weight(w: Any, bits: int = 4, *, codebook: Any = None, dtype: str |
 
 def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str | None = None,
          split_k: int | None = None, path: str | None = None,
-         tile: tuple[int, int] | None = None, prmt_blocks: int | None = None) -> Any:
+         tile: tuple[int, int] | None = None) -> Any:
     """C = A . W^T (+ bias): A [..., K] fp16 / bf16 (contiguous, 16-byte aligned), W a KbitLinear
     [N, K], bias [N] and C [..., N] in A's dtype; fp32 accumulation, C rounded to nearest.
 
     `out` receives C (A's dtype, shape [..., N], contiguous). `dtype="bfloat16"` marks CuPy
     uint16 data as bf16. The selector picks the path ("gemv": bandwidth kernel, "mma": tensor-core
     kernel, N % 128 == 0; "dequant": W dequantized to a scratch + cuBLAS) and its plan; `path`,
-    `tile` ((tile_m, tile_n) of the mma path) and `split_k` (number of K splits) force them;
-    `prmt_blocks` (bits <= 4: how many blocks of each lane's group of 4 the GEMV decodes from a
-    register codebook by PRMT instead of the shared pair table) forces the gemv path and that
-    split of the decode (tuning).
+    `tile` ((tile_m, tile_n) of the mma path) and `split_k` (number of K splits) force them.
     Runs on the caller's current stream; results come back as the caller's array kind.
     """
     if not isinstance(W, KbitLinear):
@@ -113,16 +110,11 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     if m == 0:
         return out
     info = device_info(ctx.device)
-    if path is None and tile is not None:
-        path = "mma"
-    elif path is None:  # prmt_blocks forces the gemv path, as tile forces mma
-        path = "gemv" if prmt_blocks is not None else select_gemm(
-            info.arch.name, m, n, k, W.bits, dt, info.sm_count).path
+    if path is None:
+        path = "mma" if tile is not None else select_gemm(info.arch.name, m, n, k, W.bits, dt,
+                                                           info.sm_count).path
     if tile is not None and path != "mma":
         raise ValueError(f"tile={tile}: only the mma path has tiles; path={path!r}")
-    if prmt_blocks is not None and path != "gemv":
-        raise ValueError(f"prmt_blocks={prmt_blocks}: only the gemv path decodes by PRMT; "
-                         f"path={path!r}")
     if split_k is not None and path == "dequant":
         raise ValueError(f"split_k={split_k}: the dequant path (dequantize + cuBLAS) has no K "
                          f"split; force path='gemv' or 'mma' to split K")
@@ -132,12 +124,10 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
         return _gemm_dequant(ctx, W, a, b, bias is not None, c, out, m, n, k, dt)
     if path != "gemv":
         raise ValueError(f"path={path!r}: expected one of {PATHS} (or None: the selector's choice)")
-    if split_k is None and prmt_blocks is None:
+    if split_k is None:
         plan = select_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count)
     else:
-        plan = plan_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count,
-                         None if split_k is None else int(split_k),
-                         None if prmt_blocks is None else int(prmt_blocks))
+        plan = plan_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count, int(split_k))
     if plan.config.split_k:
         ws, counters = scratch(ctx, "kbit_gemv", plan.split * m * n, plan.m_tiles * -(-n // TILE_ROWS))
     else:

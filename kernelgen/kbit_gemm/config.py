@@ -29,14 +29,8 @@ LAUNCH: dict[tuple[int, int], tuple[int, int, int]] = {
     (16, 5): (4, 2, 96 * KB),
 }
 
-PRMT_BLOCKS = (0, 1, 2, 3, 4)  # blocks of a lane's group of 4 decoded by the register codebook
-
-
-def lut_bytes(bits: int, prmt_blocks: int = 0) -> int:
-    """Shared bytes of the pair-code table (templates/kbit_gemm/gemv.cuh, struct Lut); none
-    when every block is decoded by PRMT from the register codebook."""
-    if prmt_blocks == 4:
-        return 0
+def lut_bytes(bits: int) -> int:
+    """Shared bytes of the pair-code table (templates/kbit_gemm/gemv.cuh, struct Lut)."""
     copies = 16 if bits == 5 else 32
     stride = 256 if bits <= 3 else 4 * copies
     return (1 << (2 * bits)) * stride
@@ -52,9 +46,6 @@ class KbitGemvConfig(KernelConfig):
     warps: int = 8
     min_blocks: int = 3
     split_k: bool = False  # K split over grid.y: fp32 workspace + last-warp reduction
-    # blocks j < prmt_blocks of each lane's group of 4 are decoded by PRMT from a register
-    # codebook (ALU pipe), the others through the shared pair table (LDS): bits <= 4
-    prmt_blocks: int = 0
 
     def check(self) -> None:
         def bad(field: str, rule: str) -> UnsupportedConfigError:
@@ -72,11 +63,6 @@ class KbitGemvConfig(KernelConfig):
             raise bad("min_blocks", f"expected one of {MIN_BLOCKS}")
         if not isinstance(self.split_k, bool):
             raise bad("split_k", "expected a bool")
-        if self.prmt_blocks not in PRMT_BLOCKS:
-            raise bad("prmt_blocks", f"expected one of {PRMT_BLOCKS}")
-        if self.prmt_blocks and self.bits > 4:
-            raise bad("prmt_blocks", "the register codebook (PRMT decode) holds at most 16 "
-                      "entries: bits <= 4")
 
     def symbols(self) -> tuple[str, ...]:
         return ("kbit_gemv",)

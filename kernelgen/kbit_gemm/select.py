@@ -14,17 +14,7 @@ from typing import Any
 
 from ..arch import SM_COUNTS, SMEM_PER_SM, get_arch
 from ..core.select import selector, weight_shapes
-from .config import (
-    BITS,
-    DTYPES,
-    GROUP_K,
-    LAUNCH,
-    M_TILES,
-    PRMT_BLOCKS,
-    TILE_ROWS,
-    KbitGemvConfig,
-    lut_bytes,
-)
+from .config import BITS, DTYPES, GROUP_K, LAUNCH, M_TILES, TILE_ROWS, KbitGemvConfig, lut_bytes
 
 # (largest M, m_tile): tokens a CTA pass covers. M above the last row runs ceil(M/16) passes
 # over grid.z (W is read once per pass) until the tensor-core path takes large M.
@@ -44,10 +34,6 @@ SPLIT_ITEM_OVERHEAD_STEPS = 2.5
 BUSY_WARPS_PER_SM = 8
 # ... and a split keeps at least this many groups of 128 k (two quad steps of a warp).
 MIN_GROUPS_PER_SPLIT = 8
-# bits -> blocks of each lane's group of 4 decoded by PRMT from the register codebook (ALU
-# pipe) instead of the shared pair table (LDS); the hybrid splits the decode between both.
-PRMT_DEFAULT: dict[int, int] = {2: 0, 3: 0, 4: 0, 5: 0}
-
 @dataclass(frozen=True)
 class GemvPlan:
     """One launch: config, K splits (grid.y), groups of 128 k per split, grid.x, grid.z, smem."""
@@ -88,26 +74,21 @@ def m_tile_for(m: int) -> int:
 
 
 def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
-              split: int | None = None, prmt_blocks: int | None = None) -> GemvPlan:
-    """Pure planner. `split` forces the number of K splits and `prmt_blocks` the PRMT share of
-    the decode (tests, tuning); None picks them."""
+              split: int | None = None) -> GemvPlan:
+    """Pure planner. `split` forces the number of K splits (tests, tuning); None picks it."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
-    pb = PRMT_DEFAULT[bits] if prmt_blocks is None else prmt_blocks
-    if pb not in PRMT_BLOCKS or (pb and bits > 4):
-        raise ValueError(f"prmt_blocks={prmt_blocks}: expected one of {PRMT_BLOCKS} (0 for 5 bits)")
-    lut = lut_bytes(bits, pb)
     m_tile = m_tile_for(m)
     warps, min_blocks, cap = LAUNCH[(m_tile, bits)]
     rows = min(m, m_tile)
     m_tiles = -(-m // m_tile)
     tiles = -(-n // TILE_ROWS)
     groups = k // GROUP_K
-    max_gps = (cap - lut) // (rows * GROUP_K * 2)  # the A slice fits shared memory
+    max_gps = (cap - lut_bytes(bits)) // (rows * GROUP_K * 2)  # the A slice fits shared memory
 
     def resident(gps: int) -> int:  # CTAs an SM holds: launch bounds, then shared memory
-        smem = lut + rows * gps * GROUP_K * 2
+        smem = lut_bytes(bits) + rows * gps * GROUP_K * 2
         return max(1, min(min_blocks, SMEM_PER_SM[arch] // (smem + 1024)))
 
     def cost(s: int) -> float:
@@ -136,8 +117,8 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
     # persistent grid: no more CTAs along N than stay resident beside the other splits / passes
     ctas = min(-(-tiles // warps), max(1, sm_count * resident(gps) // (split * m_tiles)))
     cfg = KbitGemvConfig(arch=arch, bits=bits, dtype=dtype, m_tile=m_tile, warps=warps,
-                         min_blocks=min_blocks, split_k=split > 1, prmt_blocks=pb)
-    smem = lut + rows * gps * GROUP_K * 2
+                         min_blocks=min_blocks, split_k=split > 1)
+    smem = lut_bytes(bits) + rows * gps * GROUP_K * 2
     return GemvPlan(cfg, split, gps, ctas, m_tiles, smem)
 
 
@@ -169,7 +150,7 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
                         for split_k in (False, True):
                             yield KbitGemvConfig(arch=arch, bits=bits, dtype=dtype, m_tile=m_tile,
                                                  warps=warps, min_blocks=min_blocks,
-                                                 split_k=split_k, prmt_blocks=PRMT_DEFAULT[bits])
+                                                 split_k=split_k)
                     continue
                 for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
                     for m, n, k in shapes:

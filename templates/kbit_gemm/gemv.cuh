@@ -208,103 +208,6 @@ __device__ __forceinline__ void mma_step(const Codes<BITS>& ca, const Codes<BITS
   mma_w<T, NT, S>(a0, a1, a2, a3, arow, kbase, j, acc);
 }
 
-// -- register codebook (PRMT decode) ---------------------------------------------------------------
-// Blocks j < PRMT_BLOCKS of every group skip the shared table: the codebook sits in registers
-// as bytes (lo[q] byte i = low byte of cb[4q+i] in T, hi[q] the high bytes) and PRMT looks
-// codes up 4 at a time. The 4 codes of one PRMT are elements {c, c+4, c+8, c+12} (+16H) of the
-// block (one mask and shift per plane word build them for 8 elements at once), so such a block
-// is fed to the mma in a transposed k order: step 4H+c takes elements (c, c+4) and (c+8, c+12)
-// of half H, and stage_a stores A's 16-element halves of these blocks transposed (chunk c =
-// A[c], A[c+4], A[c+8], A[c+12]) so that the B fragment stays one 8-byte load.
-struct RegLut {
-  uint32_t lo[4], hi[4];
-};
-
-template <typename T, int BITS>
-__device__ __forceinline__ RegLut make_reglut(const float* __restrict__ codebook) {
-  RegLut r;
-  constexpr int E = 1 << BITS;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    uint32_t lo = 0u, hi = 0u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (4 * q + i < E) {
-        const uint32_t v = pack2<T>(table_value<T>(__ldg(codebook + 4 * q + i)), 0.0f) & 0xFFFFu;
-        lo |= (v & 0xFFu) << (8 * i);
-        hi |= (v >> 8) << (8 * i);
-      }
-    }
-    r.lo[q] = lo;
-    r.hi[q] = hi;
-  }
-  return r;
-}
-
-// x shifted so that bit (c + 4i) lands on bit (4i + b): right by c - b, or left by b - c.
-template <int C, int B> __device__ __forceinline__ uint32_t align_bit(uint32_t x) {
-  if constexpr (C > B) return x >> (C - B);
-  else return x << (B - C);
-}
-
-// Codes of elements c + 4i (i = 0..7) of a block, bits 0..2 of nibble i (bit 3 clear: PRMT's
-// sign mode stays off), from its plane words p[0..min(BITS,3)-1].
-template <int BITS, int C>
-__device__ __forceinline__ uint32_t low_codes(const uint32_t* p) {
-  constexpr uint32_t M = 0x11111111u << C;
-  uint32_t y = align_bit<C, 0>(p[0] & M) | align_bit<C, 1>(p[1] & M);
-  if constexpr (BITS >= 3) y |= align_bit<C, 2>(p[2] & M);
-  return y;
-}
-
-// Half H of a block from plane words p: r[c][0] = (elements c, c+4) + 16H, r[c][1] = (c+8,
-// c+12) + 16H, as T pairs (table values: codebook x ScaleBits<T>::TABLE).
-template <int BITS, int H>
-__device__ __forceinline__ void prmt_half(const uint32_t* p, const uint32_t (&y)[4],
-                                          const RegLut& L, uint32_t (&r)[4][2]) {
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const uint32_t sel = y[c] >> (16 * H);  // nibbles 0..3: elements c + 4i + 16H
-    uint32_t lo, hi;
-    if constexpr (BITS == 2) {
-      lo = __byte_perm(L.lo[0], L.lo[0], sel);
-      hi = __byte_perm(L.hi[0], L.hi[0], sel);
-    } else if constexpr (BITS == 3) {
-      lo = __byte_perm(L.lo[0], L.lo[1], sel);
-      hi = __byte_perm(L.hi[0], L.hi[1], sel);
-    } else {
-      // plane 3 picks entries 8..15: byte i of the mask = 0xFF where plane 3 of element
-      // c + 4i + 16H is set (PRMT sign mode on plane 3 moved under bytes' sign bits)
-      const uint32_t q1 = p[3] << (7 - c), q2 = p[3] << (3 - c);
-      const uint32_t m = H == 0 ? prmt<0xD9C8u>(q1, q2) : prmt<0xFBEAu>(q1, q2);
-      lo = bitsel(m, __byte_perm(L.lo[2], L.lo[3], sel), __byte_perm(L.lo[0], L.lo[1], sel));
-      hi = bitsel(m, __byte_perm(L.hi[2], L.hi[3], sel), __byte_perm(L.hi[0], L.hi[1], sel));
-    }
-    r[c][0] = __byte_perm(lo, hi, 0x5140u);
-    r[c][1] = __byte_perm(lo, hi, 0x7362u);
-  }
-}
-
-// The 8 mma steps of block j decoded through the register codebook (transposed k order).
-template <typename T, int BITS, int NT, int H>
-__device__ __forceinline__ void prmt_steps(const uint32_t* pa, const uint32_t* pb,
-                                           const uint32_t (&ya)[4], const uint32_t (&yb)[4],
-                                           const RegLut& L, const uint32_t (&arow)[NT],
-                                           uint32_t kbase, int j, uint32_t s0, uint32_t s1,
-                                           float (&acc)[NT][4]) {
-  uint32_t ra[4][2], rb[4][2];
-  prmt_half<BITS, H>(pa, ya, L, ra);
-  prmt_half<BITS, H>(pb, yb, L, rb);
-  mma_w<T, NT, 4 * H + 0>(hmul2<T>(ra[0][0], s0), hmul2<T>(rb[0][0], s1), hmul2<T>(ra[0][1], s0),
-                          hmul2<T>(rb[0][1], s1), arow, kbase, j, acc);
-  mma_w<T, NT, 4 * H + 1>(hmul2<T>(ra[1][0], s0), hmul2<T>(rb[1][0], s1), hmul2<T>(ra[1][1], s0),
-                          hmul2<T>(rb[1][1], s1), arow, kbase, j, acc);
-  mma_w<T, NT, 4 * H + 2>(hmul2<T>(ra[2][0], s0), hmul2<T>(rb[2][0], s1), hmul2<T>(ra[2][1], s0),
-                          hmul2<T>(rb[2][1], s1), arow, kbase, j, acc);
-  mma_w<T, NT, 4 * H + 3>(hmul2<T>(ra[3][0], s0), hmul2<T>(rb[3][0], s1), hmul2<T>(ra[3][1], s0),
-                          hmul2<T>(rb[3][1], s1), arow, kbase, j, acc);
-}
-
 // -- A staging -----------------------------------------------------------------------------------
 // As[m][k] (k relative to the CTA's K range, kr columns) with the 8-byte chunks of each
 // 128-byte line XOR-swizzled by (k / 128 mod 4, m mod 4): the 16 lanes of a half warp read 16
@@ -314,9 +217,7 @@ __device__ __forceinline__ uint32_t a_swizzle(int m, int k) {
   return (uint32_t)((k & ~63) | ((((k >> 2) & 15) ^ x) << 2));
 }
 
-// Blocks j < PRMT_BLOCKS of each group (k mod 128 < 32*PRMT_BLOCKS) are stored with their
-// 16-element halves transposed (see RegLut): read through registers instead of cp.async.
-template <typename T, int PRMT_BLOCKS>
+template <typename T>
 __device__ __forceinline__ void stage_a(uint32_t as_base, const T* __restrict__ A, int rows,
                                         int kr, int K) {
   const int units = kr >> 4;  // 16-element units per row
@@ -325,21 +226,8 @@ __device__ __forceinline__ void stage_a(uint32_t as_base, const T* __restrict__ 
       const int k = u << 4;
       const T* src = A + (size_t)m * K + k;
       const uint32_t row = as_base + 2u * (uint32_t)(m * kr);
-      if (PRMT_BLOCKS > 0 && (k & (GROUP_K - 1)) < 32 * PRMT_BLOCKS) {
-        const uint4 x = ld_nc_v4(src), y = ld_nc_v4(src + 8);
-        const uint32_t w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};  // w[q]: elements 2q, 2q+1
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {  // chunk c = elements c, c+4, c+8, c+12
-          const uint32_t sel = (c & 1) ? 0x7632u : 0x5410u;
-          const uint32_t o0 = __byte_perm(w[c >> 1], w[2 + (c >> 1)], sel);
-          const uint32_t o1 = __byte_perm(w[4 + (c >> 1)], w[6 + (c >> 1)], sel);
-          asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(row + 2u * a_swizzle(m, k + 4 * c)),
-                       "r"(o0), "r"(o1) : "memory");
-        }
-      } else {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) cp_async8(row + 2u * a_swizzle(m, k + 4 * c), src + 4 * c);
-      }
+      for (int c = 0; c < 4; ++c) cp_async8(row + 2u * a_swizzle(m, k + 4 * c), src + 4 * c);
     }
 }
 
@@ -413,7 +301,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[M_TILE / 8][4], in
 // -- the kernel body -------------------------------------------------------------------------------
 // grid (ctas_x, split, m_tiles), WARPS warps a CTA; dynamic smem = Lut::BYTES + rows*kr*2.
 // gps = groups (of 128 k) per split; every split is non-empty (the host guarantees it).
-template <typename T, int BITS, int M_TILE, int WARPS, bool SPLIT, int PRMT_BLOCKS>
+template <typename T, int BITS, int M_TILE, int WARPS, bool SPLIT>
 __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
                                      const uint8_t* __restrict__ absmax,
                                      const float* __restrict__ codebook, const T* __restrict__ A,
@@ -421,14 +309,11 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
                                      float* __restrict__ ws, unsigned* __restrict__ counters,
                                      int M, int N, int K, int gps) {
   static_assert(M_TILE == 8 || M_TILE == 16, "m_tile is 8 or 16 tokens");
-  static_assert(PRMT_BLOCKS >= 0 && PRMT_BLOCKS <= GROUP_BLOCKS && (PRMT_BLOCKS == 0 || BITS <= 4),
-                "prmt_blocks: 0..4 blocks of a group, bits <= 4");
   constexpr int NT = M_TILE / 8;  // mma n8 tiles
   using L = Lut<BITS>;
-  constexpr bool TABLE = PRMT_BLOCKS < GROUP_BLOCKS;  // some blocks still use the pair table
   extern __shared__ __align__(128) unsigned char smem[];  // 128: the A swizzle XORs address bits
   const uint32_t lut_base = (uint32_t)__cvta_generic_to_shared(smem);
-  const uint32_t as_base = lut_base + (TABLE ? L::BYTES : 0);
+  const uint32_t as_base = lut_base + L::BYTES;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -439,19 +324,17 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
   const int g1 = min(G, g0 + gps);
   const int kr = (g1 - g0) * GROUP_K;        // this CTA's K range
 
-  stage_a<T, PRMT_BLOCKS>(as_base, A + (size_t)m0 * K + (size_t)g0 * GROUP_K, rows, kr, K);
-  if constexpr (TABLE) fill_lut<T, BITS, WARPS * 32>(smem, codebook);
-  RegLut rl{};
-  if constexpr (PRMT_BLOCKS > 0) rl = make_reglut<T, BITS>(codebook);
+  stage_a<T>(as_base, A + (size_t)m0 * K + (size_t)g0 * GROUP_K, rows, kr, K);
+  fill_lut<T, BITS, WARPS * 32>(smem, codebook);
   cp_async_wait_all();
   __syncthreads();
 
   const uint32_t lane_addr = BITS <= 3 ? (uint32_t)lane * 4u
                                        : lut_base + (uint32_t)(lane % L::COPIES) * 4u;
   // A fragment rows: token g (+8 for the second n8 tile); tokens past M read row rows-1 (their
-  // outputs are never stored), so every lane loads without a predicate. Every
-  // chunk this lane reads has swizzle x_a = (t, g mod 4), and rows start 128-byte aligned, so
-  // the address of chunk c of a line is (line start + 8*x_a) ^ 8c: one XOR a load.
+  // outputs are never stored), so every lane loads without a predicate. Every chunk this lane
+  // reads has swizzle x_a = (t, g mod 4), and rows start 128-byte aligned, so the address of
+  // chunk c of a line is (line start + 8*x_a) ^ 8c: one XOR a load.
   const uint32_t x_a = (uint32_t)((t << 2) | (g & 3));
   uint32_t arow[NT];
 #pragma unroll
@@ -530,20 +413,8 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
     const uint32_t sa_k = rel == rel_c ? sa : 0u, sb_k = rel == rel_c ? sb : 0u;
 #pragma unroll
     for (int j = 0; j < GROUP_BLOCKS; ++j) {
-      const bool by_prmt = j < PRMT_BLOCKS;  // compile-time after unrolling
-      Codes<BITS> ca{}, cb{};
-      uint32_t pa[BITS], pb[BITS], ya[4], yb[4];
-      if (by_prmt) {
-#pragma unroll
-        for (int b = 0; b < BITS; ++b) { pa[b] = wa[j * BITS + b]; pb[b] = wb[j * BITS + b]; }
-        ya[0] = low_codes<BITS, 0>(pa); ya[1] = low_codes<BITS, 1>(pa);
-        ya[2] = low_codes<BITS, 2>(pa); ya[3] = low_codes<BITS, 3>(pa);
-        yb[0] = low_codes<BITS, 0>(pb); yb[1] = low_codes<BITS, 1>(pb);
-        yb[2] = low_codes<BITS, 2>(pb); yb[3] = low_codes<BITS, 3>(pb);
-      } else {
-        ca = make_codes<BITS>(wa + j * BITS);
-        cb = make_codes<BITS>(wb + j * BITS);
-      }
+      const Codes<BITS> ca = make_codes<BITS>(wa + j * BITS);
+      const Codes<BITS> cb = make_codes<BITS>(wb + j * BITS);
       if (more) {
 #pragma unroll
         for (int b = 0; b < BITS; ++b)
@@ -552,11 +423,6 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
       // the block's E4M4 scale as a T pair, over ScaleBits<T>::TABLE (exact)
       const uint32_t s0 = scale2<T>(sa_k, j);
       const uint32_t s1 = scale2<T>(sb_k, j);
-      if (by_prmt) {
-        prmt_steps<T, BITS, NT, 0>(pa, pb, ya, yb, rl, arow, kbase, j, s0, s1, acc[j]);
-        prmt_steps<T, BITS, NT, 1>(pa, pb, ya, yb, rl, arow, kbase, j, s0, s1, acc[j]);
-        continue;
-      }
       // one accumulator set per block j: 4 independent mma chains instead of one
       mma_step<T, BITS, NT, 0>(ca, cb, lane_addr, lut_base, arow, kbase, j, s0, s1, acc[j]);
       mma_step<T, BITS, NT, 1>(ca, cb, lane_addr, lut_base, arow, kbase, j, s0, s1, acc[j]);

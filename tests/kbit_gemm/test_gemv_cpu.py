@@ -42,14 +42,14 @@ def test_plans_are_consistent(n, k, bits):
             assert cfg.split_k == (p.split > 1), ctx
             # A slice + table fit the config's shared-memory cap, and the cap the arch allows
             rows = min(m, cfg.m_tile)
-            assert p.smem == lut_bytes(bits, cfg.prmt_blocks) + rows * p.gps * 128 * 2, ctx
+            assert p.smem == lut_bytes(bits) + rows * p.gps * 128 * 2, ctx
             assert p.smem <= cfg.smem_bytes(), ctx
             assert p.grid[1:] == (p.split, _cdiv(m, cfg.m_tile)), ctx
             assert 1 <= p.ctas <= _cdiv(_cdiv(n, 16), cfg.warps), ctx
             # persistent: every CTA resident at once
             assert p.ctas * p.split * p.m_tiles <= max(sms * cfg.min_blocks, p.split * p.m_tiles), ctx
             # a split keeps >= MIN_GROUPS_PER_SPLIT groups unless the A slice forces it smaller
-            max_gps = (cfg.smem_bytes() - lut_bytes(bits, cfg.prmt_blocks)) // (rows * 128 * 2)
+            max_gps = (cfg.smem_bytes() - lut_bytes(bits)) // (rows * 128 * 2)
             if p.split > 1:
                 assert p.gps >= MIN_GROUPS_PER_SPLIT or p.gps == max_gps, ctx
 
@@ -128,20 +128,6 @@ def test_config_check_names_field(field, value):
     kw[field] = value
     with pytest.raises(UnsupportedConfigError, match=f"{field}={value!r}"):
         KbitGemvConfig(**kw)
-
-
-def test_prmt_blocks_rules():
-    with pytest.raises(UnsupportedConfigError, match="prmt_blocks=5"):
-        KbitGemvConfig(arch="sm_90a", bits=4, prmt_blocks=5)
-    with pytest.raises(UnsupportedConfigError, match="prmt_blocks=1.*bits <= 4"):
-        KbitGemvConfig(arch="sm_90a", bits=5, prmt_blocks=1)
-    with pytest.raises(ValueError, match="prmt_blocks=2"):
-        plan_gemv("sm_90a", 1, 4096, 4096, 5, "float16", 132, prmt_blocks=2)
-    for pb in (0, 1, 2, 3, 4):
-        p = plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, prmt_blocks=pb)
-        assert p.config.prmt_blocks == pb
-        # all blocks by PRMT: no pair table in shared memory, only the A slice
-        assert p.smem == (0 if pb == 4 else lut_bytes(4)) + p.gps * 128 * 2, p.short()
 
 
 # -- rejected before any launch (no GPU needed) ----------------------------------------------
