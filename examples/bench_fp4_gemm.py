@@ -206,6 +206,11 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                 if kw != base.kw:
                     grid = (-(-(-(-n // (16 * cfg.tpw)) * kw) // 8), base.grid[1], base.grid[2])
                     yield f"kw={kw}", dataclasses.replace(base, kw=kw, grid=grid)
+            if cfg.m_tile == 8:  # 32 resident warps an SM (<= 64 registers): KW may double
+                p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, wps=32)
+                yield f"wps=32 kw={p2.kw} split={p2.split}", p2
+                p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, wps=32, split=1)
+                yield f"wps=32 kw={p2.kw} split=1", p2
             if cfg.warps == 8 and base.kw <= 4:  # 4-warp CTAs, twice as many: the SMs' warp counts even out
                 grid = (-(-(-(-n // (16 * cfg.tpw)) * base.kw) // 4), base.grid[1], base.grid[2])
                 yield "warps=4", dataclasses.replace(base, config=cfg.replace(warps=4), grid=grid,

@@ -19,7 +19,7 @@ STEP_K = 128  # K granularity of both kernels: 4 lanes x 32 elements
 # bandwidth path
 M_TILES = (8, 16)  # tokens per pass (mma n8 x 1 or 2)
 GEMV_WARPS = 8
-GEMV_MIN_BLOCKS = 2  # CTAs/SM the launch bounds ask for (<= 128 registers a thread)
+GEMV_WARPS_PER_SM = (16, 32)  # warps an SM the launch bounds ask for: <= 128 / <= 64 registers
 DEPTHS = (2, 4)  # quad steps in flight per warp
 TPWS = (1, 2)  # tiles a warp
 # tile path
@@ -45,6 +45,7 @@ class Fp4GemvConfig(KernelConfig):
     depth: int = 4
     tpw: int = 1  # tiles (16 W rows) a warp owns at the same k: they share its A fragments
     hint: bool = True  # weight loads skip L1 and prefetch 256-byte L2 segments
+    warps_per_sm: int = 16  # resident warps an SM the launch bounds ask for (registers a thread)
 
     def check(self) -> None:
         if self.fmt not in FMTS:
@@ -61,6 +62,11 @@ class Fp4GemvConfig(KernelConfig):
             raise _bad(self, "tpw", f"expected one of {TPWS}")
         if not isinstance(self.hint, bool):
             raise _bad(self, "hint", "expected a bool")
+        if self.warps_per_sm not in GEMV_WARPS_PER_SM:
+            raise _bad(self, "warps_per_sm", f"expected one of {GEMV_WARPS_PER_SM}")
+        if self.warps_per_sm == 32 and (self.m_tile, self.tpw, self.depth) != (8, 1, 2):
+            raise _bad(self, "warps_per_sm", "32 (<= 64 registers a thread) fits only m_tile 8, "
+                                             "tpw 1, depth 2")
 
     def symbols(self) -> tuple[str, ...]:
         return ("fp4_gemv",)
@@ -70,9 +76,11 @@ class Fp4GemvConfig(KernelConfig):
         return 0
 
     def template_vars(self) -> dict[str, Any]:
-        # the same warps an SM (<= 128 registers a thread) for 4- and 8-warp CTAs
+        # CTAs an SM for warps_per_sm; at 32 (<= 64 registers) the epilogue's factors are not
+        # held through the loop
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
-                "min_blocks": GEMV_MIN_BLOCKS * GEMV_WARPS // self.warps}
+                "min_blocks": self.warps_per_sm // self.warps,
+                "early": self.m_tile == 8 and self.warps_per_sm == 16}
 
 
 def tile_smem(fmt: str, bm: int, stages: int) -> int:

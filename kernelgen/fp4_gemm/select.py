@@ -34,12 +34,11 @@ from .config import (
 GEMV_MAX_M = 16
 # Bandwidth path: tiles of 16 W rows, KW warps a tile along K (KW_CHOICES, summed in shared
 # memory: no global split-K epilogue), WARPS / KW tiles a CTA. The largest KW whose CTAs all fit
-# one wave (GEMV_CTAS_PER_SM resident an SM: 8 warps x <= 128 registers) and leave every warp
+# one wave (warps_per_sm / 8 CTAs of 8 warps resident an SM: 2 at <= 128 registers) and leave every warp
 # >= MIN_STEPS quad steps (128 k) wins: the kernel streams, so what counts is enough warps with
 # loads in flight on every SM until the end (14336x4096: KW 2, 224 CTAs; 4096x14336: KW 8, 256).
 # Only when even KW 8 leaves SMs idle (few tiles, long K) are K ranges also split across CTAs
 # (fp32 partials + a counter, summed in split order by the last CTA).
-GEMV_CTAS_PER_SM = 2
 MIN_STEPS = 4
 KW_CHOICES = (8, 4, 2, 1)
 # Steps of weights in flight per warp. Measured on H100 (graph of back-to-back calls, fp16,
@@ -58,6 +57,13 @@ GEMV_TPW = {8: 1, 16: 2}
 # mxfp4 with 4-warp CTAs (448 instead of 224: every SM gets 12 or 16 warps, not 8 or 16);
 # m_tile 8 unchanged (15.25 vs 15.32 us), so it keeps 8.
 GEMV_CTA_WARPS = {8: 8, 16: 4}
+# Resident warps an SM the launch bounds ask for, by m_tile (Fp4GemvConfig.warps_per_sm): 32
+# (<= 64 registers, m_tile 8 only) lets KW double on 14336x4096 (448 CTAs of 8 warps resident,
+# 27 warps an SM instead of 14). Read-only walks in the GEMV's pattern (H100, session 10) went
+# 14.20 -> 12.74 us (nvfp4 W + scales; the plain read of the same bytes: 12.78) and 12.61 ->
+# 11.44 (mxfp4) with it; the GEMV itself at 32 is NOT yet measured (bench variant "wps=32"),
+# so the table keeps 16 until it is.
+GEMV_WARPS_PER_SM = {8: 16, 16: 16}
 
 
 # Tile path: BM by M (largest M of the row), split-K until the CTAs make one wave.
@@ -127,16 +133,17 @@ def _kw(units: int, steps: int, ctas_cap: int) -> int:
     raise AssertionError("unreachable")
 
 
-def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw):
+def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps):
     m_tile = 8 if m <= 8 else 16
     if tpw is None:  # the table's TPW unless it would need a global K split to fill the GPU
         tpw = GEMV_TPW[m_tile]
-        if tpw > 1 and _gemv(arch, m, n, k, fmt, dtype, sm_count, None, tpw).split > 1:
+        if tpw > 1 and _gemv(arch, m, n, k, fmt, dtype, sm_count, None, tpw, wps).split > 1:
             tpw = 1
+    wps = GEMV_WARPS_PER_SM[m_tile] if wps is None else wps
     m_tiles = -(-m // m_tile)
     units = -(-n // (16 * tpw))  # a warp's tiles (TPW x 16 W rows)
     q = k // STEP_K
-    one_wave = GEMV_CTAS_PER_SM * sm_count
+    one_wave = wps // GEMV_WARPS * sm_count  # CTAs of 8 warps
     if split is None:
         kw = _kw(units, q, max(1, one_wave // m_tiles))
         ctas = -(-units * kw // GEMV_WARPS) * m_tiles
@@ -148,7 +155,8 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw):
     kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)))
     warps = GEMV_CTA_WARPS[m_tile] if kw <= GEMV_CTA_WARPS[m_tile] else GEMV_WARPS
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=warps,
-                        depth=GEMV_DEPTH, tpw=tpw)
+                        depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps)
+    cfg.check()
     grid = (-(-units * kw // warps), split, m_tiles)
     return Plan(cfg, split, sps, grid, (warps * 32, 1, 1), 0, kw)
 
@@ -170,9 +178,11 @@ def _tile(arch, m, n, k, fmt, dtype, sm_count, split):
 
 
 def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
-         path: str | None = None, split: int | None = None, tpw: int | None = None) -> Plan:
-    """Pure planner. `path` ("gemv" / "tile"), `split` and `tpw` (tiles a warp of the
-    bandwidth path, 1 or 2) force a choice (tests, tuning)."""
+         path: str | None = None, split: int | None = None, tpw: int | None = None,
+         wps: int | None = None) -> Plan:
+    """Pure planner. `path` ("gemv" / "tile"), `split`, `tpw` (tiles a warp of the bandwidth
+    path, 1 or 2) and `wps` (its resident warps an SM, 16 or 32) force a choice (tests,
+    tuning)."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the FP4 GEMM needs M >= 1")
@@ -183,8 +193,10 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
         path = "gemv" if m <= GEMV_MAX_M else "tile"
     if tpw is not None and (path != "gemv" or tpw not in TPWS):
         raise ValueError(f"tpw={tpw!r}: expected one of {TPWS}, bandwidth path only (path={path!r})")
+    if wps is not None and path != "gemv":
+        raise ValueError(f"wps={wps!r}: bandwidth path only (path={path!r})")
     if path == "gemv":
-        return _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw)
+        return _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps)
     if path == "tile":
         return _tile(arch, m, n, k, fmt, dtype, sm_count, split)
     raise ValueError(f"path={path!r}: expected 'gemv', 'tile' or None")
@@ -228,6 +240,8 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4G
                             for warps in sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile]}):
                                 yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
                                                     warps=warps, depth=GEMV_DEPTH, tpw=tpw)
+                    yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=8, warps=GEMV_WARPS,
+                                        depth=GEMV_DEPTH, tpw=1, warps_per_sm=32)
                     for bm in TILE_BMS:
                         yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm,
                                             stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])

@@ -22,7 +22,7 @@
 
 namespace kg::fp4 {
 
-template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool HINT>
+template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool HINT, bool EARLY>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
@@ -77,11 +77,10 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   for (int d = 0; d < DEPTH; ++d)
     if (d < n_it) load(d);
 
-  // the epilogue's row factors and bias: at m_tile 8 loaded now (their latency hides behind the
-  // loop), at 16 in the stores (registers)
+  // the epilogue's row factors and bias: EARLY (m_tile 8 at <= 128 registers) loaded now (their
+  // latency hides behind the loop), else in the stores (registers)
   const bool pre = ks == 0 && gridDim.y == 1;  // this warp stores C
   float fac[TPW][2], bia[TPW][2];
-  constexpr bool EARLY = M_TILE == 8;
   if (EARLY) {
 #pragma unroll
     for (int i = 0; i < TPW; ++i)

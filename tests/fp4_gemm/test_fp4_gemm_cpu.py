@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernelgen.core.render import render
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.fp4_gemm import reference as GR
 from kernelgen.fp4_gemm.config import Fp4GemvConfig, Fp4TileConfig, tile_smem
@@ -312,3 +313,19 @@ def test_api_rules_before_launch():
     t = FakeMxTensor("nvfp4", (16, 128), np.zeros((16, 64), np.uint8), None, "row_major", None)
     with pytest.raises(ValueError, match="NumPy arrays live on the host"):
         prepare_weight(t)
+
+
+def test_warps_per_sm_plan_and_rules():
+    """32 resident warps an SM (<= 64 registers, m_tile 8 only) doubles KW on 14336x4096
+    (448 CTAs of 8 warps, all resident at 4 an SM); the config refuses it where it cannot fit."""
+    p = plan("sm_90a", 1, 14336, 4096, "mxfp4", "float16", 132, wps=32)
+    assert (p.kw, p.grid, p.config.warps_per_sm) == (4, (448, 1, 1), 32), p.short()
+    assert "__launch_bounds__(256, 4)" in render(p.config).source
+    assert "__launch_bounds__(256, 2)" in render(select_fp4("sm_90a", 1, 14336, 4096, "mxfp4",
+                                                            "float16", 132).config).source
+    with pytest.raises(UnsupportedConfigError, match="warps_per_sm=32"):
+        plan("sm_90a", 16, 14336, 4096, "mxfp4", "float16", 132, wps=32)
+    with pytest.raises(UnsupportedConfigError, match="warps_per_sm=24"):
+        Fp4GemvConfig(arch="sm_90a", warps_per_sm=24).check()
+    with pytest.raises(ValueError, match="wps=32: bandwidth path only"):
+        plan("sm_90a", 40, 4096, 4096, "nvfp4", "float16", 132, wps=32)
