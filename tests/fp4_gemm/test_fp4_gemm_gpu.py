@@ -124,6 +124,42 @@ def test_gemv_tiles_a_warp(fmt, dtype, tpw):
                 _check(out, GR.gemm(a, w64, bias, 1.25, dtype), dtype, f"{p.short()} {m=} {n=} {k=}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gemv_32_warps_an_sm(fmt, dtype):
+    """The bandwidth kernel at 32 resident warps an SM (<= 64 registers, KW doubled where the
+    grid allows), M = 1 / 5, split 1 and 2, against the reference and bit for bit against the
+    default launch (same K slices: forced to the same KW)."""
+    import dataclasses
+
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.fp4_gemm import fp4_gemm, plan
+
+    dev = device_info()
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for n, k in ((200, 1024), (1000, 4224)):
+        t, w64 = _weight(fmt, n, k)
+        for m in (1, 5):
+            for split in (1, 2):
+                p = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path="gemv", split=split, wps=32)
+                base = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path="gemv", split=split)
+                base = dataclasses.replace(base, kw=p.kw, grid=p.grid)  # the same sums, 16 warps an SM
+                a = cupy.asarray(_host(rng, (m, k), dtype))
+                bias = cupy.asarray(_host(rng, (n,), dtype))
+                outs = []
+                for q in (p, base):
+                    out = cupy.full((m, n), 0xFFFF, cupy.uint16) if hint else cupy.full((m, n), np.nan, cupy.float16)
+                    fp4_gemm(a, t, bias, alpha=1.25, out=out, dtype=hint, _plan=q)
+                    outs.append(out.view(cupy.uint16))
+                ctx = f"{p.short()} {m=} {n=} {k=}"
+                assert bool((outs[0] == outs[1]).all()), ctx
+                _check(outs[0] if hint else outs[0].view(cupy.float16), GR.gemm(
+                    cupy.asnumpy(a), w64, cupy.asnumpy(bias), 1.25, dtype), dtype, ctx)
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("arrangement", ["step_major", "tile_major_inline", "step_major_inline"])
 def test_arrangements_equal_tile_major(fmt, arrangement):
