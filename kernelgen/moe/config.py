@@ -61,10 +61,14 @@ TILES: dict[tuple[int, bool, int], TileShape] = {
 }
 # (tile_m, tile_n) -> shape of the wgmma path (sm_90a, templates/moe/grouped_wgmma.cuh): tile_m / 64
 # warpgroups (warps_p = tile_m / 16: one warp a 16-token slice of the epilogue), the weight rows
-# as the wgmma's n. Measured on H100 at T = 4096 (BENCHMARKS.md): 128 x 256 with 4 stages
-# (3 stages: 1.6x slower, one k-tile of prefetch is too little); 128 x 128: 6 stages.
+# as the wgmma's n. Measured on H100 at T = 4096 (BENCHMARKS.md; same-config timings in one run
+# spread up to ~15%): 128 x 256, 4 stages, one group in flight is the prefill choice (0.54-0.73x
+# the cuBLAS dense rate; 3 stages with a group in flight: 1.6x slower, one k-tile of prefetch
+# is too little; the producer-warpgroup variant: from 12% faster to 7% slower, no clear win).
+# 128 x 128: 3 stages without a group in flight (two k-tiles prefetched), 2 CTAs an SM: 12-20%
+# faster than 6 stages with one CTA in the second run.
 WG_TILES: dict[tuple[int, int], TileShape] = {
-    (128, 128): TileShape(128, 8, 1, 1, 6, 1),
+    (128, 128): TileShape(128, 8, 1, 1, 3, 2, inflight=0),
     (128, 256): TileShape(256, 8, 1, 1, 4, 1),
 }
 # sm_120a opts in to 99 KB a block: fewer stages there
