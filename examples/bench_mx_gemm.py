@@ -2,9 +2,12 @@
 fp8, per-tensor scales) and cuBLAS bf16 (torch.matmul), all measured in the same run.
 
     python examples/bench_mx_gemm.py [--shapes 8192x8192x8192,...] [--json out.json] [--variants]
+                                     [--operands gauss|codes]
 
 Per shape (M x N x K): median time per call over back-to-back calls (CUDA events), TFLOP/s =
-2 M N K / t. Operands are random finite E4M3 codes with E8M0 scales near 1. --variants also
+2 M N K / t. Operands (--operands): quantized normal values (default) or random finite E4M3
+codes with E8M0 scales near 1 (the sm_90a fp8 wgmma rescales codes below their row's largest
+block scale: random codes take its slower rounding path more often). --variants also
 times every fp8 tile with the k16 loop unrolled by 2 and fully, and the opt-in wgmma variant
 on sm_90a (what the selector table is set from).
 """
@@ -19,12 +22,23 @@ SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (2048, 8192, 8192), (16, 8192,
           (128, 4096, 4096))
 
 
-def _operand(fmt: str, rows: int, k: int, seed: int):
+def _operand(fmt: str, rows: int, k: int, seed: int, kind: str = "gauss"):
+    """kind "gauss": normal values times a per-row magnitude and a per-32-block power of two in
+    [2^-3, 2^1], quantized on the device (what a quantized layer feeds the GEMM); "codes":
+    uniformly random finite codes (a log-uniform spread of magnitudes inside every block) with
+    scales 2^-3 .. 2^3."""
     import cupy
 
     from kernelgen.mx_gemm.reference import HostMx, upload
 
     rs = cupy.random.RandomState(seed)
+    if kind == "gauss":
+        from kernelgen.mx import quantize_mx
+
+        x = (rs.standard_normal((rows, k), dtype=cupy.float32)
+             * rs.uniform(0.25, 4.0, (rows, 1), dtype=cupy.float32)
+             * cupy.repeat(2.0 ** rs.randint(-3, 2, (1, k // 32)), 32, axis=1).astype(cupy.float32))
+        return quantize_mx(x, fmt)
     data = rs.randint(0, 256, (rows, k), dtype=cupy.int32).astype(cupy.uint8)
     data[(data & 0x7F) >= 0x7C] = 0x38  # no NaN / Inf codes (E4M3 NaN, E5M2 Inf / NaN): 1.0
     s = -(-k // 32)
@@ -32,7 +46,7 @@ def _operand(fmt: str, rows: int, k: int, seed: int):
     return upload(HostMx(fmt, (rows, k), data, scales.astype(cupy.uint8)), cupy)
 
 
-def bench_shape(m: int, n: int, k: int, variants: bool) -> dict:
+def bench_shape(m: int, n: int, k: int, variants: bool, operands: str = "gauss") -> dict:
     """One shape: mx_gemm (selector's config, and every tile if `variants`), torch._scaled_mm
     on the same fp8 bytes with per-tensor scales, torch bf16 matmul."""
     import cupy
@@ -45,7 +59,7 @@ def bench_shape(m: int, n: int, k: int, variants: bool) -> dict:
 
     info = device_info()
     flop = 2.0 * m * n * k
-    a, b = _operand("mxfp8_e4m3", m, k, 1), _operand("mxfp8_e4m3", n, k, 2)
+    a, b = _operand("mxfp8_e4m3", m, k, 1, operands), _operand("mxfp8_e4m3", n, k, 2, operands)
     out = cupy.empty((m, n), cupy.uint16)
     plan = select_mx_gemm(info.arch.name, "mxfp8_e4m3", "mxfp8_e4m3", m, n, k, "bfloat16",
                           info.sm_count)
@@ -91,19 +105,21 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
     ap.add_argument("--json", default=None)
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--operands", default="gauss", choices=("gauss", "codes"),
+                    help="gauss: quantized normal values (default); codes: random finite codes")
     args = ap.parse_args()
 
     from kernelgen.arch import device_info
 
     info = device_info()
-    print(f"device: {info.name} ({info.arch.name}, {info.sm_count} SMs)")
+    print(f"device: {info.name} ({info.arch.name}, {info.sm_count} SMs), operands: {args.operands}")
     print("| M x N x K | mx_gemm TFLOP/s | config | torch._scaled_mm fp8 TFLOP/s | ratio | "
           "bf16 matmul TFLOP/s |")
     print("|---|---|---|---|---|---|")
     rows = []
     for spec in args.shapes.split(","):
         m, n, k = (int(v) for v in spec.split("x"))
-        r = bench_shape(m, n, k, args.variants)
+        r = bench_shape(m, n, k, args.variants, args.operands)
         rows.append(r)
         print(f"| {m} x {n} x {k} | {r['mx_tflops']:.0f} | {r['config']} | "
               f"{r['scaled_mm_tflops']:.0f} | {r['ratio']:.2f} | {r['bf16_tflops']:.0f} |",

@@ -1,10 +1,11 @@
 """Configs of the block-scaled GEMM family `mx_gemm`: D = alpha * A . B^T (+ bias).
 
 Two kernels:
-* `MxFp8GemmConfig` - MXFP8 x MXFP8 for sm_90a and sm_100a: fp8 converted once per CTA to
-  f16 in shared memory times 2^(block exponent - the row's largest), f16 `mma.sync` with fp32
-  accumulation over all of K, the rows' largest scales applied in the epilogue
-  (templates/mx_gemm/fp8_mma.cuh).
+* `MxFp8GemmConfig` - MXFP8 x MXFP8 for sm_90a and sm_100a: every k-block scaled by
+  2^(block exponent - the row's largest) once per CTA, then one fp32 accumulation over all of
+  K, the rows' largest scales applied in the epilogue (templates/mx_gemm/fp8_mma.cuh). Either
+  into f16 tiles for f16 `mma.sync` / wgmma, or (sm_90a, hbufs=0) rescaled in place in the
+  fp8 stages for the fp8 wgmma.
 * `MxBsGemmConfig` - the native block-scaled `mma.sync` of sm_120a (`kind::mxf8f6f4` for
   FP8 x FP8 / FP8 x FP4, `kind::mxf4nvf4` for MXFP4 x MXFP4 and NVFP4 x NVFP4).
 """
@@ -39,9 +40,12 @@ FP8_TILES: tuple[tuple[int, int, int, int, int], ...] = (
     (64, 128, 1, 4, 4),
     (64, 64, 1, 4, 4),
 )
-# wgmma variant (sm_90a, opt-in until measured): 8 warps stacked along M, 2 warpgroups of
-# 64 rows x tile_n; (tile_m, tile_n, warps_m, warps_n, stages, f16 tile sets)
+# wgmma variants (sm_90a): 8 warps stacked along M, 2 warpgroups of 64 rows x tile_n;
+# (tile_m, tile_n, warps_m, warps_n, stages, f16 tile sets). 0 f16 tile sets: the fp8 wgmma
+# reads the stages, rescaled in place (the first two); 1 or 2: f16 wgmma on converted tiles.
 WG_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (128, 256, 8, 1, 4, 0),
+    (128, 128, 8, 1, 4, 0),
     (128, 256, 8, 1, 2, 1),
     (128, 128, 8, 1, 4, 1),
     (128, 128, 8, 1, 2, 2),
@@ -68,8 +72,10 @@ class MxFp8GemmConfig(KernelConfig):
     warps_n: int = 4
     stages: int = 4
     unroll_kb: bool = False  # unroll the 8 k16 steps of a k-tile fully (else by 2)
-    wgmma: bool = False  # sm_90a: wgmma from the f16 tiles instead of ldmatrix + mma.sync
-    hbufs: int = 1  # f16 tile sets; 2 (wgmma only): convert the next k-tile under the wgmma
+    wgmma: bool = False  # sm_90a: wgmma instead of ldmatrix + mma.sync
+    # f16 tile sets; 2 (wgmma only): convert the next k-tile under the wgmma; 0 (wgmma only):
+    # none - fp8 wgmma on the stages, rescaled in place
+    hbufs: int = 1
 
     def check(self) -> None:
         def bad(field: str, rule: str) -> UnsupportedConfigError:
@@ -104,7 +110,10 @@ class MxFp8GemmConfig(KernelConfig):
         sa = max(1, self.tile_m // 128) * 512
         sb = max(1, self.tile_n // 128) * 512
         rows = self.tile_m + self.tile_n
-        return self.stages * (rows * TK + sa + sb) + self.hbufs * rows * TK * 2 + rows * 4
+        stage = rows * TK + sa + sb
+        if self.hbufs == 0:  # the fp8 wgmma reads the stages: 1024-byte swizzle atoms
+            stage = -(-stage // 1024) * 1024
+        return self.stages * stage + self.hbufs * rows * TK * 2 + rows * 4
 
     @property
     def threads(self) -> int:

@@ -1,7 +1,8 @@
 """NumPy emulation of the Hopper MXFP8 kernel (templates/mx_gemm/fp8_mma.cuh) for the CPU tests:
 the kernel's addressing - cp.async copies into the XOR-swizzled fp8 stage, the prologue's
 per-row largest scale exponent E, the conversion into the swizzled f16 tiles with
-2^(e_kb - E), every lane's ldmatrix addresses, the epilogue - mirrored line by line, with the
+2^(e_kb - E) (or, hbufs 0, the in-place fp8 rescale and the fp8 wgmma operands), every lane's
+ldmatrix addresses, the epilogue - mirrored line by line, with the
 instructions (cvt e4m3x2 / e5m2x2 -> f16x2, mul.rn.f16x2, ldmatrix .x4, mma m16n8k16 f16) as
 PTX defines them. If the addresses are right, it reproduces the reference GEMM.
 """
@@ -39,6 +40,16 @@ def _wgmma_operand(h: np.ndarray, start: int, rows: int) -> np.ndarray:
     phys = lin ^ (((lin >> 7) & 7) << 4)
     u = h[phys].astype(np.uint16) | (h[phys + 1].astype(np.uint16) << 8)
     return u.view(np.float16).astype(np.float64)
+
+
+def _wgmma_fp8_operand(st: np.ndarray, start: int, rows: int, fmt) -> np.ndarray:
+    """[rows, 32] values of fp8 codes (format `fmt`) a K-major, 128-byte-swizzled descriptor at
+    `start` points to: code (r, kk) at L = start + (r // 8) * 1024 + (r % 8) * 128 + kk, bits
+    4-6 of L XOR bits 7-9."""
+    r = np.arange(rows)[:, None]
+    kk = np.arange(32)[None, :]
+    lin = start + (r // 8) * 1024 + (r % 8) * 128 + kk
+    return R.decode(st[lin ^ (((lin >> 7) & 7) << 4)], fmt).astype(np.float64)
 
 
 def swz_off(r, c):
@@ -98,7 +109,7 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
     MI, NI = WTM // 16, WTN // 8
     SA_B, SB_B = max(1, BM // 128) * 512, max(1, BN // 128) * 512
     A_B, B_B = BM * TK, BN * TK
-    STAGE = A_B + B_B + SA_B + SB_B
+    STAGE = A_B + B_B + SA_B + SB_B  # (hbufs 0 rounds it up to 1024 bytes: no effect here)
     KT = -(-k // TK)
     mchunks, nchunks = -(-m // 128), -(-n // 128)
     fa, fb = _FP8[cfg.a_elem], _FP8[cfg.b_elem]
@@ -119,7 +130,7 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
                 words = [(saf if is_a else sbf)[base + kt * 512: base + kt * 512 + 4] for kt in range(KT)]
                 e_rows[row] = int(np.max(np.concatenate(words)))
         acc = np.zeros((WMn * WNn, MI, NI, 16, 8))
-        hsets = [np.zeros((BM + BN) * TK * 2, np.uint8) for _ in range(cfg.hbufs)]
+        hsets = [np.zeros((BM + BN) * TK * 2, np.uint8) for _ in range(max(cfg.hbufs, 1))]
         for kt in range(KT):
             st = np.zeros(STAGE, np.uint8)
             kbyte = kt * TK
@@ -146,6 +157,35 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
                     dst = A_B + B_B + tid * 16
                     st[dst:dst + 16] = (saf if is_a else sbf)[src:src + 16] if ok else 0
             ssa, ssb = A_B + B_B, A_B + B_B + SA_B
+            if cfg.hbufs == 0:  # fp8 wgmma: rescale in place, then four k32 steps a warpgroup
+                # (no scale chunks: each row's word of this k-tile, 0 for rows past M / N)
+                def word(is_a, r, m0=m0, n0=n0, kt=kt):
+                    rr, lim, sc = (m0 + r, m, saf) if is_a else (n0 + r, n, sbf)
+                    if rr >= lim:
+                        return 0
+                    base = (rr // 128) * KT * 512 + (rr & 31) * 16 + ((rr >> 5) & 3) * 4 + kt * 512
+                    return int(_u32(sc, np.array([base]))[0])
+                for tid in range(NT):
+                    c16, r_base = tid & 7, tid >> 3
+                    for is_a, rows_n, fmt in ((True, BM, fa), (False, BN, fb)):
+                        for it in range(rows_n * 8 // NT):
+                            r = r_base + it * (NT // 8)
+                            w = word(is_a, r)
+                            e = int(e_rows[r if is_a else BM + r])
+                            bexp = (w >> (8 * (c16 >> 1))) & 0xFF
+                            if bexp != e:
+                                src = (0 if is_a else A_B) + tile_off(r, c16)
+                                v = R.decode(st[src:src + 16], fmt).astype(np.float16) * _rel_scale(bexp, e)
+                                st[src:src + 16] = R.encode(v.astype(np.float64), fmt, saturate=True)
+                for w4 in range(WMn * WNn // 4):
+                    d = np.zeros((64, BN))
+                    for ks in range(TK // 32):
+                        d += (_wgmma_fp8_operand(st, w4 * 64 * TK + ks * 32, 64, fa)
+                              @ _wgmma_fp8_operand(st, A_B + ks * 32, BN, fb).T)
+                    for w in range(4):
+                        for j in range(NI):
+                            acc[4 * w4 + w, 0, j] += d[16 * w:16 * w + 16, 8 * j:8 * j + 8]
+                continue
             # f16 tile set kt % hbufs (the kernel's h_a / h_b of this k-tile); the emulation
             # keeps one array per set and starts each k-tile's set from the previous contents
             h = hsets[kt % cfg.hbufs]

@@ -168,3 +168,34 @@ def test_alignment_rules():
     shifted[...] = a.data
     with pytest.raises(ValueError, match="A.data: data pointer must be 16-byte aligned"):
         mx_gemm(type(a)(a.fmt, a.shape, shifted, a.scales, a.scale_layout, None), b)
+
+
+@pytest.mark.parametrize("a_fmt,b_fmt", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxfp8_e4m3")])
+@pytest.mark.parametrize("tile", [t for t in WG_TILES if t[5] == 0])
+def test_fp8_wgmma_random_codes(tile, a_fmt, b_fmt):
+    """The fp8 wgmma's in-place rescale on uniformly random finite codes (every exponent field,
+    subnormals included) and scales 2^-15 .. 2^0: both of its paths (integer exponent shift,
+    f16 rounding to the subnormal grid) run in most chunks."""
+    import cupy
+
+    from kernelgen.mx.reference import swizzle_scales
+    from kernelgen.mx_gemm import mx_gemm
+
+    m, n, k = 200, 264, 1056
+    rng = np.random.default_rng(11)
+
+    def host(fmt, rows):
+        codes = rng.integers(0, 256, (rows, k), dtype=np.uint8)
+        special = 0x7F if fmt.endswith("e4m3") else 0x7C
+        codes[(codes & 0x7F) >= special] = 0x30  # finite
+        sc = rng.integers(112, 128, (rows, k // 32)).astype(np.uint8)
+        return GR.HostMx(fmt, (rows, k), codes, swizzle_scales(sc))
+
+    ha, hb = host(a_fmt, m), host(b_fmt, n)
+    bm, bn, wm, wn, st, hb_ = tile
+    cfg = MxFp8GemmConfig(arch="sm_90a", a_elem=a_fmt[-4:], b_elem=b_fmt[-4:], tile_m=bm,
+                          tile_n=bn, warps_m=wm, warps_n=wn, stages=st, wgmma=True, hbufs=hb_)
+    d = mx_gemm(GR.upload(ha, cupy), GR.upload(hb, cupy), config=cfg)  # bf16: |D| passes 65504
+    got = GR.to_float64(cupy.asnumpy(d), "bfloat16")
+    err = GR.rel_error(got, GR.mx_gemm(ha, hb, None, 1.0, "bfloat16"))
+    assert err < GR.REL_ERROR_BOUND["bfloat16"], err
