@@ -12,8 +12,8 @@ from ..core import cublas
 from ..core.interop import Ctx, context_of, device_array, gemm_bias_out, on_stream, scratch
 from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
-from .config import DTYPES, TILE_ROWS
-from .select import check_shape, plan_gemv, select_gemv
+from .config import DTYPES, GROUP_K, TILE_ROWS
+from .select import GemvPlan, check_shape, m_tile_for, plan_gemv, select_gemv
 from .tc_select import PATHS, plan_mma, select_gemm
 
 
@@ -77,16 +77,30 @@ def quantize_weight(w: Any, bits: int = 4, *, codebook: Any = None, dtype: str |
 
 def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str | None = None,
          split_k: int | None = None, path: str | None = None,
-         tile: tuple[int, int] | None = None) -> Any:
+         tile: tuple[int, int] | None = None, kw: int | None = None) -> Any:
     """C = A . W^T (+ bias): A [..., K] fp16 / bf16 (contiguous, 16-byte aligned), W a KbitLinear
     [N, K], bias [N] and C [..., N] in A's dtype; fp32 accumulation, C rounded to nearest.
 
     `out` receives C (A's dtype, shape [..., N], contiguous). `dtype="bfloat16"` marks CuPy
     uint16 data as bf16. The selector picks the path ("gemv": bandwidth kernel, "mma": tensor-core
     kernel, N % 128 == 0; "dequant": W dequantized to a scratch + cuBLAS) and its plan; `path`,
-    `tile` ((tile_m, tile_n) of the mma path) and `split_k` (number of K splits) force them.
+    `tile` ((tile_m, tile_n) of the mma path), `split_k` (number of K splits) and `kw` (warps
+    of a GEMV CTA sharing one tile's K range: 1, 2, 4) force them.
     Runs on the caller's current stream; results come back as the caller's array kind.
     """
+    return _gemm(A, W, bias, out, dtype, split_k, path, tile, kw, None)
+
+
+def gemm_with_plan(A: Any, W: KbitLinear, plan: GemvPlan, bias: Any = None, *, out: Any = None,
+                   dtype: str | None = None) -> Any:
+    """`gemm` on the GEMV path with a plan of `plan_gemv` (tuning scripts and tests: a
+    forced CTA shape); the plan must be for this M, N, K, bits and dtype."""
+    return _gemm(A, W, bias, out, dtype, None, "gemv", None, None, plan)
+
+
+def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k: int | None,
+          path: str | None, tile: tuple[int, int] | None, kw: int | None,
+          plan: GemvPlan | None) -> Any:
     if not isinstance(W, KbitLinear):
         raise ValueError(f"W: expected a KbitLinear from quantize_weight, got {type(W).__name__}")
     ctx = context_of(A, "A")
@@ -115,6 +129,8 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
                                                            info.sm_count).path
     if tile is not None and path != "mma":
         raise ValueError(f"tile={tile}: only the mma path has tiles; path={path!r}")
+    if kw is not None and path != "gemv":
+        raise ValueError(f"kw={kw}: only the gemv path has K warps; path={path!r}")
     if split_k is not None and path == "dequant":
         raise ValueError(f"split_k={split_k}: the dequant path (dequantize + cuBLAS) has no K "
                          f"split; force path='gemv' or 'mma' to split K")
@@ -124,10 +140,17 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
         return _gemm_dequant(ctx, W, a, b, bias is not None, c, out, m, n, k, dt)
     if path != "gemv":
         raise ValueError(f"path={path!r}: expected one of {PATHS} (or None: the selector's choice)")
-    if split_k is None:
+    if plan is not None:
+        cfg = plan.config
+        if (cfg.bits, cfg.dtype, cfg.m_tile, plan.m_tiles) != (W.bits, dt, m_tile_for(m), -(-m // cfg.m_tile)) \
+                or plan.gps * GROUP_K * plan.split < k or plan.gps * GROUP_K * (plan.split - 1) >= k:
+            raise ValueError(f"plan {plan.short()}: not a plan for M={m}, N={n}, K={k}, "
+                             f"bits={W.bits}, {dt}")
+    elif split_k is None and kw is None:
         plan = select_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count)
     else:
-        plan = plan_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count, int(split_k))
+        plan = plan_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count,
+                         None if split_k is None else int(split_k), None if kw is None else int(kw))
     if plan.config.split_k:
         ws, counters = scratch(ctx, "kbit_gemv", plan.split * m * n, plan.m_tiles * -(-n // TILE_ROWS))
     else:

@@ -12,7 +12,8 @@ from ..kbit.config import BITS
 DTYPES = ("float16", "bfloat16")
 CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16"}
 M_TILES = (8, 16)  # tokens per CTA pass = mma N (8) x 1 or 2
-WARPS = (4, 8)  # warps per CTA; each owns 16 rows of W
+WARPS = (4, 8)  # warps per CTA; each K-warp slot (kw warps) owns 16 rows of W at a time
+KWS = (1, 2, 4)  # warps sharing one tile's K range inside a CTA (sums reduced in shared memory)
 MIN_BLOCKS = (1, 2, 3, 4)  # __launch_bounds__ CTAs/SM: the register cap 65536 / (threads x this)
 GROUP_K = 128  # K granularity: a lane's group of 4 blocks of 32 (16*bits bytes, 16B aligned)
 TILE_ROWS = 16  # W rows per warp tile
@@ -28,6 +29,27 @@ LAUNCH: dict[tuple[int, int], tuple[int, int, int]] = {
     (16, 2): (4, 2, 96 * KB), (16, 3): (4, 2, 96 * KB), (16, 4): (4, 2, 96 * KB),
     (16, 5): (4, 2, 96 * KB),
 }
+
+# (m_tile, bits) -> the launch of K-warp configs (kw > 1): 8-warp CTAs x 2 at <= 128 registers
+# (16 warps an SM; the loop's SASS is the same as at 168), except 5 bits at m_tile 8, which
+# spills at 128 and keeps 4 warps x 3. Caps as LAUNCH (<= 99 KB: sm_120a).
+KW_LAUNCH: dict[tuple[int, int], tuple[int, int, int]] = {
+    (8, 2): (8, 2, 96 * KB), (8, 3): (8, 2, 96 * KB), (8, 4): (8, 2, 96 * KB),
+    (8, 5): (4, 3, 96 * KB),
+    (16, 2): (8, 2, 96 * KB), (16, 3): (8, 2, 96 * KB), (16, 4): (8, 2, 96 * KB),
+    (16, 5): (8, 2, 96 * KB),
+}
+
+
+def launch_of(m_tile: int, bits: int, kw: int) -> tuple[int, int, int]:
+    """(warps a CTA, CTAs/SM of the launch bounds, smem cap of a CTA) of a table config."""
+    return (LAUNCH if kw == 1 else KW_LAUNCH)[(m_tile, bits)]
+
+
+def kw_red_bytes(warps: int, kw: int, m_tile: int) -> int:
+    """Shared bytes of the K-warp sums (gemv.cuh): 2 parities x slots x (kw-1) x NT x 512."""
+    return 2 * (warps // kw) * (kw - 1) * (m_tile // 8) * 512
+
 
 def lut_bytes(bits: int) -> int:
     """Shared bytes of the pair-code table (templates/kbit_gemm/gemv.cuh, struct Lut)."""
@@ -46,6 +68,7 @@ class KbitGemvConfig(KernelConfig):
     warps: int = 8
     min_blocks: int = 3
     split_k: bool = False  # K split over grid.y: fp32 workspace + last-warp reduction
+    kw: int = 1  # warps of a CTA sharing one tile's K range (shared-memory reduction)
 
     def check(self) -> None:
         def bad(field: str, rule: str) -> UnsupportedConfigError:
@@ -61,6 +84,8 @@ class KbitGemvConfig(KernelConfig):
             raise bad("warps", f"expected one of {WARPS}")
         if self.min_blocks not in MIN_BLOCKS:
             raise bad("min_blocks", f"expected one of {MIN_BLOCKS}")
+        if self.kw not in KWS or self.warps % self.kw:
+            raise bad("kw", f"expected one of {KWS} dividing warps={self.warps}")
         if not isinstance(self.split_k, bool):
             raise bad("split_k", "expected a bool")
 
@@ -69,7 +94,8 @@ class KbitGemvConfig(KernelConfig):
 
     def smem_bytes(self) -> int:
         """The most dynamic smem a launch of this config asks for (select.py stays below)."""
-        return LAUNCH.get((self.m_tile, self.bits), (0, 0, 96 * KB))[2]
+        return launch_of(self.m_tile, self.bits, self.kw)[2] if (self.m_tile, self.bits) in LAUNCH \
+            else 96 * KB
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype]}

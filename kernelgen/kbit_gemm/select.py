@@ -14,7 +14,18 @@ from typing import Any
 
 from ..arch import SM_COUNTS, SMEM_PER_SM, get_arch
 from ..core.select import selector, weight_shapes
-from .config import BITS, DTYPES, GROUP_K, LAUNCH, M_TILES, TILE_ROWS, KbitGemvConfig, lut_bytes
+from .config import (
+    BITS,
+    DTYPES,
+    GROUP_K,
+    KWS,
+    M_TILES,
+    TILE_ROWS,
+    KbitGemvConfig,
+    kw_red_bytes,
+    launch_of,
+    lut_bytes,
+)
 
 # (largest M, m_tile): tokens a CTA pass covers. M above the last row runs ceil(M/16) passes
 # over grid.z (W is read once per pass) until the tensor-core path takes large M.
@@ -34,6 +45,13 @@ SPLIT_ITEM_OVERHEAD_STEPS = 2.5
 BUSY_WARPS_PER_SM = 8
 # ... and a split keeps at least this many groups of 128 k (two quad steps of a warp).
 MIN_GROUPS_PER_SPLIT = 8
+# K warps (kw > 1: a tile's quad steps dealt over kw warps of one CTA, sums reduced in shared
+# memory) are a candidate beside the K split: kw times the busy warps for the same tiles, at
+# KW_BUSY_WARPS_PER_SM busy warps an SM and KW_ITEM_OVERHEAD_STEPS a tile (barrier + sums).
+# KW_CHOICES lists the kw the planner weighs (KWS stays forceable).
+KW_CHOICES: tuple[int, ...] = (1,)
+KW_BUSY_WARPS_PER_SM = 16
+KW_ITEM_OVERHEAD_STEPS = 1.5
 @dataclass(frozen=True)
 class GemvPlan:
     """One launch: config, K splits (grid.y), groups of 128 k per split, grid.x, grid.z, smem."""
@@ -74,35 +92,71 @@ def m_tile_for(m: int) -> int:
 
 
 def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
-              split: int | None = None) -> GemvPlan:
-    """Pure planner. `split` forces the number of K splits (tests, tuning); None picks it."""
+              split: int | None = None, kw: int | None = None,
+              launch: tuple[int, int] | None = None) -> GemvPlan:
+    """Pure planner. `split` forces the number of K splits, `kw` the K warps a tile (tests,
+    tuning), `launch` = (warps, min_blocks) the CTA shape; None picks them."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
+    if kw is not None and kw not in KWS:
+        raise ValueError(f"kw={kw}: expected one of {KWS}")
     m_tile = m_tile_for(m)
-    warps, min_blocks, cap = LAUNCH[(m_tile, bits)]
+    if kw is None:  # the kw of the cheapest plan (ties: fewer K warps)
+        plans = [_plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, c, launch)
+                 for c in KW_CHOICES]
+        return min(plans, key=lambda p: (p.cost, p.plan.config.kw)).plan
+    return _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, kw, launch).plan
+
+
+@dataclass(frozen=True)
+class _Costed:
+    plan: GemvPlan
+    cost: float
+
+
+def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int, m_tile: int,
+          split: int | None, kw: int, launch: tuple[int, int] | None) -> _Costed:
+    warps, min_blocks, cap = launch_of(m_tile, bits, kw)
+    if launch is not None:
+        warps, min_blocks = launch
+        cap = min(cap, SMEM_PER_SM[arch] // min_blocks - 1024)
+    if warps % kw:
+        raise ValueError(f"kw={kw}: must divide the CTA's warps ({warps})")
+    red = kw_red_bytes(warps, kw, m_tile)
+    busy = BUSY_WARPS_PER_SM if kw == 1 else KW_BUSY_WARPS_PER_SM
     rows = min(m, m_tile)
     m_tiles = -(-m // m_tile)
     tiles = -(-n // TILE_ROWS)
     groups = k // GROUP_K
-    max_gps = (cap - lut_bytes(bits)) // (rows * GROUP_K * 2)  # the A slice fits shared memory
+    max_gps = (cap - lut_bytes(bits) - red) // (rows * GROUP_K * 2)  # the A slice fits smem
+    if max_gps < 1:
+        raise ValueError(f"launch {warps} warps x {min_blocks} CTAs: the {bits}-bit table and the "
+                         f"K-warp sums leave no shared memory for A ({cap} B a CTA)")
+
+    def smem_of(gps: int) -> int:
+        return lut_bytes(bits) + rows * gps * GROUP_K * 2 + red
 
     def resident(gps: int) -> int:  # CTAs an SM holds: launch bounds, then shared memory
-        smem = lut_bytes(bits) + rows * gps * GROUP_K * 2
-        return max(1, min(min_blocks, SMEM_PER_SM[arch] // (smem + 1024)))
+        return max(1, min(min_blocks, SMEM_PER_SM[arch] // (smem_of(gps) + 1024)))
 
     def cost(s: int) -> float:
         gps = -(-groups // s)
-        warps_resident = sm_count * min(resident(gps) * warps, BUSY_WARPS_PER_SM)
-        rounds = -(-(tiles * m_tiles * s) // warps_resident)
-        return rounds * (-(-gps // 4) + (SPLIT_ITEM_OVERHEAD_STEPS if s > 1 else ITEM_OVERHEAD_STEPS))
+        warps_resident = sm_count * min(resident(gps) * warps, busy)
+        rounds = -(-(tiles * m_tiles * s * kw) // warps_resident)
+        overhead = SPLIT_ITEM_OVERHEAD_STEPS if s > 1 else ITEM_OVERHEAD_STEPS
+        if kw > 1:
+            overhead += KW_ITEM_OVERHEAD_STEPS
+        quads = -(-gps // 4)  # quad steps of a tile, dealt over kw warps
+        return rounds * (-(-quads // kw) + overhead)
 
     if split is None:
         lo = -(-groups // max_gps)  # fewest splits whose A slice fits
         hi = max(lo, groups // MIN_GROUPS_PER_SPLIT)
         split = min(range(lo, hi + 1), key=lambda s: (cost(s), s))
         gps = -(-groups // split)
-        gps4 = -(-gps // 4) * 4  # whole quad steps when that costs no more splits
+        q = 4 * kw  # whole quad steps of every K warp when that costs no more splits
+        gps4 = -(-gps // q) * q
         if gps4 <= max_gps and -(-groups // gps4) == split:
             gps = min(gps4, groups)
     else:
@@ -115,11 +169,11 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
                              f"({rows} rows x {gps * GROUP_K} k); use split_k >= {need}")
     split = -(-groups // gps)
     # persistent grid: no more CTAs along N than stay resident beside the other splits / passes
-    ctas = min(-(-tiles // warps), max(1, sm_count * resident(gps) // (split * m_tiles)))
+    slots = warps // kw
+    ctas = min(-(-tiles // slots), max(1, sm_count * resident(gps) // (split * m_tiles)))
     cfg = KbitGemvConfig(arch=arch, bits=bits, dtype=dtype, m_tile=m_tile, warps=warps,
-                         min_blocks=min_blocks, split_k=split > 1)
-    smem = lut_bytes(bits) + rows * gps * GROUP_K * 2
-    return GemvPlan(cfg, split, gps, ctas, m_tiles, smem)
+                         min_blocks=min_blocks, split_k=split > 1, kw=kw)
+    return _Costed(GemvPlan(cfg, split, gps, ctas, m_tiles, smem_of(gps)), cost(split))
 
 
 @selector
@@ -146,11 +200,13 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
             for dtype in dtypes:
                 if not shapes:
                     for m_tile in M_TILES:
-                        warps, min_blocks, _ = LAUNCH[(m_tile, bits)]
-                        for split_k in (False, True):
-                            yield KbitGemvConfig(arch=arch, bits=bits, dtype=dtype, m_tile=m_tile,
-                                                 warps=warps, min_blocks=min_blocks,
-                                                 split_k=split_k)
+                        for kw in KW_CHOICES:
+                            warps, min_blocks, _ = launch_of(m_tile, bits, kw)
+                            for split_k in (False, True):
+                                yield KbitGemvConfig(arch=arch, bits=bits, dtype=dtype,
+                                                     m_tile=m_tile, warps=warps,
+                                                     min_blocks=min_blocks, split_k=split_k,
+                                                     kw=kw)
                     continue
                 for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
                     for m, n, k in shapes:

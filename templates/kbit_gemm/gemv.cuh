@@ -32,6 +32,14 @@
 // (scale over that power of two, exact; one rounding of the product) before the mma, and the
 // fp32 accumulators are kept per block index j (4 independent mma chains).
 //
+// K warps (KW > 1): the KW warps w = KW*slot + kp of a CTA share one tile at a time; warp kp
+// takes the tile's quad steps kp, kp + KW, ... (adjacent 512-k chunks of a row in flight
+// together), all KW warps run the same step count (a step past the range decodes with zero
+// scales), and at the end of a tile warps kp > 0 leave their fp32 sums in shared memory for
+// warp kp = 0, which adds them in kp order (deterministic) and stores: more resident warps per
+// tile without a global split. One named barrier per slot and tile; the sums are
+// double-buffered by tile parity, so a warp never overwrites a buffer not yet read.
+//
 // Split-K (grid.y > 1): each CTA covers a K range; partial sums go to ws, and the last warp to
 // finish a tile (a per-tile counter) adds the partials in split order (deterministic), adds
 // the bias, writes C and resets the counter for the next launch.
@@ -298,10 +306,28 @@ __device__ __forceinline__ void store_tile(const float (&acc)[M_TILE / 8][4], in
   }
 }
 
+// -- K-warp reduction --------------------------------------------------------------------------------
+__device__ __forceinline__ void sts128(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c),
+               "f"(d) : "memory");
+}
+__device__ __forceinline__ float4 lds128f(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void bar_sync_named(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+
 // -- the kernel body -------------------------------------------------------------------------------
-// grid (ctas_x, split, m_tiles), WARPS warps a CTA; dynamic smem = Lut::BYTES + rows*kr*2.
-// gps = groups (of 128 k) per split; every split is non-empty (the host guarantees it).
-template <typename T, int BITS, int M_TILE, int WARPS, bool SPLIT>
+// grid (ctas_x, split, m_tiles), WARPS warps a CTA (WARPS / KW tile slots); dynamic smem =
+// Lut::BYTES + rows*gps*128*2 (A) + K-warp sums (2 parities x slots x (KW-1) x NT x
+// 512 bytes, config.py kw_red_bytes). gps = groups (of 128 k) per split; every
+// split is non-empty (the host guarantees it).
+template <typename T, int BITS, int M_TILE, int WARPS, int KW, bool SPLIT>
 __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
                                      const uint8_t* __restrict__ absmax,
                                      const float* __restrict__ codebook, const T* __restrict__ A,
@@ -309,7 +335,9 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
                                      float* __restrict__ ws, unsigned* __restrict__ counters,
                                      int M, int N, int K, int gps) {
   static_assert(M_TILE == 8 || M_TILE == 16, "m_tile is 8 or 16 tokens");
+  static_assert(KW >= 1 && WARPS % KW == 0, "a CTA's warps are whole K-warp slots");
   constexpr int NT = M_TILE / 8;  // mma n8 tiles
+  constexpr int SLOTS = WARPS / KW;
   using L = Lut<BITS>;
   extern __shared__ __align__(128) unsigned char smem[];  // 128: the A swizzle XORs address bits
   const uint32_t lut_base = (uint32_t)__cvta_generic_to_shared(smem);
@@ -343,7 +371,8 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
     arow[nt] = as_base + 2u * (uint32_t)(min(m, rows - 1) * kr + t * GROUP_K) + 8u * x_a;
   }
 
-  const int n_it = (g1 - g0 + 3) >> 2;       // quad steps (4 groups each) of a tile
+  const int kp = warp % KW, slot = warp / KW;  // K warp and tile slot
+  const int n_it = (((g1 - g0 + 3) >> 2) + KW - 1) / KW;  // this warp's quad steps of a tile
   const int n_tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
   const uint32_t row_u4 = (uint32_t)(G * BITS);  // uint4 per W row
   const uint4* w4 = reinterpret_cast<const uint4*>(packed);
@@ -351,7 +380,7 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
   // This warp's tiles: tile0, tile0 + tstride, ... (the grid is persistent: at most one wave).
   // Steps run flat over (tile, quad step) so the next step's loads, also those of the next
   // tile, are always in flight while the current step is decoded.
-  const int tile0 = blockIdx.x * WARPS + warp, tstride = gridDim.x * WARPS;
+  const int tile0 = blockIdx.x * SLOTS + slot, tstride = gridDim.x * SLOTS;
   const int n_steps = tile0 < n_tiles ? ((n_tiles - 1 - tile0) / tstride + 1) * n_it : 0;
 
   // 32-bit element offsets of rows r0 = 16*tile + g and r1 = r0 + 8 (W below 64 GB): uint4
@@ -362,8 +391,9 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
     const uint32_t r1 = (uint32_t)min(tile * TILE_ROWS + g + 8, N - 1);
     return Rows{r0 * row_u4, r1 * row_u4, r0 * (uint32_t)(K / 32), r1 * (uint32_t)(K / 32)};
   };
-  // a lane past the K range re-reads a valid group (its A operand is zeroed instead)
-  const auto group_of = [&](int it) { return min(g0 + it * 4 + t, g1 - 1); };
+  // this warp's step it is the tile's quad step it*KW + kp; a lane past the K range re-reads
+  // a valid group (and gets zero scales)
+  const auto group_of = [&](int it) { return min(g0 + (it * KW + kp) * 4 + t, g1 - 1); };
 
   // wa/wb: rows r0/r1, the group's 4 blocks x BITS plane words (block j at [j*BITS, (j+1)*BITS)),
   // loaded as BITS uint4 "slots". Rolling prefetch: as soon as block j's codes are built, the
@@ -377,6 +407,9 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
     wb[4 * b] = v.x; wb[4 * b + 1] = v.y; wb[4 * b + 2] = v.z; wb[4 * b + 3] = v.w;
   };
 
+  // K-warp sums after the A slice (16-byte aligned: the slice is whole 256-byte rows)
+  const uint32_t red_base = as_base + 2u * (uint32_t)(rows * gps * GROUP_K);
+  int parity = 0;
   int tile = tile0, it = 0;
   Rows cur = rows_of(tile0);
   uint32_t sa = 0, sb = 0;
@@ -408,7 +441,7 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
     // A lane past the K range decodes a valid group (group_of) with zero scales, so that it
     // adds exact zeros, and reads A of the same clamped group (in range, finite): no predicate
     // or zero fill per mma. Bytes into the A row, relative to this lane's t * GROUP_K.
-    const int rel = it * 4 + t, rel_c = min(rel, g1 - g0 - 1);
+    const int rel = (it * KW + kp) * 4 + t, rel_c = min(rel, g1 - g0 - 1);
     const uint32_t kbase = 2u * (uint32_t)((rel_c - t) * GROUP_K);
     const uint32_t sa_k = rel == rel_c ? sa : 0u, sb_k = rel == rel_c ? sb : 0u;
 #pragma unroll
@@ -444,8 +477,32 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
           sum[nt][i] = (acc[0][nt][i] + acc[1][nt][i]) + (acc[2][nt][i] + acc[3][nt][i]);
           acc[0][nt][i] = acc[1][nt][i] = acc[2][nt][i] = acc[3][nt][i] = 0.0f;
         }
-      store_tile<T, M_TILE, SPLIT>(sum, tile, m0, lane, bias, has_bias, C, ws, counters, M, N,
-                                   n_tiles);
+      if constexpr (KW > 1) {
+        // sums of K warps kp > 0 -> shared memory (buffer of this tile's parity) -> warp kp = 0
+        const uint32_t buf = red_base + (uint32_t)(((parity * SLOTS + slot) * (KW - 1)) * NT * 512);
+        if (kp > 0) {
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+            sts128(buf + (uint32_t)((((kp - 1) * NT + nt) * 32 + lane) * 16), sum[nt][0],
+                   sum[nt][1], sum[nt][2], sum[nt][3]);
+        }
+        bar_sync_named(1 + slot, 32 * KW);
+        if (kp == 0) {
+#pragma unroll
+          for (int q = 0; q < KW - 1; ++q)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const float4 v = lds128f(buf + (uint32_t)(((q * NT + nt) * 32 + lane) * 16));
+              sum[nt][0] += v.x; sum[nt][1] += v.y; sum[nt][2] += v.z; sum[nt][3] += v.w;
+            }
+          store_tile<T, M_TILE, SPLIT>(sum, tile, m0, lane, bias, has_bias, C, ws, counters, M,
+                                       N, n_tiles);
+        }
+        parity ^= 1;
+      } else {
+        store_tile<T, M_TILE, SPLIT>(sum, tile, m0, lane, bias, has_bias, C, ws, counters, M, N,
+                                     n_tiles);
+      }
     }
     tile = tile_next;
     it = it_next;

@@ -8,7 +8,7 @@ import kernelgen as kg
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.kbit import reference as R
 from kernelgen.kbit_gemm import reference as GR
-from kernelgen.kbit_gemm.config import LAUNCH, KbitGemvConfig, lut_bytes
+from kernelgen.kbit_gemm.config import KbitGemvConfig, kw_red_bytes, launch_of, lut_bytes
 from kernelgen.kbit_gemm.select import (
     MIN_GROUPS_PER_SPLIT,
     SM_COUNTS,
@@ -36,20 +36,21 @@ def test_plans_are_consistent(n, k, bits):
             ctx = f"{m=} {n=} {k=} {bits=} {sms=} {p.short()}"
             cfg = p.config
             assert cfg.m_tile == (8 if m <= 8 else 16), ctx
-            assert (cfg.warps, cfg.min_blocks) == LAUNCH[(cfg.m_tile, bits)][:2], ctx
+            assert (cfg.warps, cfg.min_blocks) == launch_of(cfg.m_tile, bits, cfg.kw)[:2], ctx
             # every split non-empty, together they cover K exactly
             assert (p.split - 1) * p.gps < groups <= p.split * p.gps, ctx
             assert cfg.split_k == (p.split > 1), ctx
             # A slice + table fit the config's shared-memory cap, and the cap the arch allows
             rows = min(m, cfg.m_tile)
-            assert p.smem == lut_bytes(bits) + rows * p.gps * 128 * 2, ctx
+            red = kw_red_bytes(cfg.warps, cfg.kw, cfg.m_tile)
+            assert p.smem == lut_bytes(bits) + rows * p.gps * 128 * 2 + red, ctx
             assert p.smem <= cfg.smem_bytes(), ctx
             assert p.grid[1:] == (p.split, _cdiv(m, cfg.m_tile)), ctx
-            assert 1 <= p.ctas <= _cdiv(_cdiv(n, 16), cfg.warps), ctx
+            assert 1 <= p.ctas <= _cdiv(_cdiv(n, 16), cfg.warps // cfg.kw), ctx
             # persistent: every CTA resident at once
             assert p.ctas * p.split * p.m_tiles <= max(sms * cfg.min_blocks, p.split * p.m_tiles), ctx
             # a split keeps >= MIN_GROUPS_PER_SPLIT groups unless the A slice forces it smaller
-            max_gps = (cfg.smem_bytes() - lut_bytes(bits)) // (rows * 128 * 2)
+            max_gps = (cfg.smem_bytes() - lut_bytes(bits) - red) // (rows * 128 * 2)
             if p.split > 1:
                 assert p.gps >= MIN_GROUPS_PER_SPLIT or p.gps == max_gps, ctx
 
@@ -80,6 +81,56 @@ def test_forced_split_rules():
         plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, split=33)
     with pytest.raises(ValueError, match="does not fit shared memory"):
         plan_gemv("sm_90a", 16, 4096, 14336, 4, "float16", 132, split=1)
+
+
+def _decoded_groups(p, n, k, m):
+    """(tile, m pass, group) -> times decoded with the block's own scales, by the index math of
+    gemv.cuh: tile slots, K warps (step it of warp kp = quad step it*kw + kp), lanes t of a quad,
+    zero scales past the split's range."""
+    cfg = p.config
+    kw, slots, groups = cfg.kw, cfg.warps // cfg.kw, k // 128
+    n_tiles = _cdiv(n, 16)
+    seen = {}
+    for x, y, z in np.ndindex(p.ctas, p.split, p.m_tiles):
+        g0, g1 = y * p.gps, min(groups, (y + 1) * p.gps)
+        n_it = _cdiv(_cdiv(g1 - g0, 4), kw)
+        for warp in range(cfg.warps):
+            kp, slot = warp % kw, warp // kw
+            for tile in range(x * slots + slot, n_tiles, p.ctas * slots):
+                for it, t in np.ndindex(n_it, 4):
+                    rel = (it * kw + kp) * 4 + t
+                    if rel <= g1 - g0 - 1:  # else: zero scales
+                        key = (tile, z, g0 + rel)
+                        seen[key] = seen.get(key, 0) + 1
+    return seen
+
+
+@pytest.mark.parametrize("kw", (1, 2, 4))
+@pytest.mark.parametrize("n,k", [(200, 384), (1000, 4224), (4096, 14336), (14336, 4096), (16, 128)])
+def test_k_warps_cover_every_group_once(n, k, kw):
+    for m in (1, 9, 33):
+        for split in (None, 1, 3):
+            try:
+                p = plan_gemv("sm_90a", m, n, k, 4, "float16", 132, split, kw)
+            except ValueError as e:
+                assert "does not fit" in str(e) or "must be in" in str(e)
+                continue
+            assert p.config.kw == kw
+            seen = _decoded_groups(p, n, k, m)
+            want = _cdiv(n, 16) * p.m_tiles * (k // 128)
+            assert len(seen) == want and set(seen.values()) == {1}, p.short()
+
+
+def test_k_warp_rules():
+    with pytest.raises(ValueError, match="kw=3: expected one of"):
+        plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, kw=3)
+    with pytest.raises(ValueError, match=r"kw=4: must divide the CTA's warps \(2\)"):
+        plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, kw=4, launch=(2, 4))
+    with pytest.raises(ValueError, match="leave no shared memory for A"):
+        plan_gemv("sm_90a", 1, 4096, 4096, 5, "float16", 132, kw=2, launch=(4, 4))
+    p = plan_gemv("sm_90a", 1, 14336, 4096, 4, "float16", 132, kw=2)
+    assert p.smem == lut_bytes(4) + 4096 * 2 + kw_red_bytes(p.config.warps, 2, 8)
+    assert p.smem <= p.config.smem_bytes() and p.gps % 8 == 0
 
 
 @pytest.mark.parametrize("n,k", [(100, 96), (100, 0), (0, 128), (64, 4160)])
@@ -122,7 +173,8 @@ def test_prewarm_rejects_bad_shapes():
 
 
 @pytest.mark.parametrize("field,value", [("bits", 6), ("dtype", "float32"), ("m_tile", 12),
-                                         ("warps", 3), ("min_blocks", 0), ("split_k", 1)])
+                                         ("warps", 3), ("min_blocks", 0), ("split_k", 1),
+                                         ("kw", 3)])
 def test_config_check_names_field(field, value):
     kw = dict(arch="sm_90a", bits=4, dtype="float16", m_tile=8, warps=8, split_k=False)
     kw[field] = value

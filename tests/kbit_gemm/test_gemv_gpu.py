@@ -255,3 +255,65 @@ def test_bad_inputs():
     assert kg.KbitLinear.from_kbit(lin.q).shape == (96, 1024)
     with pytest.raises(ValueError, match="2-D weight"):
         kg.KbitLinear.from_kbit(kg.quantize_kbit(cupy.ones(4096, cupy.float16), 4))
+
+
+# K warps (kw): the tile's quad steps dealt over kw warps of a CTA, sums reduced in shared memory.
+# (kw, launch): the table's CTA shape, and forced shapes the tuning sweep times (4 warps x 4
+# CTAs, 4 warps x 3). Quad-step counts 1, 2, 3 and 9 (K = 384, 1024, 4224 unsplit / split 3)
+# leave K warps with only zero-scale steps and uneven shares.
+KW_VARIANTS = ((2, None), (4, None), (2, (4, 4)), (4, (4, 3)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", BITS)
+def test_gemm_k_warps_match_reference(bits, dtype):
+    import cupy
+
+    from kernelgen.kbit_gemm.api import gemm_with_plan
+    from kernelgen.kbit_gemm.select import plan_gemv
+
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for n, k in SHAPES:
+        lin, w64 = _weight(bits, dtype, n, k)
+        for m in (1, 3, 8, 9, 16, 17, 33):
+            a = _host(rng, (m, k), dtype)
+            bias = _host(rng, (n,), dtype) if m % 2 else None
+            c_ref = GR.gemm(a, w64, bias, dtype)
+            a_d = cupy.asarray(a)
+            b_d = None if bias is None else cupy.asarray(bias)
+            for kw, launch in KW_VARIANTS:
+                if launch is not None and bits == 5 and launch[1] == 4:
+                    continue  # 5 bits: a 64 KB table, 4 CTAs an SM do not fit
+                for split in (None, 1, 3):
+                    ctx = f"{bits=} {dtype=} {m=} {n=} {k=} {kw=} {launch=} {split=}"
+                    try:
+                        plan = plan_gemv("sm_90a", m, n, k, bits, dtype, 132, split, kw, launch)
+                    except ValueError as e:
+                        assert "does not fit shared memory" in str(e) or "no shared memory" in str(e), ctx
+                        continue
+                    assert plan.config.kw == kw, ctx
+                    out = cupy.full((m, n), np.nan, a_d.dtype)
+                    c = gemm_with_plan(a_d, lin, plan, b_d, out=out, dtype=hint)
+                    assert c is out, ctx
+                    _check(c, c_ref, dtype, f"{ctx} {plan.short()}")
+                    c2 = gemm_with_plan(a_d, lin, plan, b_d, dtype=hint)  # poisoned output
+                    assert bool((c.view(cupy.uint16) == c2.view(cupy.uint16)).all()), \
+                        f"{ctx}: not deterministic"
+
+
+def test_gemm_kw_argument():
+    import cupy
+
+    import kernelgen as kg
+
+    rng = np.random.default_rng()
+    n, k = 1000, 4224
+    lin, w64 = _weight(4, "float16", n, k)
+    a = _host(rng, (2, k), "float16")
+    for kw in (1, 2, 4):
+        _check(kg.gemm(cupy.asarray(a), lin, kw=kw), GR.gemm(a, w64), "float16", f"{kw=}")
+    with pytest.raises(ValueError, match="kw=3: expected one of"):
+        kg.gemm(cupy.asarray(a), lin, kw=3)
+    with pytest.raises(ValueError, match="kw=2: only the gemv path"):
+        kg.gemm(cupy.asarray(a), lin, kw=2, path="mma")
