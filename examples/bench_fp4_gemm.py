@@ -206,11 +206,15 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                 if kw != base.kw:
                     grid = (-(-(-(-n // (16 * cfg.tpw)) * kw) // 8), base.grid[1], base.grid[2])
                     yield f"kw={kw}", dataclasses.replace(base, kw=kw, grid=grid)
-            if cfg.m_tile == 8:  # 32 resident warps an SM (<= 64 registers): KW may double
-                p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, wps=32)
-                yield f"wps=32 kw={p2.kw} split={p2.split}", p2
-                p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, wps=32, split=1)
-                yield f"wps=32 kw={p2.kw} split=1", p2
+            # the other resident-warp count (32: <= 64 registers, TPW 1, KW may double; at
+            # m_tile 16 one accumulator chain a token half, A loaded a word at a time)
+            other = 16 if cfg.warps_per_sm == 32 else 32
+            seen = set()
+            for s in (None, 1):
+                p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, wps=other, split=s)
+                if (p2.kw, p2.split, p2.grid) not in seen:
+                    seen.add((p2.kw, p2.split, p2.grid))
+                    yield f"wps={other} tpw={p2.config.tpw} kw={p2.kw} split={p2.split}", p2
             if cfg.warps == 8 and base.kw <= 4:  # 4-warp CTAs, twice as many: the SMs' warp counts even out
                 grid = (-(-(-(-n // (16 * cfg.tpw)) * base.kw) // 4), base.grid[1], base.grid[2])
                 yield "warps=4", dataclasses.replace(base, config=cfg.replace(warps=4), grid=grid,
@@ -295,6 +299,10 @@ def main() -> None:
                     help="weight block arrangements to time (layout.py ARRANGEMENTS; default: "
                          "prepare_weight's for the format)")
     ap.add_argument("--probe", action="store_true", help="read-only walks in the GEMV's pattern")
+    ap.add_argument("--profile", action="store_true",
+                    help="only call the GEMM 3 times per shape / fmt / M (default plan), for ncu")
+    ap.add_argument("--profile-wps", type=int, default=None,
+                    help="--profile: force the bandwidth path's resident warps an SM (16 / 32)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
@@ -304,7 +312,7 @@ def main() -> None:
 
     from kernelgen.arch import device_info
     from kernelgen.bench import copy_bandwidth, rotation
-    from kernelgen.fp4_gemm import fp4_gemm, select_fp4
+    from kernelgen.fp4_gemm import fp4_gemm, plan, select_fp4
 
     dev = device_info()
     copy_bw = copy_bandwidth()
@@ -315,6 +323,18 @@ def main() -> None:
           flush=True)
     stream = cupy.cuda.Stream(non_blocking=True)
     rng = np.random.default_rng(0)
+    if args.profile:
+        for n, k in shapes:
+            for fmt in args.fmts.split(","):
+                w = weight_copies(fmt, n, k, 0, args.arrangements.split(",")[0])[0][0]
+                for m in ms:
+                    a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
+                    p = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, wps=args.profile_wps)
+                    for _ in range(3):
+                        fp4_gemm(a, w, _plan=p)
+                    print(f"profiled {n}x{k} {fmt} M={m}: {p.short()}", flush=True)
+        cupy.cuda.runtime.deviceSynchronize()
+        return
     with stream:
         for n, k in shapes:
             dense = rotation(lambda n=n, k=k: cupy.random.standard_normal((n, k), dtype=cupy.float32)

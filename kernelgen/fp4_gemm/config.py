@@ -64,9 +64,9 @@ class Fp4GemvConfig(KernelConfig):
             raise _bad(self, "hint", "expected a bool")
         if self.warps_per_sm not in GEMV_WARPS_PER_SM:
             raise _bad(self, "warps_per_sm", f"expected one of {GEMV_WARPS_PER_SM}")
-        if self.warps_per_sm == 32 and (self.m_tile, self.tpw, self.depth) != (8, 1, 2):
-            raise _bad(self, "warps_per_sm", "32 (<= 64 registers a thread) fits only m_tile 8, "
-                                             "tpw 1, depth 2")
+        if self.warps_per_sm == 32 and (self.tpw, self.depth) != (1, 2):
+            raise _bad(self, "warps_per_sm", "32 (<= 64 registers a thread) fits only tpw 1, "
+                                             "depth 2")
 
     def symbols(self) -> tuple[str, ...]:
         return ("fp4_gemv",)
@@ -80,7 +80,8 @@ class Fp4GemvConfig(KernelConfig):
         # held through the loop
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
                 "min_blocks": self.warps_per_sm // self.warps,
-                "early": self.m_tile == 8 and self.warps_per_sm == 16}
+                "early": self.m_tile == 8 and self.warps_per_sm == 16,
+                "lean": self.warps_per_sm == 32}
 
 
 def tile_smem(fmt: str, bm: int, stages: int) -> int:

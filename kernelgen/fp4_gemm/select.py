@@ -57,13 +57,14 @@ GEMV_TPW = {8: 1, 16: 2}
 # mxfp4 with 4-warp CTAs (448 instead of 224: every SM gets 12 or 16 warps, not 8 or 16);
 # m_tile 8 unchanged (15.25 vs 15.32 us), so it keeps 8.
 GEMV_CTA_WARPS = {8: 8, 16: 4}
-# Resident warps an SM the launch bounds ask for, by m_tile (Fp4GemvConfig.warps_per_sm): 32
-# (<= 64 registers, m_tile 8 only) lets KW double on 14336x4096 (448 CTAs of 8 warps resident,
-# 27 warps an SM instead of 14). Read-only walks in the GEMV's pattern (H100, session 10) went
-# 14.20 -> 12.74 us (nvfp4 W + scales; the plain read of the same bytes: 12.78) and 12.61 ->
-# 11.44 (mxfp4) with it; the GEMV itself at 32 is NOT yet measured (bench variant "wps=32"),
-# so the table keeps 16 until it is.
-GEMV_WARPS_PER_SM = {8: 16, 16: 16}
+# Resident warps an SM the launch bounds ask for (Fp4GemvConfig.warps_per_sm): 16 (<= 128
+# registers), or 32 (<= 64 registers, TPW 1 only) where m_tile's entry allows it AND it doubles
+# KW at no more K splits (14336x4096: KW 2 -> 4, 448 CTAs of 8 warps, 27 warps an SM instead of
+# 14). Measured on H100 (session 11, same run, graph-timed; plain read of W + scales 12.73 /
+# 12.09 us): 14336x4096 M = 1 / 4 / 8 nvfp4 15.26 / 15.61 / 16.30 -> 14.80 / 15.24 / 15.90 us,
+# mxfp4 14.33 / 14.68 / 15.67 -> 13.90 / 14.19 / 15.27. Where KW cannot grow (4096x14336: KW 8
+# already) 32 alone is slower: same grid 14.53 -> 15.67 us (nvfp4 M=1), split 2 16.48.
+GEMV_WPS32 = {8: True, 16: False}
 
 
 # Tile path: BM by M (largest M of the row), split-K until the CTAs make one wave.
@@ -135,11 +136,19 @@ def _kw(units: int, steps: int, ctas_cap: int) -> int:
 
 def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps):
     m_tile = 8 if m <= 8 else 16
+    if wps is None:  # 32 warps an SM only where KW doubles without more K splits
+        p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, 16)
+        if GEMV_WPS32[m_tile] and tpw in (None, 1):
+            p32 = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, 1, 32)
+            if p32.kw > p.kw and p32.split <= p.split:
+                return p32
+        return p
+    if tpw is None and wps == 32:  # <= 64 registers: one tile a warp
+        tpw = 1
     if tpw is None:  # the table's TPW unless it would need a global K split to fill the GPU
         tpw = GEMV_TPW[m_tile]
         if tpw > 1 and _gemv(arch, m, n, k, fmt, dtype, sm_count, None, tpw, wps).split > 1:
             tpw = 1
-    wps = GEMV_WARPS_PER_SM[m_tile] if wps is None else wps
     m_tiles = -(-m // m_tile)
     units = -(-n // (16 * tpw))  # a warp's tiles (TPW x 16 W rows)
     q = k // STEP_K
@@ -181,8 +190,8 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
          path: str | None = None, split: int | None = None, tpw: int | None = None,
          wps: int | None = None) -> Plan:
     """Pure planner. `path` ("gemv" / "tile"), `split`, `tpw` (tiles a warp of the bandwidth
-    path, 1 or 2) and `wps` (its resident warps an SM, 16 or 32) force a choice (tests,
-    tuning)."""
+    path, 1 or 2) and `wps` (its resident warps an SM, 16 or 32; 32 implies TPW 1) force a
+    choice (tests, tuning)."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the FP4 GEMM needs M >= 1")

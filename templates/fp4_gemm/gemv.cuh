@@ -22,7 +22,8 @@
 
 namespace kg::fp4 {
 
-template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool HINT, bool EARLY>
+template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool HINT, bool EARLY,
+          bool LEAN = false>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
@@ -34,7 +35,10 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   static_assert(TPW == 1 || TPW == 2, "a warp owns 1 or 2 tiles");
   constexpr int NT = M_TILE / 8;
   constexpr int SB = Fmt<FMT>::SB;
-  constexpr int CH = TPW == 1 ? 2 : TPW;         // independent mma accumulator chains
+  // LEAN (m_tile 16 at <= 64 registers): one accumulator chain per token half (the two n8
+  // halves are already independent) and the activation fragments loaded per word, not per step
+  constexpr bool LEAN16 = LEAN && NT == 2;
+  constexpr int CH = LEAN16 ? 1 : TPW == 1 ? 2 : TPW;  // independent mma accumulator chains
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -111,19 +115,25 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     for (int d = 0; d < DEPTH; ++d) {
       if (it0 + d < n_it) {  // warp-uniform
         uint4 b[4][NT];  // A[token][k0 + 32t + 8j .. +7] of this step, shared by the TPW tiles
+        if constexpr (!LEAN16) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < 4; ++j)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 8 * j);
+            for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 8 * j);
+        }
 #pragma unroll
         for (int i = 0; i < TPW; ++i) {
           const RowScale<T, FMT> sca = chunk_scales<T, FMT>(sr[d][i]);
           const RowScale<T, FMT> scb = chunk_scales<T, FMT>(FMT == FMT_NVFP4 ? sr[d][i] >> 16 : sr[d][i] >> 8);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
+            if constexpr (LEAN16) {
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 8 * j);
+            }
             uint32_t f[8];
             frags_of_word<T, FMT>(word_of(wa[d][i], j), word_of(wb[d][i], j), sca, scb, j, f);
-            const int c = TPW == 1 ? (j & 1) : i;
+            const int c = CH == 1 ? 0 : TPW == 1 ? (j & 1) : i;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
               Mma<T>::run(acc[c][nt], f[0], f[1], f[2], f[3], b[j][nt].x, b[j][nt].y);
@@ -139,14 +149,14 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     for (int nt = 0; nt < NT; ++nt) ap[nt] += DEPTH * STEP_K;
   }
 
-  // v[i][nt]: tile tile0 + i; TPW == 1 adds its two chains (words 0, 2 and 1, 3)
+  // v[i][nt]: tile tile0 + i; TPW == 1 adds its two chains (words 0, 2 and 1, 3), LEAN m16 has one
   float v[TPW][NT][4];
 #pragma unroll
   for (int i = 0; i < TPW; ++i)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) v[i][nt][e] = TPW == 1 ? acc[0][nt][e] + acc[1][nt][e] : acc[i][nt][e];
+      for (int e = 0; e < 4; ++e) v[i][nt][e] = CH == 1 ? acc[0][nt][e] : TPW == 1 ? acc[0][nt][e] + acc[1][nt][e] : acc[i][nt][e];
   constexpr int NV = TPW * NT * 4;  // floats a lane holds
   if (kw > 1) {  // the tile's KW slices, summed by slice 0 in slice order
     __shared__ float red[WARPS * NV * 32];

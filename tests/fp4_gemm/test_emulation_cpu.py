@@ -195,7 +195,15 @@ def test_gemv_emulation_tiles_a_warp(fmt, tpw, m, split, n, k, kw):
     _check_gemv(fmt, "float16", m, split, n, k, kw, tpw=tpw)
 
 
-def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None):
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m,split,n,k,kw", [(3, 1, 40, 384, 1), (12, 1, 200, 1024, 2), (16, 2, 40, 4224, 4), (9, 1, 40, 4224, 8)])
+def test_gemv_emulation_32_warps_an_sm(fmt, m, split, n, k, kw):
+    """The 32-warps-an-SM plans (TPW 1; 4-warp CTAs at m_tile 16) read A, W and S in bounds
+    and cover every output once."""
+    _check_gemv(fmt, "float16", m, split, n, k, kw, wps=32)
+
+
+def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None, wps=None):
     packed, scales, gs, w64 = host_weight(fmt, n, k)
     sb = 8 if fmt == "nvfp4" else 4
     if fmt == "mxfp4":
@@ -206,8 +214,8 @@ def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None):
     rng = np.random.default_rng(m)
     a = rng.standard_normal((m, k)).astype(np.float16).astype(np.float64)
     bias = rng.standard_normal(n)
-    p = plan("sm_90a", m, n, k, fmt, dtype, 132, path="gemv", split=split, tpw=tpw)
-    assert p.kw == kw, p.short()
+    p = plan("sm_90a", m, n, k, fmt, dtype, 132, path="gemv", split=split, tpw=tpw, wps=wps)
+    assert p.kw == kw and (wps is None or p.config.warps_per_sm == wps), p.short()
     got = emulate_gemv(p, td, ts, post, a, bias, 0.5, fmt, dtype, m, n, k)
     if fmt == "nvfp4":  # the reference rounds each e2m1 * e4m3 / gs to fp32; the kernel divides once
         codes = E2M1[MR.unpack_fp4(packed)].reshape(n, k // 16, 16)

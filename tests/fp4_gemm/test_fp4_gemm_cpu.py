@@ -178,7 +178,7 @@ def test_decode_shapes_fill_the_gpu():
             warps = -(-n // 16) * p.kw * p.split * p.grid[2]
             assert warps >= 132 * 12, p.short()  # >= 12 streaming warps an SM
             assert p.split == 1, p.short()  # no global split-K epilogue
-            ctas_per_sm = 2 * 8 // p.config.warps  # the launch bounds: 16 warps an SM
+            ctas_per_sm = p.config.warps_per_sm // p.config.warps  # the launch bounds
             assert p.grid[0] * p.split * p.grid[2] <= 132 * ctas_per_sm, p.short()  # one wave
 
 
@@ -316,15 +316,27 @@ def test_api_rules_before_launch():
 
 
 def test_warps_per_sm_plan_and_rules():
-    """32 resident warps an SM (<= 64 registers, m_tile 8 only) doubles KW on 14336x4096
-    (448 CTAs of 8 warps, all resident at 4 an SM); the config refuses it where it cannot fit."""
+    """32 resident warps an SM (<= 64 registers, TPW 1 only) doubles KW on 14336x4096 (448 CTAs
+    of 8 warps, all resident at 4 an SM): the planner takes it there at m_tile 8, not where KW
+    cannot grow (4096x14336: KW 8 already, 32 would only add a K split) nor at m_tile 16 (table);
+    the config refuses it where it cannot fit."""
     p = plan("sm_90a", 1, 14336, 4096, "mxfp4", "float16", 132, wps=32)
     assert (p.kw, p.grid, p.config.warps_per_sm) == (4, (448, 1, 1), 32), p.short()
     assert "__launch_bounds__(256, 4)" in render(p.config).source
-    assert "__launch_bounds__(256, 2)" in render(select_fp4("sm_90a", 1, 14336, 4096, "mxfp4",
-                                                            "float16", 132).config).source
+    for m in (1, 4, 8):
+        assert select_fp4("sm_90a", m, 14336, 4096, "mxfp4", "float16", 132) == p
+        d = select_fp4("sm_90a", m, 4096, 14336, "nvfp4", "float16", 132)
+        assert (d.kw, d.split, d.config.warps_per_sm) == (8, 1, 16), d.short()
+        assert plan("sm_90a", m, 4096, 14336, "nvfp4", "float16", 132, wps=32).split == 2
+    d16 = select_fp4("sm_90a", 16, 14336, 4096, "mxfp4", "float16", 132)
+    assert (d16.config.warps_per_sm, d16.config.tpw) == (16, 2), d16.short()
+    assert "__launch_bounds__(256, 2)" in render(plan("sm_90a", 1, 14336, 4096, "mxfp4", "float16",
+                                                      132, wps=16).config).source
+    p16 = plan("sm_90a", 16, 14336, 4096, "mxfp4", "float16", 132, wps=32)  # TPW 1, 4-warp CTAs
+    assert (p16.kw, p16.grid, p16.config.tpw, p16.config.warps) == (4, (896, 1, 1), 1, 4), p16.short()
+    assert "__launch_bounds__(128, 8)" in render(p16.config).source
     with pytest.raises(UnsupportedConfigError, match="warps_per_sm=32"):
-        plan("sm_90a", 16, 14336, 4096, "mxfp4", "float16", 132, wps=32)
+        plan("sm_90a", 16, 14336, 4096, "mxfp4", "float16", 132, wps=32, tpw=2)
     with pytest.raises(UnsupportedConfigError, match="warps_per_sm=24"):
         Fp4GemvConfig(arch="sm_90a", warps_per_sm=24).check()
     with pytest.raises(ValueError, match="wps=32: bandwidth path only"):

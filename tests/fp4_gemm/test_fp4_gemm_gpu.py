@@ -127,9 +127,10 @@ def test_gemv_tiles_a_warp(fmt, dtype, tpw):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", FMTS)
 def test_gemv_32_warps_an_sm(fmt, dtype):
-    """The bandwidth kernel at 32 resident warps an SM (<= 64 registers, KW doubled where the
-    grid allows), M = 1 / 5, split 1 and 2, against the reference and bit for bit against the
-    default launch (same K slices: forced to the same KW)."""
+    """The bandwidth kernel at 32 resident warps an SM (<= 64 registers, TPW 1, KW doubled
+    where the grid allows), M = 1 / 5 (m_tile 8) and 12 / 16 (m_tile 16: one accumulator chain a
+    token half), split 1 and 2, against the reference; at m_tile 8 also bit for bit against the
+    16-warp launch of the same K slices (forced to the same KW; same sums in the same order)."""
     import dataclasses
 
     import cupy
@@ -142,11 +143,13 @@ def test_gemv_32_warps_an_sm(fmt, dtype):
     hint = "bfloat16" if dtype == "bfloat16" else None
     for n, k in ((200, 1024), (1000, 4224)):
         t, w64 = _weight(fmt, n, k)
-        for m in (1, 5):
+        for m in (1, 5, 12, 16):
             for split in (1, 2):
                 p = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path="gemv", split=split, wps=32)
-                base = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path="gemv", split=split)
-                base = dataclasses.replace(base, kw=p.kw, grid=p.grid)  # the same sums, 16 warps an SM
+                base = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path="gemv", split=split,
+                            tpw=1, wps=16)
+                base = dataclasses.replace(base, config=base.config.replace(warps=p.config.warps),
+                                           kw=p.kw, grid=p.grid, block=p.block)  # same K slices
                 a = cupy.asarray(_host(rng, (m, k), dtype))
                 bias = cupy.asarray(_host(rng, (n,), dtype))
                 outs = []
@@ -155,7 +158,7 @@ def test_gemv_32_warps_an_sm(fmt, dtype):
                     fp4_gemm(a, t, bias, alpha=1.25, out=out, dtype=hint, _plan=q)
                     outs.append(out.view(cupy.uint16))
                 ctx = f"{p.short()} {m=} {n=} {k=}"
-                assert bool((outs[0] == outs[1]).all()), ctx
+                assert m > 8 or bool((outs[0] == outs[1]).all()), ctx
                 _check(outs[0] if hint else outs[0].view(cupy.float16), GR.gemm(
                     cupy.asnumpy(a), w64, cupy.asnumpy(bias), 1.25, dtype), dtype, ctx)
 
@@ -190,7 +193,7 @@ def test_arrangements_equal_tile_major(fmt, arrangement):
                     fp4_gemm(a, w, bias, alpha=0.75, out=out, dtype=hint, _plan=p)
                     outs.append(out.view(cupy.uint16))
                 ctx = f"{arrangement} {p.short()} {m=} {n=} {k=} {dtype}"
-                assert bool((outs[0] == outs[1]).all()), ctx
+                assert m > 8 or bool((outs[0] == outs[1]).all()), ctx
                 _check(outs[1].view(cupy.float16) if not hint else outs[1], GR.gemm(
                     cupy.asnumpy(a), w64, cupy.asnumpy(bias), 0.75, dtype), dtype, ctx)
 
