@@ -214,7 +214,15 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                 p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, wps=other, split=s)
                 if (p2.kw, p2.split, p2.grid) not in seen:
                     seen.add((p2.kw, p2.split, p2.grid))
-                    yield f"wps={other} tpw={p2.config.tpw} kw={p2.kw} split={p2.split}", p2
+                    name = f"wps={other} tpw={p2.config.tpw} kw={p2.kw} split={p2.split}"
+                    yield name, p2
+                    if other == 32 and cfg.m_tile == 16:  # A a word at a time; 8-warp CTAs
+                        yield name + " a_by_word", dataclasses.replace(
+                            p2, config=p2.config.replace(a_by_word=True))
+                        if p2.config.warps == 4:
+                            yield name + " warps=8", dataclasses.replace(
+                                p2, config=p2.config.replace(warps=8), block=(256, 1, 1),
+                                grid=(-(-p2.grid[0] // 2), p2.grid[1], p2.grid[2]))
             if cfg.warps == 8 and base.kw <= 4:  # 4-warp CTAs, twice as many: the SMs' warp counts even out
                 grid = (-(-(-(-n // (16 * cfg.tpw)) * base.kw) // 4), base.grid[1], base.grid[2])
                 yield "warps=4", dataclasses.replace(base, config=cfg.replace(warps=4), grid=grid,

@@ -46,6 +46,7 @@ class Fp4GemvConfig(KernelConfig):
     tpw: int = 1  # tiles (16 W rows) a warp owns at the same k: they share its A fragments
     hint: bool = True  # weight loads skip L1 and prefetch 256-byte L2 segments
     warps_per_sm: int = 16  # resident warps an SM the launch bounds ask for (registers a thread)
+    a_by_word: bool = False  # A fragments loaded a word at a time (m_tile 16 at 32 warps an SM)
 
     def check(self) -> None:
         if self.fmt not in FMTS:
@@ -67,6 +68,11 @@ class Fp4GemvConfig(KernelConfig):
         if self.warps_per_sm == 32 and (self.tpw, self.depth) != (1, 2):
             raise _bad(self, "warps_per_sm", "32 (<= 64 registers a thread) fits only tpw 1, "
                                              "depth 2")
+        if not isinstance(self.a_by_word, bool):
+            raise _bad(self, "a_by_word", "expected a bool")
+        if self.a_by_word and (self.m_tile, self.warps_per_sm) != (16, 32):
+            raise _bad(self, "a_by_word", "only m_tile 16 at warps_per_sm 32 (elsewhere the "
+                                          "step's fragments fit the registers)")
 
     def symbols(self) -> tuple[str, ...]:
         return ("fp4_gemv",)
@@ -81,7 +87,7 @@ class Fp4GemvConfig(KernelConfig):
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
                 "min_blocks": self.warps_per_sm // self.warps,
                 "early": self.m_tile == 8 and self.warps_per_sm == 16,
-                "lean": self.warps_per_sm == 32}
+                "lean": self.warps_per_sm == 32, "a_by_word": self.a_by_word}
 
 
 def tile_smem(fmt: str, bm: int, stages: int) -> int:

@@ -58,9 +58,9 @@ GEMV_TPW = {8: 1, 16: 2}
 # m_tile 8 unchanged (15.25 vs 15.32 us), so it keeps 8.
 GEMV_CTA_WARPS = {8: 8, 16: 4}
 # Resident warps an SM the launch bounds ask for (Fp4GemvConfig.warps_per_sm): 16 (<= 128
-# registers), or 32 (<= 64 registers, TPW 1 only) where m_tile's entry allows it AND it doubles
-# KW at no more K splits (14336x4096: KW 2 -> 4, 448 CTAs of 8 warps, 27 warps an SM instead of
-# 14). Measured on H100 (session 11, same run, graph-timed; plain read of W + scales 12.73 /
+# registers), or 32 (<= 64 registers, TPW 1 only) where m_tile's entry allows it AND its plan
+# launches twice the warps at no more K splits (14336x4096 M <= 8: KW 2 -> 4, 448 CTAs of 8
+# warps, 27 warps an SM instead of 14). Measured on H100 (session 11, same run, graph-timed; plain read of W + scales 12.73 /
 # 12.09 us): 14336x4096 M = 1 / 4 / 8 nvfp4 15.26 / 15.61 / 16.30 -> 14.80 / 15.24 / 15.90 us,
 # mxfp4 14.33 / 14.68 / 15.67 -> 13.90 / 14.19 / 15.27. Where KW cannot grow (4096x14336: KW 8
 # already) 32 alone is slower: same grid 14.53 -> 15.67 us (nvfp4 M=1), split 2 16.48.
@@ -91,6 +91,10 @@ class Plan:
     @property
     def path(self) -> str:
         return "gemv" if isinstance(self.config, Fp4GemvConfig) else "tile"
+
+    @property
+    def warps_launched(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2] * self.block[0] // 32
 
     @property
     def counters(self) -> int:
@@ -136,11 +140,11 @@ def _kw(units: int, steps: int, ctas_cap: int) -> int:
 
 def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps):
     m_tile = 8 if m <= 8 else 16
-    if wps is None:  # 32 warps an SM only where KW doubles without more K splits
+    if wps is None:  # 32 warps an SM only where it launches 2x the warps without more K splits
         p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, 16)
         if GEMV_WPS32[m_tile] and tpw in (None, 1):
             p32 = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, 1, 32)
-            if p32.kw > p.kw and p32.split <= p.split:
+            if p32.warps_launched >= 2 * p.warps_launched and p32.split <= p.split:
                 return p32
         return p
     if tpw is None and wps == 32:  # <= 64 registers: one tile a warp

@@ -23,7 +23,7 @@
 namespace kg::fp4 {
 
 template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool HINT, bool EARLY,
-          bool LEAN = false>
+          bool LEAN = false, bool A_BY_WORD = false>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
@@ -36,7 +36,8 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   constexpr int NT = M_TILE / 8;
   constexpr int SB = Fmt<FMT>::SB;
   // LEAN (m_tile 16 at <= 64 registers): one accumulator chain per token half (the two n8
-  // halves are already independent) and the activation fragments loaded per word, not per step
+  // halves are already independent); A_BY_WORD loads the activation fragments a word at a time
+  // (fewer registers live, the L1 latency exposed per word) instead of all four per step
   constexpr bool LEAN16 = LEAN && NT == 2;
   constexpr int CH = LEAN16 ? 1 : TPW == 1 ? 2 : TPW;  // independent mma accumulator chains
 
@@ -115,7 +116,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     for (int d = 0; d < DEPTH; ++d) {
       if (it0 + d < n_it) {  // warp-uniform
         uint4 b[4][NT];  // A[token][k0 + 32t + 8j .. +7] of this step, shared by the TPW tiles
-        if constexpr (!LEAN16) {
+        if constexpr (!A_BY_WORD) {
 #pragma unroll
           for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -127,7 +128,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
           const RowScale<T, FMT> scb = chunk_scales<T, FMT>(FMT == FMT_NVFP4 ? sr[d][i] >> 16 : sr[d][i] >> 8);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            if constexpr (LEAN16) {
+            if constexpr (A_BY_WORD) {
 #pragma unroll
               for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 8 * j);
             }

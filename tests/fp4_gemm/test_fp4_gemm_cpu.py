@@ -337,6 +337,9 @@ def test_warps_per_sm_plan_and_rules():
     assert "__launch_bounds__(128, 8)" in render(p16.config).source
     with pytest.raises(UnsupportedConfigError, match="warps_per_sm=32"):
         plan("sm_90a", 16, 14336, 4096, "mxfp4", "float16", 132, wps=32, tpw=2)
+    with pytest.raises(UnsupportedConfigError, match="a_by_word=True; only m_tile 16 at warps_per_sm 32"):
+        Fp4GemvConfig(arch="sm_90a", m_tile=8, tpw=1, depth=2, warps_per_sm=32, a_by_word=True).check()
+    Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=1, depth=2, warps_per_sm=32, a_by_word=True).check()
     with pytest.raises(UnsupportedConfigError, match="warps_per_sm=24"):
         Fp4GemvConfig(arch="sm_90a", warps_per_sm=24).check()
     with pytest.raises(ValueError, match="wps=32: bandwidth path only"):
