@@ -227,8 +227,8 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                 grid = (-(-(-(-n // (16 * cfg.tpw)) * base.kw) // 4), base.grid[1], base.grid[2])
                 yield "warps=4", dataclasses.replace(base, config=cfg.replace(warps=4), grid=grid,
                                                      block=(128, 1, 1))
-            for depth in (2, 4):
-                if depth != cfg.depth:
+            for depth in (2, 3) if cfg.warps_per_sm == 32 else (2, 3, 4):
+                if depth != cfg.depth and (depth != 3 or cfg.m_tile == 8):  # m_tile 16 spills at 3
                     yield f"depth={depth}", dataclasses.replace(base, config=cfg.replace(depth=depth))
             if m == 1:
                 for s in (1, 2, 3, 4, 6, 8, 12):

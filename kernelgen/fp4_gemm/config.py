@@ -20,7 +20,7 @@ STEP_K = 128  # K granularity of both kernels: 4 lanes x 32 elements
 M_TILES = (8, 16)  # tokens per pass (mma n8 x 1 or 2)
 GEMV_WARPS = 8
 GEMV_WARPS_PER_SM = (16, 32)  # warps an SM the launch bounds ask for: <= 128 / <= 64 registers
-DEPTHS = (2, 4)  # quad steps in flight per warp
+DEPTHS = (2, 3, 4)  # quad steps in flight per warp
 TPWS = (1, 2)  # tiles a warp
 # tile path
 TILE_BN = 128
@@ -65,9 +65,9 @@ class Fp4GemvConfig(KernelConfig):
             raise _bad(self, "hint", "expected a bool")
         if self.warps_per_sm not in GEMV_WARPS_PER_SM:
             raise _bad(self, "warps_per_sm", f"expected one of {GEMV_WARPS_PER_SM}")
-        if self.warps_per_sm == 32 and (self.tpw, self.depth) != (1, 2):
-            raise _bad(self, "warps_per_sm", "32 (<= 64 registers a thread) fits only tpw 1, "
-                                             "depth 2")
+        if self.warps_per_sm == 32 and (self.tpw != 1 or self.depth > (3 if self.m_tile == 8 else 2)):
+            raise _bad(self, "warps_per_sm", "32 (<= 64 registers a thread) fits only tpw 1 and "
+                                             "depth 2 (3 at m_tile 8)")
         if not isinstance(self.a_by_word, bool):
             raise _bad(self, "a_by_word", "expected a bool")
         if self.a_by_word and (self.m_tile, self.warps_per_sm) != (16, 32):

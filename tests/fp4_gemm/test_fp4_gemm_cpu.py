@@ -274,7 +274,7 @@ def test_prewarm_rejects_bad_shapes():
 
 
 @pytest.mark.parametrize("field,value", [("fmt", "mxfp8_e4m3"), ("dtype", "float32"),
-                                         ("m_tile", 12), ("warps", 3), ("depth", 3),
+                                         ("m_tile", 12), ("warps", 3), ("depth", 5),
                                          ("tpw", 4)])
 def test_gemv_config_check_names_field(field, value):
     kw = dict(arch="sm_90a", fmt="nvfp4", dtype="float16", m_tile=8, warps=8, depth=4)
@@ -337,6 +337,10 @@ def test_warps_per_sm_plan_and_rules():
     assert "__launch_bounds__(128, 8)" in render(p16.config).source
     with pytest.raises(UnsupportedConfigError, match="warps_per_sm=32"):
         plan("sm_90a", 16, 14336, 4096, "mxfp4", "float16", 132, wps=32, tpw=2)
+    Fp4GemvConfig(arch="sm_90a", m_tile=8, tpw=1, depth=3, warps_per_sm=32).check()
+    for m_tile, depth in ((8, 4), (16, 3)):
+        with pytest.raises(UnsupportedConfigError, match=r"depth 2 \(3 at m_tile 8\)"):
+            Fp4GemvConfig(arch="sm_90a", m_tile=m_tile, tpw=1, depth=depth, warps_per_sm=32).check()
     with pytest.raises(UnsupportedConfigError, match="a_by_word=True; only m_tile 16 at warps_per_sm 32"):
         Fp4GemvConfig(arch="sm_90a", m_tile=8, tpw=1, depth=2, warps_per_sm=32, a_by_word=True).check()
     Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=1, depth=2, warps_per_sm=32, a_by_word=True).check()

@@ -130,8 +130,8 @@ def test_gemv_32_warps_an_sm(fmt, dtype):
     """The bandwidth kernel at 32 resident warps an SM (<= 64 registers, TPW 1, KW doubled
     where the grid allows), M = 1 / 5 (m_tile 8) and 12 / 16 (m_tile 16: one accumulator chain a
     token half), split 1 and 2, against the reference and bit for bit (same sums in the same
-    order) against, at m_tile 8, the 16-warp launch of the same K slices (forced to the same KW),
-    at m_tile 16 the same launch with A loaded a word at a time."""
+    order) against, at m_tile 8, the 16-warp launch of the same K slices (forced to the same KW)
+    and depth 3, at m_tile 16 the same launch with A loaded a word at a time."""
     import dataclasses
 
     import cupy
@@ -147,21 +147,22 @@ def test_gemv_32_warps_an_sm(fmt, dtype):
         for m in (1, 5, 12, 16):
             for split in (1, 2):
                 p = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path="gemv", split=split, wps=32)
-                if m <= 8:  # the same K slices at 16 warps an SM
+                if m <= 8:  # the same K slices at 16 warps an SM; 3 steps in flight
                     other = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path="gemv",
                                  split=split, tpw=1, wps=16)
-                    other = dataclasses.replace(other, kw=p.kw, grid=p.grid)
+                    others = [dataclasses.replace(other, kw=p.kw, grid=p.grid),
+                              dataclasses.replace(p, config=p.config.replace(depth=3))]
                 else:
-                    other = dataclasses.replace(p, config=p.config.replace(a_by_word=True))
+                    others = [dataclasses.replace(p, config=p.config.replace(a_by_word=True))]
                 a = cupy.asarray(_host(rng, (m, k), dtype))
                 bias = cupy.asarray(_host(rng, (n,), dtype))
                 outs = []
-                for q in (p, other):
+                for q in [p, *others]:
                     out = cupy.full((m, n), 0xFFFF, cupy.uint16) if hint else cupy.full((m, n), np.nan, cupy.float16)
                     fp4_gemm(a, t, bias, alpha=1.25, out=out, dtype=hint, _plan=q)
                     outs.append(out.view(cupy.uint16))
                 ctx = f"{p.short()} {m=} {n=} {k=}"
-                assert bool((outs[0] == outs[1]).all()), ctx
+                assert all(bool((outs[0] == o).all()) for o in outs[1:]), ctx
                 _check(outs[0] if hint else outs[0].view(cupy.float16), GR.gemm(
                     cupy.asnumpy(a), w64, cupy.asnumpy(bias), 1.25, dtype), dtype, ctx)
 
@@ -196,7 +197,7 @@ def test_arrangements_equal_tile_major(fmt, arrangement):
                     fp4_gemm(a, w, bias, alpha=0.75, out=out, dtype=hint, _plan=p)
                     outs.append(out.view(cupy.uint16))
                 ctx = f"{arrangement} {p.short()} {m=} {n=} {k=} {dtype}"
-                assert bool((outs[0] == outs[1]).all()), ctx
+                assert all(bool((outs[0] == o).all()) for o in outs[1:]), ctx
                 _check(outs[1].view(cupy.float16) if not hint else outs[1], GR.gemm(
                     cupy.asnumpy(a), w64, cupy.asnumpy(bias), 0.75, dtype), dtype, ctx)
 
