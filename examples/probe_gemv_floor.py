@@ -11,7 +11,8 @@ at a given size (launch, ramp and tail included); the GEMV sweep over N separate
 per launch (the intercept) from its marginal rate. --table instead times the GEMV per bits,
 shape and M against the read floor of its weight bytes (bytes / 1 GiB read rate) and against
 the plain read kernel on the same bytes; --variants times forced plans beside the selector's
-("sel"): kw<K>[@<warps>x<CTAs an SM>][/s<K splits>], e.g. kw1 = the planner's kw=1 plan.
+("sel"), "old" (the launch table of e5cac3d: kw 1, 4 warps x 3 / x 2 at m_tile 8 / 16) and
+kw<K>[@<warps>x<CTAs an SM>][/s<K splits>], e.g. kw1 = the planner's kw=1 plan.
 """
 
 from __future__ import annotations
@@ -186,8 +187,8 @@ def prebuild(procs: int) -> None:
     shapes = [(w, b, kw) for kw in (2, 4) for w, b in ((4, 4), (4, 3), (8, 2)) if w % kw == 0]
     cfgs = set()
     for bits, dtype, m_tile, split_k in itertools.product(BITS, DTYPES, M_TILES, (False, True)):
-        launches = {(*LAUNCH[(m_tile, bits)][:2], 1)} | {(*launch_of(m_tile, bits, kw)[:2], kw)
-                                                          for kw in (2, 4)} | set(shapes)
+        launches = {(*LAUNCH[(m_tile, bits)][:2], 1), (4, 3, 1), (4, 2, 1), *shapes}
+        launches |= {(*launch_of(m_tile, bits, kw)[:2], kw) for kw in (2, 4)}
         for w, b, kw in launches:
             cfgs.add(KbitGemvConfig(arch="sm_90a", bits=bits, dtype=dtype, m_tile=m_tile, warps=w,
                                     min_blocks=b, split_k=split_k, kw=kw))
@@ -206,6 +207,9 @@ def variant_plan(var, dev, m, n, k, bits):
 
     if var == "sel":
         return select_gemv(dev.arch.name, m, n, k, bits, "float16", dev.sm_count)
+    if var == "old":  # the table before K warps (e5cac3d): kw 1, 4 warps x 3 (m_tile 8) / x 2
+        return plan_gemv(dev.arch.name, m, n, k, bits, "float16", dev.sm_count, None, 1,
+                         (4, 3) if m <= 8 else (4, 2))
     hit = re.fullmatch(r"kw(\d)(?:@(\d+)x(\d+))?(?:/s(\d+))?", var)
     if not hit:
         raise SystemExit(f"--variants: {var!r} is not sel or kw<K>[@<W>x<B>][/s<S>]")

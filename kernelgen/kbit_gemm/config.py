@@ -21,18 +21,22 @@ KB = 1024
 
 # (m_tile, bits) -> (warps a CTA, CTAs/SM the launch bounds ask for, dynamic smem cap of a
 # CTA: pair table + A slice). 4 warps x 3 CTAs leave 168 registers a thread, what m_tile=8
-# needs without rematerialising addresses (ptxas wants ~160); m_tile=16 holds twice the
-# fragments (~190) and gets 4 warps x 2. The smem caps let those CTAs share an SM's 228 KB.
+# needs without rematerialising addresses (ptxas wants ~160). m_tile=16 takes 8 warps x 2 at
+# <= 128 registers (0 spills at 2..4 bits): the 16-row A slice is staged once for 8 warps and
+# an SM holds 16 (H100, same run, 4 warps x 2 -> 8 x 2: 4 bits M=16 14336x4096 32.1 -> 29.2 us,
+# 4096x14336 48.4 -> 37.0; 2 bits 26.6 -> 23.4, 42.7 -> 30.7; 4096x4096 17.6 -> 19.0); 5 bits
+# spills 16 bytes at 128 and keeps 4 warps x 2 (measured 60.0 / 125.6 us vs 46.9 / 78.7 us
+# spilling). The smem caps let those CTAs share an SM's 228 KB (and stay <= 99 KB: sm_120a).
 LAUNCH: dict[tuple[int, int], tuple[int, int, int]] = {
     (8, 2): (4, 3, 72 * KB), (8, 3): (4, 3, 72 * KB), (8, 4): (4, 3, 72 * KB),
     (8, 5): (4, 3, 96 * KB),
-    (16, 2): (4, 2, 96 * KB), (16, 3): (4, 2, 96 * KB), (16, 4): (4, 2, 96 * KB),
+    (16, 2): (8, 2, 96 * KB), (16, 3): (8, 2, 96 * KB), (16, 4): (8, 2, 96 * KB),
     (16, 5): (4, 2, 96 * KB),
 }
 
 # (m_tile, bits) -> the launch of K-warp configs (kw > 1): 8-warp CTAs x 2 at <= 128 registers
-# (16 warps an SM; the loop's SASS is the same as at 168), except 5 bits at m_tile 8, which
-# spills at 128 and keeps 4 warps x 3. Caps as LAUNCH (<= 99 KB: sm_120a).
+# (the loop's SASS is the same as at 168 registers), except 5 bits at m_tile 8, which spills
+# at 128 and keeps 4 warps x 3. The planner weighs K warps at m_tile 8 only (select.py).
 KW_LAUNCH: dict[tuple[int, int], tuple[int, int, int]] = {
     (8, 2): (8, 2, 96 * KB), (8, 3): (8, 2, 96 * KB), (8, 4): (8, 2, 96 * KB),
     (8, 5): (4, 3, 96 * KB),
@@ -41,9 +45,18 @@ KW_LAUNCH: dict[tuple[int, int], tuple[int, int, int]] = {
 }
 
 
-def launch_of(m_tile: int, bits: int, kw: int) -> tuple[int, int, int]:
+# Per-arch exceptions to LAUNCH: sm_100a's ptxas spills 8 bytes at 4 bits, m_tile 16, 128
+# registers (unsplit), so that one keeps 4 warps x 2 there.
+LAUNCH_BY_ARCH: dict[str, dict[tuple[int, int], tuple[int, int, int]]] = {
+    "sm_100a": {(16, 4): (4, 2, 96 * KB)},
+}
+
+
+def launch_of(m_tile: int, bits: int, kw: int, arch: str = "") -> tuple[int, int, int]:
     """(warps a CTA, CTAs/SM of the launch bounds, smem cap of a CTA) of a table config."""
-    return (LAUNCH if kw == 1 else KW_LAUNCH)[(m_tile, bits)]
+    if kw == 1:
+        return LAUNCH_BY_ARCH.get(arch, {}).get((m_tile, bits), LAUNCH[(m_tile, bits)])
+    return KW_LAUNCH[(m_tile, bits)]
 
 
 def kw_red_bytes(warps: int, kw: int, m_tile: int) -> int:
@@ -94,7 +107,7 @@ class KbitGemvConfig(KernelConfig):
 
     def smem_bytes(self) -> int:
         """The most dynamic smem a launch of this config asks for (select.py stays below)."""
-        return launch_of(self.m_tile, self.bits, self.kw)[2] if (self.m_tile, self.bits) in LAUNCH \
+        return launch_of(self.m_tile, self.bits, self.kw, self.arch)[2] if (self.m_tile, self.bits) in LAUNCH \
             else 96 * KB
 
     def template_vars(self) -> dict[str, Any]:

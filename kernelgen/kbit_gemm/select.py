@@ -46,12 +46,19 @@ BUSY_WARPS_PER_SM = 8
 # ... and a split keeps at least this many groups of 128 k (two quad steps of a warp).
 MIN_GROUPS_PER_SPLIT = 8
 # K warps (kw > 1: a tile's quad steps dealt over kw warps of one CTA, sums reduced in shared
-# memory) are a candidate beside the K split: kw times the busy warps for the same tiles, at
-# KW_BUSY_WARPS_PER_SM busy warps an SM and KW_ITEM_OVERHEAD_STEPS a tile (barrier + sums).
-# KW_CHOICES lists the kw the planner weighs (KWS stays forceable).
-KW_CHOICES: tuple[int, ...] = (1,)
-KW_BUSY_WARPS_PER_SM = 16
-KW_ITEM_OVERHEAD_STEPS = 1.5
+# memory) are weighed beside the K split at m_tile 8: kw times the warps for the same tiles,
+# which count against the same BUSY_WARPS_PER_SM, and KW_ITEM_OVERHEAD_STEPS a tile (barrier +
+# sums) instead of a split's fenced epilogue. Measured (H100, M = 1, graphs, same run): kw = 4
+# unsplit beats the K split where the planner split (4 bits 4096x4096 9.90 -> 8.80 us,
+# 4096x14336 19.77 -> 19.43; 2 bits 7.66 -> 6.00, 14.07 -> 13.78; 3 bits 8.72 -> 7.07,
+# 16.72 -> 15.61; 5 bits 13.58 -> 10.45, 31.94 -> 22.27), and no kw is faster on 14336x4096,
+# which the planner leaves unsplit (4 bits 19.12 us; kw = 2 at 13.6 warps an SM 19.09, kw = 4
+# 20.46; 2 bits 12.89 vs 13.24 / 13.55): 8 busy warps an SM saturate the decode with K warps
+# too. At m_tile 16 K warps were 1.1-2.6x slower (more splits for the A slice beside the sums).
+KW_CHOICES: tuple[int, ...] = (1, 4)
+KW_ITEM_OVERHEAD_STEPS = 0.5
+
+
 @dataclass(frozen=True)
 class GemvPlan:
     """One launch: config, K splits (grid.y), groups of 128 k per split, grid.x, grid.z, smem."""
@@ -104,7 +111,7 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
     m_tile = m_tile_for(m)
     if kw is None:  # the kw of the cheapest plan (ties: fewer K warps)
         plans = [_plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, c, launch)
-                 for c in KW_CHOICES]
+                 for c in (KW_CHOICES if m_tile == 8 else (1,))]
         return min(plans, key=lambda p: (p.cost, p.plan.config.kw)).plan
     return _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, kw, launch).plan
 
@@ -117,14 +124,14 @@ class _Costed:
 
 def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int, m_tile: int,
           split: int | None, kw: int, launch: tuple[int, int] | None) -> _Costed:
-    warps, min_blocks, cap = launch_of(m_tile, bits, kw)
+    warps, min_blocks, cap = launch_of(m_tile, bits, kw, arch)
     if launch is not None:
         warps, min_blocks = launch
         cap = min(cap, SMEM_PER_SM[arch] // min_blocks - 1024)
     if warps % kw:
         raise ValueError(f"kw={kw}: must divide the CTA's warps ({warps})")
     red = kw_red_bytes(warps, kw, m_tile)
-    busy = BUSY_WARPS_PER_SM if kw == 1 else KW_BUSY_WARPS_PER_SM
+    busy = BUSY_WARPS_PER_SM
     rows = min(m, m_tile)
     m_tiles = -(-m // m_tile)
     tiles = -(-n // TILE_ROWS)
@@ -200,9 +207,11 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
             for dtype in dtypes:
                 if not shapes:
                     for m_tile in M_TILES:
-                        for kw in KW_CHOICES:
-                            warps, min_blocks, _ = launch_of(m_tile, bits, kw)
-                            for split_k in (False, True):
+                        for kw in KW_CHOICES if m_tile == 8 else (1,):
+                            warps, min_blocks, _ = launch_of(m_tile, bits, kw, arch)
+                            # K warps replace the split: the planner keeps them unsplit where
+                            # the A slice fits (larger M compiles on demand)
+                            for split_k in (False, True) if kw == 1 else (False,):
                                 yield KbitGemvConfig(arch=arch, bits=bits, dtype=dtype,
                                                      m_tile=m_tile, warps=warps,
                                                      min_blocks=min_blocks, split_k=split_k,

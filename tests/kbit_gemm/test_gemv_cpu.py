@@ -36,7 +36,7 @@ def test_plans_are_consistent(n, k, bits):
             ctx = f"{m=} {n=} {k=} {bits=} {sms=} {p.short()}"
             cfg = p.config
             assert cfg.m_tile == (8 if m <= 8 else 16), ctx
-            assert (cfg.warps, cfg.min_blocks) == launch_of(cfg.m_tile, bits, cfg.kw)[:2], ctx
+            assert (cfg.warps, cfg.min_blocks) == launch_of(cfg.m_tile, bits, cfg.kw, cfg.arch)[:2], ctx
             # every split non-empty, together they cover K exactly
             assert (p.split - 1) * p.gps < groups <= p.split * p.gps, ctx
             assert cfg.split_k == (p.split > 1), ctx
@@ -61,8 +61,11 @@ def test_decode_shapes_fill_the_gpu():
         p = select_gemv("sm_90a", 1, n, k, 4, "float16", 132)
         cfg = p.config
         assert p.ctas * p.split * p.m_tiles <= 132 * cfg.min_blocks, p.short()
-        assert -(-n // 16) * p.split >= 132 * cfg.warps, p.short()  # >= a CTA's warps per SM
-        assert p.gps % 4 == 0, p.short()  # whole quad steps: no idle lanes
+        busy = -(-n // 16) * p.split * cfg.kw  # warps with a share of the work
+        assert busy >= 132 * 4, p.short()  # >= 4 busy warps an SM
+        # measured choices (select.py): unsplit; K warps only where kw = 1 would split
+        assert p.split == 1 and cfg.kw == (1 if n == 14336 else 4), p.short()
+        assert p.gps % (4 * cfg.kw) == 0, p.short()  # whole quad steps: no idle lanes
 
 
 def test_plan_printable_and_memoised():
