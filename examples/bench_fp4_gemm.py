@@ -223,10 +223,11 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                             yield name + " warps=8", dataclasses.replace(
                                 p2, config=p2.config.replace(warps=8), block=(256, 1, 1),
                                 grid=(-(-p2.grid[0] // 2), p2.grid[1], p2.grid[2]))
-            if cfg.warps == 8 and base.kw <= 4:  # 4-warp CTAs, twice as many: the SMs' warp counts even out
-                grid = (-(-(-(-n // (16 * cfg.tpw)) * base.kw) // 4), base.grid[1], base.grid[2])
-                yield "warps=4", dataclasses.replace(base, config=cfg.replace(warps=4), grid=grid,
-                                                     block=(128, 1, 1))
+            for w in (4, 8):  # the other CTA size (4-warp CTAs even out the SMs' warp counts)
+                if w != cfg.warps and base.kw <= w:
+                    grid = (-(-(-(-n // (16 * cfg.tpw)) * base.kw) // w), base.grid[1], base.grid[2])
+                    yield f"warps={w}", dataclasses.replace(base, config=cfg.replace(warps=w), grid=grid,
+                                                            block=(32 * w, 1, 1))
             for depth in (2, 3) if cfg.warps_per_sm == 32 else (2, 3, 4):
                 if depth != cfg.depth and (depth != 3 or cfg.m_tile == 8):  # m_tile 16 spills at 3
                     yield f"depth={depth}", dataclasses.replace(base, config=cfg.replace(depth=depth))

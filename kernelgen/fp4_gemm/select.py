@@ -51,19 +51,25 @@ GEMV_DEPTH = 2
 # (mxfp4); M = 1 (m_tile 8) 1-4% slower. Where TPW 2 leaves too few CTAs for one wave without a
 # global K split (4096x14336: 128 CTAs, split 2; 1-3% slower at M = 16), the planner keeps TPW 1.
 GEMV_TPW = {8: 1, 16: 2}
-# Warps a CTA of the bandwidth path, by m_tile (the launch bounds keep the warps an SM the same:
-# 2 CTAs of 8 or 4 of 4), where the plan's KW fits (KW <= warps). Measured on H100 (session 10,
-# same run, bit-exact): m_tile 16 on 14336x4096 (KW 2) 20.06 -> 19.47 us nvfp4, 19.61 -> 19.02
-# mxfp4 with 4-warp CTAs (448 instead of 224: every SM gets 12 or 16 warps, not 8 or 16);
-# m_tile 8 unchanged (15.25 vs 15.32 us), so it keeps 8.
-GEMV_CTA_WARPS = {8: 8, 16: 4}
+# Warps a CTA of the bandwidth path, by (m_tile, warps an SM), where the plan's KW fits (KW <=
+# warps; the launch bounds keep the warps an SM: 2 CTAs of 8 or 4 of 4 at 16, 4 of 8 or 8 of 4
+# at 32). 4-warp CTAs even out the SMs' warp counts. Measured on H100, same runs, bit-exact:
+# session 10, 16 an SM, m_tile 16 on 14336x4096 (KW 2) 20.06 -> 19.47 us nvfp4, 19.61 -> 19.02
+# mxfp4; m_tile 8 unchanged (15.25 vs 15.32). Session 11, 32 an SM, m_tile 8 on 14336x4096 (KW
+# 4): M = 1 14.82 -> 14.65 nvfp4, 14.03 -> 13.65 mxfp4; M = 8 15.85 -> 15.39, 15.38 -> 14.40.
+GEMV_CTA_WARPS = {(8, 16): 8, (8, 32): 4, (16, 16): 4, (16, 32): 4}
 # Resident warps an SM the launch bounds ask for (Fp4GemvConfig.warps_per_sm): 16 (<= 128
 # registers), or 32 (<= 64 registers, TPW 1 only) where m_tile's entry allows it AND its plan
-# launches twice the warps at no more K splits (14336x4096 M <= 8: KW 2 -> 4, 448 CTAs of 8
-# warps, 27 warps an SM instead of 14). Measured on H100 (session 11, same run, graph-timed; plain read of W + scales 12.73 /
-# 12.09 us): 14336x4096 M = 1 / 4 / 8 nvfp4 15.26 / 15.61 / 16.30 -> 14.80 / 15.24 / 15.90 us,
-# mxfp4 14.33 / 14.68 / 15.67 -> 13.90 / 14.19 / 15.27. Where KW cannot grow (4096x14336: KW 8
-# already) 32 alone is slower: same grid 14.53 -> 15.67 us (nvfp4 M=1), split 2 16.48.
+# launches twice the warps at no more K splits (14336x4096 M <= 8: KW 2 -> 4, 27 warps an SM
+# instead of 14). Measured on H100 (session 11, same run, graph-timed, 8-warp CTAs; plain read of
+# W + scales 12.73 / 12.09 us): 14336x4096 M = 1 / 4 / 8 nvfp4 15.26 / 15.61 / 16.30 -> 14.80 /
+# 15.24 / 15.90 us, mxfp4 14.33 / 14.68 / 15.67 -> 13.90 / 14.19 / 15.27. Where KW cannot grow
+# (4096x14336: KW 8 already) 32 alone is slower: same grid 14.53 -> 15.67 us (nvfp4 M=1), split
+# 2 16.48. m_tile 16 at 32 (TPW 1, one accumulator chain a token half) is NOT taken: 14336x4096
+# M = 16 22.50 us nvfp4 vs 19.38 at 16 (TPW 2), M = 9 18.58 vs 18.56; 4096x14336 M = 16 22.29
+# vs 22.33 (same grid). ncu: its A loads keep L1 82% busy (TPW 1 reads 4 bytes of A a weight
+# byte at 16 tokens; TPW 2: 2, L1 56%); A a word at a time (a_by_word) +-0.5 us; depth 3 at
+# m_tile 8 (62-64 registers) 3-8% slower.
 GEMV_WPS32 = {8: True, 16: False}
 
 
@@ -166,7 +172,7 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps):
     sps = -(-q // split)
     split = -(-q // sps)
     kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)))
-    warps = GEMV_CTA_WARPS[m_tile] if kw <= GEMV_CTA_WARPS[m_tile] else GEMV_WARPS
+    warps = GEMV_CTA_WARPS[m_tile, wps] if kw <= GEMV_CTA_WARPS[m_tile, wps] else GEMV_WARPS
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=warps,
                         depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps)
     cfg.check()
@@ -247,14 +253,15 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4G
         get_arch(arch)
         for fmt in fmts:
             for dtype in dtypes:
-                if not shapes:  # what dispatch picks, and the variants the bench and tests force
-                    for m_tile in M_TILES:  # (depth 4, a bench variant, compiles on demand)
-                        for tpw in TPWS:
-                            for warps in sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile]}):
+                if not shapes:  # what dispatch can pick (the variants the bench and tests
+                    for m_tile in M_TILES:  # force, e.g. depth 4, TPW 2 at m_tile 8, compile on demand)
+                        for tpw in sorted({1, GEMV_TPW[m_tile]}):
+                            for warps in sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile, 16]}):
                                 yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
                                                     warps=warps, depth=GEMV_DEPTH, tpw=tpw)
-                    yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=8, warps=GEMV_WARPS,
-                                        depth=GEMV_DEPTH, tpw=1, warps_per_sm=32)
+                    for warps in sorted({GEMV_WARPS, GEMV_CTA_WARPS[8, 32]}):
+                        yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=8, warps=warps,
+                                            depth=GEMV_DEPTH, tpw=1, warps_per_sm=32)
                     for bm in TILE_BMS:
                         yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm,
                                             stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])

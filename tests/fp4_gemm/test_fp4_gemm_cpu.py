@@ -157,7 +157,8 @@ def test_plans_are_consistent(n, k, fmt):
                 assert cfg.m_tile == (8 if m <= 8 else 16), ctx
                 assert p.kw in (1, 2, 4, 8) and p.smem == 0, ctx
                 units = -(-n // (16 * cfg.tpw))
-                assert cfg.warps == (GEMV_CTA_WARPS[cfg.m_tile] if p.kw <= GEMV_CTA_WARPS[cfg.m_tile] else 8), ctx
+                cta = GEMV_CTA_WARPS[cfg.m_tile, cfg.warps_per_sm]
+                assert cfg.warps == (cta if p.kw <= cta else 8), ctx
                 assert p.block == (32 * cfg.warps, 1, 1) and p.kw <= cfg.warps, ctx
                 assert p.grid == (-(-units * p.kw // cfg.warps), p.split, -(-m // cfg.m_tile)), ctx
                 per = -(-p.sps // p.kw)
@@ -316,13 +317,13 @@ def test_api_rules_before_launch():
 
 
 def test_warps_per_sm_plan_and_rules():
-    """32 resident warps an SM (<= 64 registers, TPW 1 only) doubles KW on 14336x4096 (448 CTAs
-    of 8 warps, all resident at 4 an SM): the planner takes it there at m_tile 8, not where KW
+    """32 resident warps an SM (<= 64 registers, TPW 1 only) doubles KW on 14336x4096 (896 CTAs
+    of 4 warps, all resident at 8 an SM): the planner takes it there at m_tile 8, not where KW
     cannot grow (4096x14336: KW 8 already, 32 would only add a K split) nor at m_tile 16 (table);
     the config refuses it where it cannot fit."""
     p = plan("sm_90a", 1, 14336, 4096, "mxfp4", "float16", 132, wps=32)
-    assert (p.kw, p.grid, p.config.warps_per_sm) == (4, (448, 1, 1), 32), p.short()
-    assert "__launch_bounds__(256, 4)" in render(p.config).source
+    assert (p.kw, p.grid, p.config.warps_per_sm, p.block) == (4, (896, 1, 1), 32, (128, 1, 1)), p.short()
+    assert "__launch_bounds__(128, 8)" in render(p.config).source
     for m in (1, 4, 8):
         assert select_fp4("sm_90a", m, 14336, 4096, "mxfp4", "float16", 132) == p
         d = select_fp4("sm_90a", m, 4096, 14336, "nvfp4", "float16", 132)

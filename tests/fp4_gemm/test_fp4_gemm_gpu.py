@@ -150,7 +150,8 @@ def test_gemv_32_warps_an_sm(fmt, dtype):
                 if m <= 8:  # the same K slices at 16 warps an SM; 3 steps in flight
                     other = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path="gemv",
                                  split=split, tpw=1, wps=16)
-                    others = [dataclasses.replace(other, kw=p.kw, grid=p.grid),
+                    others = [dataclasses.replace(other, config=other.config.replace(warps=p.config.warps),
+                                                  kw=p.kw, grid=p.grid, block=p.block),
                               dataclasses.replace(p, config=p.config.replace(depth=3))]
                 else:
                     others = [dataclasses.replace(p, config=p.config.replace(a_by_word=True))]
