@@ -85,7 +85,7 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     uint16 data as bf16. The selector picks the path ("gemv": bandwidth kernel, "mma": tensor-core
     kernel, N % 128 == 0; "dequant": W dequantized to a scratch + cuBLAS) and its plan; `path`,
     `tile` ((tile_m, tile_n) of the mma path), `split_k` (number of K splits) and `kw` (warps
-    of a GEMV CTA sharing one tile's K range: 1, 2, 4) force them.
+    of a GEMV CTA sharing one tile's K range: 1, 2, 4; implies the gemv path) force them.
     Runs on the caller's current stream; results come back as the caller's array kind.
     """
     return _gemm(A, W, bias, out, dtype, split_k, path, tile, kw, None)
@@ -125,8 +125,8 @@ def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k
         return out
     info = device_info(ctx.device)
     if path is None:
-        path = "mma" if tile is not None else select_gemm(info.arch.name, m, n, k, W.bits, dt,
-                                                           info.sm_count).path
+        path = "mma" if tile is not None else "gemv" if kw is not None else select_gemm(
+            info.arch.name, m, n, k, W.bits, dt, info.sm_count).path
     if tile is not None and path != "mma":
         raise ValueError(f"tile={tile}: only the mma path has tiles; path={path!r}")
     if kw is not None and path != "gemv":

@@ -1,7 +1,7 @@
 """Host-side selector of the kbit GEMM bandwidth path, as data plus one pure function.
 
-(arch, M, N, K, bits, dtype, SM count) -> GemvPlan: the kernel config (m_tile, warps, split_k
-flag) and the launch (K splits, grid, shared memory). No GPU work; memoised and printable
+(arch, M, N, K, bits, dtype, SM count) -> GemvPlan: the kernel config (m_tile, warps, K warps,
+split_k flag) and the launch (K splits, grid, shared memory). No GPU work; memoised and printable
 (KERNELGEN_PRINT_CONFIGS=1) through `kernelgen.core.select.selector`. `prewarm_configs` walks the
 same function over the shapes of a spec, so prewarm builds exactly what dispatch can pick.
 """

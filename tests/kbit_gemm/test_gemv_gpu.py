@@ -317,3 +317,6 @@ def test_gemm_kw_argument():
         kg.gemm(cupy.asarray(a), lin, kw=3)
     with pytest.raises(ValueError, match="kw=2: only the gemv path"):
         kg.gemm(cupy.asarray(a), lin, kw=2, path="mma")
+    # kw implies the gemv path where the selector would take the mma path
+    a64 = _host(rng, (64, k), "float16")
+    _check(kg.gemm(cupy.asarray(a64), lin, kw=2), GR.gemm(a64, w64), "float16", "kw=2 M=64")
