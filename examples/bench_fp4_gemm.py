@@ -223,6 +223,9 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                             yield name + " warps=8", dataclasses.replace(
                                 p2, config=p2.config.replace(warps=8), block=(256, 1, 1),
                                 grid=(-(-p2.grid[0] // 2), p2.grid[1], p2.grid[2]))
+            if cfg.warps_per_sm == 16:  # A through a cp.async ring in shared memory
+                yield "a_ring", dataclasses.replace(base, config=cfg.replace(a_ring=True),
+                                                    smem=cfg.replace(a_ring=True).smem_bytes())
             for w in (4, 8):  # the other CTA size (4-warp CTAs even out the SMs' warp counts)
                 if w != cfg.warps and base.kw <= w:
                     grid = (-(-(-(-n // (16 * cfg.tpw)) * base.kw) // w), base.grid[1], base.grid[2])

@@ -47,6 +47,7 @@ class Fp4GemvConfig(KernelConfig):
     hint: bool = True  # weight loads skip L1 and prefetch 256-byte L2 segments
     warps_per_sm: int = 16  # resident warps an SM the launch bounds ask for (registers a thread)
     a_by_word: bool = False  # A fragments loaded a word at a time (m_tile 16 at 32 warps an SM)
+    a_ring: bool = False  # A staged DEPTH steps ahead by cp.async in a shared-memory ring a warp
 
     def check(self) -> None:
         if self.fmt not in FMTS:
@@ -73,13 +74,18 @@ class Fp4GemvConfig(KernelConfig):
         if self.a_by_word and (self.m_tile, self.warps_per_sm) != (16, 32):
             raise _bad(self, "a_by_word", "only m_tile 16 at warps_per_sm 32 (elsewhere the "
                                           "step's fragments fit the registers)")
+        if not isinstance(self.a_ring, bool):
+            raise _bad(self, "a_ring", "expected a bool")
+        if self.a_ring and self.warps_per_sm != 16:
+            raise _bad(self, "a_ring", "only at warps_per_sm 16 (its row offsets need registers)")
 
     def symbols(self) -> tuple[str, ...]:
         return ("fp4_gemv",)
 
     def smem_bytes(self) -> int:
-        """None dynamic: A is read from global memory, the K-slice sums meet in static smem."""
-        return 0
+        """Dynamic: the a_ring slots (M_TILE rows x 256 bytes a step and warp), else none (A is
+        read from global memory); the K-slice sums meet in static smem."""
+        return self.warps * self.depth * self.m_tile * 256 if self.a_ring else 0
 
     def template_vars(self) -> dict[str, Any]:
         # CTAs an SM for warps_per_sm; at 32 (<= 64 registers) the epilogue's factors are not
@@ -87,7 +93,8 @@ class Fp4GemvConfig(KernelConfig):
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
                 "min_blocks": self.warps_per_sm // self.warps,
                 "early": self.m_tile == 8 and self.warps_per_sm == 16,
-                "lean": self.warps_per_sm == 32, "a_by_word": self.a_by_word}
+                "lean": self.warps_per_sm == 32, "a_by_word": self.a_by_word,
+                "a_ring": self.a_ring}
 
 
 def tile_smem(fmt: str, bm: int, stages: int) -> int:

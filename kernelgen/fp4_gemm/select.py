@@ -177,7 +177,7 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps):
                         depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps)
     cfg.check()
     grid = (-(-units * kw // warps), split, m_tiles)
-    return Plan(cfg, split, sps, grid, (warps * 32, 1, 1), 0, kw)
+    return Plan(cfg, split, sps, grid, (warps * 32, 1, 1), cfg.smem_bytes(), kw)
 
 
 def _tile(arch, m, n, k, fmt, dtype, sm_count, split):

@@ -23,7 +23,7 @@
 namespace kg::fp4 {
 
 template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool HINT, bool EARLY,
-          bool LEAN = false, bool A_BY_WORD = false>
+          bool LEAN = false, bool A_BY_WORD = false, bool A_RING = false>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
@@ -105,6 +105,38 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   for (int nt = 0; nt < NT; ++nt)
     ap[nt] = A + (size_t)(m0 + min(g + 8 * nt, rows - 1)) * K + (size_t)q0 * STEP_K + 32 * t;
 
+  // A_RING: the step's A rows (M_TILE x 256 bytes) are copied by cp.async into this warp's ring
+  // slot of dynamic shared memory (full 32-byte sectors, DEPTH steps ahead like the weights) and
+  // read back by conflict-free LDS (swz). Lane copies row lane / LPR, chunks lane % LPR + LPR u
+  // (one source pointer, immediate offsets; the destinations precomputed).
+  constexpr uint32_t SLOT = M_TILE * 256;
+  constexpr int LPR = 32 / M_TILE, NCP = 16 / LPR;  // lanes a row, copies a lane
+  [[maybe_unused]] uint32_t rd[4] = {}, wr[NCP] = {};
+  [[maybe_unused]] const T* arow = A;
+  if constexpr (A_RING) {
+    extern __shared__ __align__(16) uint8_t a_ring_smem[];
+    const uint32_t ring = (uint32_t)__cvta_generic_to_shared(a_ring_smem) + warp * (DEPTH * SLOT);
+    const uint32_t x = (g & 1) << 2;  // chunk 4t + j of row g (+8): swz = (4t ^ t ^ x) ^ j
+#pragma unroll
+    for (int j = 0; j < 4; ++j) rd[j] = ring + g * 256 + (((4 * t) ^ t ^ x) ^ j) * 16;
+    const int r = lane / LPR, c0 = lane % LPR;
+#pragma unroll
+    for (int u = 0; u < NCP; ++u) wr[u] = ring + r * 256 + swz(c0 + LPR * u, r) * 16;
+    arow = A + (size_t)(m0 + min(r, rows - 1)) * K + (size_t)q0 * STEP_K + 8 * c0;
+  }
+  const auto fill = [&](int d) {  // the next step's A into slot d (steps in order)
+#pragma unroll
+    for (int u = 0; u < NCP; ++u) cp_async16(wr[u] + d * SLOT, arow + 8 * LPR * u);
+    arow += STEP_K;
+  };
+  if constexpr (A_RING) {
+#pragma unroll
+    for (int d = 0; d < DEPTH; ++d) {
+      if (d < n_it) fill(d);
+      cp_async_commit();  // one group a step, empty or not: wait_group counts steps
+    }
+  }
+
   float acc[CH][NT][4];
 #pragma unroll
   for (int c = 0; c < CH; ++c)
@@ -116,7 +148,14 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     for (int d = 0; d < DEPTH; ++d) {
       if (it0 + d < n_it) {  // warp-uniform
         uint4 b[4][NT];  // A[token][k0 + 32t + 8j .. +7] of this step, shared by the TPW tiles
-        if constexpr (!A_BY_WORD) {
+        if constexpr (A_RING) {
+          cp_async_wait<DEPTH - 1>();  // this step's group has landed (this lane's copies)
+          __syncwarp();                // and every other lane's
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) b[j][nt] = lds128(rd[j] + d * SLOT + nt * 2048);
+        } else if constexpr (!A_BY_WORD) {
 #pragma unroll
           for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -144,6 +183,11 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
         }
         // the slot refills once decoded (no register copies; DEPTH - 1 steps stay in flight)
         if (it0 + d + DEPTH < n_it) load(d);  // warp-uniform
+        if constexpr (A_RING) {
+          __syncwarp();  // every lane has read slot d
+          if (it0 + d + DEPTH < n_it) fill(d);
+          cp_async_commit();
+        }
       }
     }
 #pragma unroll

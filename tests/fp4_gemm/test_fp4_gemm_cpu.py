@@ -345,6 +345,11 @@ def test_warps_per_sm_plan_and_rules():
     with pytest.raises(UnsupportedConfigError, match="a_by_word=True; only m_tile 16 at warps_per_sm 32"):
         Fp4GemvConfig(arch="sm_90a", m_tile=8, tpw=1, depth=2, warps_per_sm=32, a_by_word=True).check()
     Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=1, depth=2, warps_per_sm=32, a_by_word=True).check()
+    ring = Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=2, depth=2, warps=4, a_ring=True)
+    assert ring.smem_bytes() == 4 * 2 * 16 * 256 and Fp4GemvConfig(arch="sm_90a").smem_bytes() == 0
+    assert "true>(" in render(ring).source and "false>(" in render(ring.replace(a_ring=False)).source
+    with pytest.raises(UnsupportedConfigError, match="a_ring=True; only at warps_per_sm 16"):
+        Fp4GemvConfig(arch="sm_90a", m_tile=8, tpw=1, depth=2, warps_per_sm=32, a_ring=True).check()
     with pytest.raises(UnsupportedConfigError, match="warps_per_sm=24"):
         Fp4GemvConfig(arch="sm_90a", warps_per_sm=24).check()
     with pytest.raises(ValueError, match="wps=32: bandwidth path only"):

@@ -168,6 +168,44 @@ def test_gemv_32_warps_an_sm(fmt, dtype):
                     cupy.asnumpy(a), w64, cupy.asnumpy(bias), 1.25, dtype), dtype, ctx)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gemv_a_ring(fmt, dtype):
+    """A staged by cp.async in a shared-memory ring a warp (a_ring): bit for bit the launch that
+    reads A from global memory (same mma sequence), and within the reference bound; m_tile 8 and
+    16, TPW 1 / 2, 4- and 8-warp CTAs, M = 1 / 5 / 12 / 16 / 40 (3 passes), split 1 and 2, short
+    and uneven K slices."""
+    import dataclasses
+
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.fp4_gemm import fp4_gemm, plan
+
+    dev = device_info()
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for n, k in ((200, 1024), (1000, 4224)):
+        t, w64 = _weight(fmt, n, k)
+        for m in (1, 5, 12, 16, 40):
+            for split, tpw in ((1, None), (2, 1), (1, 2)):
+                p = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path="gemv", split=split,
+                         tpw=tpw, wps=16)
+                cfg = p.config.replace(a_ring=True)
+                r = dataclasses.replace(p, config=cfg, smem=cfg.smem_bytes())
+                a = cupy.asarray(_host(rng, (m, k), dtype))
+                bias = cupy.asarray(_host(rng, (n,), dtype))
+                outs = []
+                for q in (r, p):
+                    out = cupy.full((m, n), 0xFFFF, cupy.uint16) if hint else cupy.full((m, n), np.nan, cupy.float16)
+                    fp4_gemm(a, t, bias, alpha=1.25, out=out, dtype=hint, _plan=q)
+                    outs.append(out.view(cupy.uint16))
+                ctx = f"{r.short()} {m=} {n=} {k=}"
+                assert bool((outs[0] == outs[1]).all()), ctx
+                _check(outs[0] if hint else outs[0].view(cupy.float16), GR.gemm(
+                    cupy.asnumpy(a), w64, cupy.asnumpy(bias), 1.25, dtype), dtype, ctx)
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("arrangement", ["step_major", "tile_major_inline", "step_major_inline"])
 def test_arrangements_equal_tile_major(fmt, arrangement):
