@@ -82,11 +82,13 @@ def bench_shape(m: int, n: int, k: int, variants: bool, operands: str = "gauss")
         kinds = [((*t, 1), u, False) for t in FP8_TILES for u in (False, True)]
         if info.arch.name == "sm_90a":
             kinds += [(t, False, True) for t in WG_TILES]
-        for (bm, bn, wm, wn, st, hb), unroll, wg in kinds:
+            kinds += [((*t, True), False, True) for t in WG_TILES if t[5] == 0]
+        for (bm, bn, wm, wn, st, hb, *pre), unroll, wg in kinds:
             cfg = MxFp8GemmConfig(arch=info.arch.name, tile_m=bm, tile_n=bn, warps_m=wm,
-                                  warps_n=wn, stages=st, unroll_kb=unroll, wgmma=wg, hbufs=hb)
+                                  warps_n=wn, stages=st, unroll_kb=unroll, wgmma=wg, hbufs=hb,
+                                  prescale=bool(pre))
             name = (f"{bm}x{bn}" + (f" wgmma s{st} h{hb}" if wg else "") +
-                    (" unroll" if unroll else ""))
+                    (" prescale" if pre else "") + (" unroll" if unroll else ""))
             try:
                 t = time_gpu(lambda i, c=cfg: mx_gemm(a, b, out=out, config=c), iters=20, repeats=5)
             except Exception as e:  # the opt-in variants come last: report and stop there

@@ -6,6 +6,9 @@ attributes works): packed codes `data` (uint8 [rows, K * bits / 8]), `scales` (u
 and, for NVFP4, `global_scale` (fp32 device array of shape (1,)). CuPy or torch arrays; the
 result comes back as the same kind, launched on the caller's current stream. Alignment: data
 and swizzled scales 16 bytes (16-byte cp.async), out 4 bytes (pairs of columns per store).
+Configs with `prescale` (the sm_90a selector's above M = 128) first write both operands
+rescaled to their rows' largest block scale into per-stream scratch ((M + N) * K bytes, kept
+for reuse), then run the GEMM on those.
 """
 
 from __future__ import annotations
@@ -107,6 +110,30 @@ def _out_view(out: Any, ctx: Ctx, m: int, n: int, out_dtype: str) -> Any:
     return d
 
 
+def _prescaled(ctx: Ctx, kern: Any, a: Any, sa: Any, b: Any, sb: Any, m: int, n: int, k: int
+               ) -> tuple[Any, Any, Any, Any]:
+    """A and B with every k-block rescaled to its row's largest block scale (the prescale
+    configs' rescale kernels), and each row's largest scale byte E (int32), in per-stream
+    scratch: (A', B', E of A, E of B)."""
+    import cupy
+
+    from ..core.interop import scratch
+
+    off_b = -(-m * k // 16) * 16
+    off_e = off_b + -(-n * k // 16) * 16
+    nbytes = off_e + 4 * (m + n)
+    ws, _ = scratch(ctx, "mx_gemm_prescale", -(-nbytes // 4), 0)
+    raw = ws.view(cupy.uint8)
+    a2 = raw[:m * k].reshape(m, k)
+    b2 = raw[off_b:off_b + n * k].reshape(n, k)
+    e = raw[off_e:off_e + 4 * (m + n)].view(cupy.int32)
+    for sym, x, sx, y, ey, rows in (("mx_gemm_rescale_a", a, sa, a2, e[:m], m),
+                                    ("mx_gemm_rescale_b", b, sb, b2, e[m:], n)):
+        ctx.launch(kern.fn(sym), (-(-rows // 8), 1, 1), (256, 1, 1),
+                   (x, sx, y, ey, np.int32(rows), np.int32(k)))
+    return a2, b2, e[:m], e[m:]
+
+
 def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = None,
             out_dtype: str = "bfloat16", config: MxFp8GemmConfig | MxBsGemmConfig | None = None) -> Any:
     """D [M, N] = alpha * A . B^T (+ bias) for block-scaled A [M, K] and B [N, K].
@@ -140,9 +167,13 @@ def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = 
         bv = d
     if m == 0:
         return out
-    fn = get_kernel(plan.config, ctx.device, ctx.stream).fn(plan.symbol)
+    kern = get_kernel(plan.config, ctx.device, ctx.stream)
+    fn = kern.fn(plan.symbol)
     if plan.path == "fp8_mma":
-        args = (a, b, sa, sb, bv, np.int32(bias is not None), d, np.int32(m), np.int32(n),
+        ea = eb = d  # (unused unless prescale)
+        if getattr(plan.config, "prescale", False):
+            a, b, ea, eb = _prescaled(ctx, kern, a, sa, b, sb, m, n, k)
+        args = (a, b, sa, sb, ea, eb, bv, np.int32(bias is not None), d, np.int32(m), np.int32(n),
                 np.int32(k), np.float32(alpha))
     else:
         gsa_, gsb_ = (gsa, gsb) if gsa is not None else (d, d)

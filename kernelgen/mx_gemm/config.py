@@ -42,7 +42,8 @@ FP8_TILES: tuple[tuple[int, int, int, int, int], ...] = (
 )
 # wgmma variants (sm_90a): 8 warps stacked along M, 2 warpgroups of 64 rows x tile_n;
 # (tile_m, tile_n, warps_m, warps_n, stages, f16 tile sets). 0 f16 tile sets: the fp8 wgmma
-# reads the stages, rescaled in place (the first two); 1 or 2: f16 wgmma on converted tiles.
+# reads the stages (the first two rows), rescaled in place or, with prescale, before the call's
+# main kernel; 1 or 2: f16 wgmma on converted tiles.
 WG_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (128, 256, 8, 1, 4, 0),
     (128, 128, 8, 1, 4, 0),
@@ -76,6 +77,9 @@ class MxFp8GemmConfig(KernelConfig):
     # f16 tile sets; 2 (wgmma only): convert the next k-tile under the wgmma; 0 (wgmma only):
     # none - fp8 wgmma on the stages, rescaled in place
     hbufs: int = 1
+    # hbufs 0 only: the operands' rows are rescaled once per call by two small kernels of the
+    # same module (mx_gemm_rescale_a / _b) into scratch, so the main loop only copies and multiplies
+    prescale: bool = False
 
     def check(self) -> None:
         def bad(field: str, rule: str) -> UnsupportedConfigError:
@@ -99,9 +103,11 @@ class MxFp8GemmConfig(KernelConfig):
                                 f"{FP8_TILES} (hbufs=1)")
         if self.wgmma and self.arch != "sm_90a":
             raise bad("wgmma", "wgmma exists on sm_90a only")
+        if self.prescale and not (self.wgmma and self.hbufs == 0):
+            raise bad("prescale", "pre-rescaled operands feed the fp8 wgmma variant (wgmma, hbufs=0)")
 
     def symbols(self) -> tuple[str, ...]:
-        return ("mx_gemm_fp8",)
+        return ("mx_gemm_fp8",) + (("mx_gemm_rescale_a", "mx_gemm_rescale_b") if self.prescale else ())
 
     def smem_bytes(self) -> int:
         """templates/mx_gemm/fp8_mma.cuh Fp8Smem: per stage the fp8 A, B tiles and one

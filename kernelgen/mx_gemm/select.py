@@ -45,15 +45,16 @@ N_MULTIPLE = 8   # output columns are written in pairs by 8-column mma pieces
 # sm_90a: the wgmma variant above SMALL_M (its GPU tests pass; measured on the H100 with
 # examples/bench_mx_gemm.py --variants, BENCHMARKS.md): 8192^3 128x256 wgmma 350 TFLOP/s vs the
 # best mma.sync tile 278; M=128, N=K=4096: 128x128 wgmma (2 stages, 2 f16 tile sets) 68 vs 51.
-# The 128x256 tile once one wave of it fills every SM, else 128x128. SM90_FP8_WGMMA: 128x256
-# as the fp8 wgmma on rescaled fp8 stages (WG_FP8_BIG) instead of the f16 wgmma (WG_F16_BIG):
-# 8192^3 409 vs 328 TFLOP/s (quantized normal operands; random codes 358), 4096^3 368 vs 318.
-# 128x128 stays on the f16 wgmma with two tile sets (WG_F16_MID: 320 / 305 vs 302 / 281 for
-# the fp8 one at 4 stages).
+# The 128x256 tile once one wave of it fills every SM, else 128x128, both the fp8 wgmma with
+# the operands rescaled once per call (prescale; H100, quantized normal operands, TFLOP/s:
+# 8192^3 958 / 781 for 128x128, 4096^3 809 / 719; in-place rescale in every CTA 406 / 364;
+# f16 wgmma 325 / 317; torch._scaled_mm 1411 / 1277). SM90_PRESCALE False: the in-place
+# rescale for 128x256 and the f16 wgmma (two tile sets) for 128x128, as measured before.
 SM90_WGMMA = True
-SM90_FP8_WGMMA = True
-WG_FP8_BIG, WG_F16_BIG, WG_F16_MID = (128, 256, 8, 1, 4, 0), (128, 256, 8, 1, 2, 1), (128, 128, 8, 1, 2, 2)
-assert {WG_FP8_BIG, WG_F16_BIG, WG_F16_MID} <= set(WG_TILES)
+SM90_PRESCALE = True
+WG_FP8_BIG, WG_FP8_MID = (128, 256, 8, 1, 4, 0), (128, 128, 8, 1, 4, 0)
+WG_F16_MID = (128, 128, 8, 1, 2, 2)
+assert {WG_FP8_BIG, WG_FP8_MID, WG_F16_MID} <= set(WG_TILES)
 # fp8 path: 64-row tiles up to this M (fewer rows of zeros; M=128, N=K=4096: 64x64 82 TFLOP/s vs
 # 68 for the best 128-row tile), 128-row tiles above; 128 x 256 once those alone fill every SM.
 SMALL_M = 128
@@ -137,14 +138,15 @@ def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: s
         else:
             tile = mid
         bm, bn, wm, wn, st = tile
-        wg, hb = False, 1
+        wg, hb, pre = False, 1, False
         if SM90_WGMMA and arch == "sm_90a" and m > SMALL_M:
-            big_wg, mid_wg = (WG_FP8_BIG if SM90_FP8_WGMMA else WG_F16_BIG), WG_F16_MID
-            fills = -(-m // big_wg[0]) * -(-n // big_wg[1]) >= sm_count
-            (bm, bn, wm, wn, st, hb), wg = (big_wg if fills else mid_wg), True
+            mid_wg = WG_FP8_MID if SM90_PRESCALE else WG_F16_MID
+            fills = -(-m // WG_FP8_BIG[0]) * -(-n // WG_FP8_BIG[1]) >= sm_count
+            (bm, bn, wm, wn, st, hb), wg = (WG_FP8_BIG if fills else mid_wg), True
+            pre = SM90_PRESCALE
         cfg: MxFp8GemmConfig | MxBsGemmConfig = MxFp8GemmConfig(
             arch=arch, a_elem=a_elem, b_elem=b_elem, out_dtype=out_dtype, tile_m=bm, tile_n=bn,
-            warps_m=wm, warps_n=wn, stages=st, wgmma=wg, hbufs=hb)
+            warps_m=wm, warps_n=wn, stages=st, wgmma=wg, hbufs=hb, prescale=pre)
     else:
         kind = "nvf4" if a_fmt == "nvfp4" else "mxf4" if a_fmt == "mxfp4" else "mxf8f6f4"
         bm, bn, wm, wn, st = BS_TILES[0]

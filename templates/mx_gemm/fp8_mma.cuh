@@ -26,7 +26,9 @@
 // a normal fp8 number; below that they round to the format's subnormal step (2^-9 for e4m3,
 // 2^-16 for e5m2, relative to the row's largest block scale), which is far below the output
 // rounding. NaN codes stay NaN; an e5m2 Inf in a rescaled block saturates to the largest
-// finite value.
+// finite value. PRE: the same rescale done once per operand row by rescale_rows (a pass over
+// A and B, ~3% of a large GEMM's time) instead of in every CTA that loads the row; the main
+// loop then only copies and multiplies.
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/mma.cuh"
@@ -161,10 +163,11 @@ template <int E> __device__ __forceinline__ uint4 rescale_codes(uint4 v, int d, 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool UNROLL_KB, bool WG, int HB, int AE,
-          int BE, typename OutT>
+template <int BM, int BN, int WM, int WN, int STAGES, bool UNROLL_KB, bool WG, int HB, bool PRE,
+          int AE, int BE, typename OutT>
 __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const uint8_t* __restrict__ B,
                                          const uint8_t* __restrict__ SA, const uint8_t* __restrict__ SB,
+                                         const int* __restrict__ EA, const int* __restrict__ EB,
                                          const OutT* __restrict__ bias, int has_bias, OutT* __restrict__ D,
                                          int M, int N, int K, float alpha) {
   constexpr int NT = WM * WN * 32;
@@ -174,6 +177,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
   static_assert(!WG || (WTM == 16 && WN == 1 && BM % 64 == 0), "wgmma: warps stacked along M");
   using S = Fp8Smem<BM, BN, STAGES, HB>;
   static_assert(HB == 1 || (HB != 1 && WG), "no or two f16 tile sets: wgmma variants only");
+  static_assert(!PRE || (WG && HB == 0), "pre-rescaled operands: the fp8 wgmma variant");
   extern __shared__ __align__(1024) uint8_t smem[];  // 1024: the wgmma swizzle atoms
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -238,6 +242,13 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
   {
     constexpr int ROWS = BM + BN, TPR = NT >= ROWS ? NT / ROWS : 1;
     static_assert(TPR <= 32 && (TPR & (TPR - 1)) == 0, "threads per row");
+    if constexpr (PRE) {  // the rescale kernels wrote E of every row
+      for (int row = tid; row < ROWS; row += NT) {
+        const bool is_a = row < BM;
+        const int R = (is_a ? m0 : n0 - BM) + row;
+        e_rows[row] = R < (is_a ? M : N) ? __ldg((is_a ? EA : EB) + R) : 0;
+      }
+    } else
     for (int row = tid / TPR; row < ROWS; row += NT / TPR) {
       const bool is_a = row < BM;
       const int R = (is_a ? m0 : n0 - BM) + row;  // global row of A or B
@@ -270,7 +281,31 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-  if constexpr (WG && HB == 0) {
+  if constexpr (PRE) {
+    // operands rescaled beforehand (rescale_rows): the stages go to the fp8 wgmma as they land;
+    // one group in flight, the stage of kt - 2 refilled with kt + STAGES - 2
+    static_assert(STAGES >= 3, "two k-tiles in flight");
+    const uint32_t a_rows = (warp >> 2) * 64 * TK;
+    for (int kt = 0; kt < KT; ++kt) {
+      cp_async_wait<STAGES - 3>();  // stage kt (stages up to kt - 1 + STAGES - 2 were issued)
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async bytes -> wgmma
+      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // kt - 2 read its stage
+      __syncthreads();  // every thread's copies of kt in; kt - 2's stage free everywhere
+      {
+        const int nk = kt + STAGES - 2;
+        if (kt >= 1 && nk < KT) load(nk, nk % STAGES);
+        cp_async_commit();
+      }
+      const uint32_t st = sbase + (kt % STAGES) * S::STAGE;
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int ks = 0; ks < TK / 32; ++ks)
+        WgmmaFp8<BN, AE, BE>::run(acc, wgmma_desc_k128(st + a_rows + ks * 32),
+                                  wgmma_desc_k128(st + S::A + ks * 32));
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  } else if constexpr (WG && HB == 0) {
     // fp8 wgmma on the stages, one k-tile's wgmma group kept in flight. Iteration kt: rescale
     // k-tile kt in place (each thread the 16-byte chunks it copied itself, with the scale words
     // its row's c16 == 0 lane copied: no barrier before it) while the wgmma of kt - 1 runs;
@@ -479,6 +514,36 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
           *reinterpret_cast<uint32_t*>(D + (size_t)row * N + col) = *reinterpret_cast<uint32_t*>(v);
         }
       }
+  }
+}
+
+// Operand rows rescaled once for the PRE variant: Y[r, k] = the fp8 code of X[r, k] times
+// 2^(e_kb - E_r), as rescale_codes, and Erow[r] = E_r (the largest E8M0 byte of row r; 0 for
+// an all-zero-scale row). X, Y [rows, K] (K % 32 == 0, rows 16-byte aligned), scales SX in the
+// swizzled layout. One warp a row, 16-byte chunks.
+template <int E>
+__device__ __forceinline__ void rescale_rows(const uint8_t* __restrict__ X, const uint8_t* __restrict__ SX,
+                                             uint8_t* __restrict__ Y, int* __restrict__ Erow, int rows,
+                                             int K) {
+  const int r = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const int KT = (K + TK - 1) / TK;
+  const uint8_t* srow = SX + (size_t)(r / 128) * KT * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4;
+  uint32_t m = 0;
+  for (int kt = lane; kt < KT; kt += 32) m = __vmaxu4(m, ld_nc_u32(srow + (size_t)kt * 512));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = __vmaxu4(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const int e = (int)max_byte(m);
+  if (lane == 0) Erow[r] = e;
+  const uint8_t* x = X + (size_t)r * K;
+  uint8_t* y = Y + (size_t)r * K;
+#pragma unroll 4
+  for (int c = lane; c < K / 16; c += 32) {  // chunk c: k 16c .. 16c + 15, k-block c / 2
+    uint4 v = ld_nc_v4(x + 16 * c);
+    const int kb = c >> 1;
+    const int b = (int)srow[(size_t)(kb >> 2) * 512 + (kb & 3)];
+    if (b != e) v = rescale_codes<E>(v, e - b, rel_scale_h2((uint32_t)b, (uint32_t)e));
+    *reinterpret_cast<uint4*>(y + 16 * c) = v;
   }
 }
 

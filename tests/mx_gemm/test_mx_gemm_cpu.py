@@ -256,15 +256,15 @@ def test_fp8_kernel_emulation_wide_scale_spread():
     assert 0 < GR.rel_error(d, GR.mx_gemm(a, b)) < 1e-4
 
 
-@pytest.mark.parametrize("tile", WG_TILES)
+@pytest.mark.parametrize("tile", [(*t, False) for t in WG_TILES] + [(*t, True) for t in WG_TILES if t[5] == 0])
 def test_wgmma_variant_compiles_without_spills(tile):
     """Opt-in (not in the prewarm table until measured), so compiled here instead."""
     from kernelgen.core.compile import compile_cubin, resource_summary
     from kernelgen.core.render import render
 
-    bm, bn, wm, wn, st, hb = tile
+    bm, bn, wm, wn, st, hb, pre = tile
     cfg = MxFp8GemmConfig(arch="sm_90a", tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st,
-                          wgmma=True, hbufs=hb)
+                          wgmma=True, hbufs=hb, prescale=pre)
     out = compile_cubin(cfg, render(cfg))
     res = resource_summary(out.log)
     assert res["registers"] and res["spill_bytes"] == 0, out.log
@@ -297,14 +297,16 @@ def test_wgmma_switch(monkeypatch):
 
     monkeypatch.setattr(sel, "SM90_WGMMA", True)
     big = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 4096, 4096, 4096, "bfloat16", 132).config
-    assert big.wgmma and (big.tile_m, big.tile_n, big.hbufs) == (128, 256, 0)  # 512 CTAs
+    assert big.wgmma and (big.tile_m, big.tile_n, big.hbufs, big.prescale) == (128, 256, 0, True)  # 512 CTAs
     mid = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 256, 4096, 4096, "bfloat16", 132).config
-    assert mid.wgmma and (mid.tile_m, mid.tile_n, mid.hbufs) == (128, 128, 2)  # 128x256: 32 CTAs
-    monkeypatch.setattr(sel, "SM90_FP8_WGMMA", False)
-    f16 = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 4096, 4096, 4096, "bfloat16", 132).config
-    assert f16.wgmma and (f16.tile_n, f16.hbufs) == (256, 1)
-    monkeypatch.setattr(sel, "SM90_FP8_WGMMA", True)
+    assert mid.wgmma and (mid.tile_m, mid.tile_n, mid.hbufs, mid.prescale) == (128, 128, 0, True)  # 128x256: 32 CTAs
     assert mid in set(prewarm_configs(["sm_90a"], {}))
+    monkeypatch.setattr(sel, "SM90_PRESCALE", False)
+    inplace = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 4096, 4096, 4096, "bfloat16", 132).config
+    assert inplace.wgmma and (inplace.tile_n, inplace.hbufs, inplace.prescale) == (256, 0, False)
+    f16 = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 256, 4096, 4096, "bfloat16", 132).config
+    assert f16.wgmma and (f16.tile_n, f16.hbufs) == (128, 2)
+    monkeypatch.setattr(sel, "SM90_PRESCALE", True)
     small = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", sel.SMALL_M, 4096, 4096, "bfloat16", 132)
     assert not small.config.wgmma and small.config.tile_m == 64
     assert not plan("sm_100a", "mxfp8_e4m3", "mxfp8_e4m3", 4096, 4096, 4096, "bfloat16", 148).config.wgmma
@@ -335,3 +337,11 @@ def test_fp8_rescale_integer_path_is_exact(elem):
         wrong = ~takes & ((mag < (d << mb)) | (got != want) | (mag >= special))
         refused += int(wrong.sum())
     assert refused > 0
+
+
+def test_prescale_rule():
+    with pytest.raises(UnsupportedConfigError, match="prescale"):
+        MxFp8GemmConfig(arch="sm_90a", prescale=True)  # mma.sync
+    cfg = MxFp8GemmConfig(arch="sm_90a", tile_m=128, tile_n=256, warps_m=8, warps_n=1, stages=4,
+                          wgmma=True, hbufs=0, prescale=True)
+    assert cfg.symbols() == ("mx_gemm_fp8", "mx_gemm_rescale_a", "mx_gemm_rescale_b")

@@ -65,13 +65,14 @@ def test_selector_choice(a_fmt, b_fmt, m, n, k, dtype):
 
 
 VARIANTS = [((*t, 1), False, False) for t in FP8_TILES] + \
-           [((*t, 1), True, False) for t in FP8_TILES] + [(t, False, True) for t in WG_TILES]
+           [((*t, 1), True, False) for t in FP8_TILES] + [(t, False, True) for t in WG_TILES] + \
+           [(t, False, "prescale") for t in WG_TILES if t[5] == 0]
 
 
 def _variant_id(v):
     (bm, bn, _, _, st, hb), unroll, wgmma = v
     return (f"{bm}x{bn}" + ("-unroll" if unroll else "") +
-            (f"-wgmma-s{st}-h{hb}" if wgmma else ""))
+            (f"-wgmma-s{st}-h{hb}" if wgmma else "") + ("-prescale" if wgmma == "prescale" else ""))
 
 
 @pytest.mark.parametrize("tile,unroll,wgmma", VARIANTS, ids=[_variant_id(v) for v in VARIANTS])
@@ -80,7 +81,7 @@ def test_every_tile_forced(tile, unroll, wgmma, m, n, k):
     bm, bn, wm, wn, st, hb = tile
     cfg = MxFp8GemmConfig(arch="sm_90a", a_elem="e4m3", b_elem="e4m3", out_dtype="bfloat16",
                           tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st, unroll_kb=unroll,
-                          wgmma=wgmma, hbufs=hb)
+                          wgmma=bool(wgmma), hbufs=hb, prescale=wgmma == "prescale")
     _run("mxfp8_e4m3", "mxfp8_e4m3", m, n, k, "bfloat16", alpha=-2.0, config=cfg)
 
 
@@ -106,7 +107,7 @@ def test_torch_operands():
     torch = pytest.importorskip("torch")
     from kernelgen.mx_gemm import mx_gemm
 
-    m, n, k = 96, 256, 512
+    m, n, k = 200, 256, 512  # M > 128: on sm_90a the prescale path, its scratch torch memory
     ha, hb = _host("mxfp8_e4m3", m, k, 7), _host("mxfp8_e5m2", n, k, 8)
     put = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
     bias = torch.randn(n, device="cuda").to(torch.bfloat16)
@@ -171,9 +172,11 @@ def test_alignment_rules():
 
 
 @pytest.mark.parametrize("a_fmt,b_fmt", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxfp8_e4m3")])
+@pytest.mark.parametrize("prescale", [False, True])
 @pytest.mark.parametrize("tile", [t for t in WG_TILES if t[5] == 0])
-def test_fp8_wgmma_random_codes(tile, a_fmt, b_fmt):
-    """The fp8 wgmma's in-place rescale on uniformly random finite codes (every exponent field,
+def test_fp8_wgmma_random_codes(tile, a_fmt, b_fmt, prescale):
+    """The fp8 wgmma's rescale (in place, or once per row with prescale) on uniformly random
+    finite codes (every exponent field,
     subnormals included) and scales 2^-15 .. 2^0: both of its paths (integer exponent shift,
     f16 rounding to the subnormal grid) run in most chunks."""
     import cupy
@@ -194,7 +197,8 @@ def test_fp8_wgmma_random_codes(tile, a_fmt, b_fmt):
     ha, hb = host(a_fmt, m), host(b_fmt, n)
     bm, bn, wm, wn, st, hb_ = tile
     cfg = MxFp8GemmConfig(arch="sm_90a", a_elem=a_fmt[-4:], b_elem=b_fmt[-4:], tile_m=bm,
-                          tile_n=bn, warps_m=wm, warps_n=wn, stages=st, wgmma=True, hbufs=hb_)
+                          tile_n=bn, warps_m=wm, warps_n=wn, stages=st, wgmma=True, hbufs=hb_,
+                          prescale=prescale)
     d = mx_gemm(GR.upload(ha, cupy), GR.upload(hb, cupy), config=cfg)  # bf16: |D| passes 65504
     got = GR.to_float64(cupy.asnumpy(d), "bfloat16")
     err = GR.rel_error(got, GR.mx_gemm(ha, hb, None, 1.0, "bfloat16"))
