@@ -16,7 +16,7 @@
 // issued before anything else. The activation fragments are 16-byte loads from global memory (L1
 // hits after the first warp of an SM: A is small and every warp of a K slice reads the same
 // bytes), at immediate offsets from one pointer per token row: no staging, no barrier before the
-// loop.
+// loop (A_RING instead stages them per warp through shared memory by cp.async, see below).
 #pragma once
 #include "fp4_gemm/fp4.cuh"
 

@@ -374,3 +374,31 @@ def test_arrangements_read_the_same_blocks(fmt, arrangement, path, m, split, tpw
     got = emu(p, wd, sd, post, a, None, 1.0, fmt, "float16", m, n, k, strides=strides)
     assert np.array_equal(got, want), (arrangement, p.short())
 
+
+
+@pytest.mark.parametrize("m_tile", [8, 16])
+def test_a_ring_slots_round_trip(m_tile):
+    """gemv.cuh a_ring indexing: the lanes' cp.async copies (row lane / LPR, chunk lane % LPR +
+    LPR u, at swz) fill every 16-byte chunk of a slot exactly once, each LDS of lane (g, t), word
+    j, token half nt reads the chunk 4t + j of row g + 8 nt, and each quarter warp's 8 reads hit
+    8 different 16-byte bank groups."""
+    lpr, ncp = 32 // m_tile, 16 // (32 // m_tile)
+    where = {}
+    for lane in range(32):
+        r, c0 = lane // lpr, lane % lpr
+        for u in range(ncp):
+            c = c0 + lpr * u
+            off = r * 256 + swz(c, r) * 16
+            assert off not in where and 0 <= off < m_tile * 256
+            where[off] = (r, c)
+    assert len(where) == m_tile * 16
+    for nt in range(m_tile // 8):
+        for j in range(4):
+            for q in range(4):  # quarter warps: lanes 8q .. 8q+7
+                banks = set()
+                for lane in range(8 * q, 8 * q + 8):
+                    g, t = lane >> 2, lane & 3
+                    off = g * 256 + (((4 * t) ^ t ^ ((g & 1) << 2)) ^ j) * 16 + nt * 2048
+                    assert where[off] == (g + 8 * nt, 4 * t + j), (lane, j, nt)
+                    banks.add((off // 16) % 8)
+                assert len(banks) == 8, (q, j, nt)
