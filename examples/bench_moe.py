@@ -70,6 +70,52 @@ def _variants(arch, prefill, act, which="all"):
     return out
 
 
+def _graph_time(fn, replays: int = 20, repeats: int = 5) -> float:
+    """Median seconds per fn(j) call: j = 0..DRAWS-1 captured once in a torch CUDA graph,
+    replayed back to back (no host launch cost between the kernels)."""
+    import torch
+
+    for j in range(DRAWS):
+        fn(j)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for j in range(DRAWS):
+            fn(j)
+    g.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            g.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / (replays * DRAWS))
+    return float(np.median(samples))
+
+
+def _timer(args):
+    """time_gpu, or with --graph the graph replay of the rotated calls (falls back to time_gpu
+    for a call that cannot be captured)."""
+    from kernelgen.bench import time_gpu
+
+    def tm(fn):
+        if args.graph:
+            try:
+                t = _graph_time(fn)
+                tm.last = "graph"
+                return t
+            except Exception:  # noqa: BLE001 - not capturable: stream timing instead
+                pass
+        tm.last = "stream"
+        return time_gpu(fn, iters=args.iters, repeats=5)
+
+    tm.last = "stream"
+    return tm
+
+
 def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act, touched):
     import torch
 
@@ -94,8 +140,10 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
     else:
         plan = plan_grouped(info.arch.name, info.sm_count, "bfloat16", e, n, k, m, epi,
                             wgmma=path)
-    tt = time_gpu(lambda j: run(j, wgmma=path), iters=args.iters, repeats=5)
-    row = {"shape": name, "T": t, "gemm": gemm, "us": tt * 1e6, "floor_us": floor * 1e6,
+    tm = _timer(args)
+    tt = tm(lambda j: run(j, wgmma=path))
+    timing = tm.last
+    row = {"timing": timing, "shape": name, "T": t, "gemm": gemm, "us": tt * 1e6, "floor_us": floor * 1e6,
            "floor_frac": floor / tt, "tflops": flops / tt / 1e12,
            "tile_m": plan.config.tile_m, "swap_ab": plan.config.swap_ab,
            "tile_n": plan.config.tile_n, "wgmma": plan.config.wgmma, "touched": touched}
@@ -107,7 +155,7 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
             torch._grouped_mm(x, wt, offs=ends[j % DRAWS], out_dtype=torch.bfloat16)
 
         try:
-            row["torch_grouped_mm_us"] = time_gpu(gmm, iters=args.iters, repeats=5) * 1e6
+            row["torch_grouped_mm_us"] = tm(gmm) * 1e6
         except Exception as err:  # noqa: BLE001 - reported, not fatal
             row["torch_grouped_mm_us"] = None
             row["torch_grouped_mm_error"] = str(err).splitlines()[0][:160]
@@ -152,7 +200,8 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
         extra += f" {label} {us:.1f} ({row['path_frac_of_cublas_rate'][label]:.2f}x)"
     print(f"{name:5s} T={t:5d} {gemm:11s} {row['us']:9.1f} us floor {row['floor_us']:8.1f} "
           f"({row['floor_frac']:.2f}) {row['tflops']:6.1f} TF/s tile_m={row['tile_m']} "
-          f"swap={row['swap_ab']} tile_n={row['tile_n']} wgmma={row['wgmma']}{extra}", flush=True)
+          f"swap={row['swap_ab']} tile_n={row['tile_n']} wgmma={row['wgmma']} [{row['timing']}]{extra}",
+          flush=True)
     for key in ("forced_us", "sweep_us"):
         if key in row:
             print(f"      {key[:-3]}: " + " ".join(
@@ -187,12 +236,13 @@ def _bench_kbit(args, info, bw, name, w13, w2, bits, bf16_rows):
             def run(j, x=x, q=q, offs=offs, act=act, out=out, **kw):
                 grouped_gemm(x, q, offs[j % DRAWS], activation=act, out=out, **kw)
 
-            tt = time_gpu(run, iters=args.iters, repeats=5)
+            tmk = _timer(args)
+            tt = tmk(run)
             plan = select_kbit(info.arch.name, info.sm_count, "bfloat16", bits, e, n, k, m,
                                "swiglu" if act else "none")
             bf = [r["us"] for r in bf16_rows if r["shape"] == name and r["T"] == t
                   and r["gemm"] == gemm and "bits" not in r]
-            row = {"shape": name, "T": t, "gemm": gemm, "bits": bits, "us": tt * 1e6,
+            row = {"timing": tmk.last, "shape": name, "T": t, "gemm": gemm, "bits": bits, "us": tt * 1e6,
                    "floor_us": floor * 1e6, "floor_frac": floor / tt, "plan": plan.short(),
                    "speedup_vs_bf16": (bf[0] / (tt * 1e6)) if bf else None}
             if args.forced:
@@ -214,7 +264,8 @@ def _bench_kbit(args, info, bw, name, w13, w2, bits, bf16_rows):
             rows.append(row)
             sp = f" {row['speedup_vs_bf16']:.2f}x bf16" if bf else ""
             print(f"{name:5s} T={t:5d} {gemm:11s} kbit{bits} {row['us']:9.1f} us floor "
-                  f"{row['floor_us']:8.1f} ({row['floor_frac']:.2f}){sp} {plan.short()}", flush=True)
+                  f"{row['floor_us']:8.1f} ({row['floor_frac']:.2f}){sp} {plan.short()} [{row['timing']}]",
+                  flush=True)
             if "forced_us" in row:
                 print("      forced: " + " ".join(f"{kk}={v:.1f}" for kk, v in row["forced_us"].items()),
                       flush=True)
@@ -236,6 +287,8 @@ def main() -> None:
     ap.add_argument("--kbit", default="4", help="bits of the kbit-expert runs ('' = none)")
     ap.add_argument("--kbit-ts", default="1,2,4,8,16")
     ap.add_argument("--decode-sweep", action="store_true", help="--sweep at T=1 too")
+    ap.add_argument("--graph", action="store_true",
+                    help="time the main rows (ours, torch._grouped_mm, kbit) as CUDA-graph replays")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
