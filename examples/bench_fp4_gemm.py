@@ -223,9 +223,19 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                             yield name + " warps=8", dataclasses.replace(
                                 p2, config=p2.config.replace(warps=8), block=(256, 1, 1),
                                 grid=(-(-p2.grid[0] // 2), p2.grid[1], p2.grid[2]))
-            if cfg.warps_per_sm == 16:  # A through a cp.async ring in shared memory
-                yield "a_ring", dataclasses.replace(base, config=cfg.replace(a_ring=True),
-                                                    smem=cfg.replace(a_ring=True).smem_bytes())
+            # A through a cp.async ring in shared memory (16 warps an SM only): on the default
+            # plan, or on the 16-warp plan where the default takes 32; and with the other TPW
+            ring_bases = [("a_ring", base)] if cfg.warps_per_sm == 16 else []
+            if cfg.warps_per_sm == 32:
+                p16 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, wps=16)
+                ring_bases.append((f"a_ring wps=16 tpw={p16.config.tpw} kw={p16.kw} split={p16.split}", p16))
+            other_tpw = 2 if cfg.tpw == 1 else 1
+            if cfg.m_tile == 16:
+                pt = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, tpw=other_tpw, wps=16)
+                ring_bases.append((f"a_ring tpw={other_tpw} kw={pt.kw} split={pt.split}", pt))
+            for name, b in ring_bases:
+                rc = b.config.replace(a_ring=True)
+                yield name, dataclasses.replace(b, config=rc, smem=rc.smem_bytes())
             for w in (4, 8):  # the other CTA size (4-warp CTAs even out the SMs' warp counts)
                 if w != cfg.warps and base.kw <= w:
                     grid = (-(-(-(-n // (16 * cfg.tpw)) * base.kw) // w), base.grid[1], base.grid[2])
