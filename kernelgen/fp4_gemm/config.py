@@ -47,7 +47,9 @@ class Fp4GemvConfig(KernelConfig):
     hint: bool = True  # weight loads skip L1 and prefetch 256-byte L2 segments
     warps_per_sm: int = 16  # resident warps an SM the launch bounds ask for (registers a thread)
     a_by_word: bool = False  # A fragments loaded a word at a time (m_tile 16 at 32 warps an SM)
-    a_ring: bool = False  # A staged DEPTH steps ahead by cp.async in a shared-memory ring a warp
+    # A staged DEPTH steps ahead by cp.async in a shared-memory ring a warp; not a default (see
+    # select.py: with L2-only copies it measured 2.5-13x slower; the L1-allocating one is unmeasured)
+    a_ring: bool = False
 
     def check(self) -> None:
         if self.fmt not in FMTS:

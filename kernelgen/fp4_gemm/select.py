@@ -71,6 +71,12 @@ GEMV_CTA_WARPS = {(8, 16): 8, (8, 32): 4, (16, 16): 4, (16, 32): 4}
 # byte at 16 tokens; TPW 2: 2, L1 56%); A a word at a time (a_by_word) +-0.5 us; depth 3 at
 # m_tile 8 (62-64 registers) 3-8% slower.
 GEMV_WPS32 = {8: True, 16: False}
+# A through a per-warp cp.async ring in shared memory (Fp4GemvConfig.a_ring) is NOT taken.
+# Measured on H100 (session 12, same graph run, bit-exact) with cp.async.cg (L2 only): 14336x4096
+# nvfp4 M = 1 / 8 / 16 122.2 / 37.2 / 47.6 us vs 14.56 / 15.36 / 19.20 default; 4096x14336 73.2 /
+# 34.0 / 77.4 vs 14.59 / 15.10 / 22.32 (mxfp4 alike): every warp's A went to L2, fewer distinct
+# rows slower (rows past M re-read row M-1). The kernel now copies with .ca (L1) and zero-fills
+# rows past M once: not yet measured (bench --variants --variant-filter a_ring).
 
 
 # Tile path: BM by M (largest M of the row), split-K until the CTAs make one wave.

@@ -165,6 +165,14 @@ __device__ __forceinline__ uint32_t swz(uint32_t c, uint32_t row) {
   return c ^ ((c >> 2) & 3u) ^ ((row & 1u) << 2);
 }
 
+// 16-byte cp.async that allocates in L1 (.ca; common/ptx.cuh's cp_async16 is .cg, L2 only):
+// for data every warp of an SM re-reads (the GEMV's activations). src_bytes 0 reads nothing
+// and lands 16 zeros.
+__device__ __forceinline__ void cp_async16_ca(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
 // -- epilogue -----------------------------------------------------------------------------------
 // Row factor of the output: alpha / gs (NVFP4) or alpha * 2^(rowmax - 127) (MXFP4), times
 // 2^UNIT_EXP (the unit the scaled fragments are in, see RowScale).

@@ -108,11 +108,15 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   // A_RING: the step's A rows (M_TILE x 256 bytes) are copied by cp.async into this warp's ring
   // slot of dynamic shared memory (full 32-byte sectors, DEPTH steps ahead like the weights) and
   // read back by conflict-free LDS (swz). Lane copies row lane / LPR, chunks lane % LPR + LPR u
-  // (one source pointer, immediate offsets; the destinations precomputed).
+  // (one source pointer, immediate offsets; the destinations precomputed). The copies allocate
+  // in L1 (.ca: every warp of a K slice reads the same A; H100 with .cg, L2 only: 2.5-13x slower,
+  // worst at small M). Rows past M are zero-filled once per slot (the first DEPTH fills read
+  // nothing) and then skipped: no lane re-reads row M-1.
   constexpr uint32_t SLOT = M_TILE * 256;
   constexpr int LPR = 32 / M_TILE, NCP = 16 / LPR;  // lanes a row, copies a lane
   [[maybe_unused]] uint32_t rd[4] = {}, wr[NCP] = {};
   [[maybe_unused]] const T* arow = A;
+  [[maybe_unused]] bool a_row_ok = false;
   if constexpr (A_RING) {
     extern __shared__ __align__(16) uint8_t a_ring_smem[];
     const uint32_t ring = (uint32_t)__cvta_generic_to_shared(a_ring_smem) + warp * (DEPTH * SLOT);
@@ -123,16 +127,19 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
     for (int u = 0; u < NCP; ++u) wr[u] = ring + r * 256 + swz(c0 + LPR * u, r) * 16;
     arow = A + (size_t)(m0 + min(r, rows - 1)) * K + (size_t)q0 * STEP_K + 8 * c0;
+    a_row_ok = r < rows;
   }
-  const auto fill = [&](int d) {  // the next step's A into slot d (steps in order)
+  const auto fill = [&](int d, bool first) {  // the next step's A into slot d (steps in order)
+    if (first || a_row_ok) {  // a row past M: zeros on the slot's first fill, then nothing
 #pragma unroll
-    for (int u = 0; u < NCP; ++u) cp_async16(wr[u] + d * SLOT, arow + 8 * LPR * u);
+      for (int u = 0; u < NCP; ++u) cp_async16_ca(wr[u] + d * SLOT, arow + 8 * LPR * u, a_row_ok ? 16u : 0u);
+    }
     arow += STEP_K;
   };
   if constexpr (A_RING) {
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
-      if (d < n_it) fill(d);
+      if (d < n_it) fill(d, true);
       cp_async_commit();  // one group a step, empty or not: wait_group counts steps
     }
   }
@@ -185,7 +192,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
         if (it0 + d + DEPTH < n_it) load(d);  // warp-uniform
         if constexpr (A_RING) {
           __syncwarp();  // every lane has read slot d
-          if (it0 + d + DEPTH < n_it) fill(d);
+          if (it0 + d + DEPTH < n_it) fill(d, false);
           cp_async_commit();
         }
       }
