@@ -7,20 +7,25 @@
 //
 // Always swap_ab: weight rows on the mma's 16-row side (a warp owns 16 rows), tokens on its n8
 // side. A stage is WARPS_K sub-ranges of 128 k (4 blocks); the planes, scales and X rows of a
-// stage arrive by cp.async (zero-filled past N / the segment / K). Warp (wp, wk) decodes rows
-// wp*16 + g and + 8, block t of sub-range wk, in registers:
+// stage arrive by cp.async. Weight rows past N copy a valid row (their outputs are never
+// stored), X rows past the segment are zero-filled; sub-ranges past K zero-fill their scales
+// and X and skip their planes (stale planes decode to finite values, times a zero scale).
+// Warp (wp, wk) decodes rows wp*16 + g and + 8, block t of sub-range wk, in registers:
 //   - a few bit selects turn the BITS plane words into "pair codes" of two adjacent elements
 //     (make_codes: 16 pairs a block, 4 per code word, one per byte);
 //   - a shared table maps a pair code to the two codebook values as a T pair (256 entries, one
 //     copy per lane: random codes never collide in a bank), then one packed multiply by the
-//     block scale (exact E4M4 scale, one rounding in T).
+//     block scale. As in the kbit GEMV (kbit_gemm::ScaleBits), the table holds the codebook
+//     (rounded to T) times a power of two and the E4M4 byte shifted into T's fields is the
+//     scale over that power: one PRMT + shift a scale pair, the product bit-identical (one
+//     rounding in T).
 // The mma's k order is free (a sum): lane t's k-slots {2t, 2t+1 | 2t+8, 2t+9} take elements
 // {8r, 8r+1 | 8r+2, 8r+3} (then {8r+4, 8r+5 | 8r+6, 8r+7}) of its block t, so X is read as it
 // lies: one 16-byte shared load of 8 consecutive k per token and byte r feeds two mmas. X rows
 // in shared memory are 256 bytes a sub-range, their 16-byte chunks swizzled so that the 8
 // lanes of a quarter warp hit 8 different bank groups.
 #pragma once
-#include "common/e4m4.cuh"
+#include "kbit_gemm/gemv.cuh"  // ScaleBits, table_value: E4M4 scales as one PRMT + shift
 #include "moe/grouped.cuh"
 
 namespace kg::moe {
@@ -87,7 +92,8 @@ struct GroupedKbit {
         i0 |= ((c >> (2 * b)) & 1) << b;
         i1 |= ((c >> (2 * b + 1)) & 1) << b;
       }
-      const uint32_t v = pack2<T>(__ldg(cb + (i0 & MASK)), __ldg(cb + (i1 & MASK)));
+      const uint32_t v = pack2<T>(kbit_gemm::table_value<T>(__ldg(cb + (i0 & MASK))),
+                                  kbit_gemm::table_value<T>(__ldg(cb + (i1 & MASK))));
       *reinterpret_cast<uint4*>(lut + c * 128 + (i & 7) * 16) = make_uint4(v, v, v, v);
     }
   }
@@ -114,8 +120,9 @@ struct GroupedKbit {
     // Copy slots, fixed over k (only the k offset moves from stage to stage): slot j of a
     // thread is item tid + j * THREADS of the stage's plane chunks (WARPS_K x TP x BITS, 16 B),
     // scale words (WARPS_K x TP, 4 B) and X chunks (WARPS_K x TQ x 16, 16 B). Per slot: the
-    // source at stage 0, the shared offset in a stage, the sub-range's first block (a stage
-    // past K reads nothing) and whether the row exists.
+    // source at stage 0 (a valid row: weight rows past N are clamped), the shared offset in a
+    // stage, the sub-range's first block (a sub-range past K reads nothing) and for X whether
+    // the token row is in the segment.
     constexpr int P_ITEMS = WARPS_K * TP * BITS, S_ITEMS = WARPS_K * TP, X_ITEMS = WARPS_K * TQ * 16;
     constexpr int P_SLOTS = (P_ITEMS + THREADS - 1) / THREADS;
     constexpr int S_SLOTS = (S_ITEMS + THREADS - 1) / THREADS;
@@ -125,18 +132,17 @@ struct GroupedKbit {
     const T* x_src[X_SLOTS];
     uint32_t p_dst[P_SLOTS], s_dst[S_SLOTS], x_dst[X_SLOTS];
     int p_kb[P_SLOTS], s_kb[S_SLOTS], x_kb[X_SLOTS];  // first block of the slot's sub-range
-    bool p_ok[P_SLOTS], s_ok[S_SLOTS], x_ok[X_SLOTS];  // the item exists and its row does
-    const auto w_block = [&](int r, int s, bool& ok) -> size_t {  // block of (row r, sub-range s)
+    bool x_ok[X_SLOTS];
+    const auto w_block = [&](int r, int s) -> size_t {  // block of (row r, sub-range s)
       int row;
-      ok = weight_row<SWIGLU>(n0 + r, N, row);
-      return ((size_t)tile.e * N + (ok ? row : 0)) * KB + (ok ? 4 * s : 0);
+      const bool ok = weight_row<SWIGLU>(n0 + r, N, row);
+      return ((size_t)tile.e * N + (ok ? row : 0)) * KB + 4 * s;
     };
 #pragma unroll
     for (int j = 0; j < P_SLOTS; ++j) {
       const int i = min(tid + j * THREADS, P_ITEMS - 1);
       const int s = i / (TP * BITS), r = (i / BITS) % TP, c = i % BITS;
-      p_src[j] = packed + w_block(r, s, p_ok[j]) * BITS + c * 4;
-      p_ok[j] = p_ok[j] && tid + j * THREADS < P_ITEMS;
+      p_src[j] = packed + w_block(r, s) * BITS + c * 4;
       p_dst[j] = (uint32_t)(s * SUB_BYTES + r * 16 * BITS + c * 16);
       p_kb[j] = 4 * s;
     }
@@ -144,8 +150,7 @@ struct GroupedKbit {
     for (int j = 0; j < S_SLOTS; ++j) {
       const int i = min(tid + j * THREADS, S_ITEMS - 1);
       const int s = i / TP, r = i % TP;
-      s_src[j] = absmax + w_block(r, s, s_ok[j]);
-      s_ok[j] = s_ok[j] && tid + j * THREADS < S_ITEMS;
+      s_src[j] = absmax + w_block(r, s);
       s_dst[j] = (uint32_t)(s * SUB_BYTES + PLANE_BYTES + r * 4);
       s_kb[j] = 4 * s;
     }
@@ -153,40 +158,45 @@ struct GroupedKbit {
     for (int j = 0; j < X_SLOTS; ++j) {
       const int i = min(tid + j * THREADS, X_ITEMS - 1);
       const int s = i / (TQ * 16), q = (i / 16) % TQ, c = i % 16;
-      x_ok[j] = q < tile.rows && tid + j * THREADS < X_ITEMS;
-      x_src[j] = X + (size_t)(tile.row0 + (x_ok[j] ? q : 0)) * K + (x_ok[j] ? 128 * s + c * 8 : 0);
+      x_ok[j] = q < tile.rows;
+      x_src[j] = X + (size_t)(tile.row0 + (x_ok[j] ? q : 0)) * K + 128 * s + c * 8;
       x_dst[j] = (uint32_t)(s * SUB_BYTES + PLANE_BYTES + SCALE_BYTES + q * 256 + x_chunk(c, q) * 16);
       x_kb[j] = 4 * s;
     }
-    // Stage kt: blocks kt * 4 * WARPS_K + 4s .. + 3 of every row, k 32x that of X. Items past
-    // the end copy nothing (their threads skip); rows that do not exist and sub-ranges past K
-    // are zero-filled (the source address stays a valid one).
-    const auto load_stage = [&](int kt) {
-      const uint32_t st = pipe + (uint32_t)((kt % STAGES) * STAGE_BYTES);
+    // Stage kt (at shared offset st): blocks kt * 4 * WARPS_K + 4s .. + 3 of every row, k 32x
+    // that of X. Items past the end copy nothing (their threads skip); with WARPS_K == 1 every
+    // sub-range of a stage lies inside K.
+    const auto load_stage = [&](int kt, uint32_t st) {
       const int kb0 = kt * 4 * WARPS_K;
 #pragma unroll
       for (int j = 0; j < P_SLOTS; ++j)
-        if (tid + j * THREADS < P_ITEMS) {
-          const bool ok = p_ok[j] && kb0 + p_kb[j] < KB;
-          cp_async16_zfill(st + p_dst[j], ok ? p_src[j] + (size_t)kb0 * BITS : p_src[j], ok);
-        }
+        if (tid + j * THREADS < P_ITEMS && (WARPS_K == 1 || kb0 + p_kb[j] < KB))
+          cp_async16(st + p_dst[j], p_src[j] + (size_t)kb0 * BITS);
 #pragma unroll
       for (int j = 0; j < S_SLOTS; ++j)
         if (tid + j * THREADS < S_ITEMS) {
-          const bool ok = s_ok[j] && kb0 + s_kb[j] < KB;
-          cp_async4_zfill(st + s_dst[j], ok ? s_src[j] + kb0 : s_src[j], ok);
+          if constexpr (WARPS_K == 1) {
+            cp_async4(st + s_dst[j], s_src[j] + kb0);
+          } else {
+            const bool ok = kb0 + s_kb[j] < KB;
+            cp_async4_zfill(st + s_dst[j], ok ? s_src[j] + kb0 : s_src[j], ok);
+          }
         }
 #pragma unroll
       for (int j = 0; j < X_SLOTS; ++j)
         if (tid + j * THREADS < X_ITEMS) {
-          const bool ok = x_ok[j] && kb0 + x_kb[j] < KB;
+          const bool ok = x_ok[j] && (WARPS_K == 1 || kb0 + x_kb[j] < KB);
           cp_async16_zfill(st + x_dst[j], ok ? x_src[j] + (size_t)kb0 * 32 : x_src[j], ok);
         }
+    };
+    constexpr uint32_t PIPE_BYTES = STAGES * STAGE_BYTES;
+    const auto next = [](uint32_t off) {
+      return off + STAGE_BYTES == PIPE_BYTES ? 0u : off + STAGE_BYTES;
     };
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < k_tiles) load_stage(s);
+      if (s < k_tiles) load_stage(s, pipe + (uint32_t)(s * STAGE_BYTES));
       cp_async_commit();
     }
     fill_lut(smem, codebook);  // overlaps the first stages' copies; the loop's barrier publishes it
@@ -200,12 +210,15 @@ struct GroupedKbit {
     for (int ni = 0; ni < NI; ++ni) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
     const int r0 = wp * 16 + g;
 
+    uint32_t rd = 0, wr = (uint32_t)((STAGES - 1) * STAGE_BYTES);  // stage offsets: read, load
     for (int kt = 0; kt < k_tiles; ++kt) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();
-      if (kt + STAGES - 1 < k_tiles) load_stage(kt + STAGES - 1);
+      if (kt + STAGES - 1 < k_tiles) load_stage(kt + STAGES - 1, pipe + wr);
       cp_async_commit();
-      const uint32_t sub = pipe + (uint32_t)((kt % STAGES) * STAGE_BYTES + wk * SUB_BYTES);
+      wr = next(wr);
+      const uint32_t sub = pipe + rd + (uint32_t)(wk * SUB_BYTES);
+      rd = next(rd);
       // rows r0, r0 + 8: block t's planes and scale
       uint32_t w0[4] = {0u, 0u, 0u, 0u}, w1[4] = {0u, 0u, 0u, 0u};
       {
@@ -221,10 +234,10 @@ struct GroupedKbit {
         }
       }
       const unsigned char* sc = smem + (sub - lut) + PLANE_BYTES;
-      const float f0 = e4m4_decode(sc[r0 * 4 + t]);
-      const uint32_t s0 = pack2<T>(f0, f0);  // (f0, f0): not splat2, whose code differs
-      const float f1 = e4m4_decode(sc[(r0 + 8) * 4 + t]);
-      const uint32_t s1 = pack2<T>(f1, f1);
+      // (scale, scale) / ScaleBits<T>::TABLE as a T pair: the byte in both halves, shifted
+      constexpr int SH = kbit_gemm::ScaleBits<T>::SHIFT;
+      const uint32_t s0 = __byte_perm((uint32_t)sc[r0 * 4 + t], 0u, 0x4040u) << SH;
+      const uint32_t s1 = __byte_perm((uint32_t)sc[(r0 + 8) * 4 + t], 0u, 0x4040u) << SH;
       const uint32_t xs = sub + PLANE_BYTES + SCALE_BYTES;
       const Codes ca = make_codes<BITS>(w0), cb = make_codes<BITS>(w1);
 #pragma unroll

@@ -524,3 +524,18 @@ def test_fused_moe_wiring(monkeypatch):
                          ("gemm", "x_perm", lay, t * k, "swiglu"),
                          ("gemm", "hidden", lay, t * k, None)]
         assert ws == {"layout": lay, "x_perm": "x_perm", "hidden": "hidden", "y_perm": "y_perm"}
+
+
+def test_kbit_scale_bits_model():
+    """grouped_kbit.cuh takes a block's scale pair as the E4M4 byte shifted into T's fields
+    (kbit_gemm::ScaleBits: << 6 for fp16, << 3 for bf16) against a table of codebook x 2^4 /
+    x 2^116: the shifted byte must be the scale over that power exactly, for all 256 bytes
+    (E4M4 subnormals on T's subnormals)."""
+    from kernelgen.kbit import reference as KR
+
+    raw = np.arange(256, dtype=np.uint32)
+    want = KR.e4m4_decode(raw.astype(np.uint8)).astype(np.float64)
+    f16 = (raw << 6).astype(np.uint16).view(np.float16).astype(np.float64)
+    bf16 = ((raw << 3) << 16).astype(np.uint32).view(np.float32).astype(np.float64)
+    np.testing.assert_array_equal(f16 * 2.0**4, want)
+    np.testing.assert_array_equal(bf16 * 2.0**116, want)
