@@ -293,7 +293,8 @@ def test_gemm_k_warps_match_reference(bits, dtype):
                         assert "does not fit shared memory" in str(e) or "no shared memory" in str(e), ctx
                         continue
                     assert plan.config.kw == kw, ctx
-                    out = cupy.full((m, n), np.nan, a_d.dtype)
+                    # NaN in the output's storage (bf16 is uint16 here: 0xFFFF, not a cast NaN)
+                    out = cupy.full((m, n), 0xFFFF if a_d.dtype == cupy.uint16 else np.nan, a_d.dtype)
                     c = gemm_with_plan(a_d, lin, plan, b_d, out=out, dtype=hint)
                     assert c is out, ctx
                     _check(c, c_ref, dtype, f"{ctx} {plan.short()}")
