@@ -163,6 +163,17 @@ template <int E> __device__ __forceinline__ uint4 rescale_codes(uint4 v, int d, 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// One fp8 k-tile (TK = 128 k) as four k32 wgmma steps in one group: this warpgroup's 64 A rows
+// at shared address a, the B tile at b (both K-major, 128-byte swizzle, 1024-byte aligned).
+template <int BN, int AE, int BE, int NI>
+__device__ __forceinline__ void wgmma_fp8_ktile(float (&acc)[1][NI][4], uint32_t a, uint32_t b) {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int ks = 0; ks < TK / 32; ++ks)
+    WgmmaFp8<BN, AE, BE>::run(acc, wgmma_desc_k128(a + ks * 32), wgmma_desc_k128(b + ks * 32));
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
 template <int BM, int BN, int WM, int WN, int STAGES, bool UNROLL_KB, bool WG, int HB, bool PRE,
           int AE, int BE, typename OutT>
 __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const uint8_t* __restrict__ B,
@@ -297,12 +308,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
         cp_async_commit();
       }
       const uint32_t st = sbase + (kt % STAGES) * S::STAGE;
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-      for (int ks = 0; ks < TK / 32; ++ks)
-        WgmmaFp8<BN, AE, BE>::run(acc, wgmma_desc_k128(st + a_rows + ks * 32),
-                                  wgmma_desc_k128(st + S::A + ks * 32));
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      wgmma_fp8_ktile<BN, AE, BE>(acc, st + a_rows, st + S::A);
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   } else if constexpr (WG && HB == 0) {
@@ -401,12 +407,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
         }
         cp_async_commit();
       }
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-      for (int ks = 0; ks < TK / 32; ++ks)
-        WgmmaFp8<BN, AE, BE>::run(acc, wgmma_desc_k128(st + a_rows + ks * 32),
-                                  wgmma_desc_k128(st + S::A + ks * 32));
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      wgmma_fp8_ktile<BN, AE, BE>(acc, st + a_rows, st + S::A);
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   } else
