@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import Ctx, context_of, device_array, on_stream
+from ..core.interop import Ctx, context_of, device_array, on_stream, scratch
 from ..core.jit import get_kernel
 from .config import FORMATS, OUT_DTYPES, MxBsGemmConfig, MxFp8GemmConfig
 from .select import forced, select_mx_gemm
@@ -117,8 +117,6 @@ def _prescaled(ctx: Ctx, kern: Any, a: Any, sa: Any, b: Any, sb: Any, m: int, n:
     scratch: (A', B', E of A, E of B)."""
     import cupy
 
-    from ..core.interop import scratch
-
     off_b = -(-m * k // 16) * 16
     off_e = off_b + -(-n * k // 16) * 16
     nbytes = off_e + 4 * (m + n)
@@ -171,7 +169,7 @@ def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = 
     fn = kern.fn(plan.symbol)
     if plan.path == "fp8_mma":
         ea = eb = d  # (unused unless prescale)
-        if getattr(plan.config, "prescale", False):
+        if isinstance(plan.config, MxFp8GemmConfig) and plan.config.prescale:
             a, b, ea, eb = _prescaled(ctx, kern, a, sa, b, sb, m, n, k)
         args = (a, b, sa, sb, ea, eb, bv, np.int32(bias is not None), d, np.int32(m), np.int32(n),
                 np.int32(k), np.float32(alpha))

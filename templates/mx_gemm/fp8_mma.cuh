@@ -105,40 +105,14 @@ __device__ __forceinline__ void convert_chunk(uint32_t src, uint32_t dst0, uint3
                "r"(h[6]), "r"(h[7]) : "memory");
 }
 
-// Two f16 -> two fp8 (the high half to the high byte), nearest even, saturated to finite.
-template <int E> __device__ __forceinline__ uint32_t f16x2_to_fp8x2(uint32_t x);
-template <> __device__ __forceinline__ uint32_t f16x2_to_fp8x2<E4M3>(uint32_t x) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
-  return r;
-}
-template <> __device__ __forceinline__ uint32_t f16x2_to_fp8x2<E5M2>(uint32_t x) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e5m2x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
-  return r;
-}
-
-// 16 fp8 codes of one row and k-block, in place: each times s2 (f16x2 splat of 2^(e_kb - E)),
-// through f16 (exact: the products are f16 numbers down to fp8's rounding step), back to fp8.
-template <int E> __device__ __forceinline__ void rescale_chunk(uint32_t addr, uint32_t s2) {
-  const uint4 v = lds128(addr);
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  uint32_t o[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    o[i] = f16x2_to_fp8x2<E>(hmul2_rn(fp8x2_to_f16x2<E>((uint16_t)(w[i] & 0xFFFFu)), s2)) |
-           (f16x2_to_fp8x2<E>(hmul2_rn(fp8x2_to_f16x2<E>((uint16_t)(w[i] >> 16)), s2)) << 16);
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(o[0]), "r"(o[1]),
-               "r"(o[2]), "r"(o[3]) : "memory");
-}
-
 // Mantissa bits of the fp8 formats.
 template <int E> struct Fp8Bits { static constexpr int MB = E == E4M3 ? 3 : 2; };
 
-// 16 fp8 codes (v) times 2^-d, d >= 1, as rescale_chunk computes it. While every code's
-// exponent field exceeds d (the result stays a normal number) and no code is NaN / Inf, this
-// is exact integer arithmetic: the exponent field minus d, byte by byte. Otherwise the codes
-// round to fp8 through f16 (cvt), like rescale_chunk (NaN stays NaN; an e5m2 Inf saturates).
+// 16 fp8 codes (v) times 2^-d (d >= 1; s2 the f16x2 splat of 2^-d), rounded to the nearest
+// fp8. While every code's exponent field exceeds d (the result stays a normal number) and no
+// code is NaN / Inf, this is exact integer arithmetic: the exponent field minus d, byte by
+// byte. Otherwise through f16 (exact: the products are f16 numbers down to fp8's rounding
+// step) and back (NaN stays NaN; an e5m2 Inf saturates).
 template <int E> __device__ __forceinline__ uint4 rescale_codes(uint4 v, int d, uint32_t s2) {
   constexpr int MB = Fp8Bits<E>::MB;
   // magnitudes from which on a code is NaN / Inf: e4m3 0x7F, e5m2 0x7C

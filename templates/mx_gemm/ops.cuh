@@ -1,4 +1,4 @@
-// PTX wrappers of the mx_gemm kernels: fp8 -> f16 conversion (sm_89+), the Blackwell
+// PTX wrappers of the mx_gemm kernels: fp8 <-> f16 conversion (sm_89+), the Blackwell
 // block-scaled mma.sync (sm_120a), a 2-byte shared load. One wrapper per instruction shape;
 // element formats are template parameters. f16 mma.sync, ldmatrix, cp.async and 16-byte shared
 // loads are the common ones (common/mma.cuh, common/ptx.cuh).
@@ -22,6 +22,20 @@ template <> __device__ __forceinline__ uint32_t fp8x2_to_f16x2<E4M3>(uint16_t x)
 template <> __device__ __forceinline__ uint32_t fp8x2_to_f16x2<E5M2>(uint16_t x) {
   uint32_t r;
   asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(r) : "h"(x));
+  return r;
+}
+
+// Two f16 -> two fp8 (the high half to the high byte), nearest even, saturated to finite
+// (sm_89+: one F2FP).
+template <int E> __device__ __forceinline__ uint32_t f16x2_to_fp8x2(uint32_t x);
+template <> __device__ __forceinline__ uint32_t f16x2_to_fp8x2<E4M3>(uint32_t x) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
+  return r;
+}
+template <> __device__ __forceinline__ uint32_t f16x2_to_fp8x2<E5M2>(uint32_t x) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e5m2x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
   return r;
 }
 
