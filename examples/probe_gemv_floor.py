@@ -24,6 +24,22 @@ import numpy as np
 SHAPES = ((1024, 4096), (4096, 4096), (14336, 4096), (28672, 4096), (57344, 4096), (4096, 14336))
 
 
+def _rotated_weight(kg, bits: int, n: int, k: int, l2_bytes: int):
+    """A random [n, k] weight quantized to `bits`, its kbit bytes, and copies of it rotated past
+    L2 (kernelgen.bench.rotation): (weight, bytes, copies)."""
+    import cupy
+
+    from kernelgen.bench import rotation
+
+    w = cupy.random.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
+    base = kg.quantize_weight(w, bits)
+    wbytes = base.q.packed.nbytes + base.q.absmax.nbytes
+    copies = rotation(lambda: kg.KbitLinear.from_kbit(
+        type(base.q)(base.q.packed.copy(), base.q.absmax.copy(), None, base.q.codebook,
+                     base.q.shape, base.q.bits, base.q.dtype)), wbytes, l2_bytes)
+    return base, wbytes, copies
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bits", default="4,2")
@@ -75,12 +91,7 @@ def main() -> None:
         rng = np.random.default_rng(0)
         for bits in (int(b) for b in args.bits.split(",")):
             for n, k in SHAPES:
-                w = cupy.random.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
-                base = kg.quantize_weight(w, bits)
-                wbytes = base.q.packed.nbytes + base.q.absmax.nbytes
-                copies = rotation(lambda base=base: kg.KbitLinear.from_kbit(
-                    type(base.q)(base.q.packed.copy(), base.q.absmax.copy(), None, base.q.codebook,
-                                 base.q.shape, base.q.bits, base.q.dtype)), wbytes, dev.l2_bytes)
+                base, wbytes, copies = _rotated_weight(kg, bits, n, k, dev.l2_bytes)
                 a = cupy.asarray(rng.standard_normal((1, k)).astype(np.float16))
                 out = cupy.empty((1, n), cupy.float16)
                 t, mode = graph_time(lambda i, c=copies, a=a, out=out: kg.gemm(a, c[i % len(c)], out=out, path="gemv"),
@@ -88,7 +99,7 @@ def main() -> None:
                 plan = select_gemv(dev.arch.name, 1, n, k, bits, "float16", dev.sm_count)
                 print(f"gemv k{bits} M=1 {n:6d}x{k:<6d} {wbytes / 2**20:7.2f} MB {t * 1e6:7.2f} us "
                       f"{wbytes / t / 1e9:6.0f} GB/s  split={plan.split} grid={plan.grid} [{mode}]", flush=True)
-                del copies, base, w
+                del copies, base
 
 
 def once(spec: str) -> None:
@@ -115,7 +126,7 @@ def gemv_table(args: argparse.Namespace) -> None:
 
     import kernelgen as kg
     from kernelgen.arch import device_info
-    from kernelgen.bench import graph_time, read_bandwidth, read_kernel, rotation
+    from kernelgen.bench import graph_time, read_bandwidth, read_kernel
     from kernelgen.kbit_gemm.api import gemm_with_plan
 
     dev = device_info()
@@ -130,12 +141,7 @@ def gemv_table(args: argparse.Namespace) -> None:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
         for bits in (int(b) for b in args.table.split(",") if b):
             for n, k in shapes:
-                w = cupy.random.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
-                base = kg.quantize_weight(w, bits)
-                wbytes = base.q.packed.nbytes + base.q.absmax.nbytes
-                copies = rotation(lambda base=base: kg.KbitLinear.from_kbit(
-                    type(base.q)(base.q.packed.copy(), base.q.absmax.copy(), None, base.q.codebook,
-                                 base.q.shape, base.q.bits, base.q.dtype)), wbytes, dev.l2_bytes)
+                base, wbytes, copies = _rotated_weight(kg, bits, n, k, dev.l2_bytes)
                 # the plain read kernel on the same bytes (same rotation), 8 CTAs an SM
                 bufs = [c.q.packed for c in copies]
                 n16 = np.uint64(base.q.packed.nbytes // 16)
@@ -163,7 +169,7 @@ def gemv_table(args: argparse.Namespace) -> None:
                               f"{floor * 1e6:6.2f} us ({100 * floor / t:4.1f}% read BW)  plain read "
                               f"{t_read * 1e6:6.2f} us  kw={cfg.kw} {cfg.warps}x{cfg.min_blocks} "
                               f"split={plan.split} grid={plan.grid} [{mode}]", flush=True)
-                del copies, bufs, base, w
+                del copies, bufs, base
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=dev.name, read_bw=bw, rows=rows), f, indent=1)
