@@ -5,6 +5,7 @@ cProfile of the kernelgen path (where the microseconds go).
 """
 
 import cProfile
+import os
 import pstats
 import time
 
@@ -40,6 +41,22 @@ def main():
     t_quant = per_call(lambda: kg.quantize_kbit(x, 4))
     print(f"raw {t_raw:.2f} us | dequantize(out=) {t_kg:.2f} us ({t_kg / t_raw:.2f}x) | "
           f"dequantize {t_alloc:.2f} us | quantize {t_quant:.2f} us")
+    # the PDL launch path (core/launch.py: cuLaunchKernelEx through ctypes) on the same kernel,
+    # and a cached GEMV call with and without it
+    from kernelgen.core.launch import launch_pdl
+
+    sp = cupy.cuda.get_current_stream().ptr
+    t_pdl = per_call(lambda: launch_pdl(raw.kernel, (1,), (256,), args, 0, sp))
+    lin = kg.quantize_weight(cupy.random.standard_normal((256, 1024), dtype=cupy.float32).astype(cupy.float16), 4)
+    a = cupy.random.standard_normal((1, 1024), dtype=cupy.float32).astype(cupy.float16)
+    o = cupy.empty((1, 256), cupy.float16)
+    kg.gemm(a, lin, out=o)
+    t_gemv = per_call(lambda: kg.gemm(a, lin, out=o), n=5000)
+    os.environ["KERNELGEN_PDL"] = "0"
+    t_gemv0 = per_call(lambda: kg.gemm(a, lin, out=o), n=5000)
+    del os.environ["KERNELGEN_PDL"]
+    print(f"raw through launch_pdl {t_pdl:.2f} us ({t_pdl / t_raw:.2f}x raw) | gemm M=1 (out=) "
+          f"{t_gemv:.2f} us with PDL, {t_gemv0:.2f} us without")
     try:
         import torch
 

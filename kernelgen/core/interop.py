@@ -63,6 +63,19 @@ def on_stream(device: int, stream: Any) -> Iterator[None]:
             prev.use()
 
 
+_pdl_devices: dict[int, bool] = {}
+
+
+def _pdl_device(device: int) -> bool:
+    """Whether the device has programmatic dependent launch (compute capability 9.0+)."""
+    ok = _pdl_devices.get(device)
+    if ok is None:
+        from ..arch import device_info
+
+        ok = _pdl_devices[device] = device_info(device).arch.cc >= 90
+    return ok
+
+
 def _is_torch(x: Any) -> bool:
     return "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor)
 
@@ -76,9 +89,21 @@ class Ctx:
         self.kind, self.device, self.stream = kind, device, stream
         self.foreign = foreign  # the arrays live on a device other than the current one
 
-    def launch(self, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int = 0) -> None:
-        """Launch `fn` on this call's stream, switching device only when the data needs it."""
-        if self.foreign:
+    def launch(self, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int = 0,
+               pdl: bool = False) -> None:
+        """Launch `fn` on this call's stream, switching device only when the data needs it.
+        `pdl`: the kernel waits for the previous grid first (its config's `pdl`), so it may be
+        launched with programmatic dependent launch (core/launch.py) where the device has it
+        (sm_90+) and KERNELGEN_PDL is not 0."""
+        if pdl and _pdl_device(self.device) and knobs.pdl():
+            from .launch import launch_pdl
+
+            if self.foreign:
+                with _cupy().cuda.Device(self.device):
+                    launch_pdl(fn, grid, block, args, smem, self.stream.ptr)
+            else:
+                launch_pdl(fn, grid, block, args, smem, self.stream.ptr)
+        elif self.foreign:
             with _cupy().cuda.Device(self.device):
                 fn(grid, block, args, shared_mem=smem, stream=self.stream)
         else:

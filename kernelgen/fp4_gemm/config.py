@@ -38,6 +38,7 @@ def _bad(cfg: KernelConfig, field: str, rule: str) -> UnsupportedConfigError:
 class Fp4GemvConfig(KernelConfig):
     family: ClassVar[str] = "fp4_gemm"
     template: ClassVar[str] = "fp4_gemm/gemv.cu.jinja"
+    pdl: ClassVar[bool] = True
     fmt: str = "nvfp4"
     dtype: str = "float16"  # A, bias and C
     m_tile: int = 8

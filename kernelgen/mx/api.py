@@ -91,7 +91,7 @@ def quantize_mx(x: Any, fmt: str, *, scale_layout: str = "swizzled",
     ctx.launch(fn, (plan.grid, 1, 1), (plan.block, 1, 1),
                (xa, data_v, scales_v, data_v, data_v, data_v, np.float32(1), np.int32(0),
                 np.int32(0), np.int32(rows), np.int32(k), np.int32(swizzled),
-                np.int32(plan.slots)))
+                np.int32(plan.slots)), pdl=plan.config.pdl)
     return MxTensor(fmt, (rows, k), data, scales, scale_layout, None)
 
 
@@ -147,12 +147,13 @@ def quantize_nvfp4(x: Any, global_scale: Any = None, *, scale_layout: str = "swi
         partials, partials_v = ctx.empty((plan.amax_grid,), "int32")  # uint32 bits on the device
         n_partials = plan.amax_grid
         ctx.launch(kernel.fn("mx_amax"), (plan.amax_grid, 1, 1), (plan.block, 1, 1),
-                   (xa, partials_v, np.int64(rows * k * xa.itemsize // 16)))
+                   (xa, partials_v, np.int64(rows * k * xa.itemsize // 16)), pdl=plan.config.pdl)
     gs_mode = {"value": 0, "device": 1, "auto": 3 if plan.path == "redundant" else 2}[mode]
     ctx.launch(kernel.fn("mx_quantize"), (plan.grid, 1, 1), (plan.block, 1, 1),
                (xa, data_v, scales_v, gs_view if gs_view is not None else gs_out_v, partials_v,
                 gs_out_v, np.float32(gs_val), np.int32(gs_mode), np.int32(n_partials),
-                np.int32(rows), np.int32(k), np.int32(swizzled), np.int32(plan.slots)))
+                np.int32(rows), np.int32(k), np.int32(swizzled), np.int32(plan.slots)),
+               pdl=plan.config.pdl)
     return MxTensor("nvfp4", (rows, k), data, scales, scale_layout, gs_out)
 
 

@@ -90,6 +90,7 @@ class MxQuantizeConfig(KernelConfig):
 
     family: ClassVar[str] = "mx"
     template: ClassVar[str] = "mx/quantize.cu.jinja"
+    pdl: ClassVar[bool] = True
     fmt: str = "nvfp4"
     dtype: str = "float16"  # input
     hw_cvt: bool = False  # MXFP8 elements by the hardware cvt (see hw_fp8_cvt)

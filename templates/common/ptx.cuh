@@ -5,6 +5,17 @@
 
 namespace kg {
 
+// Programmatic dependent launch (kernelgen/core/launch.py): the first statement of a kernel whose
+// config has `pdl = True`. The grid may have been scheduled while the one before it on the
+// stream was finishing; this waits until that grid has completed and its memory is visible, so
+// nothing the kernel does afterwards can tell the difference from plain stream order. A no-op
+// when the launch had no programmatic dependency, and before sm_90 (no such launches there).
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // 16/8/4-byte global loads through the read-only path, spelled out: NVVM splits a uint4 access
 // through a reinterpret_cast of a 2-byte-aligned pointer into four 4-byte accesses.
 __device__ __forceinline__ uint4 ld_nc_v4(const void* p) {

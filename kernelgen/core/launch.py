@@ -1,0 +1,158 @@
+"""Kernel launches with programmatic dependent launch (PDL), through the driver's cuLaunchKernelEx.
+
+A kernel launched with the programmatic-stream-serialization attribute may be scheduled while the
+grid before it on the stream is still finishing; its first instruction, `griddepcontrol.wait`
+(kg::grid_dependency_wait in templates/common/ptx.cuh), then holds it until that grid has
+completed and its memory is visible. The result is stream order exactly as without the
+attribute, minus the gap between the two grids (~0.6 us measured on an H100 between
+back-to-back bandwidth kernels, BENCHMARKS.md "launch overlap"). Only kernels whose every
+entry point waits first may be launched this way: their configs say so with `pdl = True`.
+
+CuPy has no launch-attribute API, so the call goes to libcuda through ctypes. Per thread and per
+(function, grid, block, shared memory, stream, argument types) the config struct, a parameter
+buffer and its pointer array are built once; a call packs the argument values into the buffer
+with a precompiled struct and calls the driver (CUDA copies the parameters at the call, so the
+buffer is free again when it returns). Captured into a CUDA graph, the launch becomes a
+programmatic dependency edge.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from typing import Any
+
+import numpy as np
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+# numpy scalar type -> struct code (size = alignment); device arrays are 8-byte pointers ("A")
+SCALAR_CODES: dict[type, str] = {
+    np.int32: "i", np.uint32: "I", np.int64: "q", np.uint64: "Q", np.float32: "f",
+    np.float64: "d",
+}
+
+
+class _Attr(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int * 16)]
+
+
+class _Config(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_Attr)), ("num_attrs", ctypes.c_uint)]
+
+
+def param_layout(codes: str) -> tuple[str, list[int], int]:
+    """(struct format, byte offset of each parameter, total bytes) of kernel parameters with
+    these struct codes, each at its natural alignment (as CUDA lays out a parameter buffer)."""
+    fmt, offsets, off = "<", [], 0
+    for c in codes:
+        size = struct.calcsize("<" + c)
+        pad = -off % size
+        fmt += "x" * pad
+        off += pad
+        offsets.append(off)
+        fmt += c
+        off += size
+    return fmt, offsets, max(off, 8)
+
+
+class _Packer:
+    """A parameter buffer for one argument signature and the pointer array into it."""
+
+    __slots__ = ("struct", "buf", "ptrs", "arrays")
+
+    def __init__(self, codes: str):
+        self.arrays = tuple(c == "A" for c in codes)  # device arrays: pass .data.ptr
+        fmt, offsets, size = param_layout(codes.replace("A", "Q"))
+        self.struct = struct.Struct(fmt)
+        self.buf = ctypes.create_string_buffer(size)
+        base = ctypes.addressof(self.buf)
+        self.ptrs = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
+
+
+class _Driver:
+    """libcuda's cuLaunchKernelEx and cuGetErrorName, loaded on first use (never on a machine
+    without a GPU: nothing launches there)."""
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        self.launch = lib.cuLaunchKernelEx
+        self.launch.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p,
+                                ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        self.launch.restype = ctypes.c_int
+        self.error_name = lib.cuGetErrorName
+        self.error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        self.attr = _Attr()
+        self.attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
+        self.attr.value[0] = 1
+
+    def error(self, code: int) -> str:
+        name = ctypes.c_char_p()
+        self.error_name(code, ctypes.byref(name))
+        return (name.value or b"?").decode()
+
+
+_driver: _Driver | None = None
+_local = threading.local()  # per thread: {launch key: _Launch}
+
+
+class _Launch:
+    """Everything of one (function, grid, block, smem, stream, argument signature) but the
+    argument values: the config struct, the function handle and the parameter buffer."""
+
+    __slots__ = ("config", "config_ref", "fn", "packer")
+
+    def __init__(self, driver: _Driver, fn_ptr: int, grid: tuple, block: tuple, smem: int,
+                 stream_ptr: int, args: tuple):
+        g = tuple(grid) + (1, 1)
+        b = tuple(block) + (1, 1)
+        self.config = _Config(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream_ptr or None,
+                              ctypes.pointer(driver.attr), 1)
+        self.config_ref = ctypes.byref(self.config)
+        self.fn = ctypes.c_void_p(fn_ptr)
+        self.packer = _Packer(_codes(args))
+
+
+def _codes(args: tuple) -> str:
+    import cupy
+
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, cupy.ndarray):
+            out.append("A")
+        else:
+            code = SCALAR_CODES.get(type(a))
+            if code is None:
+                raise TypeError(f"launch_pdl: argument {i} is a {type(a).__name__}; expected a "
+                                f"cupy array or one of {[t.__name__ for t in SCALAR_CODES]}")
+            out.append(code)
+    return "".join(out)
+
+
+def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, stream_ptr: int) -> None:
+    """Launch cupy Function `fn` on the stream with the PDL attribute. The kernel must start with
+    kg::grid_dependency_wait()."""
+    global _driver
+    if _driver is None:
+        _driver = _Driver()
+    try:
+        cache = _local.launches
+    except AttributeError:
+        cache = _local.launches = {}
+    key = (fn.ptr, grid, block, smem, stream_ptr, *map(type, args))
+    ln = cache.get(key)
+    if ln is None:
+        if len(cache) > 4096:  # shapes of a long-running server: keep the memo bounded
+            cache.clear()
+        ln = cache[key] = _Launch(_driver, fn.ptr, grid, block, smem, stream_ptr, args)
+    p = ln.packer
+    p.struct.pack_into(p.buf, 0,
+                       *[a.data.ptr if arr else a for a, arr in zip(args, p.arrays, strict=True)])
+    rc = _driver.launch(ln.config_ref, ln.fn, p.ptrs, None)
+    if rc:
+        raise RuntimeError(f"cuLaunchKernelEx: {_driver.error(rc)} ({rc}) for grid {grid}, block "
+                           f"{block}, {smem} bytes of shared memory")

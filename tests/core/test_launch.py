@@ -1,0 +1,117 @@
+"""Programmatic dependent launch (core/launch.py), without a GPU: the parameter layout, the
+routing in Ctx.launch, the knob, and that every entry point of a `pdl` config waits first."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import numpy as np
+import pytest
+
+from kernelgen import knobs
+from kernelgen.core import interop, launch
+from kernelgen.core.registry import families
+from kernelgen.core.render import render
+
+
+def test_param_layout_natural_alignment():
+    fmt, offsets, size = launch.param_layout("QiQqIfd")
+    # pointer 0, int 8, pointer 16 (padded), long long 24, unsigned 32, float 36, double 40
+    assert offsets == [0, 8, 16, 24, 32, 36, 40]
+    assert size == 48 == struct.calcsize(fmt)
+    fmt, offsets, size = launch.param_layout("iiQ")
+    assert offsets == [0, 4, 8] and size == 16
+
+
+def test_packer_writes_each_value_at_its_offset():
+    p = launch._Packer("AiAfq")
+    vals = (0x1122334455667788, -7, 0xDEADBEEF00, 1.5, -(1 << 40))
+    p.struct.pack_into(p.buf, 0, *vals)
+    raw = bytes(p.buf)
+    _, offsets, _ = launch.param_layout("QiQfq")
+    assert struct.unpack_from("<Q", raw, offsets[0])[0] == vals[0]
+    assert struct.unpack_from("<i", raw, offsets[1])[0] == vals[1]
+    assert struct.unpack_from("<Q", raw, offsets[2])[0] == vals[2]
+    assert struct.unpack_from("<f", raw, offsets[3])[0] == vals[3]
+    assert struct.unpack_from("<q", raw, offsets[4])[0] == vals[4]
+    base = p.ptrs[0]
+    assert [p.ptrs[i] - base for i in range(5)] == offsets
+    assert p.arrays == (True, False, True, False, False)
+
+
+def test_codes_reject_plain_python_scalars():
+    assert launch._codes((np.int32(1), np.uint32(2), np.int64(3), np.float32(4.0))) == "iIqf"
+    with pytest.raises(TypeError, match="argument 1 is a int"):
+        launch._codes((np.int32(1), 5))
+
+
+def test_pdl_knob(monkeypatch):
+    monkeypatch.delenv("KERNELGEN_PDL", raising=False)
+    assert knobs.pdl()
+    for off in ("0", "false", "no", "off"):
+        monkeypatch.setenv("KERNELGEN_PDL", off)
+        assert not knobs.pdl()
+    monkeypatch.setenv("KERNELGEN_PDL", "1")
+    assert knobs.pdl()
+
+
+class _Fn:
+    ptr = 1234
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        self.calls.append((grid, block, args, shared_mem))
+
+
+class _Stream:
+    ptr = 99
+
+
+@pytest.mark.parametrize("pdl, device_has_it, knob, want_pdl", [
+    (True, True, "1", True), (True, True, "0", False), (True, False, "1", False),
+    (False, True, "1", False)])
+def test_ctx_launch_routes_pdl(monkeypatch, pdl, device_has_it, knob, want_pdl):
+    seen = []
+    monkeypatch.setattr(interop, "_pdl_device", lambda dev: device_has_it)
+    monkeypatch.setattr(launch, "launch_pdl", lambda *a: seen.append(a))
+    monkeypatch.setenv("KERNELGEN_PDL", knob)
+    fn = _Fn()
+    ctx = interop.Ctx("cupy", 0, _Stream())
+    ctx.launch(fn, (3, 1, 1), (128, 1, 1), (np.int32(1),), smem=64, pdl=pdl)
+    if want_pdl:
+        assert seen == [(fn, (3, 1, 1), (128, 1, 1), (np.int32(1),), 64, 99)] and not fn.calls
+    else:
+        assert fn.calls == [((3, 1, 1), (128, 1, 1), (np.int32(1),), 64)] and not seen
+
+
+def _pdl_configs():
+    """One default config per pdl config class, for every arch it has kernels for."""
+    out = []
+    for fam in families().values():
+        for cls in fam.config_classes:
+            if cls.pdl:
+                archs = sorted({c.arch for c in fam.prewarm_configs(["sm_80", "sm_90a", "sm_100a", "sm_120a"], {})})
+                out += [cls(arch=a) for a in archs]
+    return out
+
+
+PDL_CONFIGS = _pdl_configs()
+
+
+def test_the_bandwidth_kernels_launch_with_pdl():
+    assert {type(c).__name__ for c in PDL_CONFIGS} == {"KbitGemvConfig", "Fp4GemvConfig",
+                                                       "MxQuantizeConfig"}
+
+
+@pytest.mark.parametrize("cfg", PDL_CONFIGS, ids=lambda c: c.short())
+def test_every_entry_point_of_a_pdl_config_waits_first(cfg):
+    """A kernel launched with PDL may start before the grid it depends on has finished; only a
+    grid_dependency_wait() before any other statement keeps that invisible."""
+    src = render(cfg).source
+    bodies = re.findall(r"__global__[^{]*\b(\w+)\s*\([^{]*\)\s*\{\s*([^;]*;)", src)
+    assert {name for name, _ in bodies} >= set(cfg.symbols())
+    for name, first in bodies:
+        assert first.strip() == "kg::grid_dependency_wait();", f"{name}: first statement {first!r}"

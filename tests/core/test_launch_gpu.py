@@ -1,0 +1,143 @@
+"""Programmatic dependent launch on a device: chains where every launch reads what the launch
+just before it wrote give the same bytes with PDL as without, eagerly and replayed from a CUDA
+graph, and the PDL path is the one taken (sm_90+).
+
+Marked `gpu` (skipped by tests/conftest.py without a device).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernelgen.core import launch
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def cupy():
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture
+def pdl_calls(monkeypatch, cupy):
+    """Counts launches through core.launch.launch_pdl (None on a device without PDL)."""
+    from kernelgen.arch import device_info
+
+    if device_info().arch.cc < 90:
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    calls = []
+    real = launch.launch_pdl
+
+    def spy(*a):
+        calls.append(a[0])
+        return real(*a)
+
+    monkeypatch.setattr(launch, "launch_pdl", spy)
+    return calls
+
+
+def _run(monkeypatch, cupy, pdl: bool, chain, graph: bool):
+    monkeypatch.setenv("KERNELGEN_PDL", "1" if pdl else "0")
+    if not graph:
+        out = chain()
+        cupy.cuda.Device().synchronize()
+        return [cupy.asnumpy(o) for o in out]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        chain()  # warm-up: compiles and scratch outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        out = chain()
+        g = stream.end_capture()
+        for o in out:  # the replay must write them again
+            o.fill(0)
+        g.launch(stream)
+        stream.synchronize()
+    return [cupy.asnumpy(o) for o in out]
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_kbit_gemv_chain(monkeypatch, cupy, pdl_calls, graph):
+    """a_{i+1} = gemm(a_i, W): each GEMV reads the output of the one before it."""
+    import kernelgen as kg
+
+    rng = np.random.default_rng(3)
+    k = 1024
+    w = cupy.asarray((rng.standard_normal((k, k)) / 32).astype(np.float16))
+    lin = kg.quantize_weight(w, 4)
+    a0 = cupy.asarray(rng.standard_normal((2, k)).astype(np.float16))
+
+    def chain():
+        outs, a = [], a0
+        for _ in range(6):
+            a = kg.gemm(a, lin, path="gemv")
+            outs.append(a)
+        return outs
+
+    off = _run(monkeypatch, cupy, False, chain, graph)
+    assert not pdl_calls
+    on = _run(monkeypatch, cupy, True, chain, graph)
+    assert len(pdl_calls) >= 6
+    for i, (x, y) in enumerate(zip(off, on, strict=True)):
+        assert np.array_equal(x.view(np.uint16), y.view(np.uint16)), f"link {i} differs with PDL"
+    # and the first link is the GEMV, not two equal wrong answers
+    ref = cupy.asnumpy(a0).astype(np.float64) @ cupy.asnumpy(lin.dequantize("float16")).astype(np.float64).T
+    assert np.allclose(on[0].astype(np.float64), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_quantize_after_a_writer(monkeypatch, cupy, pdl_calls, graph):
+    """A CuPy kernel (no PDL) rewrites x right before each quantize (mx_quantize, and NVFP4's
+    amax + quantize with the device global scale) reads it."""
+    import kernelgen as kg
+
+    rng = np.random.default_rng(4)
+    x = cupy.asarray(rng.standard_normal((256, 1024)).astype(np.float16))
+    y = cupy.empty_like(x)
+
+    def chain():
+        outs = []
+        for i in range(4):
+            cupy.multiply(x, np.float16(0.75 + 0.5 * i), out=y)  # not powers of two
+            t = kg.quantize_mx(y, "mxfp8_e4m3")
+            outs += [t.data, t.scales]
+            t = kg.quantize_nvfp4(y)
+            outs += [t.data, t.scales, t.global_scale]
+        return outs
+
+    off = _run(monkeypatch, cupy, False, chain, graph)
+    assert not pdl_calls
+    on = _run(monkeypatch, cupy, True, chain, graph)
+    assert pdl_calls
+    for i, (u, v) in enumerate(zip(off, on, strict=True)):
+        assert np.array_equal(u.view(np.uint8), v.view(np.uint8)), f"output {i} differs with PDL"
+    assert not np.array_equal(off[0], off[5]), "the writer did not change the input"
+
+
+def test_fp4_gemv_chain(monkeypatch, cupy, pdl_calls):
+    from kernelgen import quantize_nvfp4
+    from kernelgen.fp4_gemm import fp4_gemm, prepare_weight
+
+    rng = np.random.default_rng(5)
+    k = 1024
+    w = cupy.asarray(rng.standard_normal((k, k)).astype(np.float16))
+    W = prepare_weight(quantize_nvfp4(w))
+    a0 = cupy.asarray(rng.standard_normal((1, k)).astype(np.float16))
+
+    def chain():
+        outs, a = [], a0
+        for _ in range(6):
+            a = fp4_gemm(a, W, alpha=1 / 32)
+            outs.append(a)
+        return outs
+
+    off = _run(monkeypatch, cupy, False, chain, False)
+    on = _run(monkeypatch, cupy, True, chain, False)
+    assert len(pdl_calls) >= 6
+    for i, (x, y) in enumerate(zip(off, on, strict=True)):
+        assert np.array_equal(x.view(np.uint16), y.view(np.uint16)), f"link {i} differs with PDL"
+    assert np.isfinite(on[-1].astype(np.float32)).all() and np.abs(on[-1]).max() > 0
