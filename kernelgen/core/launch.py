@@ -9,7 +9,7 @@ back-to-back bandwidth kernels, BENCHMARKS.md "launch overlap"). Only kernels wh
 entry point waits first may be launched this way: their configs say so with `pdl = True`.
 
 CuPy has no launch-attribute API, so the call goes to libcuda through ctypes. Per thread and per
-(function, grid, block, shared memory, stream, argument types) the config struct, a parameter
+(function, grid, block, shared memory, stream) the config struct, a parameter
 buffer and its pointer array are built once; a call packs the argument values into the buffer
 with a precompiled struct and calls the driver (CUDA copies the parameters at the call, so the
 buffer is free again when it returns). Captured into a CUDA graph, the launch becomes a
@@ -66,7 +66,7 @@ class _Packer:
     __slots__ = ("struct", "buf", "ptrs", "arrays")
 
     def __init__(self, codes: str):
-        self.arrays = tuple(c == "A" for c in codes)  # device arrays: pass .data.ptr
+        self.arrays = tuple(i for i, c in enumerate(codes) if c == "A")  # pass .data.ptr
         fmt, offsets, size = param_layout(codes.replace("A", "Q"))
         self.struct = struct.Struct(fmt)
         self.buf = ctypes.create_string_buffer(size)
@@ -80,9 +80,9 @@ class _Driver:
 
     def __init__(self) -> None:
         lib = ctypes.CDLL("libcuda.so.1")
+        # no argtypes: every call passes ready ctypes objects (byref config, c_void_p
+        # function, pointer array, None), which skips the per-call conversion
         self.launch = lib.cuLaunchKernelEx
-        self.launch.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p,
-                                ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
         self.launch.restype = ctypes.c_int
         self.error_name = lib.cuGetErrorName
         self.error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
@@ -101,15 +101,17 @@ _local = threading.local()  # per thread: {launch key: _Launch}
 
 
 class _Launch:
-    """Everything of one (function, grid, block, smem, stream, argument signature) but the
-    argument values: the config struct, the function handle and the parameter buffer."""
+    """Everything of one (function, grid, block, smem, stream) launch but the argument values:
+    the config struct, the function handle and the parameter buffer. A function's parameter
+    types are fixed by its signature, so the first call's argument types hold for every later
+    one (a device array where a scalar was, or the reverse, fails in the packing)."""
 
     __slots__ = ("config", "config_ref", "fn", "packer")
 
     def __init__(self, driver: _Driver, fn_ptr: int, grid: tuple, block: tuple, smem: int,
                  stream_ptr: int, args: tuple):
-        g = tuple(grid) + (1, 1)
-        b = tuple(block) + (1, 1)
+        g = ((grid,) if isinstance(grid, int) else tuple(grid)) + (1, 1)
+        b = ((block,) if isinstance(block, int) else tuple(block)) + (1, 1)
         self.config = _Config(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream_ptr or None,
                               ctypes.pointer(driver.attr), 1)
         self.config_ref = ctypes.byref(self.config)
@@ -143,15 +145,17 @@ def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, strea
         cache = _local.launches
     except AttributeError:
         cache = _local.launches = {}
-    key = (fn.ptr, grid, block, smem, stream_ptr, *map(type, args))
+    key = (fn.ptr, grid, block, smem, stream_ptr)
     ln = cache.get(key)
     if ln is None:
         if len(cache) > 4096:  # shapes of a long-running server: keep the memo bounded
             cache.clear()
         ln = cache[key] = _Launch(_driver, fn.ptr, grid, block, smem, stream_ptr, args)
     p = ln.packer
-    p.struct.pack_into(p.buf, 0,
-                       *[a.data.ptr if arr else a for a, arr in zip(args, p.arrays, strict=True)])
+    vals = list(args)
+    for i in p.arrays:
+        vals[i] = vals[i].data.ptr
+    p.struct.pack_into(p.buf, 0, *vals)
     rc = _driver.launch(ln.config_ref, ln.fn, p.ptrs, None)
     if rc:
         raise RuntimeError(f"cuLaunchKernelEx: {_driver.error(rc)} ({rc}) for grid {grid}, block "

@@ -141,3 +141,37 @@ def test_fp4_gemv_chain(monkeypatch, cupy, pdl_calls):
     for i, (x, y) in enumerate(zip(off, on, strict=True)):
         assert np.array_equal(x.view(np.uint16), y.view(np.uint16)), f"link {i} differs with PDL"
     assert np.isfinite(on[-1].astype(np.float32)).all() and np.abs(on[-1]).max() > 0
+
+
+@pytest.mark.parametrize("kbit", [False, True], ids=["bf16", "kbit4"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_fused_moe_chain(monkeypatch, cupy, pdl_calls, kbit, graph):
+    """The whole MoE layer (layout, dispatch, W13 + SwiGLU, W2, combine: each kernel reads the
+    one before), twice in a row, the second layer on the first one's output."""
+    import kernelgen as kg
+
+    rng = np.random.default_rng(6)
+    t, h, i, e, top_k = 5, 256, 128, 8, 2
+    x0 = cupy.asarray(rng.standard_normal((t, h)).astype(np.float16))
+    w13 = cupy.asarray((rng.standard_normal((e, 2 * i, h)) / 16).astype(np.float16))
+    w2 = cupy.asarray((rng.standard_normal((e, h, i)) / 8).astype(np.float16))
+    if kbit:
+        w13, w2 = kg.quantize_experts(w13, 4), kg.quantize_experts(w2, 4)
+    ids = cupy.asarray(rng.integers(0, e, (t, top_k)).astype(np.int32))
+    wts = cupy.asarray(rng.random((t, top_k)).astype(np.float32))
+
+    keep = []  # the intermediates of every call outlive the graphs that write them
+
+    def chain():
+        keep.append(({}, {}))
+        y1 = kg.fused_moe(x0, ids, wts, w13, w2, graph_safe=True, workspace=keep[-1][0])
+        y2 = kg.fused_moe(y1, ids, wts, w13, w2, graph_safe=True, workspace=keep[-1][1])
+        return [y1, y2]
+
+    off = _run(monkeypatch, cupy, False, chain, graph)
+    assert not pdl_calls
+    on = _run(monkeypatch, cupy, True, chain, graph)
+    assert len(pdl_calls) >= 8
+    for j, (u, v) in enumerate(zip(off, on, strict=True)):
+        assert np.array_equal(u.view(np.uint16), v.view(np.uint16)), f"layer {j} differs with PDL"
+    assert np.isfinite(on[1].astype(np.float32)).all() and np.abs(on[1]).max() > 0
