@@ -60,6 +60,18 @@ def _run(monkeypatch, cupy, pdl: bool, chain, graph: bool):
     return [cupy.asnumpy(o) for o in out]
 
 
+def _same_with_and_without(monkeypatch, cupy, pdl_calls, chain, graph: bool, min_pdl: int):
+    """The chain's outputs without PDL and with it (at least `min_pdl` launches through
+    launch_pdl): byte for byte the same. Returns the outputs with PDL."""
+    off = _run(monkeypatch, cupy, False, chain, graph)
+    assert not pdl_calls
+    on = _run(monkeypatch, cupy, True, chain, graph)
+    assert len(pdl_calls) >= min_pdl
+    for i, (u, v) in enumerate(zip(off, on, strict=True)):
+        assert np.array_equal(u.view(np.uint8), v.view(np.uint8)), f"output {i} differs with PDL"
+    return on, off
+
+
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_kbit_gemv_chain(monkeypatch, cupy, pdl_calls, graph):
     """a_{i+1} = gemm(a_i, W): each GEMV reads the output of the one before it."""
@@ -78,12 +90,7 @@ def test_kbit_gemv_chain(monkeypatch, cupy, pdl_calls, graph):
             outs.append(a)
         return outs
 
-    off = _run(monkeypatch, cupy, False, chain, graph)
-    assert not pdl_calls
-    on = _run(monkeypatch, cupy, True, chain, graph)
-    assert len(pdl_calls) >= 6
-    for i, (x, y) in enumerate(zip(off, on, strict=True)):
-        assert np.array_equal(x.view(np.uint16), y.view(np.uint16)), f"link {i} differs with PDL"
+    on, _ = _same_with_and_without(monkeypatch, cupy, pdl_calls, chain, graph, 6)
     # and the first link is the GEMV, not two equal wrong answers
     ref = cupy.asnumpy(a0).astype(np.float64) @ cupy.asnumpy(lin.dequantize("float16")).astype(np.float64).T
     assert np.allclose(on[0].astype(np.float64), ref, rtol=2e-2, atol=2e-2)
@@ -109,12 +116,7 @@ def test_quantize_after_a_writer(monkeypatch, cupy, pdl_calls, graph):
             outs += [t.data, t.scales, t.global_scale]
         return outs
 
-    off = _run(monkeypatch, cupy, False, chain, graph)
-    assert not pdl_calls
-    on = _run(monkeypatch, cupy, True, chain, graph)
-    assert pdl_calls
-    for i, (u, v) in enumerate(zip(off, on, strict=True)):
-        assert np.array_equal(u.view(np.uint8), v.view(np.uint8)), f"output {i} differs with PDL"
+    _, off = _same_with_and_without(monkeypatch, cupy, pdl_calls, chain, graph, 1)
     assert not np.array_equal(off[0], off[5]), "the writer did not change the input"
 
 
@@ -135,11 +137,7 @@ def test_fp4_gemv_chain(monkeypatch, cupy, pdl_calls):
             outs.append(a)
         return outs
 
-    off = _run(monkeypatch, cupy, False, chain, False)
-    on = _run(monkeypatch, cupy, True, chain, False)
-    assert len(pdl_calls) >= 6
-    for i, (x, y) in enumerate(zip(off, on, strict=True)):
-        assert np.array_equal(x.view(np.uint16), y.view(np.uint16)), f"link {i} differs with PDL"
+    on, _ = _same_with_and_without(monkeypatch, cupy, pdl_calls, chain, False, 6)
     assert np.isfinite(on[-1].astype(np.float32)).all() and np.abs(on[-1]).max() > 0
 
 
@@ -168,10 +166,5 @@ def test_fused_moe_chain(monkeypatch, cupy, pdl_calls, kbit, graph):
         y2 = kg.fused_moe(y1, ids, wts, w13, w2, graph_safe=True, workspace=keep[-1][1])
         return [y1, y2]
 
-    off = _run(monkeypatch, cupy, False, chain, graph)
-    assert not pdl_calls
-    on = _run(monkeypatch, cupy, True, chain, graph)
-    assert len(pdl_calls) >= 8
-    for j, (u, v) in enumerate(zip(off, on, strict=True)):
-        assert np.array_equal(u.view(np.uint16), v.view(np.uint16)), f"layer {j} differs with PDL"
+    on, _ = _same_with_and_without(monkeypatch, cupy, pdl_calls, chain, graph, 8)
     assert np.isfinite(on[1].astype(np.float32)).all() and np.abs(on[1]).max() > 0
