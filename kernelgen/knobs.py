@@ -64,7 +64,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("KERNELGEN_KEEP_SOURCE", "1", "0: do not store the rendered source in cache entries"),
     Knob("KERNELGEN_VERBOSE", "0", "1: log each compile (seconds, registers, spills) to stderr"),
     Knob("KERNELGEN_POISON", "0", "1: fill every output kernelgen allocates with 0xFF (tests)"),
-    Knob("KERNELGEN_PDL", "1", "0: launch without programmatic dependent launch (sm_90+ overlap)"),
+    Knob("KERNELGEN_PDL", "1", "0: launch without programmatic dependent launch (sm_90+; README)"),
     Knob("KERNELGEN_TEMPLATES_DIR", "(shipped)", "render from this templates/ folder (template work)"),
 )
 

@@ -4,8 +4,8 @@ A kernel launched with the programmatic-stream-serialization attribute may be sc
 grid before it on the stream is still finishing; its first instruction, `griddepcontrol.wait`
 (kg::grid_dependency_wait in templates/common/ptx.cuh), then holds it until that grid has
 completed and its memory is visible. The result is stream order exactly as without the
-attribute, minus the gap between the two grids (~0.6 us measured on an H100 between
-back-to-back bandwidth kernels, BENCHMARKS.md "launch overlap"). Only kernels whose every
+attribute, minus the gap between the two grids (0.2-0.6 us measured on an H100 between
+back-to-back decode kernels, BENCHMARKS.md "Launch overlap"). Only kernels whose every
 entry point waits first may be launched this way: their configs say so with `pdl = True`.
 
 CuPy has no launch-attribute API, so the call goes to libcuda through ctypes. Per thread and per
@@ -34,8 +34,8 @@ SCALAR_CODES: dict[type, str] = {
 }
 
 
-class _Attr(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int * 16)]
+class _Attr(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, 64-byte value union (8-aligned)
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_uint64 * 8)]
 
 
 class _Config(ctypes.Structure):  # CUlaunchConfig
@@ -88,7 +88,7 @@ class _Driver:
         self.error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         self.attr = _Attr()
         self.attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
-        self.attr.value[0] = 1
+        self.attr.value[0] = 1  # programmaticStreamSerializationAllowed (int at offset 0)
 
     def error(self, code: int) -> str:
         name = ctypes.c_char_p()
@@ -106,16 +106,17 @@ class _Launch:
     types are fixed by its signature, so the first call's argument types hold for every later
     one (a device array where a scalar was, or the reverse, fails in the packing)."""
 
-    __slots__ = ("config", "config_ref", "fn", "packer")
+    __slots__ = ("config", "config_ref", "fn", "function", "packer")
 
-    def __init__(self, driver: _Driver, fn_ptr: int, grid: tuple, block: tuple, smem: int,
-                 stream_ptr: int, args: tuple):
+    def __init__(self, driver: _Driver, function: Any, fn_ptr: int, grid: tuple, block: tuple,
+                 smem: int, stream_ptr: int, args: tuple):
         g = ((grid,) if isinstance(grid, int) else tuple(grid)) + (1, 1)
         b = ((block,) if isinstance(block, int) else tuple(block)) + (1, 1)
         self.config = _Config(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream_ptr or None,
                               ctypes.pointer(driver.attr), 1)
         self.config_ref = ctypes.byref(self.config)
         self.fn = ctypes.c_void_p(fn_ptr)
+        self.function = function  # keeps its module loaded: the handle is not reused meanwhile
         self.packer = _Packer(_codes(args))
 
 
@@ -145,12 +146,15 @@ def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, strea
         cache = _local.launches
     except AttributeError:
         cache = _local.launches = {}
-    key = (fn.ptr, grid, block, smem, stream_ptr)
+    # keyed by the Function object's identity, which the entry keeps alive (not by its handle:
+    # a handle can come back after its module is unloaded, e.g. by jit.clear_memory_cache, for
+    # a kernel of other parameter types)
+    key = (id(fn), grid, block, smem, stream_ptr)
     ln = cache.get(key)
     if ln is None:
         if len(cache) > 4096:  # shapes of a long-running server: keep the memo bounded
             cache.clear()
-        ln = cache[key] = _Launch(_driver, fn.ptr, grid, block, smem, stream_ptr, args)
+        ln = cache[key] = _Launch(_driver, fn, fn.ptr, grid, block, smem, stream_ptr, args)
     p = ln.packer
     vals = list(args)
     for i in p.arrays:

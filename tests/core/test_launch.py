@@ -15,6 +15,17 @@ from kernelgen.core.registry import families
 from kernelgen.core.render import render
 
 
+def test_driver_structs_match_cuda_h():
+    """CUlaunchConfig and CUlaunchAttribute as cuda.h lays them out on 64-bit Linux."""
+    import ctypes
+
+    cfg, attr = launch._Config, launch._Attr
+    assert ctypes.sizeof(cfg) == 56
+    assert [getattr(cfg, f).offset for f in ("smem", "stream", "attrs", "num_attrs")] == [24, 32, 40, 48]
+    assert ctypes.sizeof(attr) == 72 and attr.value.offset == 8 and ctypes.alignment(attr) == 8
+    assert launch._PROGRAMMATIC_STREAM_SERIALIZATION == 6
+
+
 def test_param_layout_natural_alignment():
     fmt, offsets, size = launch.param_layout("QiQqIfd")
     # pointer 0, int 8, pointer 16 (padded), long long 24, unsigned 32, float 36, double 40
@@ -88,13 +99,11 @@ def test_ctx_launch_routes_pdl(monkeypatch, pdl, device_has_it, knob, want_pdl):
 
 
 def _pdl_configs():
-    """Per pdl config class and arch, the first config `kernelgen prewarm` builds."""
-    out = {}
-    for fam in families().values():
-        for cfg in fam.prewarm_configs(["sm_80", "sm_90a", "sm_100a", "sm_120a"], {}):
-            if type(cfg).pdl:
-                out.setdefault((type(cfg).__name__, cfg.arch), cfg)
-    return list(out.values())
+    """Every config of a pdl class that `kernelgen prewarm` builds, for every arch."""
+    return list(dict.fromkeys(
+        cfg for fam in families().values()
+        for cfg in fam.prewarm_configs(["sm_80", "sm_90a", "sm_100a", "sm_120a"], {})
+        if type(cfg).pdl))
 
 
 PDL_CONFIGS = _pdl_configs()
@@ -106,12 +115,16 @@ def test_the_decode_path_kernels_launch_with_pdl():
         "MoeLayoutConfig", "MoeDispatchConfig", "MoeRouteConfig", "MoeCombineConfig"}
 
 
-@pytest.mark.parametrize("cfg", PDL_CONFIGS, ids=lambda c: c.short())
-def test_every_entry_point_of_a_pdl_config_waits_first(cfg):
+def test_every_entry_point_of_a_pdl_config_waits_first():
     """A kernel launched with PDL may start before the grid it depends on has finished; only a
-    grid_dependency_wait() before any other statement keeps that invisible."""
-    src = render(cfg).source
-    bodies = re.findall(r"__global__[^{]*\b(\w+)\s*\([^{]*\)\s*\{\s*([^;]*;)", src)
-    assert {name for name, _ in bodies} >= set(cfg.symbols())
-    for name, first in bodies:
-        assert first.strip() == "kg::grid_dependency_wait();", f"{name}: first statement {first!r}"
+    grid_dependency_wait() before any other statement keeps that invisible. Every prewarm config
+    of every pdl class (wgmma, split-K, cluster and multi-CTA variants included)."""
+    bad = []
+    for cfg in PDL_CONFIGS:
+        src = render(cfg).source
+        bodies = re.findall(r"__global__[^{]*\b(\w+)\s*\([^{]*\)\s*\{\s*([^;]*;)", src)
+        if not {name for name, _ in bodies} >= set(cfg.symbols()):
+            bad.append(f"{cfg.short()}: entry points {[n for n, _ in bodies]}")
+        bad += [f"{cfg.short()} {name}: first statement {first!r}" for name, first in bodies
+                if first.strip() != "kg::grid_dependency_wait();"]
+    assert len(PDL_CONFIGS) > 100 and not bad, bad[:5]

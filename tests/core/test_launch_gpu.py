@@ -42,11 +42,12 @@ def pdl_calls(monkeypatch, cupy):
 
 def _run(monkeypatch, cupy, pdl: bool, chain, graph: bool):
     monkeypatch.setenv("KERNELGEN_PDL", "1" if pdl else "0")
+    stream = cupy.cuda.Stream(non_blocking=True)  # the legacy stream orders launches itself
     if not graph:
-        out = chain()
-        cupy.cuda.Device().synchronize()
+        with stream:
+            out = chain()
+            stream.synchronize()
         return [cupy.asnumpy(o) for o in out]
-    stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         chain()  # warm-up: compiles and scratch outside the capture
         stream.synchronize()
@@ -62,7 +63,8 @@ def _run(monkeypatch, cupy, pdl: bool, chain, graph: bool):
 
 def _same_with_and_without(monkeypatch, cupy, pdl_calls, chain, graph: bool, min_pdl: int):
     """The chain's outputs without PDL and with it (at least `min_pdl` launches through
-    launch_pdl): byte for byte the same. Returns the outputs with PDL."""
+    launch_pdl): byte for byte the same. Returns the outputs with PDL (and without)."""
+    pdl_calls.clear()  # set-up launches (quantizing the weights) do not count
     off = _run(monkeypatch, cupy, False, chain, graph)
     assert not pdl_calls
     on = _run(monkeypatch, cupy, True, chain, graph)
@@ -120,7 +122,8 @@ def test_quantize_after_a_writer(monkeypatch, cupy, pdl_calls, graph):
     assert not np.array_equal(off[0], off[5]), "the writer did not change the input"
 
 
-def test_fp4_gemv_chain(monkeypatch, cupy, pdl_calls):
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_fp4_gemv_chain(monkeypatch, cupy, pdl_calls, graph):
     from kernelgen import quantize_nvfp4
     from kernelgen.fp4_gemm import fp4_gemm, prepare_weight
 
@@ -137,7 +140,7 @@ def test_fp4_gemv_chain(monkeypatch, cupy, pdl_calls):
             outs.append(a)
         return outs
 
-    on, _ = _same_with_and_without(monkeypatch, cupy, pdl_calls, chain, False, 6)
+    on, _ = _same_with_and_without(monkeypatch, cupy, pdl_calls, chain, graph, 6)
     assert np.isfinite(on[-1].astype(np.float32)).all() and np.abs(on[-1]).max() > 0
 
 
@@ -168,3 +171,82 @@ def test_fused_moe_chain(monkeypatch, cupy, pdl_calls, kbit, graph):
 
     on, _ = _same_with_and_without(monkeypatch, cupy, pdl_calls, chain, graph, 8)
     assert np.isfinite(on[1].astype(np.float32)).all() and np.abs(on[1]).max() > 0
+
+
+# A writer that releases its dependents at once (griddepcontrol.launch_dependents), then spins
+# for `ns` nanoseconds before it writes x: a PDL launch after it starts while x is still old.
+_WRITER = r"""
+extern "C" __global__ void early_writer(unsigned short* x, int n, unsigned short v, long long ns) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < (unsigned long long)ns);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = v;
+}
+extern "C" __global__ void copy_no_wait(const unsigned short* x, unsigned short* y, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] = x[i];
+}
+"""
+
+
+def _early_write(cupy, x, value: float):
+    mod = cupy.RawModule(code=_WRITER, options=("-arch=sm_90",))
+    bits = np.float16(value).view(np.uint16)
+    # 20 ms: far longer than the host needs to launch what follows (kernels already loaded)
+    mod.get_function("early_writer")((4,), (256,), (x, np.int32(x.size), bits, np.int64(20_000_000)))
+    return mod
+
+
+def test_harness_sees_a_missing_wait(cupy, pdl_calls):
+    """Control: a PDL launch of a kernel WITHOUT the wait, after the early writer, reads x before
+    the writer has written it (so the tests below can tell a wait from none)."""
+    x = cupy.ones(1 << 14, cupy.float16)
+    y = cupy.zeros_like(x)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        copy = _early_write(cupy, x, 1.0).get_function("copy_no_wait").kernel  # compiled, loaded
+        launch.launch_pdl(copy, (4,), (256,), (x, y, np.int32(x.size)), 0, stream.ptr)
+        stream.synchronize()
+        y.fill(0)
+        _early_write(cupy, x, 2.0)
+        launch.launch_pdl(copy, (4,), (256,), (x, y, np.int32(x.size)), 0, stream.ptr)
+        stream.synchronize()
+    assert float(x[0]) == 2.0
+    assert (cupy.asnumpy(y) == 1.0).any(), "the copy did not start before the writer wrote x"
+
+
+def test_pdl_ops_wait_for_an_early_writer(cupy, pdl_calls):
+    """The same early writer, then kernelgen ops launched with PDL read x: they see what it
+    wrote (quantize_mx, the kbit GEMV, the FP4 GEMV)."""
+    import kernelgen as kg
+    from kernelgen import quantize_nvfp4
+    from kernelgen.fp4_gemm import fp4_gemm, prepare_weight
+
+    rng = np.random.default_rng(7)
+    k = 1024
+    lin = kg.quantize_weight(cupy.asarray((rng.standard_normal((256, k)) / 32).astype(np.float16)), 4)
+    W = prepare_weight(quantize_nvfp4(cupy.asarray(rng.standard_normal((256, k)).astype(np.float16))))
+    x = cupy.ones((4, k), cupy.float16)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        # every kernel compiled and loaded, every plan memoised: the timed sequence launches fast
+        _early_write(cupy, x, 1.0)
+        kg.quantize_mx(x, "mxfp8_e4m3", scale_layout="row_major")
+        kg.gemm(x, lin, path="gemv")
+        fp4_gemm(x[:1], W)
+        stream.synchronize()
+        pdl_calls.clear()
+        _early_write(cupy, x, 3.0)
+        q = kg.quantize_mx(x, "mxfp8_e4m3", scale_layout="row_major")
+        _early_write(cupy, x, -2.0)
+        c = kg.gemm(x, lin, path="gemv")
+        _early_write(cupy, x, 0.5)
+        d = fp4_gemm(x[:1], W)
+        stream.synchronize()
+    assert len(pdl_calls) >= 3
+    ref_q = kg.quantize_mx(cupy.full((4, k), 3.0, cupy.float16), "mxfp8_e4m3", scale_layout="row_major")
+    assert cupy.array_equal(q.data, ref_q.data) and cupy.array_equal(q.scales, ref_q.scales)
+    ref_c = kg.gemm(cupy.full((4, k), -2.0, cupy.float16), lin, path="gemv")
+    assert cupy.array_equal(c.view(cupy.uint16), ref_c.view(cupy.uint16))
+    ref_d = fp4_gemm(cupy.full((1, k), 0.5, cupy.float16), W)
+    assert cupy.array_equal(d.view(cupy.uint16), ref_d.view(cupy.uint16))
