@@ -202,9 +202,9 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                 if tpw != cfg.tpw:
                     p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, tpw=tpw)
                     yield f"tpw={tpw} kw={p2.kw} split={p2.split}", p2
-            for kw in (1, 2, 4, 8):  # warps a tile along K (one CTA covers 8 / kw tiles)
-                if kw != base.kw:
-                    grid = (-(-(-(-n // (16 * cfg.tpw)) * kw) // 8), base.grid[1], base.grid[2])
+            for kw in (1, 2, 4, 8):  # warps a tile along K (one CTA covers warps / kw tiles)
+                if kw != base.kw and kw <= cfg.warps:
+                    grid = (-(-(-(-n // (16 * cfg.tpw)) * kw) // cfg.warps), base.grid[1], base.grid[2])
                     yield f"kw={kw}", dataclasses.replace(base, kw=kw, grid=grid)
             # the other resident-warp count (32: <= 64 registers, TPW 1, KW may double; at
             # m_tile 16 one accumulator chain a token half, A loaded a word at a time)
