@@ -128,3 +128,44 @@ def test_every_entry_point_of_a_pdl_config_waits_first():
         bad += [f"{cfg.short()} {name}: first statement {first!r}" for name, first in bodies
                 if first.strip() != "kg::grid_dependency_wait();"]
     assert len(PDL_CONFIGS) > 100 and not bad, bad[:5]
+
+
+class _FakeDriver:
+    """Stands in for libcuda: records what each cuLaunchKernelEx call would have received."""
+
+    def __init__(self, codes):
+        self.attr = launch._Attr()
+        self.codes = codes
+        self.calls = []
+
+    def launch(self, cfg_ref, fn, ptrs, extra):
+        import ctypes
+
+        cfg = cfg_ref._obj
+        fmt, offsets, size = launch.param_layout(self.codes)
+        raw = ctypes.string_at(ptrs[0], size)
+        self.calls.append(((cfg.grid_x, cfg.grid_y, cfg.grid_z), (cfg.block_x, cfg.block_y,
+                           cfg.block_z), cfg.smem, cfg.num_attrs, struct.unpack(fmt, raw)))
+        return 0
+
+
+class _FakeFn:
+    ptr = 0xABC
+
+
+def test_launch_pdl_packs_every_call(monkeypatch):
+    """A memo hit repacks the new argument values; the config carries grid, block, smem and the
+    one PDL attribute; a call with another argument count fails instead of launching."""
+    drv = _FakeDriver("iIqf")
+    monkeypatch.setattr(launch, "_driver", drv)
+    monkeypatch.setattr(launch, "_local", __import__("threading").local())
+    fn = _FakeFn()
+    launch.launch_pdl(fn, (3, 2, 1), (128, 1, 1), (np.int32(-5), np.uint32(7), np.int64(1 << 40),
+                                                   np.float32(2.5)), 1024, 0)
+    launch.launch_pdl(fn, (3, 2, 1), (128, 1, 1), (np.int32(9), np.uint32(1), np.int64(-3),
+                                                   np.float32(-0.5)), 1024, 0)
+    assert drv.calls == [((3, 2, 1), (128, 1, 1), 1024, 1, (-5, 7, 1 << 40, 2.5)),
+                         ((3, 2, 1), (128, 1, 1), 1024, 1, (9, 1, -3, -0.5))]
+    with pytest.raises(struct.error):
+        launch.launch_pdl(fn, (3, 2, 1), (128, 1, 1), (np.int32(1),), 1024, 0)
+    assert len(drv.calls) == 2
