@@ -108,6 +108,7 @@ def tile_smem(fmt: str, bm: int, stages: int) -> int:
 class Fp4TileConfig(KernelConfig):
     family: ClassVar[str] = "fp4_gemm"
     template: ClassVar[str] = "fp4_gemm/tile.cu.jinja"
+    pdl: ClassVar[bool] = True
     fmt: str = "nvfp4"
     dtype: str = "float16"
     bm: int = 64

@@ -30,6 +30,7 @@ def _check_dtype(cfg: KernelConfig, name: str, value: str, allowed: tuple[str, .
 class KbitQuantizeConfig(KernelConfig):
     family: ClassVar[str] = "kbit"
     template: ClassVar[str] = "kbit/quantize.cu.jinja"
+    pdl: ClassVar[bool] = True
     bits: int = 4
     dtype: str = "float16"  # input
 
@@ -48,6 +49,7 @@ class KbitQuantizeConfig(KernelConfig):
 class KbitDequantizeConfig(KernelConfig):
     family: ClassVar[str] = "kbit"
     template: ClassVar[str] = "kbit/dequantize.cu.jinja"
+    pdl: ClassVar[bool] = True
     bits: int = 4
     dtype: str = "float16"  # output
     absmax_dtype: str = "e4m4"
@@ -73,6 +75,7 @@ class KbitDequantizeConfig(KernelConfig):
 class KbitRepackConfig(KernelConfig):
     family: ClassVar[str] = "kbit"
     template: ClassVar[str] = "kbit/repack.cu.jinja"
+    pdl: ClassVar[bool] = True
     bits: int = 4
     tile_n: int = 128
     tile_k: int = 64
@@ -95,6 +98,7 @@ class KbitRepackConfig(KernelConfig):
 class E4M4Config(KernelConfig):
     family: ClassVar[str] = "kbit"
     template: ClassVar[str] = "kbit/absmax.cu.jinja"
+    pdl: ClassVar[bool] = True
 
     def symbols(self) -> tuple[str, ...]:
         return ("e4m4_encode", "e4m4_decode")

@@ -160,6 +160,7 @@ class MxDequantizeConfig(KernelConfig):
 
     family: ClassVar[str] = "mx"
     template: ClassVar[str] = "mx/dequantize.cu.jinja"
+    pdl: ClassVar[bool] = True
     fmt: str = "nvfp4"
     dtype: str = "float32"  # output
 
