@@ -108,14 +108,14 @@ class _Launch:
 
     __slots__ = ("config", "config_ref", "fn", "function", "packer")
 
-    def __init__(self, driver: _Driver, function: Any, fn_ptr: int, grid: tuple, block: tuple,
-                 smem: int, stream_ptr: int, args: tuple):
+    def __init__(self, driver: _Driver, function: Any, grid: tuple, block: tuple, smem: int,
+                 stream_ptr: int, args: tuple):
         g = ((grid,) if isinstance(grid, int) else tuple(grid)) + (1, 1)
         b = ((block,) if isinstance(block, int) else tuple(block)) + (1, 1)
         self.config = _Config(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream_ptr or None,
                               ctypes.pointer(driver.attr), 1)
         self.config_ref = ctypes.byref(self.config)
-        self.fn = ctypes.c_void_p(fn_ptr)
+        self.fn = ctypes.c_void_p(function.ptr)
         self.function = function  # keeps its module loaded: the handle is not reused meanwhile
         self.packer = _Packer(_codes(args))
 
@@ -154,7 +154,7 @@ def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, strea
     if ln is None:
         if len(cache) > 4096:  # shapes of a long-running server: keep the memo bounded
             cache.clear()
-        ln = cache[key] = _Launch(_driver, fn, fn.ptr, grid, block, smem, stream_ptr, args)
+        ln = cache[key] = _Launch(_driver, fn, grid, block, smem, stream_ptr, args)
     p = ln.packer
     vals = list(args)
     for i in p.arrays:
