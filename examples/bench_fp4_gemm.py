@@ -169,10 +169,10 @@ def weight_copies(fmt, n, k, l2_bytes, arrangement="tile_major"):
     def make():  # random bytes are random (encoded) codes; already in the tiled shapes
         data = rs.randint(0, 256, (t, q, 2, 8, 4, 16), dtype=cupy.int32).astype(cupy.uint8)
         if fmt == "nvfp4":
-            scales = rs.randint(0x30, 0x48, (t, q, 8, 4, 2, sb // 4), dtype=cupy.int32).astype(cupy.uint8)
+            scales = rs.randint(0x30, 0x48, (t, q, 8, sb // 4, 2, 4), dtype=cupy.int32).astype(cupy.uint8)
             post = cupy.full(1, 2688.0 / 3.0, cupy.float32)
         else:
-            scales = rs.randint(120, 128, (t, q, 8, 4, 2, sb // 4), dtype=cupy.int32).astype(cupy.uint8)
+            scales = rs.randint(120, 128, (t, q, 8, sb // 4, 2, 4), dtype=cupy.int32).astype(cupy.uint8)
             post = cupy.full(n, 2.0**-6, cupy.float32)
         arr = ARRANGEMENT[fmt] if arrangement == "default" else arrangement
         data, scales = arrange(cupy, data, scales, arr)

@@ -33,11 +33,11 @@ class Fp4Weight:
     tile_major arrangement (layout.py has the others; prepare_weight's default is ARRANGEMENT):
     data    uint8 [T, Q, 2, 8, 4, 16], the packed E2M1 bytes (element 2j in the low nibble of
             byte j, as MxTensor packs them) in the tiled layout of layout.py
-    scales  uint8 [T, Q, 8, 4, 2, SB/4], tiled the same way: E4M3 bytes (nvfp4, groups of 16,
+    scales  uint8 [T, Q, 8, SB/4, 2, 4], tiled the same way: E4M3 bytes (nvfp4, groups of 16,
             SB=8) or E8M0 bytes relative to the row's largest, max(s - rowmax + 127, 0)
             (mxfp4, groups of 32, SB=4; 0 = a flushed group, 0xFF = NaN)
     post    float32: nvfp4 the global scale [1] (D is divided by it); mxfp4 the row factors
-            2^(rowmax - 127) [N] (D is multiplied by them)
+            2^(rowmax - 127) [N] (D is multiplied by them; NaN for a row with a NaN group)
     """
 
     fmt: str
@@ -190,13 +190,15 @@ def prepare_arrays(xp: Any, fmt: str, n: int, k: int, data: Any, scales: Any,
         post = global_scale.reshape(1).astype(xp.float32, copy=True)  # W's buffer may go away
     else:
         # relative E8M0 bytes, clamped: a group > 2^127 below the row's largest (an all-zero
-        # group, scale 0x00, beside one of amax >= 8) would wrap to 0xFF (NaN) or 2^127
+        # group, scale 0x00, beside one of amax >= 8) would wrap to 0xFF (NaN) or 2^127. A NaN
+        # group makes its row's factor NaN (every output of the row is NaN, as in the reference;
+        # the kernels' scale decode then needs no NaN case)
         s = sc.astype(xp.int32)
         nan = s == 0xFF
         rowmax = xp.where(nan, 0, s).max(axis=1, keepdims=True)
         sc = xp.where(nan, 0xFF, xp.clip(s - rowmax + 127, 0, 254)).astype(xp.uint8)
         post = xp.ldexp(xp.ones(n, xp.float32), (rowmax[:, 0] - 127).astype(xp.int32))
-        post = post.astype(xp.float32)
+        post = xp.where(nan.any(axis=1), xp.float32(xp.nan), post).astype(xp.float32)
     if arrangement not in ARRANGEMENTS:
         raise ValueError(f"arrangement {arrangement!r}: expected one of {ARRANGEMENTS}")
     td, ts = arrange(xp, tile_data(xp, data, n, k), tile_scales(xp, sc, n, k, SCALE_BYTES[fmt]),

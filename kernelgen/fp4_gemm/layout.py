@@ -2,10 +2,18 @@
 
 For each tile of 16 rows and each step of 128 k, the 1 KB of packed weights and the 16 x SB
 scale bytes (SB = 8 for NVFP4, 4 for MXFP4) are contiguous, ordered the way the lanes of a warp
-read them (lane (g, t) = (lane / 4, lane % 4) takes the 16-byte chunk t of rows g and g+8):
+read them (lane (g, t) = (lane / 4, lane % 4) takes the 16-byte chunk t of rows g and g+8, whose
+4-byte word j holds the elements 32j + 8t .. 32j + 8t + 7 of the step: "k-interleaved", so that
+the four lanes of a row read the matching activations, A[k0 + 32j + 8t ..], as 64 contiguous
+bytes, and word j of every lane lies in the 32-k span 32j .. 32j + 31):
 
-    data   [T, Q, 2 (h), 8 (g), 4 (t), 16]      row = 16 * tile + 8h + g, byte = 64q + 16t + i
-    scales [T, Q, 8 (g), 4 (t), 2 (h), SB / 4]  scale column = q * SB + t * SB / 4 + i
+    data   [T, Q, 2 (h), 8 (g), 4 (t), 4 (j), 4]   row = 16 * tile + 8h + g,
+                                                  byte = 64q + 16j + 4t + i (as [.., 4, 16])
+    scales [T, Q, 8 (g), P, 2 (h), 4 (j)]          scale column = q * SB + P * j + p
+
+where P = SB / 4 (NVFP4: 2, p = t / 2, as word j of lane t lies in the group of 16 number
+2j + t / 2; MXFP4: 1, word j in group j). A lane's scales of its words 0..3 in rows g and g+8
+are one 8-byte word, at (P * g + p) * 8 of the block.
 
 T = ceil(N / 16) (rows past N are zero), Q = K / 128. A warp's weight load then covers 512
 contiguous bytes and consecutive steps follow each other in memory, like a streaming copy. The
@@ -30,22 +38,25 @@ def _pad_rows(xp: Any, a: Any, rows: int) -> Any:
 
 
 def tile_data(xp: Any, data: Any, n: int, k: int) -> Any:
-    """Packed fp4 bytes [N, K/2] -> [T, Q, 2, 8, 4, 16], each 4-byte word bit-encoded (ENCODE
-    below): a new C-contiguous array (never a view of `data`, so the result outlives it)."""
+    """Packed fp4 bytes [N, K/2] -> [T, Q, 2, 8, 4, 16] (chunk t of a row's step: words j of
+    elements 32j + 8t ..), each 4-byte word bit-encoded (ENCODE below): a new C-contiguous array
+    (never a view of `data`, so the result outlives it)."""
     t, q = -(-n // TILE_ROWS), k // STEP_K
-    d = _pad_rows(xp, data, t * TILE_ROWS).reshape(t, 2, 8, q, 4, 16)
-    d = d.transpose(0, 3, 1, 2, 4, 5).copy()  # a new C-order array even where a view would do
+    d = _pad_rows(xp, data, t * TILE_ROWS).reshape(t, 2, 8, q, 4, 4, 4)  # [.., q, j, t, byte]
+    out = xp.empty((t, q, 2, 8, 4, 16), dtype=xp.uint8)  # a new array, the owner of its memory
+    out.reshape(t, q, 2, 8, 4, 4, 4)[...] = d.transpose(0, 3, 1, 2, 5, 4, 6)
+    d = out
     words = d.reshape(-1).view(xp.uint32)  # little-endian: element i of a word in bits 4i..4i+3
     words[...] = encode_words(xp, words)  # in place: d stays the owner of its memory
     return d
 
 
 def tile_scales(xp: Any, scales: Any, n: int, k: int, sb: int) -> Any:
-    """Row-major scale bytes [N, K * sb / 128] -> [T, Q, 8, 4, 2, sb / 4]: a new C-contiguous
+    """Row-major scale bytes [N, K * sb / 128] -> [T, Q, 8, sb / 4, 2, 4]: a new C-contiguous
     array (never a view of `scales`)."""
     t, q = -(-n // TILE_ROWS), k // STEP_K
-    s = _pad_rows(xp, scales, t * TILE_ROWS).reshape(t, 2, 8, q, 4, sb // 4)
-    return s.transpose(0, 3, 2, 4, 1, 5).copy()
+    s = _pad_rows(xp, scales, t * TILE_ROWS).reshape(t, 2, 8, q, 4, sb // 4)  # [.., q, j, p]
+    return s.transpose(0, 3, 2, 5, 1, 4).copy()
 
 
 # -- block order and where the scales go ---------------------------------------------------------
@@ -82,7 +93,7 @@ def arranged_shapes(arrangement: str, t: int, q: int, sb: int) -> tuple[tuple, t
     a0, a1 = (q, t) if arrangement.startswith("step") else (t, q)
     if arrangement.endswith("inline"):
         return (a0, a1, 1024 + 16 * sb), (a0, a1, 16 * sb)
-    return (a0, a1, 2, 8, 4, 16), (a0, a1, 8, 4, 2, sb // 4)
+    return (a0, a1, 2, 8, 4, 16), (a0, a1, 8, sb // 4, 2, 4)
 
 
 def block_strides(arrangement: str, data: Any, scales: Any) -> tuple[int, int, int, int]:
@@ -94,11 +105,11 @@ def block_strides(arrangement: str, data: Any, scales: Any) -> tuple[int, int, i
 
 
 def canonical(arrangement: str, data: Any, scales: Any, sb: int) -> tuple[Any, Any]:
-    """Views [T, Q, 2, 8, 4, 16] / [T, Q, 8, 4, 2, SB/4] of any arrangement (for the tests)."""
+    """Views [T, Q, 2, 8, 4, 16] / [T, Q, 8, SB/4, 2, 4] of any arrangement (for the tests)."""
     if arrangement.endswith("inline"):
         a0, a1 = data.shape[:2]
         data = data[:, :, :1024].reshape(a0, a1, 2, 8, 4, 16)
-        scales = scales.reshape(a0, a1, 8, 4, 2, sb // 4)
+        scales = scales.reshape(a0, a1, 8, sb // 4, 2, 4)
     if arrangement.startswith("step"):
         data, scales = data.transpose(1, 0, 2, 3, 4, 5), scales.transpose(1, 0, 2, 3, 4, 5)
     return data, scales

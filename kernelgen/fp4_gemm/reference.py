@@ -48,11 +48,13 @@ def rel_error(d: np.ndarray, d_ref: np.ndarray) -> float:
 
 def prepare_scales_mx(scales_rm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """What prepare_weight computes for MXFP4 (row-major E8M0 [N, S]): relative bytes
-    s' = max(s - rowmax + 127, 0) (0xFF stays NaN) and the fp32 row factors 2^(rowmax - 127).
+    s' = max(s - rowmax + 127, 0) (0xFF stays NaN) and the fp32 row factors 2^(rowmax - 127),
+    NaN for a row with a NaN group (the kernels then need no NaN case in their scale decode).
     s' = 0 is a flushed group (the kernels decode it as 0): a group more than 2^127 below its
     row's largest, e.g. an all-zero group (scale 0x00) beside one of amax >= 8."""
     s = np.asarray(scales_rm, np.int32)
     finite = np.where(s == MR.E8M0_NAN, 0, s)
     rowmax = finite.max(axis=1, keepdims=True)
     rel = np.where(s == MR.E8M0_NAN, MR.E8M0_NAN, np.clip(s - rowmax + 127, 0, 254)).astype(np.uint8)
-    return rel, np.ldexp(np.float32(1.0), (rowmax[:, 0] - 127)).astype(np.float32)
+    post = np.ldexp(np.float32(1.0), (rowmax[:, 0] - 127)).astype(np.float32)
+    return rel, np.where((s == MR.E8M0_NAN).any(axis=1), np.float32(np.nan), post).astype(np.float32)

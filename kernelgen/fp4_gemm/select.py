@@ -69,8 +69,12 @@ GEMV_CTA_WARPS = {(8, 16): 8, (8, 32): 4, (16, 16): 4, (16, 32): 4}
 # M = 16 22.50 us nvfp4 vs 19.38 at 16 (TPW 2), M = 9 18.58 vs 18.56; 4096x14336 M = 16 22.29
 # vs 22.33 (same grid). ncu: its A loads keep L1 82% busy (TPW 1 reads 4 bytes of A a weight
 # byte at 16 tokens; TPW 2: 2, L1 56%); A a word at a time (a_by_word) +-0.5 us; depth 3 at
-# m_tile 8 (62-64 registers) 3-8% slower.
-GEMV_WPS32 = {8: True, 16: False}
+# m_tile 8 (62-64 registers) 3-8% slower. Session 11, k-interleaved layout (the 4 lanes of a
+# token row read 64 contiguous bytes of A; L1 throughput 53% -> 26% at M = 16): m_tile 16 at 32
+# warps an SM is now the faster one on 14336x4096: M = 16 17.01 vs 17.72 us (nvfp4), 16.01 vs
+# 17.56 (mxfp4); on 4096x14336 it would need split 2 and the rule keeps 16 (19.25 vs 19.26
+# nvfp4; 18.71 vs 19.32 mxfp4).
+GEMV_WPS32 = {8: True, 16: True}
 # A through a per-warp cp.async ring in shared memory (Fp4GemvConfig.a_ring) is NOT taken.
 # Measured on H100 (session 12, same graph run, bit-exact) with cp.async.cg (L2 only): 14336x4096
 # nvfp4 M = 1 / 8 / 16 122.2 / 37.2 / 47.6 us vs 14.56 / 15.36 / 19.20 default; 4096x14336 73.2 /
@@ -265,9 +269,10 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4G
                             for warps in sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile, 16]}):
                                 yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
                                                     warps=warps, depth=GEMV_DEPTH, tpw=tpw)
-                    for warps in sorted({GEMV_WARPS, GEMV_CTA_WARPS[8, 32]}):
-                        yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=8, warps=warps,
-                                            depth=GEMV_DEPTH, tpw=1, warps_per_sm=32)
+                    for m_tile in (mt for mt in M_TILES if GEMV_WPS32[mt]):
+                        for warps in sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile, 32]}):
+                            yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
+                                                warps=warps, depth=GEMV_DEPTH, tpw=1, warps_per_sm=32)
                     for bm in TILE_BMS:
                         yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm,
                                             stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])

@@ -3,28 +3,33 @@
 // Weight layout both kernels read (kernelgen/fp4_gemm/layout.py; prepare_weight makes it; the
 // blocks may be stored tile- or step-major, scales apart or after each block: the kernels take
 // a block's byte strides along tiles and steps as arguments):
-//   W  packed E2M1 tiled per 16 rows and 128 k: [T, Q, 2 (h), 8 (g), 4 (t), 16 B], row =
+//   W  packed E2M1 tiled per 16 rows and 128 k: [T, Q, 2 (h), 8 (g), 4 (t), 4 (j), 4 B], row =
 //      16*tile + 8h + g (T = ceil(N/16), rows past N zero, Q = K/128): the 1 KB a warp loads per
-//      step is contiguous. Each 4-byte word holds 8 elements of consecutive k, its bits encoded
-//      for e2m1_word below (layout.py ENCODE).
-//   S  scale bytes of the same blocks: [T, Q, 8 (g), 4 (t), 2 (h), SB/4] (SB = 128 / group):
-//        NVFP4: E4M3 bytes as quantized (groups of 16);
-//        MXFP4: E8M0 bytes *relative to the row*: s' = max(s - rowmax + 127, 0) (<= 127;
-//               0xFF = NaN), so 2^(s'-127) <= 1 fits fp16 / bf16; the row's 2^(rowmax-127) is
-//               applied in fp32 to the accumulator (post[n]). s' = 0 decodes as 0 (a flushed
-//               group: one more than 2^127 below the row's largest, e.g. an all-zero group of
-//               scale 0x00 beside a group of amax >= 8; unclamped it would wrap to 0xFF / 2^127).
-//      A lane's scales of rows g and g+8 are one 4-byte (NVFP4) / 2-byte (MXFP4) word.
+//      step is contiguous. Chunk t (16 B) of a row's step holds four 4-byte words; word j holds
+//      the 8 elements 32j + 8t .. 32j + 8t + 7 ("k-interleaved"), its bits encoded for e2m1_word
+//      below (layout.py ENCODE).
+//   S  scale bytes of the same blocks: [T, Q, 8 (g), P, 2 (h), 4 (j)], P = SB / 4 (SB = 128 /
+//      group): lane (g, t) reads the 8-byte word at (P*g + p) * 8, p = t / 2 (NVFP4) or 0
+//      (MXFP4): byte j of its low / high half is the scale of word j of row g / g+8:
+//        NVFP4: E4M3 bytes as quantized (groups of 16: word j of lane t is in group 2j + t/2);
+//        MXFP4: E8M0 bytes *relative to the row* (word j is in group j): s' = max(s - rowmax +
+//               127, 0) (<= 127; 0xFF = NaN), so 2^(s'-127) <= 1 fits fp16 / bf16; the row's
+//               2^(rowmax-127) is applied in fp32 to the accumulator (post[n], NaN for a row
+//               with a NaN group). s' = 0 decodes
+//               as 0 (a flushed group: one more than 2^127 below the row's largest, e.g. an
+//               all-zero group of scale 0x00 beside a group of amax >= 8; unclamped it would
+//               wrap to 0xFF / 2^127).
 //   post  NVFP4: [1] fp32 global scale, a copy (D *= alpha / gs); MXFP4: [N] fp32 row factors
-//         (D *= alpha * post[n]).
+//         (D *= alpha * post[n]; NaN where the row has a NaN group).
 //
 // Lane work unit ("quad step", 128 k of 16 W rows): lane (g, t) = (lane / 4, lane % 4) loads the
-// 16-byte chunk t (elements 32t..32t+31) of rows g and g+8. mma k-step s (0..7) takes elements
-// 4s..4s+3 of the chunk: word s/2, elements 4(s%2)..4(s%2)+3. The mma's k-slots {2t,2t+1} and
-// {2t+8,2t+9} then stand for the actual k {32t+4s, +1} and {+2, +3}: the activation fragment of
-// lane t is the 8 bytes A[token][k0 + 32t + 4s .. +3], i.e. one 16-byte load per two k-steps. A group never straddles a k-step of a lane (NVFP4: words 0-1 / 2-3 are two groups,
-// MXFP4: the chunk is one group), so each lane scales its own W pairs by its own group scale in
-// fp16 / bf16 before the mma (one multiply a pair, exact: see RowScale).
+// 16-byte chunk t of rows g and g+8. mma k-step s (0..7) takes elements 4(s%2)..4(s%2)+3 of
+// word s/2. The mma's k-slots {2t,2t+1} and {2t+8,2t+9} then stand for the actual k {32j + 8t +
+// 4(s%2), +1} and {+2, +3}: the activation fragments of lane t for word j are the 16 bytes
+// A[token][k0 + 32j + 8t .. +7], and the four lanes of a token row read 64 contiguous bytes (2
+// sectors of one line) an instruction. A group never straddles a word, so each lane scales its
+// own W pairs by the group scale of the word in fp16 / bf16 before the mma (one multiply a
+// pair, exact: see RowScale).
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/mma.cuh"
@@ -65,18 +70,19 @@ __device__ __forceinline__ void e2m1_word(uint32_t q, uint32_t (&o)[4]) {
 }
 
 // -- scales -----------------------------------------------------------------------------------
-// RowScale: the group scales of one lane's chunk of one row as T pairs (s, s): s[0] for words
-// 0-1, s[1] for words 2-3 (MXFP4: one group, both the same). A scaled pair raw * s is exact in T
-// and its value is w * scale * 2^-UNIT_EXP; row_factor multiplies the fp32 sum by 2^UNIT_EXP.
+// RowScale: the group scales of one lane's four words of one row as T pairs (s, s): s[j] for
+// word j. A scaled pair raw * s is exact in T and its value is w * scale * 2^-UNIT_EXP;
+// row_factor multiplies the fp32 sum by 2^UNIT_EXP.
 //   fp16 NVFP4: s = e4m3 (exact in fp16)                 -> w e4m3 2^-14  (multiples of 2^-24)
 //   bf16 NVFP4: s = e4m3 * 2^119                        -> w e4m3 2^-7
 //   fp16 MXFP4: s = 2^(s'-127+15) (0 below 2^-24)       -> w 2^(s'-127+1): exact for groups down
 //               to 2^-24 below the row's largest, rounded below that (they add < 2^-24 relative)
 //   bf16 MXFP4: s = 2^(s'-127+126)                      -> w 2^(s'-127)
-// s' = 0 (a flushed MXFP4 group) gives s = 0; NaN scale bytes (e4m3 0x7F / 0xFF, E8M0 0xFF) NaN.
+// s' = 0 (a flushed MXFP4 group) gives s = 0; NaN e4m3 bytes (0x7F / 0xFF) give NaN; an E8M0 0xFF
+// group's value is not used (prepare_weight makes its row's factor NaN).
 template <typename T, int FMT>
 struct RowScale {
-  uint32_t s[2];
+  uint32_t s[4];
 };
 template <typename T, int FMT>
 constexpr int UNIT_EXP = FMT == FMT_NVFP4 ? (RawUnit<T>::EXP == 14 ? 14 : 7) : (RawUnit<T>::EXP == 14 ? -1 : 0);
@@ -96,41 +102,77 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t raw) {
 #endif
 }
 
+// The 4 scale bytes of one row (byte j: word j's group) -> its RowScale.
 template <typename T, int FMT>
-__device__ __forceinline__ RowScale<T, FMT> chunk_scales(uint32_t raw) {
+__device__ __forceinline__ RowScale<T, FMT> row_scales(uint32_t raw) {
   RowScale<T, FMT> r;
   if constexpr (FMT == FMT_NVFP4) {
-    const uint32_t h2 = e4m3x2_to_half2(raw);  // (lo, hi) = groups (first, second)
-    if constexpr (RawUnit<T>::EXP == 14) {
-      r.s[0] = __byte_perm(h2, 0u, 0x1010u);  // (lo, lo)
-      r.s[1] = __byte_perm(h2, 0u, 0x3232u);  // (hi, hi)
-    } else {  // exact through fp32: e4m3 * 2^119 < 2^128
-      const __half2 hh = *reinterpret_cast<const __half2*>(&h2);
-      r.s[0] = splat2<T>(__low2float(hh) * 0x1p119f);
-      r.s[1] = splat2<T>(__high2float(hh) * 0x1p119f);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t h2 = e4m3x2_to_half2(raw >> (16 * h));  // (lo, hi) = words (2h, 2h+1)
+      if constexpr (RawUnit<T>::EXP == 14) {
+        r.s[2 * h] = __byte_perm(h2, 0u, 0x1010u);      // (lo, lo)
+        r.s[2 * h + 1] = __byte_perm(h2, 0u, 0x3232u);  // (hi, hi)
+      } else {  // exact through fp32: e4m3 * 2^119 < 2^128
+        const __half2 hh = *reinterpret_cast<const __half2*>(&h2);
+        r.s[2 * h] = splat2<T>(__low2float(hh) * 0x1p119f);
+        r.s[2 * h + 1] = splat2<T>(__high2float(hh) * 0x1p119f);
+      }
     }
-  } else {
-    const uint32_t b = raw & 0xFFu;
-    const float f = b == 0xFFu ? __int_as_float(0x7fffffff)
-                               : __uint_as_float(b << 23) * (RawUnit<T>::EXP == 14 ? 0x1p15f : 0x1p126f);
-    r.s[0] = r.s[1] = splat2<T>(f);
+  } else {  // b = s' <= 127 (0xFF: its row's post[n] is NaN, so any value here will do)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t b = __byte_perm(raw, 0u, 0x4440u + j);
+      // fp16: 2^(b-112) as an fp32 (b = 0: 2^-112, which rounds to 0 in fp16); bf16: 2^(b-127)
+      // (b = 0: 0) * 2^126. One rounding to T either way, as RowScale says.
+      const float f = RawUnit<T>::EXP == 14 ? __uint_as_float(b * (1u << 23) + (15u << 23))
+                                            : __uint_as_float(b << 23) * 0x1p126f;
+      r.s[j] = splat2<T>(f);
+    }
   }
   return r;
 }
 
-// Word j of rows g (wa, scales a) and g+8 (wb, scales b) -> the A fragments of k-steps 2j
-// (f[0..3]) and 2j+1 (f[4..7]), scaled: f = {a0, a1, a2, a3} as mma.cuh orders them.
-template <typename T, int FMT>
-__device__ __forceinline__ void frags_of_word(uint32_t wa, uint32_t wb, const RowScale<T, FMT>& a,
-                                              const RowScale<T, FMT>& b, int j, uint32_t (&f)[8]) {
+// Word j of rows g (wa) and g+8 (wb) -> the unscaled (raw) A fragments of k-steps 2j (f[0..3])
+// and 2j+1 (f[4..7]): f = {a0, a1, a2, a3} as mma.cuh orders them.
+template <typename T>
+__device__ __forceinline__ void raw_frags_of_word(uint32_t wa, uint32_t wb, uint32_t (&f)[8]) {
   uint32_t ra[4], rb[4];
   e2m1_word<T>(wa, ra);
   e2m1_word<T>(wb, rb);
-  const uint32_t sa = a.s[j >> 1], sb = b.s[j >> 1];
-  f[0] = hmul2<T>(ra[0], sa); f[1] = hmul2<T>(rb[0], sb);
-  f[2] = hmul2<T>(ra[1], sa); f[3] = hmul2<T>(rb[1], sb);
-  f[4] = hmul2<T>(ra[2], sa); f[5] = hmul2<T>(rb[2], sb);
-  f[6] = hmul2<T>(ra[3], sa); f[7] = hmul2<T>(rb[3], sb);
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    f[2 * p] = ra[p];
+    f[2 * p + 1] = rb[p];
+  }
+}
+
+// The same fragments scaled by the rows' group scales of word j (a: row g, b: row g+8).
+template <typename T, int FMT>
+__device__ __forceinline__ void frags_of_word(uint32_t wa, uint32_t wb, const RowScale<T, FMT>& a,
+                                              const RowScale<T, FMT>& b, int j, uint32_t (&f)[8]) {
+  raw_frags_of_word<T>(wa, wb, f);
+#pragma unroll
+  for (int p = 0; p < 8; ++p) f[p] = hmul2<T>(f[p], p & 1 ? b.s[j] : a.s[j]);
+}
+
+// MXFP4 scaled after the mma (the bandwidth path): every k of word j, in all four lanes of a
+// row, is in group j, so the m16n8k16 products of a word's two k-steps from raw fragments times
+// the row's fp32 factor 2^(s' - 127 + 1 + 14) (fp16) / 2^(s' - 127 + 126) (bf16) are the sums
+// of the scaled fragments, in the same unit (UNIT_EXP): the factor is RowScale's scale before its
+// rounding to T. Byte j of raw (s' <= 127) -> that factor; s' = 0 gives 2^-112 / 2^-1, i.e. 2^-127
+// of the row's largest group (RowScale rounds it to 0: a difference below 2^-126 of the row's
+// scale). 0xFF: a garbage factor, its row's post[n] is NaN.
+template <typename T>
+__device__ __forceinline__ float mx_word_factor(uint32_t raw, int j) {
+  const uint32_t b = __byte_perm(raw, 0u, 0x4440u + j);
+  return __uint_as_float(b * (1u << 23) + ((RawUnit<T>::EXP == 14 ? 15u : 126u) << 23));
+}
+
+// A lane's 8-byte scale word of a block: (P*g + p) * 8, P = SB / 4, p = t / 2 (NVFP4) or 0
+template <int FMT>
+__device__ __forceinline__ int scale_offset(int g, int t) {
+  return FMT == FMT_NVFP4 ? 16 * g + 8 * (t >> 1) : 8 * g;
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4& u, int j) {
@@ -147,20 +189,10 @@ template <bool HINT> __device__ __forceinline__ uint4 ld_stream_v4(const void* p
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
-__device__ __forceinline__ uint32_t ld_nc_u16(const void* p) {
-  unsigned short r;
-  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(r) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
-  unsigned short r;
-  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(addr));
-  return r;
-}
 
 // A tile in shared memory: token rows of 256-byte segments (128 k); 16-byte chunk c of a
 // segment is stored at swz(c, row): the 8 lanes of each quarter warp (2 tokens x 4 t) reading
-// chunk 4t + j hit 8 different 16-byte bank groups.
+// chunk t + 4j hit 8 different 16-byte bank groups (bits 0-1: t ^ j; bit 2: j ^ row).
 __device__ __forceinline__ uint32_t swz(uint32_t c, uint32_t row) {
   return c ^ ((c >> 2) & 3u) ^ ((row & 1u) << 2);
 }

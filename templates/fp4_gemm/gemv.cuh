@@ -15,8 +15,8 @@
 // tile and step (tiled layout); DEPTH steps per warp are in flight in a register ring, the first
 // issued before anything else. The activation fragments are 16-byte loads from global memory (L1
 // hits after the first warp of an SM: A is small and every warp of a K slice reads the same
-// bytes), at immediate offsets from one pointer per token row: no staging, no barrier before the
-// loop (A_RING instead stages them per warp through shared memory by cp.async, see below).
+// bytes; the k-interleaved layout makes the 4 lanes of a token row read 64 contiguous bytes), at
+// immediate offsets from one pointer per token row: no staging, no barrier before the loop (A_RING instead stages them per warp through shared memory by cp.async, see below).
 #pragma once
 #include "fp4_gemm/fp4.cuh"
 
@@ -40,6 +40,10 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   // (fewer registers live, the L1 latency exposed per word) instead of all four per step
   constexpr bool LEAN16 = LEAN && NT == 2;
   constexpr int CH = LEAN16 ? 1 : TPW == 1 ? 2 : TPW;  // independent mma accumulator chains
+  // MXFP4 at m_tile 8 applies its group scales after the mma (fp4.cuh mx_word_factor: 4 FFMA a
+  // word instead of 8 HMUL2, and a cheaper decode of the scale bytes); NVFP4 cannot (the four
+  // lanes of a row hold two groups in each word); m_tile 16 would spill at 128 registers
+  constexpr bool POST = FMT == FMT_MXFP4 && NT == 1;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -56,7 +60,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 
   // this warp's (tile, step) blocks, at W + tile * wt + step * wq (S: st, sq; layout.py
   // arrangements): lane (g, t) reads chunk t of rows g (wp) and g+8 (wp + 512) and one scale
-  // word; the ring slots are filled in step order, each load moving the pointers one step on. A
+  // 8-byte scale word (scale_offset); the ring slots are filled in step order, each load moving the pointers one step on. A
   // second tile past N re-reads the last tile (its rows are never stored).
   const uint8_t* wp[TPW];
   const uint8_t* sp[TPW];
@@ -64,16 +68,16 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   for (int i = 0; i < TPW; ++i) {
     const long long tl = min(tile0 + i, tiles - 1);
     wp[i] = W + tl * wt + (size_t)q0 * wq + 64 * g + 16 * t;
-    sp[i] = S + tl * st + (size_t)q0 * sq + (4 * g + t) * (SB / 2);
+    sp[i] = S + tl * st + (size_t)q0 * sq + scale_offset<FMT>(g, t);
   }
   uint4 wa[DEPTH][TPW], wb[DEPTH][TPW];
-  uint32_t sr[DEPTH][TPW];  // rows g (low half) and g+8 (high half)
+  uint2 sr[DEPTH][TPW];  // rows g (.x) and g+8 (.y), byte j: word j
   const auto load = [&](int d) {
 #pragma unroll
     for (int i = 0; i < TPW; ++i) {
       wa[d][i] = ld_stream_v4<HINT>(wp[i]);
       wb[d][i] = ld_stream_v4<HINT>(wp[i] + 512);
-      sr[d][i] = FMT == FMT_NVFP4 ? ld_nc_u32(sp[i]) : ld_nc_u16(sp[i]);
+      sr[d][i] = ld_nc_v2(sp[i]);
       wp[i] += wq;
       sp[i] += sq;
     }
@@ -103,7 +107,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   const T* ap[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
-    ap[nt] = A + (size_t)(m0 + min(g + 8 * nt, rows - 1)) * K + (size_t)q0 * STEP_K + 32 * t;
+    ap[nt] = A + (size_t)(m0 + min(g + 8 * nt, rows - 1)) * K + (size_t)q0 * STEP_K + 8 * t;
 
   // A_RING: the step's A rows (M_TILE x 256 bytes) are copied by cp.async into this warp's ring
   // slot of dynamic shared memory (full 32-byte sectors, DEPTH steps ahead like the weights) and
@@ -120,9 +124,8 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   if constexpr (A_RING) {
     extern __shared__ __align__(16) uint8_t a_ring_smem[];
     const uint32_t ring = (uint32_t)__cvta_generic_to_shared(a_ring_smem) + warp * (DEPTH * SLOT);
-    const uint32_t x = (g & 1) << 2;  // chunk 4t + j of row g (+8): swz = (4t ^ t ^ x) ^ j
 #pragma unroll
-    for (int j = 0; j < 4; ++j) rd[j] = ring + g * 256 + (((4 * t) ^ t ^ x) ^ j) * 16;
+    for (int j = 0; j < 4; ++j) rd[j] = ring + g * 256 + swz(t + 4 * j, g) * 16;  // chunk t + 4j of row g (+8)
     const int r = lane / LPR, c0 = lane % LPR;
 #pragma unroll
     for (int u = 0; u < NCP; ++u) wr[u] = ring + r * 256 + swz(c0 + LPR * u, r) * 16;
@@ -154,7 +157,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
       if (it0 + d < n_it) {  // warp-uniform
-        uint4 b[4][NT];  // A[token][k0 + 32t + 8j .. +7] of this step, shared by the TPW tiles
+        uint4 b[4][NT];  // A[token][k0 + 32j + 8t .. +7] of this step, shared by the TPW tiles
         if constexpr (A_RING) {
           cp_async_wait<DEPTH - 1>();  // this step's group has landed (this lane's copies)
           __syncwarp();                // and every other lane's
@@ -166,25 +169,43 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
           for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 8 * j);
+            for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 32 * j);
         }
 #pragma unroll
         for (int i = 0; i < TPW; ++i) {
-          const RowScale<T, FMT> sca = chunk_scales<T, FMT>(sr[d][i]);
-          const RowScale<T, FMT> scb = chunk_scales<T, FMT>(FMT == FMT_NVFP4 ? sr[d][i] >> 16 : sr[d][i] >> 8);
+          RowScale<T, FMT> sca, scb;
+          if constexpr (!POST) {
+            sca = row_scales<T, FMT>(sr[d][i].x);
+            scb = row_scales<T, FMT>(sr[d][i].y);
+          }
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             if constexpr (A_BY_WORD) {
 #pragma unroll
-              for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 8 * j);
+              for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 32 * j);
             }
             uint32_t f[8];
-            frags_of_word<T, FMT>(word_of(wa[d][i], j), word_of(wb[d][i], j), sca, scb, j, f);
             const int c = CH == 1 ? 0 : TPW == 1 ? (j & 1) : i;
+            if constexpr (POST) {  // MXFP4: raw fragments, the group factor on the word's sums
+              raw_frags_of_word<T>(word_of(wa[d][i], j), word_of(wb[d][i], j), f);
+              const float xa = mx_word_factor<T>(sr[d][i].x, j), xb = mx_word_factor<T>(sr[d][i].y, j);
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              Mma<T>::run(acc[c][nt], f[0], f[1], f[2], f[3], b[j][nt].x, b[j][nt].y);
-              Mma<T>::run(acc[c][nt], f[4], f[5], f[6], f[7], b[j][nt].z, b[j][nt].w);
+              for (int nt = 0; nt < NT; ++nt) {
+                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                Mma<T>::run(p, f[0], f[1], f[2], f[3], b[j][nt].x, b[j][nt].y);
+                Mma<T>::run(p, f[4], f[5], f[6], f[7], b[j][nt].z, b[j][nt].w);
+                acc[c][nt][0] = fmaf(p[0], xa, acc[c][nt][0]);  // row g
+                acc[c][nt][1] = fmaf(p[1], xa, acc[c][nt][1]);
+                acc[c][nt][2] = fmaf(p[2], xb, acc[c][nt][2]);  // row g+8
+                acc[c][nt][3] = fmaf(p[3], xb, acc[c][nt][3]);
+              }
+            } else {
+              frags_of_word<T, FMT>(word_of(wa[d][i], j), word_of(wb[d][i], j), sca, scb, j, f);
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                Mma<T>::run(acc[c][nt], f[0], f[1], f[2], f[3], b[j][nt].x, b[j][nt].y);
+                Mma<T>::run(acc[c][nt], f[4], f[5], f[6], f[7], b[j][nt].z, b[j][nt].w);
+              }
             }
           }
         }

@@ -7,8 +7,8 @@
 // ceil(M/BM), split); blockIdx.z takes a K range (split-K: fp32 partials + last-CTA reduction).
 //
 // Shared memory per stage: W [8 tiles][1 KB] and scales [8 tiles][16 * SB] as in the tiled
-// layout (fp4.cuh; block (tile, step) at W + tile * w_t + step * w_q, S likewise), A [BM][256 B] (chunks swizzled, fp4.cuh swz). A lane reads chunk t of its W rows (16 B = 32 elements, 8
-// k-steps) and the matching 16-byte activation chunks, as in the bandwidth path (fp4.cuh).
+// layout (fp4.cuh; block (tile, step) at W + tile * w_t + step * w_q, S likewise), A [BM][256 B] (chunks swizzled, fp4.cuh swz). A lane reads chunk t of its W rows (16 B = 4 words, 8
+// k-steps) and the matching 16-byte activation chunks t + 4j, as in the bandwidth path (fp4.cuh).
 #pragma once
 #include "fp4_gemm/fp4.cuh"
 
@@ -108,10 +108,9 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         wv[mi][h] = lds128(sw + tl * 1024u + (uint32_t)(512 * h + 64 * g + 16 * t));
-      const uint32_t sbase = ss + tl * (16u * SB) + (uint32_t)(4 * g + t) * (SB / 2);
-      const uint32_t raw = FMT == FMT_NVFP4 ? lds32(sbase) : lds_u16(sbase);
-      sc[mi][0] = chunk_scales<T, FMT>(raw);
-      sc[mi][1] = chunk_scales<T, FMT>(FMT == FMT_NVFP4 ? raw >> 16 : raw >> 8);
+      const uint2 raw = lds64(ss + tl * (16u * SB) + (uint32_t)scale_offset<FMT>(g, t));
+      sc[mi][0] = row_scales<T, FMT>(raw.x);
+      sc[mi][1] = row_scales<T, FMT>(raw.y);
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -119,7 +118,7 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
 #pragma unroll
       for (int ni = 0; ni < NI; ++ni) {
         const uint32_t r = (uint32_t)(wt * NI * 8 + ni * 8 + g);
-        b[ni] = lds128(sa + 256u * r + 16u * swz((uint32_t)(4 * t + j), par));
+        b[ni] = lds128(sa + 256u * r + 16u * swz((uint32_t)(t + 4 * j), par));
       }
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {

@@ -42,17 +42,16 @@ def word_raw(word, dtype):
     return out
 
 
-def chunk_scales(raw, fmt, dtype):
-    """fp4.cuh chunk_scales -> (scale of words 0-1, scale of words 2-3) as float64."""
+def row_scales(raw, fmt, dtype):
+    """fp4.cuh row_scales: 4 scale bytes of a row (byte j: word j) -> their T scales as float64."""
+    b = np.array([(raw >> (8 * j)) & 0xFF for j in range(4)], np.uint8)
     if fmt == "nvfp4":
-        e = MR.decode(np.array([raw & 0xFF, (raw >> 8) & 0xFF], np.uint8), MR.E4M3).astype(np.float64)
-        return list(e * (1.0 if dtype == "float16" else 2.0 ** 119))
-    s = raw & 0xFF
-    if s == 0xFF:
-        return [np.nan, np.nan]
-    f = np.ldexp(1.0, s - 127) if s else 0.0
-    v = float(np.float16(f * 2.0 ** 15)) if dtype == "float16" else f * 2.0 ** 126
-    return [v, v]
+        return list(MR.decode(b, MR.E4M3).astype(np.float64) * (1.0 if dtype == "float16" else 2.0 ** 119))
+    if dtype == "float16":  # the fp32 bits b * 2^23 + 15 * 2^23 (mod 2^32), rounded to fp16
+        bits = ((b.astype(np.uint32) + np.uint32(15)) << np.uint32(23)).view(np.float32)
+        return [float(np.float16(x)) for x in bits]
+    bits = (b.astype(np.uint32) << np.uint32(23)).view(np.float32)  # then * 2^126 (bf16: exact)
+    return [float(np.float64(x) * 2.0 ** 126) for x in bits]
 
 
 def scaled(raw_vals, sc, dtype):
@@ -67,28 +66,42 @@ def unit(fmt, dtype):  # 2^UNIT_EXP
     return 0.5 if dtype == "float16" else 1.0
 
 
-def lane_frags(wd, sd, w_base, s_base, fmt, dtype, SB):
+def mx_word_factor(raw, dtype):
+    """fp4.cuh mx_word_factor of the 4 bytes of raw: fp32 bits (b + 15 | 126) * 2^23 (mod 2^32)."""
+    c = 15 if dtype == "float16" else 126
+    b = np.array([(raw >> (8 * j)) & 0xFF for j in range(4)], np.uint32)
+    return [float(x) for x in ((b + np.uint32(c)) << np.uint32(23)).view(np.float32)]
+
+
+def lane_frags(wd, sd, w_base, s_base, fmt, dtype, SB, post=False):
     """af[j][hf][row][k-slot]: the scaled A fragments the 32 lanes build from one (tile, step)
     block of 1 KB at wd[w_base:] and its scales at sd[s_base:] (gemv: the global arrays; the tile
-    path: its shared-memory copies)."""
+    path: its shared-memory copies). post (the gemv's MXFP4): (raw fragments, fac[j][row]), the
+    fp32 factor each lane applies to word j's mma sums of its rows (the 4 lanes of a row agree)."""
     af = np.zeros((4, 2, 16, 16))
+    fac = np.full((4, 16), np.nan)
     for lane in range(32):
         g, t = lane >> 2, lane & 3
         w_off = w_base + 64 * g + 16 * t
-        s_off = s_base + (4 * g + t) * (SB // 2)
-        raw = int.from_bytes(bytes(sd[s_off: s_off + SB // 2]), "little")
-        sc = (chunk_scales(raw, fmt, dtype),
-              chunk_scales(raw >> 16 if fmt == "nvfp4" else raw >> 8, fmt, dtype))
+        s_off = s_base + (16 * g + 8 * (t >> 1) if fmt == "nvfp4" else 8 * g)  # fp4.cuh scale_offset
+        raw = int.from_bytes(bytes(sd[s_off: s_off + 8]), "little")
+        sc = (row_scales(raw & 0xFFFFFFFF, fmt, dtype), row_scales(raw >> 32, fmt, dtype))
         for h in range(2):
             chunk = wd[w_off + 512 * h: w_off + 512 * h + 16]
             for j in range(4):
                 word = int.from_bytes(bytes(chunk[4 * j: 4 * j + 4]), "little")
-                vals = scaled(word_raw(word, dtype), sc[h][j >> 1], dtype)
                 row = g + 8 * h
+                if post:
+                    vals = word_raw(word, dtype)
+                    x = mx_word_factor((raw >> (32 * h)) & 0xFFFFFFFF, dtype)[j]
+                    assert np.isnan(fac[j, row]) or fac[j, row] == x or (np.isnan(x) and np.isnan(fac[j, row]))
+                    fac[j, row] = x
+                else:
+                    vals = scaled(word_raw(word, dtype), sc[h][j], dtype)
                 for hf in range(2):  # k-step 2j + hf: elements 4hf..4hf+3
                     af[j, hf, row, 2 * t: 2 * t + 2] = vals[4 * hf: 4 * hf + 2]
                     af[j, hf, row, 2 * t + 8: 2 * t + 10] = vals[4 * hf + 2: 4 * hf + 4]
-    return af
+    return (af, fac) if post else af
 
 
 def _strides(strides, k, SB):
@@ -125,14 +138,14 @@ def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=N
                     n_it = max(0, min(per, n_cta - ks * per))
                     acc = np.zeros((TPW, NT, 16, 8))  # D[tile][nt][W row][token col]
 
-                    def load_a(it, m0=m0, rows=rows, q0=q0):  # the 32 lanes' ld_nc_v4(ap[nt] + it * 128 + 8 j), j = 0..3
+                    def load_a(it, m0=m0, rows=rows, q0=q0):  # the 32 lanes' ld_nc_v4(ap[nt] + it * 128 + 32 j), j = 0..3
                         bf = np.zeros((NT, 4, 2, 16, 8))
                         for lane in range(32):
                             g, t = lane >> 2, lane & 3
                             for nt in range(NT):
                                 r = m0 + min(g + 8 * nt, rows - 1)
                                 for j in range(4):
-                                    k0 = (q0 + it) * 128 + 32 * t + 8 * j
+                                    k0 = (q0 + it) * 128 + 32 * j + 8 * t
                                     assert 0 <= r < m and k0 + 8 <= k, (r, k0, p.short())  # in A
                                     bv = a[r, k0: k0 + 8]
                                     for hf in range(2):
@@ -144,10 +157,15 @@ def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=N
                         bf = load_a(it)  # shared by the warp's TPW tiles
                         for i in range(TPW):  # a tile past N re-reads the last one
                             tl, q = min(tile0 + i, n_tiles - 1), q0 + it
+                            post_mx = fmt == "mxfp4" and NT == 1  # gemv.cuh POST: scaled after the mma
                             af = lane_frags(td, ts, tl * w_t + q * w_q, s_off + tl * s_t + q * s_q, fmt,
-                                            dtype, SB)
+                                            dtype, SB, post=post_mx)
                             for nt in range(NT):
                                 for j in range(4):
+                                    if post_mx:
+                                        raw_af, fac = af
+                                        acc[i, nt] += fac[j][:, None] * sum(raw_af[j, hf] @ bf[nt, j, hf] for hf in range(2))
+                                        continue
                                     for hf in range(2):
                                         acc[i, nt] += af[j, hf] @ bf[nt, j, hf]
                     part.setdefault(tile0, []).append(acc)
@@ -267,7 +285,7 @@ def emulate_tile(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=N
                                 for ni in range(NI):
                                     r = wt * NI * 8 + ni * 8 + g
                                     for j in range(4):
-                                        bv = sa[r, swz(4 * t + j, g & 1)]
+                                        bv = sa[r, swz(t + 4 * j, g & 1)]
                                         for hf in range(2):
                                             bf[ni, j, hf, 2 * t: 2 * t + 2, g] = bv[4 * hf: 4 * hf + 2]
                                             bf[ni, j, hf, 2 * t + 8: 2 * t + 10, g] = bv[4 * hf + 2: 4 * hf + 4]
@@ -380,7 +398,7 @@ def test_arrangements_read_the_same_blocks(fmt, arrangement, path, m, split, tpw
 def test_a_ring_slots_round_trip(m_tile):
     """gemv.cuh a_ring indexing: the lanes' cp.async copies (row lane / LPR, chunk lane % LPR +
     LPR u, at swz) fill every 16-byte chunk of a slot exactly once, each LDS of lane (g, t), word
-    j, token half nt reads the chunk 4t + j of row g + 8 nt, and each quarter warp's 8 reads hit
+    j, token half nt reads the chunk t + 4j of row g + 8 nt, and each quarter warp's 8 reads hit
     8 different 16-byte bank groups."""
     lpr, ncp = 32 // m_tile, 16 // (32 // m_tile)
     where = {}
@@ -398,7 +416,31 @@ def test_a_ring_slots_round_trip(m_tile):
                 banks = set()
                 for lane in range(8 * q, 8 * q + 8):
                     g, t = lane >> 2, lane & 3
-                    off = g * 256 + (((4 * t) ^ t ^ ((g & 1) << 2)) ^ j) * 16 + nt * 2048
-                    assert where[off] == (g + 8 * nt, 4 * t + j), (lane, j, nt)
+                    off = g * 256 + swz(t + 4 * j, g) * 16 + nt * 2048  # gemv.cuh rd[j]
+                    assert where[off] == (g + 8 * nt, t + 4 * j), (lane, j, nt)
                     banks.add((off // 16) % 8)
                 assert len(banks) == 8, (q, j, nt)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("path,m,split", [("gemv", 3, 1), ("gemv", 11, 2), ("tile", 5, 1)])
+def test_mx_nan_group_rows(dtype, path, m, split):
+    """An E8M0 NaN group (0xFF): the kernels decode its byte to some finite or infinite scale
+    (row_scales has no NaN case); the row factor from prepare is NaN, so the row's outputs are."""
+    n, k = 40, 256
+    packed, scales, _, _ = host_weight("mxfp4", n, k)
+    scales = scales.copy()
+    rows = [1, 20, 39]
+    for i, r in enumerate(rows):
+        scales[r, 2 * i + 1] = 0xFF
+    w64 = GR.dequantize("mxfp4", packed, scales, None)
+    td, ts, post = _prepared_mx(packed, scales, n, k, "api")
+    assert np.isnan(post[rows]).all() and np.isfinite(np.delete(post, rows)).all()
+    a = np.random.default_rng(m).standard_normal((m, k)).astype(np.float16).astype(np.float64)
+    p = plan("sm_90a", m, n, k, "mxfp4", dtype, 132, path=path, split=split)
+    emu = emulate_gemv if path == "gemv" else emulate_tile
+    with np.errstate(invalid="ignore", over="ignore"):
+        got = emu(p, td, ts, post, a, None, 1.0, "mxfp4", dtype, m, n, k)
+    assert np.isnan(got[:, rows]).all()
+    keep = np.setdiff1d(np.arange(n), rows)
+    assert np.allclose(got[:, keep], a @ w64[keep].T, rtol=1e-12, atol=1e-12)

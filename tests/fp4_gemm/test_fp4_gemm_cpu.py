@@ -206,12 +206,15 @@ def test_forced_path_and_split():
 def test_two_tiles_a_warp_plan():
     """TPW = 2 covers the same warps with half the tile units: 14336x4096 at M = 16 goes from
     KW 2 to KW 4 (224 CTAs either way) and is the default there; on 4096x14336 it would need a
-    global split (128 CTAs), so the default stays TPW 1 (KW 8, 256 CTAs)."""
-    one = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=1)
+    global split (128 CTAs), so the default stays TPW 1 (KW 8, 256 CTAs). At 16 warps an SM."""
+    one = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=1, wps=16)
     two = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=2)
     assert (one.kw, one.grid, one.config.tpw, one.config.warps) == (2, (448, 1, 1), 1, 4), one.short()
     assert (two.kw, two.grid, two.config.tpw, two.config.warps) == (4, (448, 1, 1), 2, 4), two.short()
-    assert select_fp4("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132) == two
+    assert plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, wps=16) == two
+    # the default since the k-interleaved layout: 32 warps an SM (TPW 1, twice the warps of two)
+    p = select_fp4("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132)
+    assert (p.config.warps_per_sm, p.config.tpw, p.kw, p.grid) == (32, 1, 4, (896, 1, 1)), p.short()
     assert select_fp4("sm_90a", 1, 14336, 4096, "nvfp4", "float16", 132).config.tpw == 1
     wide = plan("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132, tpw=2)
     assert (wide.kw, wide.grid) == (8, (128, 2, 1)), wide.short()
@@ -247,7 +250,9 @@ def test_stages_fit_every_arch():
 def test_prewarm_table_is_modest():
     for arch in SM_COUNTS:
         cfgs = list(prewarm_configs([arch], {}))
-        assert 0 < len(cfgs) <= 40 and len(set(cfgs)) == len(cfgs)
+        # per (fmt, dtype): 8 GEMV (m_tile x tpw x CTA warps at 16 an SM, 2 CTA sizes of each
+        # m_tile at 32) + 4 tile configs
+        assert 0 < len(cfgs) <= 48 and len(set(cfgs)) == len(cfgs)
         assert {type(c) for c in cfgs} == {Fp4GemvConfig, Fp4TileConfig}
 
 
@@ -318,9 +323,9 @@ def test_api_rules_before_launch():
 
 def test_warps_per_sm_plan_and_rules():
     """32 resident warps an SM (<= 64 registers, TPW 1 only) doubles KW on 14336x4096 (896 CTAs
-    of 4 warps, all resident at 8 an SM): the planner takes it there at m_tile 8, not where KW
-    cannot grow (4096x14336: KW 8 already, 32 would only add a K split) nor at m_tile 16 (table);
-    the config refuses it where it cannot fit."""
+    of 4 warps, all resident at 8 an SM): the planner takes it there at m_tile 8 and 16 (since the
+    k-interleaved layout), not where KW cannot grow (4096x14336: KW 8 already, 32 would only add a
+    K split); the config refuses it where it cannot fit."""
     p = plan("sm_90a", 1, 14336, 4096, "mxfp4", "float16", 132, wps=32)
     assert (p.kw, p.grid, p.config.warps_per_sm, p.block) == (4, (896, 1, 1), 32, (128, 1, 1)), p.short()
     assert "__launch_bounds__(128, 8)" in render(p.config).source
@@ -330,7 +335,9 @@ def test_warps_per_sm_plan_and_rules():
         assert (d.kw, d.split, d.config.warps_per_sm) == (8, 1, 16), d.short()
         assert plan("sm_90a", m, 4096, 14336, "nvfp4", "float16", 132, wps=32).split == 2
     d16 = select_fp4("sm_90a", 16, 14336, 4096, "mxfp4", "float16", 132)
-    assert (d16.config.warps_per_sm, d16.config.tpw) == (16, 2), d16.short()
+    assert (d16.config.warps_per_sm, d16.config.tpw) == (32, 1), d16.short()
+    w16 = select_fp4("sm_90a", 16, 4096, 14336, "mxfp4", "float16", 132)
+    assert (w16.config.warps_per_sm, w16.split) == (16, 1), w16.short()
     assert "__launch_bounds__(256, 2)" in render(plan("sm_90a", 1, 14336, 4096, "mxfp4", "float16",
                                                       132, wps=16).config).source
     p16 = plan("sm_90a", 16, 14336, 4096, "mxfp4", "float16", 132, wps=32)  # TPW 1, 4-warp CTAs

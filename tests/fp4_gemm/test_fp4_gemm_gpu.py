@@ -355,6 +355,38 @@ def test_mxfp4_extreme_row_scales(dtype, path, split):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 2), ("tile", 1)])
+def test_nan_scale_groups(fmt, path, split):
+    """A NaN scale byte (NVFP4 e4m3 0x7F, MXFP4 E8M0 0xFF) in one group of some rows: every
+    output of those rows is NaN (MXFP4 through the row factor), the other rows match float64."""
+    import cupy
+
+    from kernelgen.fp4_gemm import fp4_gemm
+
+    from ._weights import host_weight, mx_tensor_class
+
+    n, k = 72, 1024
+    packed, scales, gs, _ = host_weight(fmt, n, k)
+    scales = scales.copy()
+    rows = [0, 17, 40, 71]
+    for i, r in enumerate(rows):  # groups in different words / steps / lanes
+        scales[r, (5 * i + 3) % scales.shape[1]] = 0x7F if fmt == "nvfp4" else 0xFF
+    w64 = GR.dequantize(fmt, packed, scales, gs)
+    assert np.isnan(w64[rows]).any(axis=1).all()
+    t = mx_tensor_class()(fmt=fmt, shape=(n, k), data=cupy.asarray(packed), scales=cupy.asarray(scales),
+                          scale_layout="row_major",
+                          global_scale=None if gs is None else cupy.asarray(np.array([gs], np.float32)))
+    keep = np.setdiff1d(np.arange(n), rows)
+    rng = np.random.default_rng()
+    for m in (1, 12, 40):
+        a = _host(rng, (m, k), "float16")
+        d = GR.to_float64(cupy.asnumpy(fp4_gemm(cupy.asarray(a), t, path=path, split_k=split)), "float16")
+        assert np.isnan(d[:, rows]).all(), f"{fmt=} {path=} {m=}: NaN rows not all NaN"
+        _check(cupy.asarray(d[:, keep].astype(np.float16)), GR.gemm(a, w64[keep]), "float16",
+               f"nan groups {fmt=} {path=} {split=} {m=}")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
 def test_prepared_weight_outlives_torch_inputs(fmt):
     """Review B2: the Fp4Weight owns its buffers (K = 128, N % 16 == 0: the tiled layout is a
     plain reshape there); the MxTensor's tensors are freed and their memory overwritten."""

@@ -30,11 +30,13 @@ def test_tiled_offsets_match_the_kernels(n, k, sb):
             blk = tile * q_steps + q
             for t in range(4):  # gemv.cuh / tile.cuh: lane (g, t), rows g (h = 0) and g + 8
                 off = blk * 1024 + 512 * h + 64 * g + 16 * t
-                plain = data[r, 64 * q + 16 * t: 64 * q + 16 * t + 16].copy().view(np.uint32)
-                assert np.array_equal(td[off:off + 16].view(np.uint32), encode_words(np, plain))
-                soff = blk * 16 * sb + (4 * g + t) * (sb // 2) + h * (sb // 4)
-                col = q * sb + t * (sb // 4)
-                assert np.array_equal(ts[soff:soff + sb // 4], scales[r, col:col + sb // 4])
+                soff = blk * 16 * sb + (16 * g + 8 * (t >> 1) if sb == 8 else 8 * g) + 4 * h
+                for j in range(4):  # word j: elements 32j + 8t .. + 7 (4 bytes from 16j + 4t)
+                    plain = data[r, 64 * q + 16 * j + 4 * t: 64 * q + 16 * j + 4 * t + 4].copy().view(np.uint32)
+                    assert np.array_equal(td[off + 4 * j:off + 4 * j + 4].view(np.uint32), encode_words(np, plain))
+                    group = (128 * q + 32 * j + 8 * t) // (128 // sb)  # of elements .. + 7 alike
+                    assert group == (128 * q + 32 * j + 8 * t + 7) // (128 // sb)
+                    assert ts[soff + j] == scales[r, group], (r, q, t, j)
     pad = tile_data(np, data, n, k).reshape(tiles * 16 // 16, q_steps, 2, 8, 4, 16)
     if n % 16:  # rows past N are zero
         last = pad[-1].transpose(1, 2, 0, 3, 4).reshape(16, q_steps * 64)
