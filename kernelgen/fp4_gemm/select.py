@@ -69,7 +69,7 @@ GEMV_CTA_WARPS = {(8, 16): 8, (8, 32): 4, (16, 16): 4, (16, 32): 4}
 # M = 16 22.50 us nvfp4 vs 19.38 at 16 (TPW 2), M = 9 18.58 vs 18.56; 4096x14336 M = 16 22.29
 # vs 22.33 (same grid). ncu: its A loads keep L1 82% busy (TPW 1 reads 4 bytes of A a weight
 # byte at 16 tokens; TPW 2: 2, L1 56%); A a word at a time (a_by_word) +-0.5 us; depth 3 at
-# m_tile 8 (62-64 registers) 3-8% slower. Session 11, k-interleaved layout (the 4 lanes of a
+# m_tile 8 (62-64 registers) 3-8% slower. With the k-interleaved layout (`bbdfb13`: the 4 lanes of a
 # token row read 64 contiguous bytes of A; L1 throughput 53% -> 26% at M = 16): m_tile 16 at 32
 # warps an SM is now the faster one on 14336x4096: M = 16 17.01 vs 17.72 us (nvfp4), 16.01 vs
 # 17.56 (mxfp4); on 4096x14336 it would need split 2 and the rule keeps 16 (19.25 vs 19.26
