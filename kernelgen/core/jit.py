@@ -103,12 +103,14 @@ class Kernel:
         self.module.load(cubin)
         self.functions = {}
         smem = config.smem_bytes()
+        drv = cupy.cuda.driver
         for sym in config.symbols():
             fn = self.module.get_function(sym)
-            if smem > 48 * 1024:  # opt in to more than the default 48 KB of dynamic smem
-                cupy.cuda.driver.funcSetAttribute(
-                    fn.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem
-                )
+            # opt in where static + dynamic smem pass the default 48 KB (a kernel's static smem
+            # counts against the same limit: 40 KB dynamic beside 8 KB static needs it too)
+            static = drv.funcGetAttribute(drv.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn.ptr) if smem else 0
+            if smem and smem + static > 48 * 1024:
+                drv.funcSetAttribute(fn.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
             self.functions[sym] = fn
 
     def fn(self, symbol: str):

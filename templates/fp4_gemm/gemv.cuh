@@ -59,9 +59,10 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   const int n_it = active ? max(0, min(per, n_cta - ks * per)) : 0;
 
   // this warp's (tile, step) blocks, at W + tile * wt + step * wq (S: st, sq; layout.py
-  // arrangements): lane (g, t) reads chunk t of rows g (wp) and g+8 (wp + 512) and one scale
-  // 8-byte scale word (scale_offset); the ring slots are filled in step order, each load moving the pointers one step on. A
-  // second tile past N re-reads the last tile (its rows are never stored).
+  // arrangements): lane (g, t) reads chunk t of rows g (wp) and g+8 (wp + 512) and one 8-byte
+  // scale word (scale_offset); the ring slots are filled in step order, each load moving the
+  // pointers one step on. A second tile past N re-reads the last tile (its rows are never
+  // stored).
   const uint8_t* wp[TPW];
   const uint8_t* sp[TPW];
 #pragma unroll

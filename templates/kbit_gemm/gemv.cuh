@@ -352,36 +352,36 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
   const int g1 = min(G, g0 + gps);
   const int kr = (g1 - g0) * GROUP_K;        // this CTA's K range
 
-  stage_a<T>(as_base, A + (size_t)m0 * K + (size_t)g0 * GROUP_K, rows, kr, K);
-  fill_lut<T, BITS, WARPS * 32>(smem, codebook);
-  cp_async_wait_all();
-  __syncthreads();
-
-  const uint32_t lane_addr = BITS <= 3 ? (uint32_t)lane * 4u
-                                       : lut_base + (uint32_t)(lane % L::COPIES) * 4u;
-  // A fragment rows: token g (+8 for the second n8 tile); tokens past M read row rows-1 (their
-  // outputs are never stored), so every lane loads without a predicate. Every chunk this lane
-  // reads has swizzle x_a = (t, g mod 4), and rows start 128-byte aligned, so the address of
-  // chunk c of a line is (line start + 8*x_a) ^ 8c: one XOR a load.
-  const uint32_t x_a = (uint32_t)((t << 2) | (g & 3));
-  uint32_t arow[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int m = g + 8 * nt;
-    arow[nt] = as_base + 2u * (uint32_t)(min(m, rows - 1) * kr + t * GROUP_K) + 8u * x_a;
-  }
-
-  const int kp = warp % KW, slot = warp / KW;  // K warp and tile slot
-  const int n_it = (((g1 - g0 + 3) >> 2) + KW - 1) / KW;  // this warp's quad steps of a tile
-  const int n_tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
-  const uint32_t row_u4 = (uint32_t)(G * BITS);  // uint4 per W row
+  // The first step's planes and scales. Without split-K at <= 4 bits (EARLY_W) they are
+  // requested before the A slice and the table, so their DRAM latency overlaps that prologue
+  // (ncu, 4096x4096 4 bits: 21% of the warps' samples waited on them after the barrier; H100,
+  // graphs: 0.15-0.85 us a call at M = 1). Split-K and 5-bit configs load them after it (early,
+  // 4-bit m_tile 16 and 5-bit m_tile 8 split spilled 8 bytes at 128 / 168 registers, and 5-bit
+  // M = 1 took 10.05 -> 11.79 us on 4096x4096, 29.6 -> 32.1 on 14336x4096, behind its 64 KB
+  // table fill). The walk's indices are set where the loads start (init_walk), so that a late
+  // config holds none of them through the prologue, as before. Not on sm_100+ (measured on
+  // sm_90a only; there the 4-bit m_tile 8 kw 4 config spilled 4 bytes early).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  constexpr bool EARLY_W = false;
+#else
+  constexpr bool EARLY_W = !SPLIT && BITS <= 4;
+#endif
+  int kp, slot, n_it, n_tiles, tile0, tstride, n_steps;
+  uint32_t row_u4;
   const uint4* w4 = reinterpret_cast<const uint4*>(packed);
-
-  // This warp's tiles: tile0, tile0 + tstride, ... (the grid is persistent: at most one wave).
-  // Steps run flat over (tile, quad step) so the next step's loads, also those of the next
-  // tile, are always in flight while the current step is decoded.
-  const int tile0 = blockIdx.x * SLOTS + slot, tstride = gridDim.x * SLOTS;
-  const int n_steps = tile0 < n_tiles ? ((n_tiles - 1 - tile0) / tstride + 1) * n_it : 0;
+  const auto init_walk = [&]() {
+    kp = warp % KW;  // K warp
+    slot = warp / KW;  // tile slot
+    n_it = (((g1 - g0 + 3) >> 2) + KW - 1) / KW;  // this warp's quad steps of a tile
+    n_tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
+    row_u4 = (uint32_t)(G * BITS);  // uint4 per W row
+    // This warp's tiles: tile0, tile0 + tstride, ... (the grid is persistent: at most one
+    // wave). Steps run flat over (tile, quad step) so the next step's loads, also those of the
+    // next tile, are always in flight while the current step is decoded.
+    tile0 = blockIdx.x * SLOTS + slot;
+    tstride = gridDim.x * SLOTS;
+    n_steps = tile0 < n_tiles ? ((n_tiles - 1 - tile0) / tstride + 1) * n_it : 0;
+  };
 
   // 32-bit element offsets of rows r0 = 16*tile + g and r1 = r0 + 8 (W below 64 GB): uint4
   // of the planes, bytes of the scales; rows past N re-read row N-1 (nothing is stored).
@@ -407,19 +407,55 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
     wb[4 * b] = v.x; wb[4 * b + 1] = v.y; wb[4 * b + 2] = v.z; wb[4 * b + 3] = v.w;
   };
 
+  Rows cur;
+  uint32_t sa = 0, sb = 0;
+  if constexpr (EARLY_W) {
+    init_walk();
+    cur = rows_of(tile0);
+    if (n_steps > 0) {
+      const int grp = group_of(0);
+#pragma unroll
+      for (int b = 0; b < BITS; ++b) load_slot(cur, grp, b);
+      sa = ld_nc_u32(absmax + (cur.s0 + 4u * grp));
+      sb = ld_nc_u32(absmax + (cur.s1 + 4u * grp));
+    }
+  }
+
+  stage_a<T>(as_base, A + (size_t)m0 * K + (size_t)g0 * GROUP_K, rows, kr, K);
+  fill_lut<T, BITS, WARPS * 32>(smem, codebook);
+  cp_async_wait_all();
+  __syncthreads();
+
+  if constexpr (!EARLY_W) {
+    init_walk();
+    cur = rows_of(tile0);
+    if (n_steps > 0) {
+      const int grp = group_of(0);
+#pragma unroll
+      for (int b = 0; b < BITS; ++b) load_slot(cur, grp, b);
+      sa = ld_nc_u32(absmax + (cur.s0 + 4u * grp));
+      sb = ld_nc_u32(absmax + (cur.s1 + 4u * grp));
+    }
+  }
+
+  const uint32_t lane_addr = BITS <= 3 ? (uint32_t)lane * 4u
+                                       : lut_base + (uint32_t)(lane % L::COPIES) * 4u;
+  // A fragment rows: token g (+8 for the second n8 tile); tokens past M read row rows-1 (their
+  // outputs are never stored), so every lane loads without a predicate. Every chunk this lane
+  // reads has swizzle x_a = (t, g mod 4), and rows start 128-byte aligned, so the address of
+  // chunk c of a line is (line start + 8*x_a) ^ 8c: one XOR a load.
+  const uint32_t x_a = (uint32_t)((t << 2) | (g & 3));
+  uint32_t arow[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int m = g + 8 * nt;
+    arow[nt] = as_base + 2u * (uint32_t)(min(m, rows - 1) * kr + t * GROUP_K) + 8u * x_a;
+  }
+
   // K-warp sums after the A slice (16-byte aligned: the slice is whole 256-byte rows)
   const uint32_t red_base = as_base + 2u * (uint32_t)(rows * gps * GROUP_K);
   int parity = 0;
   int tile = tile0, it = 0;
-  Rows cur = rows_of(tile0);
-  uint32_t sa = 0, sb = 0;
-  if (n_steps > 0) {
-    const int grp = group_of(0);
-#pragma unroll
-    for (int b = 0; b < BITS; ++b) load_slot(cur, grp, b);
-    sa = ld_nc_u32(absmax + (cur.s0 + 4u * grp));
-    sb = ld_nc_u32(absmax + (cur.s1 + 4u * grp));
-  }
   float acc[GROUP_BLOCKS][NT][4];  // per block j of a group: independent mma chains
 #pragma unroll
   for (int j = 0; j < GROUP_BLOCKS; ++j)

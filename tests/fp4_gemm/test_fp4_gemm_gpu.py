@@ -386,6 +386,33 @@ def test_nan_scale_groups(fmt, path, split):
                f"nan groups {fmt=} {path=} {split=} {m=}")
 
 
+def test_static_plus_dynamic_smem_over_48k():
+    """A launch whose dynamic shared memory is at most 48 KB but whose static + dynamic is more
+    (a_ring at depth 3: 48 KB of slots beside 8 KB of K-slice sums) opts in (core/jit.py) and
+    gives the default plan's result bit for bit."""
+    import dataclasses
+
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.fp4_gemm import fp4_gemm, plan, prepare_weight
+
+    n, k, m = 256, 2048, 16
+    t, w64 = _weight("nvfp4", n, k)
+    w = prepare_weight(t)
+    a = cupy.asarray(_host(np.random.default_rng(), (m, k), "float16"))
+    dev = device_info()
+    base = plan(dev.arch.name, m, n, k, "nvfp4", "float16", dev.sm_count, wps=16, tpw=2)
+    cfg = base.config.replace(a_ring=True, depth=3, warps=4)
+    assert cfg.smem_bytes() == 48 * 1024
+    p = dataclasses.replace(base, config=cfg, smem=cfg.smem_bytes(), block=(128, 1, 1),
+                            grid=(-(-(-(-n // 32) * base.kw) // 4), base.grid[1], base.grid[2]))
+    got = fp4_gemm(a, w, _plan=p)
+    want = fp4_gemm(a, w, _plan=base)
+    assert cupy.array_equal(got, want), p.short()
+    _check(got, GR.gemm(cupy.asnumpy(a), w64), "float16", p.short())
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 def test_prepared_weight_outlives_torch_inputs(fmt):
     """Review B2: the Fp4Weight owns its buffers (K = 128, N % 16 == 0: the tiled layout is a
