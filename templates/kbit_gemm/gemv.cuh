@@ -409,7 +409,7 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
 
   Rows cur;
   uint32_t sa = 0, sb = 0;
-  if constexpr (EARLY_W) {
+  const auto start_walk = [&]() {  // the walk's indices and the first step's loads
     init_walk();
     cur = rows_of(tile0);
     if (n_steps > 0) {
@@ -419,24 +419,15 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
       sa = ld_nc_u32(absmax + (cur.s0 + 4u * grp));
       sb = ld_nc_u32(absmax + (cur.s1 + 4u * grp));
     }
-  }
+  };
+  if constexpr (EARLY_W) start_walk();
 
   stage_a<T>(as_base, A + (size_t)m0 * K + (size_t)g0 * GROUP_K, rows, kr, K);
   fill_lut<T, BITS, WARPS * 32>(smem, codebook);
   cp_async_wait_all();
   __syncthreads();
 
-  if constexpr (!EARLY_W) {
-    init_walk();
-    cur = rows_of(tile0);
-    if (n_steps > 0) {
-      const int grp = group_of(0);
-#pragma unroll
-      for (int b = 0; b < BITS; ++b) load_slot(cur, grp, b);
-      sa = ld_nc_u32(absmax + (cur.s0 + 4u * grp));
-      sb = ld_nc_u32(absmax + (cur.s1 + 4u * grp));
-    }
-  }
+  if constexpr (!EARLY_W) start_walk();
 
   const uint32_t lane_addr = BITS <= 3 ? (uint32_t)lane * 4u
                                        : lut_base + (uint32_t)(lane % L::COPIES) * 4u;
