@@ -35,7 +35,9 @@ class Fp4Weight:
             byte j, as MxTensor packs them) in the tiled layout of layout.py
     scales  uint8 [T, Q, 8, SB/4, 2, 4], tiled the same way: E4M3 bytes (nvfp4, groups of 16,
             SB=8) or E8M0 bytes relative to the row's largest, max(s - rowmax + 127, 0)
-            (mxfp4, groups of 32, SB=4; 0 = a flushed group, 0xFF = NaN)
+            (mxfp4, groups of 32, SB=4; 0 = a flushed group; 0xFF marks a NaN group, which
+            the kernels do not decode as NaN: its row's post must be NaN, as prepare_weight
+            makes it)
     post    float32: nvfp4 the global scale [1] (D is divided by it); mxfp4 the row factors
             2^(rowmax - 127) [N] (D is multiplied by them; NaN for a row with a NaN group)
     """
@@ -60,6 +62,9 @@ class Fp4Weight:
             if x.data.device_id != self.device:
                 raise ValueError(f"Fp4Weight.{name}: on device {x.data.device_id}, the weight "
                                  f"says device {self.device}")
+        # the kernels read each block as 16-byte chunks (cp.async / ld.v4) and 8-byte scale words
+        check_aligned(self.data.data.ptr, "Fp4Weight.data", 16, "16-byte weight loads")
+        check_aligned(self.scales.data.ptr, "Fp4Weight.scales", 8, "8-byte scale-word loads")
 
     @property
     def shape(self) -> tuple[int, int]:

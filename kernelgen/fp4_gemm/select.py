@@ -65,15 +65,15 @@ GEMV_CTA_WARPS = {(8, 16): 8, (8, 32): 4, (16, 16): 4, (16, 32): 4}
 # W + scales 12.73 / 12.09 us): 14336x4096 M = 1 / 4 / 8 nvfp4 15.26 / 15.61 / 16.30 -> 14.80 /
 # 15.24 / 15.90 us, mxfp4 14.33 / 14.68 / 15.67 -> 13.90 / 14.19 / 15.27. Where KW cannot grow
 # (4096x14336: KW 8 already) 32 alone is slower: same grid 14.53 -> 15.67 us (nvfp4 M=1), split
-# 2 16.48. m_tile 16 at 32 (TPW 1, one accumulator chain a token half) is NOT taken: 14336x4096
-# M = 16 22.50 us nvfp4 vs 19.38 at 16 (TPW 2), M = 9 18.58 vs 18.56; 4096x14336 M = 16 22.29
-# vs 22.33 (same grid). ncu: its A loads keep L1 82% busy (TPW 1 reads 4 bytes of A a weight
-# byte at 16 tokens; TPW 2: 2, L1 56%); A a word at a time (a_by_word) +-0.5 us; depth 3 at
-# m_tile 8 (62-64 registers) 3-8% slower. With the k-interleaved layout (`bbdfb13`: the 4 lanes of a
-# token row read 64 contiguous bytes of A; L1 throughput 53% -> 26% at M = 16): m_tile 16 at 32
-# warps an SM is now the faster one on 14336x4096: M = 16 17.01 vs 17.72 us (nvfp4), 16.01 vs
-# 17.56 (mxfp4); on 4096x14336 it would need split 2 and the rule keeps 16 (19.25 vs 19.26
-# nvfp4; 18.71 vs 19.32 mxfp4).
+# 2 16.48. Before the k-interleaved layout (`bbdfb13`), m_tile 16 at 32 (TPW 1, one accumulator
+# chain a token half) was not taken: 14336x4096 M = 16 22.50 us nvfp4 vs 19.38 at 16 (TPW 2),
+# M = 9 18.58 vs 18.56; 4096x14336 M = 16 22.29 vs 22.33 (same grid); ncu: its A loads kept L1
+# 82% busy (TPW 1 reads 4 bytes of A a weight byte at 16 tokens; TPW 2: 2, L1 56%). A a word at
+# a time (a_by_word) +-0.5 us; depth 3 at m_tile 8 (62-64 registers) 3-8% slower. Since
+# `bbdfb13` (the 4 lanes of a token row read 64 contiguous bytes of A; L1 throughput 53% -> 26%
+# at M = 16) m_tile 16 at 32 warps an SM is the faster one on 14336x4096: M = 16 17.01 vs 17.72
+# us (nvfp4), 16.01 vs 17.56 (mxfp4); on 4096x14336 it would need split 2 and the rule keeps 16
+# (19.25 vs 19.26 nvfp4; 18.71 vs 19.32 mxfp4).
 GEMV_WPS32 = {8: True, 16: True}
 # A through a per-warp cp.async ring in shared memory (Fp4GemvConfig.a_ring) is NOT taken.
 # Measured on H100 (session 12, same graph run, bit-exact) with cp.async.cg (L2 only): 14336x4096

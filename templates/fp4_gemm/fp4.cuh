@@ -13,12 +13,14 @@
 //      (MXFP4): byte j of its low / high half is the scale of word j of row g / g+8:
 //        NVFP4: E4M3 bytes as quantized (groups of 16: word j of lane t is in group 2j + t/2);
 //        MXFP4: E8M0 bytes *relative to the row* (word j is in group j): s' = max(s - rowmax +
-//               127, 0) (<= 127; 0xFF = NaN), so 2^(s'-127) <= 1 fits fp16 / bf16; the row's
-//               2^(rowmax-127) is applied in fp32 to the accumulator (post[n], NaN for a row
-//               with a NaN group). s' = 0 decodes
-//               as 0 (a flushed group: one more than 2^127 below the row's largest, e.g. an
-//               all-zero group of scale 0x00 beside a group of amax >= 8; unclamped it would
-//               wrap to 0xFF / 2^127).
+//               127, 0) (<= 127), so 2^(s'-127) <= 1 fits fp16 / bf16; the row's
+//               2^(rowmax-127) is applied in fp32 to the accumulator (post[n]). 0xFF marks a
+//               NaN group: the kernels decode it to some finite or infinite value and rely on
+//               its row's post[n] being NaN (prepare_weight sets it). s' = 0 (a flushed group:
+//               one more than 2^127 below the row's largest, e.g. an all-zero group of scale
+//               0x00 beside a group of amax >= 8; unclamped it would wrap to 0xFF / 2^127)
+//               decodes as 0 (RowScale), or as 2^-127 of the row's largest group where the
+//               gemv scales after the mma (mx_word_factor).
 //   post  NVFP4: [1] fp32 global scale, a copy (D *= alpha / gs); MXFP4: [N] fp32 row factors
 //         (D *= alpha * post[n]; NaN where the row has a NaN group).
 //

@@ -16,7 +16,8 @@
 // issued before anything else. The activation fragments are 16-byte loads from global memory (L1
 // hits after the first warp of an SM: A is small and every warp of a K slice reads the same
 // bytes; the k-interleaved layout makes the 4 lanes of a token row read 64 contiguous bytes), at
-// immediate offsets from one pointer per token row: no staging, no barrier before the loop (A_RING instead stages them per warp through shared memory by cp.async, see below).
+// immediate offsets from one pointer per token row: no staging, no barrier before the loop
+// (A_RING instead stages them per warp through shared memory by cp.async, see below).
 #pragma once
 #include "fp4_gemm/fp4.cuh"
 
@@ -40,10 +41,13 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   // (fewer registers live, the L1 latency exposed per word) instead of all four per step
   constexpr bool LEAN16 = LEAN && NT == 2;
   constexpr int CH = LEAN16 ? 1 : TPW == 1 ? 2 : TPW;  // independent mma accumulator chains
-  // MXFP4 at m_tile 8 applies its group scales after the mma (fp4.cuh mx_word_factor: 4 FFMA a
-  // word instead of 8 HMUL2, and a cheaper decode of the scale bytes); NVFP4 cannot (the four
-  // lanes of a row hold two groups in each word); m_tile 16 would spill at 128 registers
-  constexpr bool POST = FMT == FMT_MXFP4 && NT == 1;
+  // MXFP4 with fp16 at m_tile 8 applies its group scales after the mma (fp4.cuh
+  // mx_word_factor: 4 FFMA a word instead of 8 HMUL2, and a cheaper decode of the scale bytes).
+  // NVFP4 cannot (the four lanes of a row hold two groups in each word); m_tile 16 would spill
+  // at 128 registers; bf16 would lose precision: its raw fragments are e2m1 * 2^-126, so a
+  // word's unscaled sum with small activations falls into fp32's subnormals (relative error
+  // 5e-4 at |A| ~ 2^-16, a NumPy model of the fp32 roundings), while fp16's unit is 2^-14.
+  constexpr bool POST = FMT == FMT_MXFP4 && NT == 1 && RawUnit<T>::EXP == 14;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;

@@ -359,9 +359,9 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
   // 4-bit m_tile 16 and 5-bit m_tile 8 split spilled 8 bytes at 128 / 168 registers, and 5-bit
   // M = 1 took 10.05 -> 11.79 us on 4096x4096, 29.6 -> 32.1 on 14336x4096, behind its 64 KB
   // table fill). The walk's indices are set where the loads start (init_walk), so that a late
-  // config holds none of them through the prologue, as before. Not on sm_100+ (measured on
+  // config holds none of them through the prologue, as before. Not on sm_100 (measured on
   // sm_90a only; there the 4-bit m_tile 8 kw 4 config spilled 4 bytes early).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000 && __CUDA_ARCH__ < 1200
   constexpr bool EARLY_W = false;
 #else
   constexpr bool EARLY_W = !SPLIT && BITS <= 4;

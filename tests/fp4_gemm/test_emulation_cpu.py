@@ -1,8 +1,9 @@
 """NumPy emulation of the bandwidth kernel (templates/fp4_gemm/gemv.cuh) lane by lane: the
-tiled-layout reads, the scale decode and its units (fp4.cuh chunk_scales, NVFP4_UNIT, MX_UNIT),
-the A staging swizzle, the mma fragment layout (each m16n8k16 assembled from the 32 lanes'
-registers), split-K and the epilogue, checked against the float64 reference. The address
-expressions are the kernel's; what it cannot see is a typo in the CUDA spelling of them."""
+tiled-layout reads, the scale decode and its units (fp4.cuh row_scales, mx_word_factor,
+UNIT_EXP), the A staging swizzle, the mma fragment layout (each m16n8k16 assembled from the 32
+lanes' registers), split-K and the epilogue, checked against the float64 reference. The address
+expressions are the kernel's; what it cannot see is a typo in the CUDA spelling of them, nor the
+fp32 roundings (sums here are float64: precision is the GPU tests' part)."""
 
 import numpy as np
 import pytest
@@ -157,7 +158,7 @@ def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=N
                         bf = load_a(it)  # shared by the warp's TPW tiles
                         for i in range(TPW):  # a tile past N re-reads the last one
                             tl, q = min(tile0 + i, n_tiles - 1), q0 + it
-                            post_mx = fmt == "mxfp4" and NT == 1  # gemv.cuh POST: scaled after the mma
+                            post_mx = fmt == "mxfp4" and NT == 1 and dtype == "float16"  # gemv.cuh POST
                             af = lane_frags(td, ts, tl * w_t + q * w_q, s_off + tl * s_t + q * s_q, fmt,
                                             dtype, SB, post=post_mx)
                             for nt in range(NT):

@@ -250,8 +250,8 @@ def test_stages_fit_every_arch():
 def test_prewarm_table_is_modest():
     for arch in SM_COUNTS:
         cfgs = list(prewarm_configs([arch], {}))
-        # per (fmt, dtype): 8 GEMV (m_tile x tpw x CTA warps at 16 an SM, 2 CTA sizes of each
-        # m_tile at 32) + 4 tile configs
+        # per (fmt, dtype): 9 GEMV (16 warps an SM: 1 at m_tile 8, 2 TPW x 2 CTA sizes at
+        # m_tile 16; 32 an SM: 2 CTA sizes at each m_tile) + 3 tile configs
         assert 0 < len(cfgs) <= 48 and len(set(cfgs)) == len(cfgs)
         assert {type(c) for c in cfgs} == {Fp4GemvConfig, Fp4TileConfig}
 

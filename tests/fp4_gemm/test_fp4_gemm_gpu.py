@@ -354,9 +354,10 @@ def test_mxfp4_extreme_row_scales(dtype, path, split):
         _check(d, GR.gemm(a, w64, None, 1.0, dtype), dtype, f"extreme mxfp4 {dtype=} {path=} {split=} {m=}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 2), ("tile", 1)])
-def test_nan_scale_groups(fmt, path, split):
+def test_nan_scale_groups(fmt, path, split, dtype):
     """A NaN scale byte (NVFP4 e4m3 0x7F, MXFP4 E8M0 0xFF) in one group of some rows: every
     output of those rows is NaN (MXFP4 through the row factor), the other rows match float64."""
     import cupy
@@ -378,12 +379,34 @@ def test_nan_scale_groups(fmt, path, split):
                           global_scale=None if gs is None else cupy.asarray(np.array([gs], np.float32)))
     keep = np.setdiff1d(np.arange(n), rows)
     rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
     for m in (1, 12, 40):
-        a = _host(rng, (m, k), "float16")
-        d = GR.to_float64(cupy.asnumpy(fp4_gemm(cupy.asarray(a), t, path=path, split_k=split)), "float16")
-        assert np.isnan(d[:, rows]).all(), f"{fmt=} {path=} {m=}: NaN rows not all NaN"
-        _check(cupy.asarray(d[:, keep].astype(np.float16)), GR.gemm(a, w64[keep]), "float16",
-               f"nan groups {fmt=} {path=} {split=} {m=}")
+        a = _host(rng, (m, k), dtype)
+        d_dev = fp4_gemm(cupy.asarray(a), t, dtype=hint, path=path, split_k=split)
+        d = GR.to_float64(cupy.asnumpy(d_dev), dtype)
+        assert np.isnan(d[:, rows]).all(), f"{fmt=} {dtype=} {path=} {m=}: NaN rows not all NaN"
+        _check(d_dev[:, keep], GR.gemm(a, w64[keep], None, 1.0, dtype), dtype,
+               f"nan groups {fmt=} {dtype=} {path=} {split=} {m=}")
+
+
+@pytest.mark.parametrize("dtype,scale", [("float16", 2.0 ** -8), ("bfloat16", 2.0 ** -24)])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_small_activations(fmt, dtype, scale):
+    """Activations far below 1 (bf16: 2^-24) keep the relative error bound on every path: a
+    raw bf16 fragment is e2m1 * 2^-126, so scaling MXFP4 after the mma (as fp16 m_tile 8 does)
+    would put a word's sums into fp32's subnormals (review of bbdfb13: 0.13 relative error)."""
+    import cupy
+
+    from kernelgen.fp4_gemm import fp4_gemm
+
+    n, k = 200, 1024
+    t, w64 = _weight(fmt, n, k)
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for m, path in ((1, "gemv"), (5, "gemv"), (12, "gemv"), (40, "tile")):
+        a = _host(rng, (m, k), dtype, scale=scale)
+        d = fp4_gemm(cupy.asarray(a), t, dtype=hint, path=path)
+        _check(d, GR.gemm(a, w64, None, 1.0, dtype), dtype, f"small A {fmt=} {dtype=} {m=} {path=}")
 
 
 def test_static_plus_dynamic_smem_over_48k():
@@ -464,3 +487,14 @@ def test_alignment_rules():
     out = cupy.zeros(2 * n + 1, cupy.float16)[1:].reshape(2, n)  # 2 bytes past: allowed
     fp4_gemm(a, t, out=out)
     assert not cupy.isnan(out).any()
+    # a hand-built Fp4Weight: blocks 16-byte aligned, scale words 8-byte aligned
+    from kernelgen.fp4_gemm import Fp4Weight, prepare_weight
+
+    w = prepare_weight(t, arrangement="step_major")
+    for name, off, need in (("data", 8, 16), ("scales", 4, 8)):
+        x = getattr(w, name)
+        moved = cupy.zeros(x.nbytes + 16, cupy.uint8)
+        view = cupy.ndarray(x.shape, cupy.uint8, moved.data + off)
+        parts = {"data": w.data, "scales": w.scales, name: view}
+        with pytest.raises(ValueError, match=f"Fp4Weight.{name}: data pointer must be {need}-byte aligned"):
+            Fp4Weight(w.fmt, w.n, w.k, parts["data"], parts["scales"], w.post, w.device, w.arrangement)
