@@ -159,20 +159,22 @@ def weight_copies(fmt, n, k, l2_bytes, arrangement="tile_major"):
     from kernelgen.bench import rotation
     from kernelgen.fp4_gemm import Fp4Weight
     from kernelgen.fp4_gemm.api import ARRANGEMENT
-    from kernelgen.fp4_gemm.layout import arrange
+    from kernelgen.fp4_gemm.layout import arrange, arranged_shapes
 
     g = 16 if fmt == "nvfp4" else 32
     rs = cupy.random.RandomState(0)
 
     t, q, sb = -(-n // 16), k // 128, 128 // g
 
+    dshape, sshape = arranged_shapes("tile_major", t, q, sb)  # the installed package's layout
+
     def make():  # random bytes are random (encoded) codes; already in the tiled shapes
-        data = rs.randint(0, 256, (t, q, 2, 8, 4, 16), dtype=cupy.int32).astype(cupy.uint8)
+        data = rs.randint(0, 256, dshape, dtype=cupy.int32).astype(cupy.uint8)
         if fmt == "nvfp4":
-            scales = rs.randint(0x30, 0x48, (t, q, 8, sb // 4, 2, 4), dtype=cupy.int32).astype(cupy.uint8)
+            scales = rs.randint(0x30, 0x48, sshape, dtype=cupy.int32).astype(cupy.uint8)
             post = cupy.full(1, 2688.0 / 3.0, cupy.float32)
         else:
-            scales = rs.randint(120, 128, (t, q, 8, sb // 4, 2, 4), dtype=cupy.int32).astype(cupy.uint8)
+            scales = rs.randint(120, 128, sshape, dtype=cupy.int32).astype(cupy.uint8)
             post = cupy.full(n, 2.0**-6, cupy.float32)
         arr = ARRANGEMENT[fmt] if arrangement == "default" else arrangement
         data, scales = arrange(cupy, data, scales, arr)
@@ -305,6 +307,17 @@ def sass_histogram(path, dev) -> None:
     print("\n".join(lines), flush=True)
 
 
+def activations(rng, m, k, dtype):
+    """A [m, k] on the device: fp16, or bf16 as its uint16 bits (rounded to nearest even)."""
+    import cupy
+
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    if dtype == "float16":
+        return cupy.asarray(x.astype(np.float16))
+    u = x.view(np.uint32)
+    return cupy.asarray(((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default=",".join(map(str, MS)))
@@ -325,6 +338,8 @@ def main() -> None:
                     help="only call the GEMM 3 times per shape / fmt / M (default plan), for ncu")
     ap.add_argument("--profile-wps", type=int, default=None,
                     help="--profile: force the bandwidth path's resident warps an SM (16 / 32)")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
+                    help="activations / output of the timed rows (cuBLAS stays fp16)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
@@ -337,6 +352,7 @@ def main() -> None:
     from kernelgen.fp4_gemm import fp4_gemm, plan, select_fp4
 
     dev = device_info()
+    hint = "bfloat16" if args.dtype == "bfloat16" else None
     copy_bw = copy_bandwidth()
     read_bw = read_bandwidth()
     res: dict = {"device": dev.name, "arch": dev.arch.name, "sms": dev.sm_count,
@@ -387,17 +403,18 @@ def main() -> None:
                     print(f"{n:>5}x{k:<5} {fmt} {copies[0].arrangement} walks: " + ", ".join(f"{a} {v:.2f} us" for a, v in pr.items()),
                           flush=True)
                 for m in ms:
-                    a = cupy.asarray(np.random.default_rng(m).standard_normal((m, k)).astype(np.float16))
-                    out = cupy.empty((m, n), cupy.float16)
-                    fp4_gemm(a, copies[0], out=out)
+                    a = activations(np.random.default_rng(m), m, k, args.dtype)
+                    out = cupy.empty((m, n), a.dtype)  # bf16 travels as its uint16 bits
+                    fp4_gemm(a, copies[0], out=out, dtype=hint)
                     same = firsts.setdefault(m, out.copy())
                     exact = bool((same.view(cupy.uint16) == out.view(cupy.uint16)).all())
-                    t, mode = graph_time(lambda i, a=a, out=out, c=copies: fp4_gemm(a, c[i % len(c)], out=out),
+                    t, mode = graph_time(lambda i, a=a, out=out, c=copies: fp4_gemm(a, c[i % len(c)], out=out,
+                                                                                     dtype=hint),
                                          len(copies), stream)
                     rbytes = wbytes + m * k * 2
                     tc = cublas[m]
-                    p = select_fp4(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
-                    row = {"N": n, "K": k, "fmt": fmt, "arrangement": copies[0].arrangement, "M": m, "us": t * 1e6,
+                    p = select_fp4(dev.arch.name, m, n, k, fmt, args.dtype, dev.sm_count)
+                    row = {"N": n, "K": k, "fmt": fmt, "dtype": args.dtype, "arrangement": copies[0].arrangement, "M": m, "us": t * 1e6,
                            "same_as_first": exact, "read_bytes": rbytes,
                            "floor_us": rbytes / read_bw * 1e6, "frac_read_bw": rbytes / read_bw / t,
                            "tflops": 2 * m * n * k / t / 1e12, "cublas_fp16_us": tc * 1e6,
