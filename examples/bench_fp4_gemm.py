@@ -308,14 +308,13 @@ def sass_histogram(path, dev) -> None:
 
 
 def activations(rng, m, k, dtype):
-    """A [m, k] on the device: fp16, or bf16 as its uint16 bits (rounded to nearest even)."""
+    """A [m, k] on the device: fp16, or bf16 as its uint16 bits (kbit reference f32_to_bf16)."""
     import cupy
 
+    from kernelgen.kbit.reference import f32_to_bf16
+
     x = rng.standard_normal((m, k)).astype(np.float32)
-    if dtype == "float16":
-        return cupy.asarray(x.astype(np.float16))
-    u = x.view(np.uint32)
-    return cupy.asarray(((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16))
+    return cupy.asarray(x.astype(np.float16) if dtype == "float16" else f32_to_bf16(x))
 
 
 def main() -> None:

@@ -358,7 +358,7 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
   // graphs: 0.15-0.85 us a call at M = 1). Split-K and 5-bit configs load them after it (early,
   // 4-bit m_tile 16 and 5-bit m_tile 8 split spilled 8 bytes at 128 / 168 registers, and 5-bit
   // M = 1 took 10.05 -> 11.79 us on 4096x4096, 29.6 -> 32.1 on 14336x4096, behind its 64 KB
-  // table fill). The walk's indices are set where the loads start (init_walk), so that a late
+  // table fill). The walk's indices are set where the loads start (start_walk), so that a late
   // config holds none of them through the prologue, as before. Not on sm_100 (measured on
   // sm_90a only; there the 4-bit m_tile 8 kw 4 config spilled 4 bytes early).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000 && __CUDA_ARCH__ < 1200
@@ -369,19 +369,6 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
   int kp, slot, n_it, n_tiles, tile0, tstride, n_steps;
   uint32_t row_u4;
   const uint4* w4 = reinterpret_cast<const uint4*>(packed);
-  const auto init_walk = [&]() {
-    kp = warp % KW;  // K warp
-    slot = warp / KW;  // tile slot
-    n_it = (((g1 - g0 + 3) >> 2) + KW - 1) / KW;  // this warp's quad steps of a tile
-    n_tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
-    row_u4 = (uint32_t)(G * BITS);  // uint4 per W row
-    // This warp's tiles: tile0, tile0 + tstride, ... (the grid is persistent: at most one
-    // wave). Steps run flat over (tile, quad step) so the next step's loads, also those of the
-    // next tile, are always in flight while the current step is decoded.
-    tile0 = blockIdx.x * SLOTS + slot;
-    tstride = gridDim.x * SLOTS;
-    n_steps = tile0 < n_tiles ? ((n_tiles - 1 - tile0) / tstride + 1) * n_it : 0;
-  };
 
   // 32-bit element offsets of rows r0 = 16*tile + g and r1 = r0 + 8 (W below 64 GB): uint4
   // of the planes, bytes of the scales; rows past N re-read row N-1 (nothing is stored).
@@ -410,7 +397,17 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
   Rows cur;
   uint32_t sa = 0, sb = 0;
   const auto start_walk = [&]() {  // the walk's indices and the first step's loads
-    init_walk();
+    kp = warp % KW;  // K warp
+    slot = warp / KW;  // tile slot
+    n_it = (((g1 - g0 + 3) >> 2) + KW - 1) / KW;  // this warp's quad steps of a tile
+    n_tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
+    row_u4 = (uint32_t)(G * BITS);  // uint4 per W row
+    // This warp's tiles: tile0, tile0 + tstride, ... (the grid is persistent: at most one
+    // wave). Steps run flat over (tile, quad step) so the next step's loads, also those of the
+    // next tile, are always in flight while the current step is decoded.
+    tile0 = blockIdx.x * SLOTS + slot;
+    tstride = gridDim.x * SLOTS;
+    n_steps = tile0 < n_tiles ? ((n_tiles - 1 - tile0) / tstride + 1) * n_it : 0;
     cur = rows_of(tile0);
     if (n_steps > 0) {
       const int grp = group_of(0);
