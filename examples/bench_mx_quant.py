@@ -18,6 +18,9 @@ device from the input ("gs=auto": one launch for small inputs, amax + quantize e
         [--no-linear]           (also time every format without the linear-index path, M > 64)
         [--no-balance]          (also time capped grids filled to the cap where the plan
                                  balances them)
+        [--tiled]               (also time every format with the swizzled scales' sector order
+                                 toggled, M > 64: forced on where the plan does not take it,
+                                 off where it does)
         [--same-copy]           (also time, in the same graph harness, copies of the same bytes:
                                  "rw" reads the input and writes out/in of it in the format's
                                  ratio, "sym" reads and writes half the logical bytes each, a
@@ -206,6 +209,8 @@ def main() -> None:
                     help="also time every format without the linear-index path (M > 64)")
     ap.add_argument("--no-balance", action="store_true",
                     help="also time capped grids filled to the cap where the plan balances them")
+    ap.add_argument("--tiled", action="store_true",
+                    help="also time the sector order toggled (M > 64)")
     ap.add_argument("--same-copy", action="store_true",
                     help="also time copies of the same bytes in the same graph harness (M > 64)")
     ap.add_argument("--profile", action="store_true",
@@ -226,6 +231,7 @@ def main() -> None:
         force_h2,
         force_linear,
         force_small_auto_path,
+        force_tiled,
         force_wide_fp8,
         quantize_plan,
     )
@@ -266,10 +272,15 @@ def main() -> None:
                     if p_cap.grid != quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k,
                                                    True, "value").grid:
                         variants += [("value", None, None, "nobalance")]
+                if args.tiled and m > 64:
+                    on = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
+                                       "value").tiled
+                    variants += [("value", None, None, "untiled" if on else "tiled")]
                 for gs, cap, wide, h2 in variants:
                     knob = h2 if isinstance(h2, str) else ""
                     force_linear(knob != "nolinear")
                     force_balanced(False if knob == "nobalance" else None)
+                    force_tiled({"tiled": True, "untiled": False}.get(knob))
                     h2 = None if knob else h2
                     force_small_auto_path("fused" if gs == "auto:fused" else None)
                     force_blocks_per_sm(*(cap or (None, None)))
@@ -297,7 +308,8 @@ def main() -> None:
                          "path": plan.path, "grid": plan.grid, "slots": plan.slots,
                          "blocks_per_sm": None if cap is None else cap[0],
                          "lane_elems": plan.config.lane_elems, "h2": plan.config.h2,
-                         "linear": plan.config.linear, "knob": knob, "bytes": nbytes,
+                         "linear": plan.config.linear, "knob": knob, "tiled": plan.tiled,
+                         "bytes": nbytes,
                          "us": t * 1e6, "gbps": nbytes / t / 1e9, "frac_copy": nbytes / t / bw,
                          "eager_us": None if eager is None else eager * 1e6}
                     if same:  # the best same-size copy's rate (rw / sym, either grid)
@@ -315,6 +327,7 @@ def main() -> None:
                     cap_col += ", h2 off" if h2 is False else ""
                     cap_col += ", linear off" if not plan.config.linear else ""
                     cap_col += ", not balanced" if knob == "nobalance" else ""
+                    cap_col += ", sector order" if plan.tiled else ""
                     same_col = "" if not same else \
                         f" same-size copy {100 * r['frac_same_copy']:.0f}% " \
                         f"(rw {100 * r['frac_rw_copy']:.0f}%) |"
@@ -327,6 +340,7 @@ def main() -> None:
     force_h2(None)
     force_linear(True)
     force_balanced(None)
+    force_tiled(None)
     print_fits(rows, copy_cache)
     # dequantize to the input dtype at the largest M (not a target; for reference)
     m = max(ms)

@@ -90,7 +90,7 @@ def quantize_mx(x: Any, fmt: str, *, scale_layout: str = "swizzled",
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("mx_quantize")
     ctx.launch(fn, (plan.grid, 1, 1), (plan.block, 1, 1),
                (xa, data_v, scales_v, data_v, data_v, data_v, np.float32(1), np.int32(0),
-                np.int32(0), np.int32(rows), np.int32(k), np.int32(swizzled),
+                np.int32(0), np.int32(rows), np.int32(k), np.int32(plan.scale_mode),
                 np.int32(plan.slots)), pdl=plan.config.pdl)
     return MxTensor(fmt, (rows, k), data, scales, scale_layout, None)
 
@@ -152,7 +152,7 @@ def quantize_nvfp4(x: Any, global_scale: Any = None, *, scale_layout: str = "swi
     ctx.launch(kernel.fn("mx_quantize"), (plan.grid, 1, 1), (plan.block, 1, 1),
                (xa, data_v, scales_v, gs_view if gs_view is not None else gs_out_v, partials_v,
                 gs_out_v, np.float32(gs_val), np.int32(gs_mode), np.int32(n_partials),
-                np.int32(rows), np.int32(k), np.int32(swizzled), np.int32(plan.slots)),
+                np.int32(rows), np.int32(k), np.int32(plan.scale_mode), np.int32(plan.slots)),
                pdl=plan.config.pdl)
     return MxTensor("nvfp4", (rows, k), data, scales, scale_layout, gs_out)
 

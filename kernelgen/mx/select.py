@@ -60,6 +60,13 @@ _linear = True  # tests / benchmarks: False keeps the row / column slot addressi
 BALANCED_DEFAULT = True
 BALANCE_MIN_FILL = 0.5
 _balanced: bool | None = None  # tests / benchmarks: override BALANCED_DEFAULT
+# Swizzled scales in sector order (scale mode 2, mx.cuh Tiling): chunks of 8 rows whose scale
+# bytes fill whole 32-byte sectors, staged in shared memory, for these formats from this many
+# rows (below it the last 128-row tile's padding rows would be a large share of the chunks).
+TILED_FORMATS = frozenset({"nvfp4"})
+TILED_MIN_ROWS = 512
+_tiled: bool | None = None  # tests / benchmarks: sector order wherever the shape allows (True),
+# never (False), or by TILED_FORMATS / TILED_MIN_ROWS (None)
 
 
 def force_small_auto_path(path: str | None) -> None:
@@ -126,6 +133,26 @@ def force_balanced(on: bool | None) -> None:
     quantize_plan.cache_clear()
 
 
+def force_tiled(on: bool | None) -> None:
+    """Swizzled scales in sector order wherever the shape allows it (True), never (False), or
+    by TILED_FORMATS and TILED_MIN_ROWS (None). For tests and benchmarks; clears the plan memo."""
+    global _tiled
+    if on not in (None, True, False):
+        raise ValueError(f"on={on!r}; expected None, True or False")
+    _tiled = on
+    quantize_plan.cache_clear()
+
+
+def tiled_applies(fmt: str, rows: int, k: int, e: int, slots: int) -> bool:
+    """Whether sector order (mx.cuh Tiling) can take [rows, K]: no scale padding columns, whole
+    chunk rows of 32 * slots lane slots (slots a power of two), 32-bit slot indices over the
+    padded rows."""
+    spr = k // e
+    spc = THREADS * slots // 8
+    return ((k // group_size(fmt)) % 4 == 0 and slots & (slots - 1) == 0 and spr % spc == 0
+            and _cdiv(rows, 128) * 128 * spr < MAX_SLOTS)
+
+
 def chunk_grid(chunks: int, sm_count: int, blocks_per_sm: int, balanced: bool = False) -> int:
     """Blocks of mx_quantize for `chunks` chunks: a block a chunk while they fit blocks_per_sm
     resident blocks an SM, else exactly that many blocks an SM, block b running chunks b,
@@ -151,9 +178,15 @@ class QuantizePlan:
     block: int
     slots: int = 1  # lane slots per thread of mx_quantize (its runtime u_count)
     amax_grid: int = 0  # blocks of mx_amax (path "amax"), = number of partial maxima
+    scale_mode: int = 0  # mx_quantize's `swizzled`: 0 row-major, 1 swizzled, 2 sector order
+
+    @property
+    def tiled(self) -> bool:
+        return self.scale_mode == 2
 
     def short(self) -> str:
         extra = f", amax_grid={self.amax_grid}" if self.path == "amax" else ""
+        extra += ", tiled" if self.tiled else ""
         return f"QuantizePlan({self.config.short()}, path={self.path}, grid={self.grid}, " \
                f"block={self.block}, slots={self.slots}{extra})"
 
@@ -238,9 +271,15 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
     if _slots is not None:
         slots = min(_slots, cfg.slots)
     balanced = BALANCED_DEFAULT if _balanced is None else _balanced
+    want_tiled = (fmt in TILED_FORMATS and rows >= TILED_MIN_ROWS) if _tiled is None else _tiled
+    if swizzled and want_tiled and tiled_applies(fmt, rows, k, cfg.lane_elems, slots):
+        # chunks of 8 rows x 32 * slots lane slots over the padded rows; no padding-row pass
+        chunks = _cdiv(rows, 128) * 16 * (k // cfg.lane_elems // (THREADS * slots // 8))
+        return QuantizePlan(cfg, path, chunk_grid(chunks, sm_count, per_sm, balanced), THREADS,
+                            slots, amax_grid, 2)
     grid = max(chunk_grid(_cdiv(total, THREADS * slots), sm_count, per_sm, balanced),
                _cdiv(pad_words, THREADS * PAD_WORDS_PER_THREAD))
-    return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid)
+    return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid, int(swizzled))
 
 
 @selector

@@ -259,6 +259,7 @@ struct Shape {
   long long pad_words;  // 4-byte scale words of the padding rows (swizzled only)
   bool swizzled;
   bool linear;  // no padding columns: slot idx holds elements [idx * E, +E) of the flat input
+  bool tiled;   // scale mode 2: chunks in sector order, scales staged (see Tiling)
 
   template <int GROUP, int E>
   __device__ __forceinline__ static Shape make(int rows, int k, int swizzled) {
@@ -268,9 +269,10 @@ struct Shape {
     sh.s = k / GROUP;
     sh.k_tiles = (sh.s + 3) >> 2;
     sh.swizzled = swizzled != 0;
+    sh.tiled = swizzled == 2;
     sh.slots_per_row = (sh.swizzled ? 4 * sh.k_tiles : sh.s) * (GROUP / E);
     sh.total = uint32_t(rows) * uint32_t(sh.slots_per_row);
-    sh.pad_words = sh.swizzled ? (long long)(((rows + 127) & ~127) - rows) * sh.k_tiles : 0;
+    sh.pad_words = sh.swizzled && !sh.tiled ? (long long)(((rows + 127) & ~127) - rows) * sh.k_tiles : 0;
     sh.linear = sh.slots_per_row * E == k;
     return sh;
   }
@@ -542,13 +544,15 @@ __device__ __forceinline__ uint32_t swizzled_offset32(uint32_t r, uint32_t c, ui
 
 // LIN (sh.linear): slot idx's input and output bytes follow from idx alone (no row / column
 // arithmetic, no padding-column tests); pos is then needed for the scale bytes only.
+// TILED: the scale words go to the chunk's stage in shared memory (see Tiling), not to global.
 template <typename T, class F, bool NV, int GROUP, int E, int U, bool HW = false, bool H2 = false,
-          bool LIN = false>
+          bool LIN = false, bool TILED = false>
 __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const uint32_t (&idx)[U],
                                                const SlotPos (&pos)[U], int u_count,
                                                const Shape& sh, float gs,
                                                uint8_t* __restrict__ data,
-                                               uint8_t* __restrict__ scales) {
+                                               uint8_t* __restrict__ scales,
+                                               uint32_t* stage = nullptr, uint32_t spc = 0) {
   constexpr int L = GROUP / E;
   constexpr int WORDS = Pack<F::BITS, E>::WORDS;
   const long long row_bytes = (long long)sh.k * F::BITS / 8;
@@ -576,7 +580,14 @@ __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const
       if (in_range && col < sh.k) store_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w);
     }
     const int g = j / L;
-    if (sh.swizzled) {
+    if constexpr (TILED) {  // rows past the input (padding rows of the last tile) stage zeros
+      uint32_t word = sbyte << (8 * (g & 3));
+      word |= __shfl_xor_sync(0xffffffffu, word, L);
+      word |= __shfl_xor_sync(0xffffffffu, word, 2 * L);
+      if (j % (4 * L) == 0)
+        stage[((uint32_t(j) % spc) / (4 * L)) * 8 + (row & 1u) * 4 + ((row >> 5) & 3u)] =
+            in_range ? word : 0u;
+    } else if (sh.swizzled) {
       uint32_t word = sbyte << (8 * (g & 3));
       word |= __shfl_xor_sync(0xffffffffu, word, L);
       word |= __shfl_xor_sync(0xffffffffu, word, 2 * L);
@@ -694,6 +705,92 @@ __device__ __forceinline__ void amax_partials(const T* __restrict__ x, uint32_t*
   if (threadIdx.x == 0) partials[blockIdx.x] = m;
 }
 
+// The NVFP4 global scale of gs_mode (see quantize_impl); block 0 writes it to gs_out. Modes 2
+// and 3 end with a block barrier (every thread of the block calls this).
+template <typename T, int THREADS>
+__device__ __forceinline__ float global_scale(const T* __restrict__ x, const float* gs_in,
+                                              const uint32_t* partials, float* gs_out,
+                                              float gs_val, int gs_mode, int n_partials, int rows,
+                                              int k) {
+  float gs;
+  if (gs_mode == 0) {
+    gs = gs_val;
+  } else if (gs_mode == 1) {
+    gs = *gs_in;
+  } else if (gs_mode == 2) {
+    __shared__ uint32_t red[32];
+    uint32_t a = 0;
+    for (int i = threadIdx.x; i < n_partials; i += THREADS) a = max(a, partials[i]);
+    gs = nvfp4_global_scale(block_max(a, red));
+  } else {  // 3: every block reduces the whole (small, L2-resident) input itself
+    __shared__ uint32_t red[32];
+    gs = nvfp4_global_scale(block_max(
+        finite_amax_strided<T, THREADS>(x, (long long)rows * k * sizeof(T) / 16, threadIdx.x,
+                                        THREADS), red));
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) *gs_out = gs;
+  return gs;
+}
+
+// Sector order (scale mode 2, sh.tiled; swizzled scales, no padding columns). Chunk c holds the
+// 8 rows 2i + {0, 1} + 32 * {0, 1, 2, 3} of 128-row tile mt, spc = THREADS * u_count / 8 slots
+// of each from column slot cb * spc (c = (mt * 16 + i) * ncb + cb, cb fastest; chunks cover the
+// padding rows of the last tile). Those rows' scale bytes of any 4 scale columns (4 L slots) are
+// one whole 32-byte sector of the swizzled layout, so a chunk's nq = spc / (4 L) sectors are
+// assembled in shared memory and stored whole after a block barrier. In the plain order a warp
+// covers 32 slots of one row and writes one 4-byte piece of each of its 8 sectors: as many L2
+// store transactions for NVFP4's scales as for its codes. Thread-slot s = u * THREADS + tid
+// takes chunk row s / spc (a warp still reads 32 contiguous slots of one row).
+struct Tiling {
+  uint32_t spc, ncb, chunks;
+  __device__ __forceinline__ Tiling(const Shape& sh, int threads, int u_count) {
+    spc = uint32_t(threads * u_count / 8);
+    ncb = uint32_t(sh.slots_per_row) / spc;  // the host checks spc divides it
+    chunks = uint32_t((sh.rows + 127) >> 7) * 16u * ncb;
+  }
+  // First row (2i of tile mt) and column slot of chunk c.
+  __device__ __forceinline__ void origin(uint32_t c, uint32_t& row0, uint32_t& j0) const {
+    const uint32_t t = c / ncb;
+    row0 = (t >> 4) * 128u + (t & 15u) * 2u;
+    j0 = (c - t * ncb) * spc;
+  }
+};
+
+// Loads of chunk c (sector order): idx[u] is 0 for a slot of an input row, ~0 otherwise (its
+// words are not stored and its scale bytes stage as zeros).
+template <typename T, int E, int U, int THREADS>
+__device__ __forceinline__ void load_tiled(const T* __restrict__ x, uint32_t c, const Tiling& tl,
+                                           int u_count, const Shape& sh, uint32_t (&idx)[U],
+                                           SlotPos (&pos)[U], InVec<T, E> (&in)[U]) {
+  uint32_t row0, j0;
+  tl.origin(c, row0, j0);
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint32_t s = uint32_t(u * THREADS) + threadIdx.x, r = s / tl.spc;
+    pos[u].row = row0 + (r & 1u) + 32u * (r >> 1);
+    pos[u].j = int(j0 + (s - r * tl.spc));
+    const bool ok = u < u_count && pos[u].row < uint32_t(sh.rows);
+    idx[u] = ok ? 0u : 0xffffffffu;
+    if (ok) in[u].load(x + (size_t)pos[u].row * sh.k + pos[u].j * E);
+    else in[u].zero();
+  }
+}
+
+// Store chunk c's staged scale sectors (after the barrier that completes the stage).
+template <int L>
+__device__ __forceinline__ void flush_tiled(uint32_t c, const Tiling& tl, const Shape& sh,
+                                            const uint4* stage, uint8_t* __restrict__ scales) {
+  const uint32_t nq = tl.spc / (4 * L);
+  if (threadIdx.x < 2 * nq) {
+    uint32_t row0, j0;
+    tl.origin(c, row0, j0);
+    const uint32_t q = j0 / (4 * L) + (threadIdx.x >> 1);
+    const uint32_t off = ((row0 >> 7) * uint32_t(sh.k_tiles) + q) * 512u + (row0 & 31u) * 16u +
+                         (threadIdx.x & 1u) * 16u;
+    *reinterpret_cast<uint4*>(scales + off) = stage[threadIdx.x];
+  }
+}
+
 // The direct path: U slots per thread; block b owns the chunks of THREADS * u_count slots
 // b, b + grid, b + 2 grid, ... LOOP: the host caps the grid at the resident blocks, so a block
 // loops over several chunks when the input is large, the loads of its next chunk issued before
@@ -732,25 +829,9 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
       if (p) in[u].load(p); else in[u].zero();
     }
   }
-  float gs = 1.0f;
-  if constexpr (NV) {
-    if (gs_mode == 0) {
-      gs = gs_val;
-    } else if (gs_mode == 1) {
-      gs = *gs_in;
-    } else if (gs_mode == 2) {
-      __shared__ uint32_t red[32];
-      uint32_t a = 0;
-      for (int i = threadIdx.x; i < n_partials; i += THREADS) a = max(a, partials[i]);
-      gs = nvfp4_global_scale(block_max(a, red));
-    } else {  // 3: every block reduces the whole (small, L2-resident) input itself
-      __shared__ uint32_t red[32];
-      gs = nvfp4_global_scale(block_max(
-          finite_amax_strided<T, THREADS>(x, (long long)rows * k * sizeof(T) / 16, threadIdx.x,
-                                          THREADS), red));
-    }
-    if (blockIdx.x == 0 && threadIdx.x == 0) *gs_out = gs;
-  }
+  const float gs = NV ? global_scale<T, THREADS>(x, gs_in, partials, gs_out, gs_val, gs_mode,
+                                                 n_partials, rows, k)
+                     : 1.0f;
   if constexpr (!LOOP) {
     quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, data, scales);
   } else {
@@ -783,7 +864,56 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
                     (long long)gridDim.x * THREADS);
 }
 
-// LINEAR: take the linear-index path where the shape allows it (a config knob for comparison).
+// The direct path in sector order (sh.tiled, see Tiling): chunks c = b, b + grid, ... of block
+// b, the next chunk's loads in flight while one is quantized (LOOP; else one chunk a block), the
+// scale sectors staged in one of two shared buffers and stored after a block barrier (the barrier
+// of chunk n + 1 orders chunk n's flush before chunk n + 2 reuses its buffer). No padding-row
+// pass: the chunks cover the last tile's padding rows.
+template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool LOOP,
+          bool H2>
+__device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restrict__ x,
+                                               uint8_t* __restrict__ data,
+                                               uint8_t* __restrict__ scales, const float* gs_in,
+                                               const uint32_t* partials, float* gs_out,
+                                               float gs_val, int gs_mode, int n_partials,
+                                               int rows, int k, int u_count) {
+  constexpr int L = GROUP / E;
+  __shared__ uint4 stage[2][U * THREADS / 8 / (4 * L) * 2];  // 2 nq 16-byte halves of sectors
+  const Tiling tl(sh, THREADS, u_count);
+  uint32_t c = blockIdx.x;
+  uint32_t idx[U];
+  SlotPos pos[U];
+  InVec<T, E> in[U];
+  load_tiled<T, E, U, THREADS>(x, c, tl, u_count, sh, idx, pos, in);
+  const float gs = NV ? global_scale<T, THREADS>(x, gs_in, partials, gs_out, gs_val, gs_mode,
+                                                 n_partials, rows, k)
+                     : 1.0f;
+  if (c >= tl.chunks) return;  // block-uniform (the host's grid does not exceed the chunks)
+  for (int buf = 0;; buf ^= 1) {
+    const bool more = LOOP && c + gridDim.x < tl.chunks;  // block-uniform
+    uint32_t idx2[U];
+    SlotPos pos2[U];
+    InVec<T, E> in2[U];
+    if (more) load_tiled<T, E, U, THREADS>(x, c + gridDim.x, tl, u_count, sh, idx2, pos2, in2);
+    quantize_slots<T, F, NV, GROUP, E, U, HW, H2, false, true>(
+        in, idx, pos, u_count, sh, gs, data, scales,
+        reinterpret_cast<uint32_t*>(stage[buf]), tl.spc);
+    __syncthreads();
+    flush_tiled<L>(c, tl, sh, stage[buf], scales);
+    if (!more) break;
+    c += gridDim.x;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      idx[u] = idx2[u];
+      pos[u] = pos2[u];
+      in[u] = in2[u];
+    }
+  }
+}
+
+// swizzled: 0 row-major scales, 1 swizzled, 2 swizzled in sector order (quantize_tiled; the
+// host checks the shape allows it). LINEAR: take the linear-index path where the shape allows it
+// (a config knob for comparison).
 template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool LOOP,
           bool H2 = false, bool LINEAR = true>
 __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __restrict__ data,
@@ -792,7 +922,11 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
                                          int gs_mode, int n_partials, int rows, int k,
                                          int swizzled, int u_count) {
   const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
-  if (LINEAR && sh.linear) {
+  if (sh.tiled) {
+    quantize_tiled<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2>(
+        sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k,
+        u_count);
+  } else if (LINEAR && sh.linear) {
     quantize_impl<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2, true>(
         sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k,
         u_count);

@@ -358,6 +358,106 @@ def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
         assert np.all(cover == 1), f"{plan.short()}: scale bytes written {set(cover.tolist())}"
 
 
+def _swizzled_offsets(r, c, kt):
+    return ((r // 128) * kt + c // 4) * 512 + (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, k, blocks, slots", [
+    (100, 1024, None, None), (1500, 2048, None, None), (600, 4096, None, None),
+    (1500, 2048, 1, None), (1500, 2048, 1, 1), (4096, 4096, None, None)])
+def test_sector_order_writes_every_byte_once(fmt, dtype, rows, k, blocks, slots):
+    """Sector order (scale mode 2), replayed as mx.cuh computes it (Tiling, load_tiled, the
+    stage index of quantize_slots, flush_tiled): every packed byte of the input rows is written
+    once; every staged scale byte lands, through its chunk's whole-sector stores, on its own
+    swizzled offset; the flushes cover every scale byte, padding rows included, exactly once."""
+    from kernelgen.mx.select import force_blocks_per_sm, force_tiled
+
+    force_tiled(True)
+    force_blocks_per_sm(blocks, slots)
+    try:
+        p = quantize_plan("sm_90a", 132, fmt, dtype, rows, k, True, "value")
+    finally:
+        force_tiled(None)
+        force_blocks_per_sm(None)
+    assert p.tiled and p.scale_mode == 2, p.short()
+    e, group = p.config.lane_elems, (16 if fmt == "nvfp4" else 32)
+    lanes, kt, bits = group // e, k // group // 4, data_shape(fmt, 1, 8)[1]
+    spc = THREADS * p.slots // 8
+    ncb = k // e // spc
+    chunks = -(-rows // 128) * 16 * ncb
+    assert p.grid <= chunks and (p.config.loops or p.grid == chunks), p.short()
+    c = np.arange(chunks)[:, None]  # chunk x thread-slot (u * THREADS + tid)
+    s = np.arange(p.slots * THREADS)[None, :]
+    t, cb = c // ncb, c % ncb
+    row0, j0 = (t >> 4) * 128 + (t & 15) * 2, cb * spc
+    r = s // spc
+    row, j = row0 + (r & 1) + 32 * (r >> 1), j0 + s % spc
+    assert np.all(s // 32 // (spc // 32) == r), "a warp's 32 slots stay in one chunk row"
+    ok = row < rows
+    start = row[ok] * (k * bits // 8) + j[ok] * e * bits // 8
+    cover = np.zeros(rows * k * bits // 8, np.int64)
+    np.add.at(cover, (start[:, None] + np.arange(e * bits // 8)[None, :]).ravel(), 1)
+    assert np.all(cover == 1), f"{p.short()}: data bytes written {set(cover.tolist())}"
+    # stage byte of each leader lane's word (4 groups), then where the flush puts that byte
+    lead = j % (4 * lanes) == 0
+    rl, jl = np.broadcast_to(row, lead.shape)[lead], j[lead]
+    cl = np.broadcast_to(c, lead.shape)[lead]
+    word = ((jl % spc) // (4 * lanes)) * 8 + (rl & 1) * 4 + ((rl >> 5) & 3)
+    nq = spc // (4 * lanes)
+    assert word.max() < 8 * nq  # inside the chunk's stage of nq sectors
+    tl, cbl = cl // ncb, cl % ncb
+    half = word // 4  # the flushing thread
+    q = cbl * spc // (4 * lanes) + half // 2
+    dst = (((tl >> 4) * kt + q) * 512 + ((tl & 15) * 2) * 16 + (half & 1) * 16 + (word % 4) * 4)
+    g = jl // lanes
+    assert np.array_equal(dst, _swizzled_offsets(rl, g, kt)), "stage -> swizzled offset"
+    # the flushes of all chunks: 2 nq 16-byte stores each, every scale byte exactly once
+    th = np.arange(2 * nq)[None, :]
+    t2, cb2 = c // ncb, c % ncb
+    off = (((t2 >> 4) * kt + cb2 * spc // (4 * lanes) + th // 2) * 512 + ((t2 & 15) * 2) * 16 +
+           (th & 1) * 16)
+    cover = np.zeros(int(np.prod(scale_shape(fmt, rows, k, "swizzled"))), np.int64)
+    np.add.at(cover, (off.ravel()[:, None] + np.arange(16)[None, :]).ravel(), 1)
+    assert np.all(cover == 1), f"{p.short()}: scale bytes written {set(cover.tolist())}"
+
+
+def test_sector_order_plan():
+    """Sector order where TILED_FORMATS / TILED_MIN_ROWS and the shape allow it, the grid over
+    its chunks; never for row-major scales, padding columns or a slot count not a power of 2."""
+    from kernelgen.mx.select import TILED_FORMATS, TILED_MIN_ROWS, force_tiled, tiled_applies
+
+    for fmt in FORMATS:
+        big = quantize_plan("sm_90a", 132, fmt, "float16", 4096, 4096, True, "value")
+        assert big.tiled == (fmt in TILED_FORMATS), big.short()
+        small = quantize_plan("sm_90a", 132, fmt, "float16", TILED_MIN_ROWS - 1, 4096, True,
+                              "value")
+        assert not small.tiled and small.scale_mode == 1, small.short()
+        assert quantize_plan("sm_90a", 132, fmt, "float16", 4096, 4096, False, "value"
+                             ).scale_mode == 0
+    p = quantize_plan("sm_90a", 132, "nvfp4", "float16", 4096, 4096, True, "value")
+    per_sm = LOOP_GRID[4][0]
+    chunks = 32 * 16 * (4096 // 16 // (THREADS * p.slots // 8))
+    assert p.grid == chunk_grid(chunks, 132, per_sm, BALANCED_DEFAULT) and "tiled" in p.short()
+    assert not tiled_applies("nvfp4", 4096, 4096 + 16, 16, 2)  # padding columns
+    assert not tiled_applies("nvfp4", 4096, 4096 + 512, 16, 2)  # chunk rows of 64 slots: no
+    assert tiled_applies("nvfp4", 4096, 4096 + 512, 16, 1)  # ... of 32: yes
+    assert not tiled_applies("nvfp4", 4096, 4096, 16, 3)  # not a power of two
+    force_tiled(False)
+    try:
+        assert quantize_plan("sm_90a", 132, "nvfp4", "float16", 4096, 4096, True, "value"
+                             ).scale_mode == 1
+        force_tiled(True)
+        assert quantize_plan("sm_90a", 132, "mxfp4", "float16", 600, 4096, True, "value").tiled
+        assert not quantize_plan("sm_90a", 132, "mxfp4", "float16", 600, 4096 + 32, True,
+                                 "value").tiled  # padding columns: the plain order
+    finally:
+        force_tiled(None)
+    with pytest.raises(ValueError, match="on="):
+        force_tiled("yes")
+
+
 def test_dequantize_out_is_keyword_only():
     with pytest.raises(TypeError, match="positional"):
         dequantize(_tensor(), "float32", np.empty((3, 64), np.float32))
