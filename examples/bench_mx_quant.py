@@ -273,6 +273,7 @@ def main() -> None:
                                                    True, "value").grid:
                         variants += [("value", None, None, "nobalance")]
                 if args.tiled and m > 64:
+                    force_tiled(None)  # the default plan, not the last variant's
                     on = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
                                        "value").tiled
                     variants += [("value", None, None, "untiled" if on else "tiled")]
