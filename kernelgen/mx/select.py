@@ -144,13 +144,14 @@ def force_tiled(on: bool | None) -> None:
 
 
 def tiled_applies(fmt: str, rows: int, k: int, e: int, slots: int) -> bool:
-    """Whether sector order (mx.cuh Tiling) can take [rows, K]: no scale padding columns, whole
-    chunk rows of 32 * slots lane slots (slots a power of two), 32-bit slot indices over the
-    padded rows."""
+    """Whether sector order (mx.cuh Tiling) can take [rows, K] with `slots` lane slots a thread
+    (the kernel's U; the caller checks it is the config's): no scale padding columns, whole chunk
+    rows of 32 * slots lane slots (slots a power of two), 32-bit slot indices over the padded
+    rows and 32-bit element offsets within a 128-row tile."""
     spr = k // e
     spc = THREADS * slots // 8
     return ((k // group_size(fmt)) % 4 == 0 and slots & (slots - 1) == 0 and spr % spc == 0
-            and _cdiv(rows, 128) * 128 * spr < MAX_SLOTS)
+            and _cdiv(rows, 128) * 128 * spr < MAX_SLOTS and 128 * k < MAX_SLOTS)
 
 
 def chunk_grid(chunks: int, sm_count: int, blocks_per_sm: int, balanced: bool = False) -> int:
@@ -272,7 +273,8 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
         slots = min(_slots, cfg.slots)
     balanced = BALANCED_DEFAULT if _balanced is None else _balanced
     want_tiled = (fmt in TILED_FORMATS and rows >= TILED_MIN_ROWS) if _tiled is None else _tiled
-    if swizzled and want_tiled and tiled_applies(fmt, rows, k, cfg.lane_elems, slots):
+    if swizzled and want_tiled and slots == cfg.slots and tiled_applies(fmt, rows, k,
+                                                                         cfg.lane_elems, slots):
         # chunks of 8 rows x 32 * slots lane slots over the padded rows; no padding-row pass
         chunks = _cdiv(rows, 128) * 16 * (k // cfg.lane_elems // (THREADS * slots // 8))
         return QuantizePlan(cfg, path, chunk_grid(chunks, sm_count, per_sm, balanced), THREADS,

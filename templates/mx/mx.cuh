@@ -732,62 +732,77 @@ __device__ __forceinline__ float global_scale(const T* __restrict__ x, const flo
   return gs;
 }
 
-// Sector order (scale mode 2, sh.tiled; swizzled scales, no padding columns). Chunk c holds the
-// 8 rows 2i + {0, 1} + 32 * {0, 1, 2, 3} of 128-row tile mt, spc = THREADS * u_count / 8 slots
-// of each from column slot cb * spc (c = (mt * 16 + i) * ncb + cb, cb fastest; chunks cover the
-// padding rows of the last tile). Those rows' scale bytes of any 4 scale columns (4 L slots) are
-// one whole 32-byte sector of the swizzled layout, so a chunk's nq = spc / (4 L) sectors are
-// assembled in shared memory and stored whole after a block barrier. In the plain order a warp
-// covers 32 slots of one row and writes one 4-byte piece of each of its 8 sectors: as many L2
-// store transactions for NVFP4's scales as for its codes. Thread-slot s = u * THREADS + tid
-// takes chunk row s / spc (a warp still reads 32 contiguous slots of one row).
-struct Tiling {
-  uint32_t spc, ncb, chunks;
-  __device__ __forceinline__ Tiling(const Shape& sh, int threads, int u_count) {
-    spc = uint32_t(threads * u_count / 8);
-    ncb = uint32_t(sh.slots_per_row) / spc;  // the host checks spc divides it
+// Sector order (scale mode 2, sh.tiled; swizzled scales, no padding columns, u_count = U). Chunk
+// c holds the 8 rows 2i + {0, 1} + 32 * {0, 1, 2, 3} of 128-row tile mt, SPC = THREADS * U / 8
+// slots of each from column slot cb * SPC (c = (mt * 16 + i) * ncb + cb, cb fastest; chunks
+// cover the padding rows of the last tile). Those rows' scale bytes of any 4 scale columns (4 L
+// slots) are one whole 32-byte sector of the swizzled layout, so a chunk's NQ = SPC / (4 L)
+// sectors are assembled in shared memory and stored whole. In the plain order a warp covers 32
+// slots of one row and writes one 4-byte piece of each of its 8 sectors: as many L2 store
+// transactions for NVFP4's scales as for its codes. Thread-slot s = u * THREADS + tid takes chunk
+// row s / SPC, column slot s % SPC (a warp still reads 32 contiguous slots of one row).
+template <int E, int U, int THREADS, int L> struct Tiling {
+  static constexpr uint32_t SPC = THREADS * U / 8, NQ = SPC / (4 * L), THREADS_ = THREADS;
+  static_assert((SPC & (SPC - 1)) == 0 && SPC % (4 * L) == 0 && SPC % 32 == 0, "chunk rows");
+  uint32_t ncb, chunks;
+  uint32_t t, cb, dt, dcb;  // the current chunk's (mt * 16 + i, cb); the grid stride's
+  uint32_t roff[U], off[U];  // this thread's slots: row in the chunk, element offset from row0
+  __device__ __forceinline__ Tiling(const Shape& sh, uint32_t c, uint32_t stride) {
+    ncb = uint32_t(sh.slots_per_row) / SPC;  // the host checks SPC divides it
     chunks = uint32_t((sh.rows + 127) >> 7) * 16u * ncb;
+    t = c / ncb;
+    cb = c - t * ncb;
+    dt = stride / ncb;
+    dcb = stride - dt * ncb;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t s = uint32_t(u * THREADS) + threadIdx.x, r = s / SPC;
+      roff[u] = (r & 1u) + 32u * (r >> 1);
+      off[u] = roff[u] * uint32_t(sh.k) + (s % SPC) * E;  // < 2^31 (host: 128 K < 2^31)
+    }
   }
-  // First row (2i of tile mt) and column slot of chunk c.
-  __device__ __forceinline__ void origin(uint32_t c, uint32_t& row0, uint32_t& j0) const {
-    const uint32_t t = c / ncb;
-    row0 = (t >> 4) * 128u + (t & 15u) * 2u;
-    j0 = (c - t * ncb) * spc;
+  __device__ __forceinline__ uint32_t row0() const { return (t >> 4) * 128u + (t & 15u) * 2u; }
+  __device__ __forceinline__ uint32_t j0() const { return cb * SPC; }
+  __device__ __forceinline__ void advance() {  // to the chunk a grid stride on
+    t += dt;
+    cb += dcb;
+    if (cb >= ncb) {
+      cb -= ncb;
+      ++t;
+    }
   }
 };
 
-// Loads of chunk c (sector order): idx[u] is 0 for a slot of an input row, ~0 otherwise (its
+// Loads of the tiling's current chunk: idx[u] is 0 for a slot of an input row, ~0 otherwise (its
 // words are not stored and its scale bytes stage as zeros).
-template <typename T, int E, int U, int THREADS>
-__device__ __forceinline__ void load_tiled(const T* __restrict__ x, uint32_t c, const Tiling& tl,
-                                           int u_count, const Shape& sh, uint32_t (&idx)[U],
-                                           SlotPos (&pos)[U], InVec<T, E> (&in)[U]) {
-  uint32_t row0, j0;
-  tl.origin(c, row0, j0);
+template <typename T, int E, int U, class TL>
+__device__ __forceinline__ void load_tiled(const T* __restrict__ x, const TL& tl, const Shape& sh,
+                                           uint32_t (&idx)[U], SlotPos (&pos)[U],
+                                           InVec<T, E> (&in)[U]) {
+  const uint32_t row0 = tl.row0(), j0 = tl.j0();
+  const T* xc = x + (size_t)row0 * uint32_t(sh.k) + j0 * E;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const uint32_t s = uint32_t(u * THREADS) + threadIdx.x, r = s / tl.spc;
-    pos[u].row = row0 + (r & 1u) + 32u * (r >> 1);
-    pos[u].j = int(j0 + (s - r * tl.spc));
-    const bool ok = u < u_count && pos[u].row < uint32_t(sh.rows);
+    pos[u].row = row0 + tl.roff[u];
+    pos[u].j = int(j0 + (uint32_t(u * TL::THREADS_) + threadIdx.x) % TL::SPC);
+    const bool ok = pos[u].row < uint32_t(sh.rows);
     idx[u] = ok ? 0u : 0xffffffffu;
-    if (ok) in[u].load(x + (size_t)pos[u].row * sh.k + pos[u].j * E);
+    if (ok) in[u].load(xc + tl.off[u]);
     else in[u].zero();
   }
 }
 
-// Store chunk c's staged scale sectors: lane t < 2 nq of the flushing warp, 16 bytes each.
-template <int L>
-__device__ __forceinline__ void flush_tiled(uint32_t c, const Tiling& tl, const Shape& sh,
-                                            const uint4* stage, uint8_t* __restrict__ scales,
-                                            uint32_t t) {
-  if (t < 2 * (tl.spc / (4 * L))) {
-    uint32_t row0, j0;
-    tl.origin(c, row0, j0);
-    const uint32_t q = j0 / (4 * L) + (t >> 1);
+// Store the tiling's current chunk's staged scale sectors: lane t < 2 NQ of the storing warp,
+// 16 bytes each.
+template <class TL>
+__device__ __forceinline__ void flush_tiled(const TL& tl, const Shape& sh, const uint4* stage,
+                                            uint8_t* __restrict__ scales, uint32_t lane) {
+  if (lane < 2 * TL::NQ) {
+    const uint32_t row0 = tl.row0();
+    const uint32_t q = tl.cb * TL::NQ + (lane >> 1);
     const uint32_t off = ((row0 >> 7) * uint32_t(sh.k_tiles) + q) * 512u + (row0 & 31u) * 16u +
-                         (t & 1u) * 16u;
-    *reinterpret_cast<uint4*>(scales + off) = stage[t];
+                         (lane & 1u) * 16u;
+    *reinterpret_cast<uint4*>(scales + off) = stage[lane];
   }
 }
 
@@ -881,15 +896,16 @@ __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restr
                                                float gs_val, int gs_mode, int n_partials,
                                                int rows, int k, int u_count) {
   constexpr int L = GROUP / E, WARPS = THREADS / 32, NBUF = LOOP ? 4 : 1;
-  __shared__ uint4 stage[NBUF][U * THREADS / 8 / (4 * L) * 2];  // 2 nq 16-byte sector halves
+  using TL = Tiling<E, U, THREADS, L>;
+  __shared__ uint4 stage[NBUF][2 * TL::NQ];  // 16-byte halves of the chunk's sectors
   __shared__ uint32_t arrived[NBUF], flushed[NBUF];  // warps counted in / uses stored, a stage
-  const Tiling tl(sh, THREADS, u_count);
+  TL tl(sh, blockIdx.x, gridDim.x);
   const uint32_t lane = threadIdx.x & 31u;
   uint32_t c = blockIdx.x;
   uint32_t idx[U];
   SlotPos pos[U];
   InVec<T, E> in[U];
-  load_tiled<T, E, U, THREADS>(x, c, tl, u_count, sh, idx, pos, in);
+  load_tiled<T, E, U>(x, tl, sh, idx, pos, in);
   if (threadIdx.x < NBUF) arrived[threadIdx.x] = flushed[threadIdx.x] = 0;
   const float gs = NV ? global_scale<T, THREADS>(x, gs_in, partials, gs_out, gs_val, gs_mode,
                                                  n_partials, rows, k)
@@ -901,7 +917,11 @@ __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restr
     uint32_t idx2[U];
     SlotPos pos2[U];
     InVec<T, E> in2[U];
-    if (more) load_tiled<T, E, U, THREADS>(x, c + gridDim.x, tl, u_count, sh, idx2, pos2, in2);
+    TL next = tl;
+    if (more) {
+      next.advance();
+      load_tiled<T, E, U>(x, next, sh, idx2, pos2, in2);
+    }
     const uint32_t b = n % NBUF, use = n / NBUF;
     if (use > 0) {  // the stage's previous chunk must be stored first (rarely waits)
       while (*reinterpret_cast<volatile uint32_t*>(&flushed[b]) < use) {
@@ -909,15 +929,14 @@ __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restr
       __threadfence_block();
     }
     quantize_slots<T, F, NV, GROUP, E, U, HW, H2, false, true>(
-        in, idx, pos, u_count, sh, gs, data, scales, reinterpret_cast<uint32_t*>(stage[b]),
-        tl.spc);
+        in, idx, pos, U, sh, gs, data, scales, reinterpret_cast<uint32_t*>(stage[b]), TL::SPC);
     __threadfence_block();
     __syncwarp();
     uint32_t before = 0;
     if (lane == 0) before = atomicAdd(&arrived[b], 1u);
     if (__shfl_sync(0xffffffffu, before, 0) == WARPS * (use + 1) - 1) {  // the last warp in
       __threadfence_block();
-      flush_tiled<L>(c, tl, sh, stage[b], scales, lane);
+      flush_tiled(tl, sh, stage[b], scales, lane);
       __syncwarp();
       if (lane == 0) {
         __threadfence_block();
@@ -926,6 +945,7 @@ __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restr
     }
     if (!more) break;
     c += gridDim.x;
+    tl = next;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       idx[u] = idx2[u];

@@ -228,16 +228,16 @@ def test_quantize_large_grids_exact(fmt, variant, dtype):
     _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
 
 
-@pytest.mark.parametrize("grid", ["default", "loops", "loops1"])
+@pytest.mark.parametrize("grid", ["default", "loops"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_quantize_sector_order_exact(fmt, dtype, grid):
     """Swizzled scales in sector order (scale mode 2, forced for every format): chunks of the 8
     rows that share scale sectors, staged in shared memory and stored whole; a one-tile input
     whose padding rows the chunks cover (100 rows) and a larger one (its last tile partly
-    padding), with the planner's grid, one looping block an SM ("loops") and one slot a
-    thread a chunk ("loops1"). The plan must take the sector order, so the test cannot pass on
-    the plain path."""
+    padding), with the planner's grid or one looping block an SM ("loops"), the config's slots a
+    thread (sector order needs them). The plan must take the sector order, so the test cannot
+    pass on the plain path."""
     import cupy
 
     import kernelgen.mx as mx
@@ -247,7 +247,7 @@ def test_quantize_sector_order_exact(fmt, dtype, grid):
     info = device_info()
     rng = np.random.default_rng(hash((fmt, dtype, grid, "tiled")) % 2**32)
     force_tiled(True)
-    force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1)}.get(grid, (None, None)))
+    force_blocks_per_sm(1 if grid == "loops" else None, 8)  # the config's slots (U) a thread
     try:
         for rows, k in ((100, 1024), (1500, 2048)):
             xh = _values(rng, (rows, k), dtype, True)
