@@ -300,6 +300,28 @@ __device__ __forceinline__ float nvfp4_global_scale(uint32_t amax_bits) {
   return fminf(__fdiv_rn(2688.0f, __uint_as_float(amax_bits)), FLT_MAX_F);
 }
 
+// RN(a / 6) for a finite a >= 0 (the NVFP4 scale rule's amax / 6). From 2^-100 on without a
+// division: q = RN(a * RN(1/6)), the remainder a - 6 q by one FMA, q + r * RN(1/6) rounded once
+// (Markstein's correction); equal to __fdiv_rn(a, 6) for every fp32 a >= 2^-100 (checked
+// exhaustively on an H100: mismatches begin below 2^-102, where the remainder is subnormal), so
+// smaller a take the division.
+__device__ __forceinline__ float div6_rn(float a) {
+  constexpr float Y = 0.16666667163372039794921875f;  // RN(1/6)
+  if (a < 7.88860905221011805e-31f) return __fdiv_rn(a, 6.0f);  // 2^-100
+  const float q = __fmul_rn(a, Y);
+  return __fmaf_rn(__fmaf_rn(-q, 6.0f, a), Y, q);
+}
+
+// The NVFP4 element multipliers min(RN(gs / sf), FLT_MAX) (0 for sf 0) of the E4M3 scale codes
+// sf < 0x7F, a table in shared memory: one division a code for the block instead of one a group.
+// Threads 0..126 fill it; the caller's barrier publishes it.
+__device__ __forceinline__ void fill_nv_mult(float* t, float gs) {
+  if (threadIdx.x < 0x7Fu) {
+    const float sfv = decode<E4M3>(threadIdx.x);
+    t[threadIdx.x] = sfv > 0.0f ? fminf(__fdiv_rn(gs, sfv), FLT_MAX_F) : 0.0f;
+  }
+}
+
 // One slot: quantize E values of a lane (all lanes of the warp call this together: shuffles).
 // Returns the group's scale byte; writes the lane's packed words.
 // Two fp32 -> two E4M3 / E5M2 codes (lo in the low byte) with the sm_89+ cvt (RNE, satfinite);
@@ -472,13 +494,13 @@ __device__ __forceinline__ uint32_t f32x2_to_f16x2_odd(float lo, float hi) {
 // tests/mx/test_h2_codec.py replays it in NumPy (every 16-bit x, many kinds of multiplier).
 template <typename T, int E>
 __device__ __forceinline__ uint32_t quantize_slot_nv_h2(const InVec<T, E>& in, float gs,
+                                                        const float* nv_mult,
                                                         uint32_t (&w)[Pack<4, E>::WORDS]) {
   const uint32_t amax = in.abs_max_bits();
   const bool bad = amax >= 0x7f800000u;  // NaN or Inf in the group
-  const float sf32 = __fmul_rn(__fdiv_rn(__uint_as_float(amax), 6.0f), gs);
+  const float sf32 = __fmul_rn(div6_rn(__uint_as_float(amax)), gs);
   const uint32_t sf = encode_mag<E4M3>(fminf(sf32, max_value<E4M3>()));  // sf32 >= 0
-  const float sfv = decode<E4M3>(sf);
-  const float mult = sfv > 0.0f ? fminf(__fdiv_rn(gs, sfv), FLT_MAX_F) : 0.0f;
+  const float mult = nv_mult[sf];
   float v[E];
   in.to_float(v);
   uint32_t p[E / 2];
@@ -496,6 +518,7 @@ __device__ __forceinline__ uint32_t quantize_slot_nv_h2(const InVec<T, E>& in, f
 // HW: encode fp8 elements with cvt_fp8x2 (MXFP8 on sm_89+), else exact integer arithmetic.
 template <class F, bool NV, int E, int L, bool HW = false>
 __device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], uint32_t amax, float gs,
+                                                  const float* nv_mult,
                                                   uint32_t (&w)[Pack<F::BITS, E>::WORDS]) {
   // amax: the lane's max |x| as fp32 bits; reduced over the group's L lanes here
 #pragma unroll
@@ -505,10 +528,9 @@ __device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], uint32_t 
   float mult;
   if constexpr (NV) {
     // sf = E4M3(RN(RN(amax / 6) * gs)); elements scaled by min(RN(gs / sf), FLT_MAX) (0 if sf 0)
-    const float sf32 = __fmul_rn(__fdiv_rn(__uint_as_float(amax), 6.0f), gs);
+    const float sf32 = __fmul_rn(div6_rn(__uint_as_float(amax)), gs);
     const uint32_t sf = encode_mag<E4M3>(fminf(sf32, max_value<E4M3>()));  // sf32 >= 0
-    const float sfv = decode<E4M3>(sf);
-    mult = sfv > 0.0f ? fminf(__fdiv_rn(gs, sfv), FLT_MAX_F) : 0.0f;
+    mult = nv_mult[sf];
     sbyte = bad ? 0x7Fu : sf;
   } else {
     const uint32_t code = e8m0_floor<F::EMAX>(amax);
@@ -550,6 +572,7 @@ template <typename T, class F, bool NV, int GROUP, int E, int U, bool HW = false
 __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const uint32_t (&idx)[U],
                                                const SlotPos (&pos)[U], int u_count,
                                                const Shape& sh, float gs,
+                                               const float* nv_mult,
                                                uint8_t* __restrict__ data,
                                                uint8_t* __restrict__ scales,
                                                uint32_t* stage = nullptr, uint32_t spc = 0) {
@@ -566,13 +589,13 @@ __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const
     uint32_t w[WORDS];
     uint32_t sbyte;
     if constexpr (H2 && NV) {
-      sbyte = quantize_slot_nv_h2<T, E>(in[u], gs, w);
+      sbyte = quantize_slot_nv_h2<T, E>(in[u], gs, nv_mult, w);
     } else if constexpr (H2) {
       sbyte = quantize_slot_h2<F, T, E, L>(in[u], w);
     } else {
       float v[E];
       in[u].to_float(v);
-      sbyte = quantize_slot<F, NV, E, L, HW>(v, in[u].abs_max_bits(), gs, w);
+      sbyte = quantize_slot<F, NV, E, L, HW>(v, in[u].abs_max_bits(), gs, nv_mult, w);
     }
     if constexpr (LIN) {
       if (in_range) store_words<WORDS>(data + (size_t)idx[u] * (E * F::BITS / 8), w);
@@ -847,8 +870,14 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
   const float gs = NV ? global_scale<T, THREADS>(x, gs_in, partials, gs_out, gs_val, gs_mode,
                                                  n_partials, rows, k)
                      : 1.0f;
+  __shared__ float nv_mult[NV ? 128 : 1];
+  if constexpr (NV) {
+    fill_nv_mult(nv_mult, gs);
+    __syncthreads();
+  }
   if constexpr (!LOOP) {
-    quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, data, scales);
+    quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, nv_mult, data,
+                                                       scales);
   } else {
     // One register set and copies, not two sets in turn: the two-set loop of 2f911c2 (twice
     // the loop code) ran 3-10% slower on the H100 than this loop did at c477e5f (two runs, not
@@ -864,8 +893,8 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
         load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, p0, du, u_count, sh, idx2, pos2,
                                           in2);
       }
-      quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, data,
-                                                         scales);
+      quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, nv_mult,
+                                                         data, scales);
       if (!more) break;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -910,7 +939,9 @@ __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restr
   const float gs = NV ? global_scale<T, THREADS>(x, gs_in, partials, gs_out, gs_val, gs_mode,
                                                  n_partials, rows, k)
                      : 1.0f;
-  __syncthreads();  // the counters
+  __shared__ float nv_mult[NV ? 128 : 1];
+  if constexpr (NV) fill_nv_mult(nv_mult, gs);
+  __syncthreads();  // the counters and the multipliers
   if (c >= tl.chunks) return;  // block-uniform (the host's grid does not exceed the chunks)
   for (uint32_t n = 0;; ++n) {
     const bool more = LOOP && c + gridDim.x < tl.chunks;  // block-uniform
@@ -929,7 +960,8 @@ __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restr
       __threadfence_block();
     }
     quantize_slots<T, F, NV, GROUP, E, U, HW, H2, false, true>(
-        in, idx, pos, U, sh, gs, data, scales, reinterpret_cast<uint32_t*>(stage[b]), TL::SPC);
+        in, idx, pos, U, sh, gs, nv_mult, data, scales, reinterpret_cast<uint32_t*>(stage[b]),
+        TL::SPC);
     __threadfence_block();
     __syncwarp();
     uint32_t before = 0;
@@ -1035,7 +1067,10 @@ __device__ __forceinline__ void quantize_fused(const T* __restrict__ x, uint8_t*
   cluster_arrive();  // done reading the other blocks' shared memory (waited on before exit)
   const float gs = nvfp4_global_scale(a);
   if (tid == 0) *gs_out = gs;
-  quantize_slots<T, F, true, GROUP, E, U>(in, idx, pos, u_count, sh, gs, data, scales);
+  __shared__ float nv_mult[128];
+  fill_nv_mult(nv_mult, gs);
+  __syncthreads();
+  quantize_slots<T, F, true, GROUP, E, U>(in, idx, pos, u_count, sh, gs, nv_mult, data, scales);
   zero_padding_rows(sh, scales, tid, (long long)THREADS * CLUSTER);
   cluster_wait();
 }
