@@ -909,13 +909,15 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
 }
 
 // The direct path in sector order (sh.tiled, see Tiling): chunks c = b, b + grid, ... of block
-// b, the next chunk's loads in flight while one is quantized (LOOP; else one chunk a block).
-// No block barrier a chunk: a barrier holds every warp's next loads back until the slowest warp
-// of the block is done (H100: NVFP4 at M = 16384 61 -> 68 us, MXFP4 59 -> 75 us). Instead the
-// chunks rotate through NBUF stages in shared memory; a warp writes its scale words, counts
-// itself in (arrived), and the warp that completes the count stores the chunk's sectors and
-// marks the stage free (flushed). A warp waits only to reuse a stage whose last chunk is not yet
-// stored, NBUF chunks back. No padding-row pass: the chunks cover the last tile's padding rows.
+// b, the next chunk's loads in flight while one is quantized (LOOP; else one chunk a block and a
+// block barrier before warp 0 stores its sectors). LOOP: no block barrier a chunk, which would
+// hold every warp's next loads back until the slowest warp of the block is done (H100, NVFP4 at
+// M = 16384: 61 -> 68 us). The chunks rotate through NBUF stages in shared memory; the other
+// warps write their scale words and arrive at the stage's "full" barrier, warp 0 waits there,
+// stores the sectors and arrives at its "empty" barrier, which the others wait on only before
+// writing that stage again, NBUF chunks on. (A warp-counting atomic with fences instead costs
+// more: a fence waits for the warp's prefetched loads.) No padding-row pass: the chunks cover
+// the last tile's padding rows.
 template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool LOOP,
           bool H2>
 __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restrict__ x,
@@ -924,24 +926,26 @@ __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restr
                                                const uint32_t* partials, float* gs_out,
                                                float gs_val, int gs_mode, int n_partials,
                                                int rows, int k, int u_count) {
-  constexpr int L = GROUP / E, WARPS = THREADS / 32, NBUF = LOOP ? 4 : 1;
+  constexpr int L = GROUP / E;
+  constexpr uint32_t NBUF = LOOP ? 4 : 1;  // barrier ids 1..NBUF full, NBUF+1..2 NBUF empty
   using TL = Tiling<E, U, THREADS, L>;
   __shared__ uint4 stage[NBUF][2 * TL::NQ];  // 16-byte halves of the chunk's sectors
-  __shared__ uint32_t arrived[NBUF], flushed[NBUF];  // warps counted in / uses stored, a stage
   TL tl(sh, blockIdx.x, gridDim.x);
   const uint32_t lane = threadIdx.x & 31u;
+  const bool storer = threadIdx.x < 32;  // warp 0 stores the sectors
   uint32_t c = blockIdx.x;
   uint32_t idx[U];
   SlotPos pos[U];
   InVec<T, E> in[U];
   load_tiled<T, E, U>(x, tl, sh, idx, pos, in);
-  if (threadIdx.x < NBUF) arrived[threadIdx.x] = flushed[threadIdx.x] = 0;
   const float gs = NV ? global_scale<T, THREADS>(x, gs_in, partials, gs_out, gs_val, gs_mode,
                                                  n_partials, rows, k)
                      : 1.0f;
   __shared__ float nv_mult[NV ? 128 : 1];
-  if constexpr (NV) fill_nv_mult(nv_mult, gs);
-  __syncthreads();  // the counters and the multipliers
+  if constexpr (NV) {
+    fill_nv_mult(nv_mult, gs);
+    __syncthreads();
+  }
   if (c >= tl.chunks) return;  // block-uniform (the host's grid does not exceed the chunks)
   for (uint32_t n = 0;; ++n) {
     const bool more = LOOP && c + gridDim.x < tl.chunks;  // block-uniform
@@ -953,27 +957,22 @@ __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restr
       next.advance();
       load_tiled<T, E, U>(x, next, sh, idx2, pos2, in2);
     }
-    const uint32_t b = n % NBUF, use = n / NBUF;
-    if (use > 0) {  // the stage's previous chunk must be stored first (rarely waits)
-      while (*reinterpret_cast<volatile uint32_t*>(&flushed[b]) < use) {
-      }
-      __threadfence_block();
-    }
+    const uint32_t b = n % NBUF;
+    if (LOOP && n >= NBUF && !storer) named_sync(1 + NBUF + b, THREADS);  // stage b stored
     quantize_slots<T, F, NV, GROUP, E, U, HW, H2, false, true>(
         in, idx, pos, U, sh, gs, nv_mult, data, scales, reinterpret_cast<uint32_t*>(stage[b]),
         TL::SPC);
-    __threadfence_block();
-    __syncwarp();
-    uint32_t before = 0;
-    if (lane == 0) before = atomicAdd(&arrived[b], 1u);
-    if (__shfl_sync(0xffffffffu, before, 0) == WARPS * (use + 1) - 1) {  // the last warp in
-      __threadfence_block();
-      flush_tiled(tl, sh, stage[b], scales, lane);
-      __syncwarp();
-      if (lane == 0) {
-        __threadfence_block();
-        *reinterpret_cast<volatile uint32_t*>(&flushed[b]) = use + 1;
+    if constexpr (LOOP) {
+      if (!storer) {
+        named_arrive(1 + b, THREADS);
+      } else {
+        named_sync(1 + b, THREADS);
+        flush_tiled(tl, sh, stage[b], scales, lane);
+        if (c + NBUF * gridDim.x < tl.chunks) named_arrive(1 + NBUF + b, THREADS);  // reused
       }
+    } else {
+      __syncthreads();
+      if (storer) flush_tiled(tl, sh, stage[b], scales, lane);
     }
     if (!more) break;
     c += gridDim.x;
