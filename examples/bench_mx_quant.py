@@ -18,9 +18,9 @@ device from the input ("gs=auto": one launch for small inputs, amax + quantize e
         [--no-linear]           (also time every format without the linear-index path, M > 64)
         [--no-balance]          (also time capped grids filled to the cap where the plan
                                  balances them)
-        [--tiled]               (also time every format with the swizzled scales' sector order
-                                 toggled, M > 64: forced on where the plan does not take it,
-                                 off where it does)
+        [--tiled]               (also time the swizzled scales' sector order toggled, M > 64:
+                                 forced on where the config can take it and the plan does not,
+                                 off where the plan takes it)
         [--same-copy]           (also time, in the same graph harness, copies of the same bytes:
                                  "rw" reads the input and writes out/in of it in the format's
                                  ratio, "sym" reads and writes half the logical bytes each, a
@@ -276,7 +276,11 @@ def main() -> None:
                     force_tiled(None)  # the default plan, not the last variant's
                     on = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
                                        "value").tiled
-                    variants += [("value", None, None, "untiled" if on else "tiled")]
+                    force_tiled(not on)
+                    if quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
+                                     "value").tiled != on:  # the config can take it
+                        variants += [("value", None, None, "untiled" if on else "tiled")]
+                    force_tiled(None)
                 for gs, cap, wide, h2 in variants:
                     knob = h2 if isinstance(h2, str) else ""
                     force_linear(knob != "nolinear")

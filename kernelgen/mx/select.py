@@ -61,9 +61,12 @@ BALANCED_DEFAULT = True
 BALANCE_MIN_FILL = 0.5
 _balanced: bool | None = None  # tests / benchmarks: override BALANCED_DEFAULT
 # Swizzled scales in sector order (scale mode 2, mx.cuh Tiling): chunks of 8 rows whose scale
-# bytes fill whole 32-byte sectors, staged in shared memory, for these formats from this many
-# rows (below it the last 128-row tile's padding rows would be a large share of the chunks).
-TILED_FORMATS = frozenset({"nvfp4"})
+# bytes fill whole 32-byte sectors, staged in shared memory, for configs that do not loop (fp8),
+# from this many rows (below it the last 128-row tile's padding rows would be a large share of
+# the chunks). H100, K = 4096: MXFP8 M = 4096 19.4 -> 18.8 us (88 -> 91% of copy), M = 16384
+# 70.5 -> 68.6 (97 -> 99%); looping fp4 / fp6 blocks staging per chunk were no faster (NVFP4
+# M = 4096 17.3 -> 17.8 us, M = 16384 61.0 -> 60.9; BENCHMARKS.md), so they keep the plain order.
+TILED_FORMATS = frozenset({"mxfp8_e4m3", "mxfp8_e5m2"})
 TILED_MIN_ROWS = 512
 _tiled: bool | None = None  # tests / benchmarks: sector order wherever the shape allows (True),
 # never (False), or by TILED_FORMATS / TILED_MIN_ROWS (None)
@@ -134,8 +137,9 @@ def force_balanced(on: bool | None) -> None:
 
 
 def force_tiled(on: bool | None) -> None:
-    """Swizzled scales in sector order wherever the shape allows it (True), never (False), or
-    by TILED_FORMATS and TILED_MIN_ROWS (None). For tests and benchmarks; clears the plan memo."""
+    """Swizzled scales in sector order wherever the config and shape allow it (True), never
+    (False), or by TILED_FORMATS and TILED_MIN_ROWS (None). For tests and benchmarks; clears the
+    plan memo."""
     global _tiled
     if on not in (None, True, False):
         raise ValueError(f"on={on!r}; expected None, True or False")
@@ -273,12 +277,11 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
         slots = min(_slots, cfg.slots)
     balanced = BALANCED_DEFAULT if _balanced is None else _balanced
     want_tiled = (fmt in TILED_FORMATS and rows >= TILED_MIN_ROWS) if _tiled is None else _tiled
-    if swizzled and want_tiled and slots == cfg.slots and tiled_applies(fmt, rows, k,
-                                                                         cfg.lane_elems, slots):
-        # chunks of 8 rows x 32 * slots lane slots over the padded rows; no padding-row pass
+    if swizzled and want_tiled and not cfg.loops and slots == cfg.slots and \
+            tiled_applies(fmt, rows, k, cfg.lane_elems, slots):
+        # a block a chunk of 8 rows x 32 * slots lane slots over the padded rows; no padding pass
         chunks = _cdiv(rows, 128) * 16 * (k // cfg.lane_elems // (THREADS * slots // 8))
-        return QuantizePlan(cfg, path, chunk_grid(chunks, sm_count, per_sm, balanced), THREADS,
-                            slots, amax_grid, 2)
+        return QuantizePlan(cfg, path, chunks, THREADS, slots, amax_grid, 2)
     grid = max(chunk_grid(_cdiv(total, THREADS * slots), sm_count, per_sm, balanced),
                _cdiv(pad_words, THREADS * PAD_WORDS_PER_THREAD))
     return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid, int(swizzled))

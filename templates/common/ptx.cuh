@@ -16,16 +16,6 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
-// Named barriers (ids 1..15; 0 is __syncthreads'): bar.sync waits until n threads (a multiple of
-// 32, whole warps) have reached barrier id; bar.arrive counts the calling warp in and goes on.
-// Shared and global writes before an arrive are visible to the threads past the sync.
-__device__ __forceinline__ void named_sync(uint32_t id, uint32_t n) {
-  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void named_arrive(uint32_t id, uint32_t n) {
-  asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory");
-}
-
 // 16/8/4-byte global loads through the read-only path, spelled out: NVVM splits a uint4 access
 // through a reinterpret_cast of a 2-byte-aligned pointer into four 4-byte accesses.
 __device__ __forceinline__ uint4 ld_nc_v4(const void* p) {

@@ -272,7 +272,8 @@ struct Shape {
     sh.tiled = swizzled == 2;
     sh.slots_per_row = (sh.swizzled ? 4 * sh.k_tiles : sh.s) * (GROUP / E);
     sh.total = uint32_t(rows) * uint32_t(sh.slots_per_row);
-    sh.pad_words = sh.swizzled && !sh.tiled ? (long long)(((rows + 127) & ~127) - rows) * sh.k_tiles : 0;
+    sh.pad_words = sh.swizzled && !sh.tiled
+                       ? (long long)(((rows + 127) & ~127) - rows) * sh.k_tiles : 0;
     sh.linear = sh.slots_per_row * E == k;
     return sh;
   }
@@ -298,28 +299,6 @@ template <int E> __device__ __forceinline__ uint32_t finite_max_bits(const float
 __device__ __forceinline__ float nvfp4_global_scale(uint32_t amax_bits) {
   if (amax_bits == 0) return 1.0f;
   return fminf(__fdiv_rn(2688.0f, __uint_as_float(amax_bits)), FLT_MAX_F);
-}
-
-// RN(a / 6) for a finite a >= 0 (the NVFP4 scale rule's amax / 6). From 2^-100 on without a
-// division: q = RN(a * RN(1/6)), the remainder a - 6 q by one FMA, q + r * RN(1/6) rounded once
-// (Markstein's correction); equal to __fdiv_rn(a, 6) for every fp32 a >= 2^-100 (checked
-// exhaustively on an H100: mismatches begin below 2^-102, where the remainder is subnormal), so
-// smaller a take the division.
-__device__ __forceinline__ float div6_rn(float a) {
-  constexpr float Y = 0.16666667163372039794921875f;  // RN(1/6)
-  if (a < 7.88860905221011805e-31f) return __fdiv_rn(a, 6.0f);  // 2^-100
-  const float q = __fmul_rn(a, Y);
-  return __fmaf_rn(__fmaf_rn(-q, 6.0f, a), Y, q);
-}
-
-// The NVFP4 element multipliers min(RN(gs / sf), FLT_MAX) (0 for sf 0) of the E4M3 scale codes
-// sf < 0x7F, a table in shared memory: one division a code for the block instead of one a group.
-// Threads 0..126 fill it; the caller's barrier publishes it.
-__device__ __forceinline__ void fill_nv_mult(float* t, float gs) {
-  if (threadIdx.x < 0x7Fu) {
-    const float sfv = decode<E4M3>(threadIdx.x);
-    t[threadIdx.x] = sfv > 0.0f ? fminf(__fdiv_rn(gs, sfv), FLT_MAX_F) : 0.0f;
-  }
 }
 
 // One slot: quantize E values of a lane (all lanes of the warp call this together: shuffles).
@@ -494,13 +473,13 @@ __device__ __forceinline__ uint32_t f32x2_to_f16x2_odd(float lo, float hi) {
 // tests/mx/test_h2_codec.py replays it in NumPy (every 16-bit x, many kinds of multiplier).
 template <typename T, int E>
 __device__ __forceinline__ uint32_t quantize_slot_nv_h2(const InVec<T, E>& in, float gs,
-                                                        const float* nv_mult,
                                                         uint32_t (&w)[Pack<4, E>::WORDS]) {
   const uint32_t amax = in.abs_max_bits();
   const bool bad = amax >= 0x7f800000u;  // NaN or Inf in the group
-  const float sf32 = __fmul_rn(div6_rn(__uint_as_float(amax)), gs);
+  const float sf32 = __fmul_rn(__fdiv_rn(__uint_as_float(amax), 6.0f), gs);
   const uint32_t sf = encode_mag<E4M3>(fminf(sf32, max_value<E4M3>()));  // sf32 >= 0
-  const float mult = nv_mult[sf];
+  const float sfv = decode<E4M3>(sf);
+  const float mult = sfv > 0.0f ? fminf(__fdiv_rn(gs, sfv), FLT_MAX_F) : 0.0f;
   float v[E];
   in.to_float(v);
   uint32_t p[E / 2];
@@ -518,7 +497,6 @@ __device__ __forceinline__ uint32_t quantize_slot_nv_h2(const InVec<T, E>& in, f
 // HW: encode fp8 elements with cvt_fp8x2 (MXFP8 on sm_89+), else exact integer arithmetic.
 template <class F, bool NV, int E, int L, bool HW = false>
 __device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], uint32_t amax, float gs,
-                                                  const float* nv_mult,
                                                   uint32_t (&w)[Pack<F::BITS, E>::WORDS]) {
   // amax: the lane's max |x| as fp32 bits; reduced over the group's L lanes here
 #pragma unroll
@@ -528,9 +506,10 @@ __device__ __forceinline__ uint32_t quantize_slot(const float (&v)[E], uint32_t 
   float mult;
   if constexpr (NV) {
     // sf = E4M3(RN(RN(amax / 6) * gs)); elements scaled by min(RN(gs / sf), FLT_MAX) (0 if sf 0)
-    const float sf32 = __fmul_rn(div6_rn(__uint_as_float(amax)), gs);
+    const float sf32 = __fmul_rn(__fdiv_rn(__uint_as_float(amax), 6.0f), gs);
     const uint32_t sf = encode_mag<E4M3>(fminf(sf32, max_value<E4M3>()));  // sf32 >= 0
-    mult = nv_mult[sf];
+    const float sfv = decode<E4M3>(sf);
+    mult = sfv > 0.0f ? fminf(__fdiv_rn(gs, sfv), FLT_MAX_F) : 0.0f;
     sbyte = bad ? 0x7Fu : sf;
   } else {
     const uint32_t code = e8m0_floor<F::EMAX>(amax);
@@ -572,7 +551,6 @@ template <typename T, class F, bool NV, int GROUP, int E, int U, bool HW = false
 __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const uint32_t (&idx)[U],
                                                const SlotPos (&pos)[U], int u_count,
                                                const Shape& sh, float gs,
-                                               const float* nv_mult,
                                                uint8_t* __restrict__ data,
                                                uint8_t* __restrict__ scales,
                                                uint32_t* stage = nullptr, uint32_t spc = 0) {
@@ -589,13 +567,13 @@ __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const
     uint32_t w[WORDS];
     uint32_t sbyte;
     if constexpr (H2 && NV) {
-      sbyte = quantize_slot_nv_h2<T, E>(in[u], gs, nv_mult, w);
+      sbyte = quantize_slot_nv_h2<T, E>(in[u], gs, w);
     } else if constexpr (H2) {
       sbyte = quantize_slot_h2<F, T, E, L>(in[u], w);
     } else {
       float v[E];
       in[u].to_float(v);
-      sbyte = quantize_slot<F, NV, E, L, HW>(v, in[u].abs_max_bits(), gs, nv_mult, w);
+      sbyte = quantize_slot<F, NV, E, L, HW>(v, in[u].abs_max_bits(), gs, w);
     }
     if constexpr (LIN) {
       if (in_range) store_words<WORDS>(data + (size_t)idx[u] * (E * F::BITS / 8), w);
@@ -765,58 +743,45 @@ __device__ __forceinline__ float global_scale(const T* __restrict__ x, const flo
 // transactions for NVFP4's scales as for its codes. Thread-slot s = u * THREADS + tid takes chunk
 // row s / SPC, column slot s % SPC (a warp still reads 32 contiguous slots of one row).
 template <int E, int U, int THREADS, int L> struct Tiling {
-  static constexpr uint32_t SPC = THREADS * U / 8, NQ = SPC / (4 * L), THREADS_ = THREADS;
+  static constexpr uint32_t SPC = THREADS * U / 8, NQ = SPC / (4 * L);
   static_assert((SPC & (SPC - 1)) == 0 && SPC % (4 * L) == 0 && SPC % 32 == 0, "chunk rows");
-  uint32_t ncb, chunks;
-  uint32_t t, cb, dt, dcb;  // the current chunk's (mt * 16 + i, cb); the grid stride's
-  uint32_t roff[U], off[U];  // this thread's slots: row in the chunk, element offset from row0
-  __device__ __forceinline__ Tiling(const Shape& sh, uint32_t c, uint32_t stride) {
-    ncb = uint32_t(sh.slots_per_row) / SPC;  // the host checks SPC divides it
+  uint32_t chunks, t, cb;  // chunks; this one's mt * 16 + i and column block
+  __device__ __forceinline__ Tiling(const Shape& sh, uint32_t c) {
+    const uint32_t ncb = uint32_t(sh.slots_per_row) / SPC;  // the host checks SPC divides it
     chunks = uint32_t((sh.rows + 127) >> 7) * 16u * ncb;
     t = c / ncb;
     cb = c - t * ncb;
-    dt = stride / ncb;
-    dcb = stride - dt * ncb;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const uint32_t s = uint32_t(u * THREADS) + threadIdx.x, r = s / SPC;
-      roff[u] = (r & 1u) + 32u * (r >> 1);
-      off[u] = roff[u] * uint32_t(sh.k) + (s % SPC) * E;  // < 2^31 (host: 128 K < 2^31)
-    }
   }
   __device__ __forceinline__ uint32_t row0() const { return (t >> 4) * 128u + (t & 15u) * 2u; }
   __device__ __forceinline__ uint32_t j0() const { return cb * SPC; }
-  __device__ __forceinline__ void advance() {  // to the chunk a grid stride on
-    t += dt;
-    cb += dcb;
-    if (cb >= ncb) {
-      cb -= ncb;
-      ++t;
-    }
+  // Thread-slot u's row in the chunk (0, 1, 32, 33, ...) and column slot.
+  __device__ __forceinline__ static uint32_t row_of(int u) {
+    const uint32_t r = (uint32_t(u * THREADS) + threadIdx.x) / SPC;
+    return (r & 1u) + 32u * (r >> 1);
+  }
+  __device__ __forceinline__ static uint32_t col_of(int u) {
+    return (uint32_t(u * THREADS) + threadIdx.x) % SPC;
   }
 };
 
-// Loads of the tiling's current chunk: idx[u] is 0 for a slot of an input row, ~0 otherwise (its
-// words are not stored and its scale bytes stage as zeros).
+// Loads of the tiling's chunk: idx[u] is 0 for a slot of an input row, ~0 otherwise (its words
+// are not stored and its scale bytes stage as zeros).
 template <typename T, int E, int U, class TL>
 __device__ __forceinline__ void load_tiled(const T* __restrict__ x, const TL& tl, const Shape& sh,
                                            uint32_t (&idx)[U], SlotPos (&pos)[U],
                                            InVec<T, E> (&in)[U]) {
-  const uint32_t row0 = tl.row0(), j0 = tl.j0();
-  const T* xc = x + (size_t)row0 * uint32_t(sh.k) + j0 * E;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    pos[u].row = row0 + tl.roff[u];
-    pos[u].j = int(j0 + (uint32_t(u * TL::THREADS_) + threadIdx.x) % TL::SPC);
+    pos[u].row = tl.row0() + TL::row_of(u);
+    pos[u].j = int(tl.j0() + TL::col_of(u));
     const bool ok = pos[u].row < uint32_t(sh.rows);
     idx[u] = ok ? 0u : 0xffffffffu;
-    if (ok) in[u].load(xc + tl.off[u]);
+    if (ok) in[u].load(x + (size_t)pos[u].row * uint32_t(sh.k) + uint32_t(pos[u].j) * E);
     else in[u].zero();
   }
 }
 
-// Store the tiling's current chunk's staged scale sectors: lane t < 2 NQ of the storing warp,
-// 16 bytes each.
+// Store the tiling's chunk's staged scale sectors: lane t < 2 NQ of warp 0, 16 bytes each.
 template <class TL>
 __device__ __forceinline__ void flush_tiled(const TL& tl, const Shape& sh, const uint4* stage,
                                             uint8_t* __restrict__ scales, uint32_t lane) {
@@ -870,14 +835,8 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
   const float gs = NV ? global_scale<T, THREADS>(x, gs_in, partials, gs_out, gs_val, gs_mode,
                                                  n_partials, rows, k)
                      : 1.0f;
-  __shared__ float nv_mult[NV ? 128 : 1];
-  if constexpr (NV) {
-    fill_nv_mult(nv_mult, gs);
-    __syncthreads();
-  }
   if constexpr (!LOOP) {
-    quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, nv_mult, data,
-                                                       scales);
+    quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, data, scales);
   } else {
     // One register set and copies, not two sets in turn: the two-set loop of 2f911c2 (twice
     // the loop code) ran 3-10% slower on the H100 than this loop did at c477e5f (two runs, not
@@ -893,8 +852,8 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
         load_slots<T, E, U, THREADS, LIN>(x, first + threadIdx.x, p0, du, u_count, sh, idx2, pos2,
                                           in2);
       }
-      quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, nv_mult,
-                                                         data, scales);
+      quantize_slots<T, F, NV, GROUP, E, U, HW, H2, LIN>(in, idx, pos, u_count, sh, gs, data,
+                                                         scales);
       if (!more) break;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -908,32 +867,21 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
                     (long long)gridDim.x * THREADS);
 }
 
-// The direct path in sector order (sh.tiled, see Tiling): chunks c = b, b + grid, ... of block
-// b, the next chunk's loads in flight while one is quantized (LOOP; else one chunk a block and a
-// block barrier before warp 0 stores its sectors). LOOP: no block barrier a chunk, which would
-// hold every warp's next loads back until the slowest warp of the block is done (H100, NVFP4 at
-// M = 16384: 61 -> 68 us). The chunks rotate through NBUF stages in shared memory; the other
-// warps write their scale words and arrive at the stage's "full" barrier, warp 0 waits there,
-// stores the sectors and arrives at its "empty" barrier, which the others wait on only before
-// writing that stage again, NBUF chunks on. (A warp-counting atomic with fences instead costs
-// more: a fence waits for the warp's prefetched loads.) No padding-row pass: the chunks cover
-// the last tile's padding rows.
-template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool LOOP,
-          bool H2>
+// The direct path in sector order (sh.tiled, see Tiling), for configs that do not loop: block b
+// quantizes chunk b, its warps stage their scale words in shared memory, and after a block
+// barrier warp 0 stores the chunk's sectors. (Looping fp4 / fp6 blocks gained nothing from it on
+// the H100 - BENCHMARKS.md - so the host never plans it for them.) No padding-row pass: the
+// chunks cover the last tile's padding rows.
+template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool H2>
 __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restrict__ x,
                                                uint8_t* __restrict__ data,
                                                uint8_t* __restrict__ scales, const float* gs_in,
                                                const uint32_t* partials, float* gs_out,
                                                float gs_val, int gs_mode, int n_partials,
-                                               int rows, int k, int u_count) {
-  constexpr int L = GROUP / E;
-  constexpr uint32_t NBUF = LOOP ? 4 : 1;  // barrier ids 1..NBUF full, NBUF+1..2 NBUF empty
-  using TL = Tiling<E, U, THREADS, L>;
-  __shared__ uint4 stage[NBUF][2 * TL::NQ];  // 16-byte halves of the chunk's sectors
-  TL tl(sh, blockIdx.x, gridDim.x);
-  const uint32_t lane = threadIdx.x & 31u;
-  const bool storer = threadIdx.x < 32;  // warp 0 stores the sectors
-  uint32_t c = blockIdx.x;
+                                               int rows, int k) {
+  using TL = Tiling<E, U, THREADS, GROUP / E>;
+  __shared__ uint4 stage[2 * TL::NQ];  // 16-byte halves of the chunk's sectors
+  const TL tl(sh, blockIdx.x);
   uint32_t idx[U];
   SlotPos pos[U];
   InVec<T, E> in[U];
@@ -941,49 +889,11 @@ __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restr
   const float gs = NV ? global_scale<T, THREADS>(x, gs_in, partials, gs_out, gs_val, gs_mode,
                                                  n_partials, rows, k)
                      : 1.0f;
-  __shared__ float nv_mult[NV ? 128 : 1];
-  if constexpr (NV) {
-    fill_nv_mult(nv_mult, gs);
-    __syncthreads();
-  }
-  if (c >= tl.chunks) return;  // block-uniform (the host's grid does not exceed the chunks)
-  for (uint32_t n = 0;; ++n) {
-    const bool more = LOOP && c + gridDim.x < tl.chunks;  // block-uniform
-    uint32_t idx2[U];
-    SlotPos pos2[U];
-    InVec<T, E> in2[U];
-    TL next = tl;
-    if (more) {
-      next.advance();
-      load_tiled<T, E, U>(x, next, sh, idx2, pos2, in2);
-    }
-    const uint32_t b = n % NBUF;
-    if (LOOP && n >= NBUF && !storer) named_sync(1 + NBUF + b, THREADS);  // stage b stored
-    quantize_slots<T, F, NV, GROUP, E, U, HW, H2, false, true>(
-        in, idx, pos, U, sh, gs, nv_mult, data, scales, reinterpret_cast<uint32_t*>(stage[b]),
-        TL::SPC);
-    if constexpr (LOOP) {
-      if (!storer) {
-        named_arrive(1 + b, THREADS);
-      } else {
-        named_sync(1 + b, THREADS);
-        flush_tiled(tl, sh, stage[b], scales, lane);
-        if (c + NBUF * gridDim.x < tl.chunks) named_arrive(1 + NBUF + b, THREADS);  // reused
-      }
-    } else {
-      __syncthreads();
-      if (storer) flush_tiled(tl, sh, stage[b], scales, lane);
-    }
-    if (!more) break;
-    c += gridDim.x;
-    tl = next;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      idx[u] = idx2[u];
-      pos[u] = pos2[u];
-      in[u] = in2[u];
-    }
-  }
+  if (blockIdx.x >= tl.chunks) return;  // block-uniform (the host's grid is the chunks)
+  quantize_slots<T, F, NV, GROUP, E, U, HW, H2, false, true>(
+      in, idx, pos, U, sh, gs, data, scales, reinterpret_cast<uint32_t*>(stage), TL::SPC);
+  __syncthreads();
+  if (threadIdx.x < 32) flush_tiled(tl, sh, stage, scales, threadIdx.x);
 }
 
 // swizzled: 0 row-major scales, 1 swizzled, 2 swizzled in sector order (quantize_tiled; the
@@ -996,12 +906,16 @@ __device__ __forceinline__ void quantize(const T* __restrict__ x, uint8_t* __res
                                          const uint32_t* partials, float* gs_out, float gs_val,
                                          int gs_mode, int n_partials, int rows, int k,
                                          int swizzled, int u_count) {
-  const Shape sh = Shape::make<GROUP, E>(rows, k, swizzled);
-  if (sh.tiled) {
-    quantize_tiled<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2>(
-        sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k,
-        u_count);
-  } else if (LINEAR && sh.linear) {
+  // sector order for configs that do not loop (a looping one takes mode 2 as plain swizzled)
+  const Shape sh = Shape::make<GROUP, E>(rows, k, LOOP && swizzled == 2 ? 1 : swizzled);
+  if constexpr (!LOOP) {
+    if (sh.tiled) {
+      quantize_tiled<T, F, NV, GROUP, E, U, THREADS, HW, H2>(
+          sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k);
+      return;
+    }
+  }
+  if (LINEAR && sh.linear) {
     quantize_impl<T, F, NV, GROUP, E, U, THREADS, HW, LOOP, H2, true>(
         sh, x, data, scales, gs_in, partials, gs_out, gs_val, gs_mode, n_partials, rows, k,
         u_count);
@@ -1066,10 +980,7 @@ __device__ __forceinline__ void quantize_fused(const T* __restrict__ x, uint8_t*
   cluster_arrive();  // done reading the other blocks' shared memory (waited on before exit)
   const float gs = nvfp4_global_scale(a);
   if (tid == 0) *gs_out = gs;
-  __shared__ float nv_mult[128];
-  fill_nv_mult(nv_mult, gs);
-  __syncthreads();
-  quantize_slots<T, F, true, GROUP, E, U>(in, idx, pos, u_count, sh, gs, nv_mult, data, scales);
+  quantize_slots<T, F, true, GROUP, E, U>(in, idx, pos, u_count, sh, gs, data, scales);
   zero_padding_rows(sh, scales, tid, (long long)THREADS * CLUSTER);
   cluster_wait();
 }

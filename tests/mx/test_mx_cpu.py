@@ -381,8 +381,8 @@ def test_sector_order_writes_every_byte_once(fmt, dtype, rows, k, blocks, slots)
     finally:
         force_tiled(None)
         force_blocks_per_sm(None)
-    if p.slots != p.config.slots:  # fewer slots a thread than the kernel's U: plain order
-        assert p.scale_mode == 1, p.short()
+    if p.config.loops or p.slots != p.config.slots:  # looping blocks, or fewer slots a thread
+        assert p.scale_mode == 1, p.short()  # than the kernel's U: the plain order
         return
     assert p.tiled and p.scale_mode == 2, p.short()
     e, group = p.config.lane_elems, (16 if fmt == "nvfp4" else 32)
@@ -390,7 +390,7 @@ def test_sector_order_writes_every_byte_once(fmt, dtype, rows, k, blocks, slots)
     spc = THREADS * p.slots // 8
     ncb = k // e // spc
     chunks = -(-rows // 128) * 16 * ncb
-    assert p.grid <= chunks and (p.config.loops or p.grid == chunks), p.short()
+    assert p.grid == chunks, p.short()  # a block a chunk
     c = np.arange(chunks)[:, None]  # chunk x thread-slot (u * THREADS + tid)
     s = np.arange(p.slots * THREADS)[None, :]
     t, cb = c // ncb, c % ncb
@@ -427,8 +427,9 @@ def test_sector_order_writes_every_byte_once(fmt, dtype, rows, k, blocks, slots)
 
 
 def test_sector_order_plan():
-    """Sector order where TILED_FORMATS / TILED_MIN_ROWS and the shape allow it, the grid over
-    its chunks; never for row-major scales, padding columns or a slot count not a power of 2."""
+    """Sector order where TILED_FORMATS / TILED_MIN_ROWS and the shape allow it, a block a
+    chunk; never for row-major scales, looping configs, padding columns or a slot count not a
+    power of 2."""
     from kernelgen.mx.select import TILED_FORMATS, TILED_MIN_ROWS, force_tiled, tiled_applies
 
     for fmt in FORMATS:
@@ -439,22 +440,24 @@ def test_sector_order_plan():
         assert not small.tiled and small.scale_mode == 1, small.short()
         assert quantize_plan("sm_90a", 132, fmt, "float16", 4096, 4096, False, "value"
                              ).scale_mode == 0
-    p = quantize_plan("sm_90a", 132, "nvfp4", "float16", 4096, 4096, True, "value")
-    per_sm = LOOP_GRID[4][0]
-    chunks = 32 * 16 * (4096 // 16 // (THREADS * p.slots // 8))
-    assert p.grid == chunk_grid(chunks, 132, per_sm, BALANCED_DEFAULT) and "tiled" in p.short()
+    p = quantize_plan("sm_90a", 132, "mxfp8_e5m2", "float16", 4096, 4096, True, "value")
+    assert p.grid == 32 * 16 * (4096 // p.config.lane_elems // (THREADS * p.slots // 8)) and \
+        "tiled" in p.short()
     assert not tiled_applies("nvfp4", 4096, 4096 + 16, 16, 2)  # padding columns
     assert not tiled_applies("nvfp4", 4096, 4096 + 512, 16, 2)  # chunk rows of 64 slots: no
     assert tiled_applies("nvfp4", 4096, 4096 + 512, 16, 1)  # ... of 32: yes
     assert not tiled_applies("nvfp4", 4096, 4096, 16, 3)  # not a power of two
     force_tiled(False)
     try:
-        assert quantize_plan("sm_90a", 132, "nvfp4", "float16", 4096, 4096, True, "value"
+        assert quantize_plan("sm_90a", 132, "mxfp8_e4m3", "float16", 4096, 4096, True, "value"
                              ).scale_mode == 1
         force_tiled(True)
-        assert quantize_plan("sm_90a", 132, "mxfp4", "float16", 600, 4096, True, "value").tiled
-        assert not quantize_plan("sm_90a", 132, "mxfp4", "float16", 600, 4096 + 32, True,
+        assert quantize_plan("sm_90a", 132, "mxfp8_e4m3", "float16", 600, 4096, True,
+                             "value").tiled
+        assert not quantize_plan("sm_90a", 132, "mxfp8_e4m3", "float16", 600, 4096 + 32, True,
                                  "value").tiled  # padding columns: the plain order
+        assert not quantize_plan("sm_90a", 132, "nvfp4", "float16", 4096, 4096, True,
+                                 "value").tiled  # a looping config
     finally:
         force_tiled(None)
     with pytest.raises(ValueError, match="on="):

@@ -228,44 +228,41 @@ def test_quantize_large_grids_exact(fmt, variant, dtype):
     _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
 
 
-@pytest.mark.parametrize("grid", ["default", "loops"])
+@pytest.mark.parametrize("wide", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_quantize_sector_order_exact(fmt, dtype, grid):
-    """Swizzled scales in sector order (scale mode 2, forced for every format): chunks of the 8
-    rows that share scale sectors, staged in shared memory and stored whole; a one-tile input
-    whose padding rows the chunks cover (100 rows) and a larger one (its last tile partly
-    padding), with the planner's grid or one looping block an SM ("loops"), the config's slots a
-    thread (sector order needs them). The plan must take the sector order, so the test cannot
-    pass on the plain path."""
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_quantize_sector_order_exact(fmt, dtype, wide):
+    """Swizzled scales in sector order (scale mode 2, forced; the configs that do not loop):
+    chunks of the 8 rows that share scale sectors, staged in shared memory and stored whole; a
+    one-tile input whose padding rows the chunks cover (100 rows) and a larger one (its last tile
+    partly padding), lanes of 16 and 8 elements, the config's slots a thread (sector order needs
+    them). The plan must take the sector order, so the test cannot pass on the plain path."""
     import cupy
 
     import kernelgen.mx as mx
     from kernelgen.arch import device_info
-    from kernelgen.mx.select import force_blocks_per_sm, force_tiled, quantize_plan
+    from kernelgen.mx.select import force_blocks_per_sm, force_tiled, force_wide_fp8, quantize_plan
 
     info = device_info()
-    rng = np.random.default_rng(hash((fmt, dtype, grid, "tiled")) % 2**32)
+    rng = np.random.default_rng(hash((fmt, dtype, wide, "tiled")) % 2**32)
     force_tiled(True)
-    force_blocks_per_sm(1 if grid == "loops" else None, 8)  # the config's slots (U) a thread
+    force_wide_fp8(wide)
+    force_blocks_per_sm(None, 8)  # the config's slots (U) a thread
     try:
         for rows, k in ((100, 1024), (1500, 2048)):
             xh = _values(rng, (rows, k), dtype, True)
             x2, hint = _ref_input(xh, dtype)
-            mode = "value"
-            plan = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, rows, k, True, mode)
+            plan = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, rows, k, True,
+                                 "value")
             assert plan.tiled, plan.short()
-            if fmt == "nvfp4":
-                packed, scales, _ = R.quantize_nvfp4(x2, np.float32(300.0), dtype=hint)
-                t = mx.quantize_nvfp4(cupy.asarray(xh), 300.0, dtype=hint)
-            else:
-                packed, scales = R.quantize_mx(x2, fmt, dtype=hint)
-                t = mx.quantize_mx(cupy.asarray(xh), fmt, dtype=hint)
-            ctx = f"{fmt=} {dtype=} {grid=} {xh.shape=} {plan.short()}"
+            packed, scales = R.quantize_mx(x2, fmt, dtype=hint)
+            t = mx.quantize_mx(cupy.asarray(xh), fmt, dtype=hint)
+            ctx = f"{fmt=} {dtype=} {xh.shape=} {plan.short()}"
             _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
             _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
     finally:
         force_tiled(None)
+        force_wide_fp8(None)
         force_blocks_per_sm(None)
 
 
