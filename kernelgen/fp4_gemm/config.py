@@ -59,8 +59,8 @@ class Fp4GemvConfig(KernelConfig):
             raise _bad(self, "dtype", f"expected one of {DTYPES}")
         if self.m_tile not in M_TILES:
             raise _bad(self, "m_tile", f"expected one of {M_TILES}")
-        if self.warps not in (4, 8):
-            raise _bad(self, "warps", "expected 4 or 8")
+        if self.warps not in (4, 8, 16):
+            raise _bad(self, "warps", "expected 4, 8 or 16")
         if self.depth not in DEPTHS:
             raise _bad(self, "depth", f"expected one of {DEPTHS}")
         if self.tpw not in TPWS:

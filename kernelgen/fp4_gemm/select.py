@@ -40,7 +40,7 @@ GEMV_MAX_M = 16
 # Only when even KW 8 leaves SMs idle (few tiles, long K) are K ranges also split across CTAs
 # (fp32 partials + a counter, summed in split order by the last CTA).
 MIN_STEPS = 4
-KW_CHOICES = (8, 4, 2, 1)
+KW_CHOICES = (16, 8, 4, 2, 1)
 # Steps of weights in flight per warp. Measured on H100 (graph of back-to-back calls, fp16,
 # M = 1 and 16, both decode shapes and formats): depth 2 beat depth 4 in all 8 cases by 2-10%;
 # the loop waits on the activation loads (L1TEX scoreboard, ncu), not on the weight bytes.
@@ -182,7 +182,7 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps):
     sps = -(-q // split)
     split = -(-q // sps)
     kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)))
-    warps = GEMV_CTA_WARPS[m_tile, wps] if kw <= GEMV_CTA_WARPS[m_tile, wps] else GEMV_WARPS
+    warps = GEMV_CTA_WARPS[m_tile, wps] if kw <= GEMV_CTA_WARPS[m_tile, wps] else max(GEMV_WARPS, kw)
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=warps,
                         depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps)
     cfg.check()
