@@ -41,6 +41,13 @@ GEMV_MAX_M = 16
 # (fp32 partials + a counter, summed in split order by the last CTA).
 MIN_STEPS = 4
 KW_CHOICES = (16, 8, 4, 2, 1)
+# The largest KW by m_tile (KW 16 runs 16-warp CTAs). Measured on H100 (session 12, same run,
+# twice, graph-timed, bit-exact), 4096x14336, KW 16 at 32 warps an SM (31 resident) against
+# KW 8 at 16 (15.5): m_tile 16, M = 9 / 12 / 16 nvfp4 16.91 / 18.00 / 19.15 -> 16.55 / 17.51 /
+# 18.41 us, mxfp4 16.80 / 17.74 / 19.16 -> 15.61 / 16.52 / 17.49; m_tile 8, M = 1 / 4 / 8 nvfp4
+# 14.25 / 14.38 / 14.40 -> 13.96 / 14.39 / 14.75, mxfp4 13.41 / 13.51 / 13.50 -> 13.58 / 13.75 /
+# 14.01 (mostly slower), so m_tile 8 keeps KW <= 8.
+KW_MAX = {8: 8, 16: 16}
 # Steps of weights in flight per warp. Measured on H100 (graph of back-to-back calls, fp16,
 # M = 1 and 16, both decode shapes and formats): depth 2 beat depth 4 in all 8 cases by 2-10%;
 # the loop waits on the activation loads (L1TEX scoreboard, ncu), not on the weight bytes.
@@ -146,10 +153,12 @@ def bm_for(m: int) -> int:
     raise AssertionError("unreachable")
 
 
-def _kw(units: int, steps: int, ctas_cap: int) -> int:
-    """Warps a tile unit along K: the largest whose CTAs fit ctas_cap and whose warps get MIN_STEPS."""
+def _kw(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
+    """Warps a tile unit along K: the largest up to kw_max whose CTAs (counted in CTAs of
+    GEMV_WARPS) fit ctas_cap and whose warps get MIN_STEPS."""
     for kw in KW_CHOICES:
-        if kw == 1 or (-(-units * kw // GEMV_WARPS) <= ctas_cap and -(-steps // kw) >= MIN_STEPS):
+        if kw == 1 or (kw <= kw_max and -(-units * kw // GEMV_WARPS) <= ctas_cap and
+                       -(-steps // kw) >= MIN_STEPS):
             return kw
     raise AssertionError("unreachable")
 
@@ -174,15 +183,16 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps):
     q = k // STEP_K
     one_wave = wps // GEMV_WARPS * sm_count  # CTAs of 8 warps
     if split is None:
-        kw = _kw(units, q, max(1, one_wave // m_tiles))
+        kw = _kw(units, q, max(1, one_wave // m_tiles), KW_MAX[m_tile])
         ctas = -(-units * kw // GEMV_WARPS) * m_tiles
         split = max(1, min(one_wave // ctas, q // (kw * MIN_STEPS)))
     elif not 1 <= split <= q:
         raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
     sps = -(-q // split)
     split = -(-q // sps)
-    kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)))
-    warps = GEMV_CTA_WARPS[m_tile, wps] if kw <= GEMV_CTA_WARPS[m_tile, wps] else max(GEMV_WARPS, kw)
+    kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)), KW_MAX[m_tile])
+    warps = GEMV_CTA_WARPS[m_tile, wps] if kw <= GEMV_CTA_WARPS[m_tile, wps] else \
+        max(GEMV_WARPS, kw)  # KW 16: 16-warp CTAs
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=warps,
                         depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps)
     cfg.check()
@@ -241,6 +251,11 @@ def _shapes(spec: dict[str, Any]) -> list[tuple[int | None, int, int]]:
     return weight_shapes(spec, "fp4_gemm", check_shape)
 
 
+def _cta_warps(m_tile: int, wps: int) -> list[int]:
+    """CTA sizes _gemv can give m_tile at wps warps an SM: the table's, GEMV_WARPS, and KW 16's."""
+    return sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile, wps]} | ({16} if KW_MAX[m_tile] >= 16 else set()))
+
+
 # M values that reach every bucket of the tables: each M of the bandwidth path (the depth
 # depends on the split, hence on M) and both ends of every BM bucket.
 def _probe_ms() -> list[int]:
@@ -266,11 +281,11 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4G
                 if not shapes:  # what dispatch can pick (the variants the bench and tests
                     for m_tile in M_TILES:  # force, e.g. depth 4, TPW 2 at m_tile 8, compile on demand)
                         for tpw in sorted({1, GEMV_TPW[m_tile]}):
-                            for warps in sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile, 16]}):
+                            for warps in _cta_warps(m_tile, 16):
                                 yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
                                                     warps=warps, depth=GEMV_DEPTH, tpw=tpw)
                     for m_tile in (mt for mt in M_TILES if GEMV_WPS32[mt]):
-                        for warps in sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile, 32]}):
+                        for warps in _cta_warps(m_tile, 32):
                             yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
                                                 warps=warps, depth=GEMV_DEPTH, tpw=1, warps_per_sm=32)
                     for bm in TILE_BMS:

@@ -16,6 +16,7 @@ from kernelgen.fp4_gemm.select import (
     GEMV_DEPTH,
     GEMV_MAX_M,
     GEMV_TPW,
+    KW_MAX,
     MIN_STEPS,
     SM_COUNTS,
     bm_for,
@@ -155,18 +156,19 @@ def test_plans_are_consistent(n, k, fmt):
             if p.path == "gemv":
                 cfg = p.config
                 assert cfg.m_tile == (8 if m <= 8 else 16), ctx
-                assert p.kw in (1, 2, 4, 8) and p.smem == 0, ctx
+                assert p.kw in (1, 2, 4, 8, 16) and p.kw <= KW_MAX[cfg.m_tile] and p.smem == 0, ctx
                 units = -(-n // (16 * cfg.tpw))
                 cta = GEMV_CTA_WARPS[cfg.m_tile, cfg.warps_per_sm]
-                assert cfg.warps == (cta if p.kw <= cta else 8), ctx
+                assert cfg.warps == (cta if p.kw <= cta else max(8, p.kw)), ctx
                 assert p.block == (32 * cfg.warps, 1, 1) and p.kw <= cfg.warps, ctx
                 assert p.grid == (-(-units * p.kw // cfg.warps), p.split, -(-m // cfg.m_tile)), ctx
                 per = -(-p.sps // p.kw)
                 assert cfg.depth == GEMV_DEPTH, ctx
                 assert cfg.tpw == GEMV_TPW[cfg.m_tile] or (cfg.tpw == 1 and p.split == 1), ctx
                 assert p.kw == 1 or per >= MIN_STEPS, ctx  # every K slice has a full ring
-                if p.split > 1:
-                    assert p.kw == 8 and p.sps >= 8 * MIN_STEPS, ctx  # split only past KW 8
+                if p.split > 1:  # split only past the largest KW
+                    kw_max = KW_MAX[cfg.m_tile]
+                    assert p.kw == kw_max and p.sps >= kw_max * MIN_STEPS, ctx
             else:
                 assert p.config.bm == bm_for(m), ctx
                 assert p.grid == (-(-n // 128), -(-m // p.config.bm), p.split), ctx
@@ -198,15 +200,16 @@ def test_forced_path_and_split():
     with pytest.raises(ValueError, match=r"split_k=33: must be in 1\.\.32"):
         plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, split=33)
     p = plan("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132, path="gemv", split=1)
-    assert p.split == 1 and p.kw == 8 and p.grid == (256, 1, 1)  # K split inside the CTAs
+    # K split inside the CTAs: KW 16 (16-warp CTAs) at m_tile 16
+    assert p.split == 1 and (p.kw, p.config.warps, p.grid) == (16, 16, (256, 1, 1)), p.short()
     with pytest.raises(ValueError, match="path='wgmma'"):
         plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, path="wgmma")
 
 
 def test_two_tiles_a_warp_plan():
     """TPW = 2 covers the same warps with half the tile units: 14336x4096 at M = 16 goes from
-    KW 2 to KW 4 (224 CTAs either way) and is the default there; on 4096x14336 it would need a
-    global split (128 CTAs), so the default stays TPW 1 (KW 8, 256 CTAs). At 16 warps an SM."""
+    KW 2 to KW 4 (224 CTAs either way) at 16 warps an SM; on 4096x14336 it takes KW 16 (128
+    CTAs of 16 warps). The default at M = 16 is TPW 1 at 32 warps an SM on both."""
     one = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=1, wps=16)
     two = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=2)
     assert (one.kw, one.grid, one.config.tpw, one.config.warps) == (2, (448, 1, 1), 1, 4), one.short()
@@ -217,9 +220,9 @@ def test_two_tiles_a_warp_plan():
     assert (p.config.warps_per_sm, p.config.tpw, p.kw, p.grid) == (32, 1, 4, (896, 1, 1)), p.short()
     assert select_fp4("sm_90a", 1, 14336, 4096, "nvfp4", "float16", 132).config.tpw == 1
     wide = plan("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132, tpw=2)
-    assert (wide.kw, wide.grid) == (8, (128, 2, 1)), wide.short()
+    assert (wide.kw, wide.grid, wide.config.warps) == (16, (128, 1, 1), 16), wide.short()
     p = select_fp4("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132)
-    assert (p.config.tpw, p.kw, p.grid) == (1, 8, (256, 1, 1)), p.short()
+    assert (p.config.tpw, p.kw, p.grid, p.config.warps_per_sm) == (1, 16, (256, 1, 1), 32), p.short()
     p = plan("sm_90a", 1, 40, 384, "mxfp4", "float16", 132, tpw=2)  # 3 tiles: 2 units
     assert p.grid == (1, 1, 1), p.short()
     with pytest.raises(ValueError, match="tpw=3: expected one of"):
@@ -250,9 +253,9 @@ def test_stages_fit_every_arch():
 def test_prewarm_table_is_modest():
     for arch in SM_COUNTS:
         cfgs = list(prewarm_configs([arch], {}))
-        # per (fmt, dtype): 9 GEMV (16 warps an SM: 1 at m_tile 8, 2 TPW x 2 CTA sizes at
-        # m_tile 16; 32 an SM: 2 CTA sizes at each m_tile) + 3 tile configs
-        assert 0 < len(cfgs) <= 48 and len(set(cfgs)) == len(cfgs)
+        # per (fmt, dtype): 12 GEMV (16 warps an SM: 1 at m_tile 8, 2 TPW x 3 CTA sizes at
+        # m_tile 16; 32 an SM: 2 CTA sizes at m_tile 8, 3 at 16) + 3 tile configs
+        assert 0 < len(cfgs) <= 60 and len(set(cfgs)) == len(cfgs)
         assert {type(c) for c in cfgs} == {Fp4GemvConfig, Fp4TileConfig}
 
 
@@ -324,8 +327,9 @@ def test_api_rules_before_launch():
 def test_warps_per_sm_plan_and_rules():
     """32 resident warps an SM (<= 64 registers, TPW 1 only) doubles KW on 14336x4096 (896 CTAs
     of 4 warps, all resident at 8 an SM): the planner takes it there at m_tile 8 and 16 (since the
-    k-interleaved layout), not where KW cannot grow (4096x14336: KW 8 already, 32 would only add a
-    K split); the config refuses it where it cannot fit."""
+    k-interleaved layout), and on 4096x14336 at m_tile 16 (KW 8 -> 16, 16-warp CTAs), not at
+    m_tile 8 there (KW 8 is its largest: 32 would only add a K split); the config refuses it
+    where it cannot fit."""
     p = plan("sm_90a", 1, 14336, 4096, "mxfp4", "float16", 132, wps=32)
     assert (p.kw, p.grid, p.config.warps_per_sm, p.block) == (4, (896, 1, 1), 32, (128, 1, 1)), p.short()
     assert "__launch_bounds__(128, 8)" in render(p.config).source
@@ -337,7 +341,9 @@ def test_warps_per_sm_plan_and_rules():
     d16 = select_fp4("sm_90a", 16, 14336, 4096, "mxfp4", "float16", 132)
     assert (d16.config.warps_per_sm, d16.config.tpw) == (32, 1), d16.short()
     w16 = select_fp4("sm_90a", 16, 4096, 14336, "mxfp4", "float16", 132)
-    assert (w16.config.warps_per_sm, w16.split) == (16, 1), w16.short()
+    assert (w16.config.warps_per_sm, w16.split, w16.kw, w16.config.warps) == (32, 1, 16, 16), \
+        w16.short()
+    assert "__launch_bounds__(512, 2)" in render(w16.config).source
     assert "__launch_bounds__(256, 2)" in render(plan("sm_90a", 1, 14336, 4096, "mxfp4", "float16",
                                                       132, wps=16).config).source
     p16 = plan("sm_90a", 16, 14336, 4096, "mxfp4", "float16", 132, wps=32)  # TPW 1, 4-warp CTAs
