@@ -34,10 +34,6 @@ __device__ __forceinline__ uint32_t ld_nc_u32(const void* p) {
   asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(r) : "l"(p));
   return r;
 }
-// Brings the line of p into L1 (no register, no wait): for a value needed only after a long loop.
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" :: "l"(p));
-}
 // 16-byte global store (same reason as the loads).
 __device__ __forceinline__ void st_v4(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(a), "r"(b), "r"(c), "r"(d)

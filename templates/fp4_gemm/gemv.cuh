@@ -104,16 +104,6 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
         fac[i][h] = pre ? row_factor<T, FMT>(post, alpha, n) : 0.0f;
         bia[i][h] = pre && has_bias ? to_float(bias[n]) : 0.0f;
       }
-  } else if (NT == 1 && pre) {  // no registers to spare: their lines into L1 now, read after
-    // the loop (m_tile 16 would spill at 64 registers)
-#pragma unroll
-    for (int i = 0; i < TPW; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int n = min((tile0 + i) * 16 + g + 8 * h, N - 1);
-        prefetch_l1(post + (FMT == FMT_NVFP4 ? 0 : n));
-        if (has_bias) prefetch_l1(bias + n);
-      }
   }
 
   // token rows g (+8) of this pass; rows past M re-read row M-1 (their columns are never stored)
