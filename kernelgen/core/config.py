@@ -22,9 +22,9 @@ _PLAIN = {"int": int, "str": str, "bool": bool}  # field annotations checked by 
 class KernelConfig:
     family: ClassVar[str] = ""
     template: ClassVar[str] = ""  # path under templates/, e.g. "kbit/quantize.cu.jinja"
-    # Every entry point starts with kg::grid_dependency_wait(), so the ops may launch it with
-    # programmatic dependent launch (Ctx.launch(pdl=...), core/launch.py).
-    pdl: ClassVar[bool] = False
+    # Every entry point of every config's module starts with kg::grid_dependency_wait(), so
+    # Ctx.launch launches them all with programmatic dependent launch (core/launch.py;
+    # tests/core/test_launch.py checks every config `kernelgen prewarm` builds).
 
     arch: str
 

@@ -89,13 +89,12 @@ class Ctx:
         self.kind, self.device, self.stream = kind, device, stream
         self.foreign = foreign  # the arrays live on a device other than the current one
 
-    def launch(self, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int = 0,
-               pdl: bool = False) -> None:
-        """Launch `fn` on this call's stream, switching device only when the data needs it.
-        `pdl`: the kernel waits for the previous grid first (its config's `pdl`), so it may be
-        launched with programmatic dependent launch (core/launch.py) where the device has it
-        (sm_90+) and KERNELGEN_PDL is not 0."""
-        if pdl and _pdl_device(self.device) and knobs.pdl():
+    def launch(self, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int = 0) -> None:
+        """Launch `fn` (a kernel of ours: it waits for the previous grid first, see
+        KernelConfig) on this call's stream, switching device only when the data needs it; with
+        programmatic dependent launch (core/launch.py) where the device has it (sm_90+) and
+        KERNELGEN_PDL is not 0."""
+        if _pdl_device(self.device) and knobs.pdl():
             from .launch import launch_pdl
 
             if self.foreign:

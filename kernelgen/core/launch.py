@@ -6,7 +6,7 @@ grid before it on the stream is still finishing; its first instruction, `griddep
 completed and its memory is visible. The result is stream order exactly as without the
 attribute, minus the gap between the two grids (0.2-0.6 us measured on an H100 between
 back-to-back decode kernels, BENCHMARKS.md "Launch overlap"). Only kernels whose every
-entry point waits first may be launched this way: their configs say so with `pdl = True`.
+entry point waits first may be launched this way: every kernelgen kernel does (KernelConfig).
 
 CuPy has no launch-attribute API, so the call goes to libcuda through ctypes. Per thread and per
 (function, grid, block, shared memory, stream) the config struct, a parameter

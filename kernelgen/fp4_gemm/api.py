@@ -285,5 +285,5 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     if max(wq, sq) >= 1 << 32:
         raise ValueError(f"W: {W.arrangement} step stride of {max(wq, sq)} bytes; the kernels take < 2**32")
     args += (np.int64(wt), np.uint32(wq), np.int64(st), np.uint32(sq))
-    ctx.launch(fn, p.grid, p.block, args, smem=p.smem, pdl=p.config.pdl)
+    ctx.launch(fn, p.grid, p.block, args, smem=p.smem)
     return out

@@ -38,7 +38,6 @@ def _bad(cfg: KernelConfig, field: str, rule: str) -> UnsupportedConfigError:
 class Fp4GemvConfig(KernelConfig):
     family: ClassVar[str] = "fp4_gemm"
     template: ClassVar[str] = "fp4_gemm/gemv.cu.jinja"
-    pdl: ClassVar[bool] = True
     fmt: str = "nvfp4"
     dtype: str = "float16"  # A, bias and C
     m_tile: int = 8
@@ -108,7 +107,6 @@ def tile_smem(fmt: str, bm: int, stages: int) -> int:
 class Fp4TileConfig(KernelConfig):
     family: ClassVar[str] = "fp4_gemm"
     template: ClassVar[str] = "fp4_gemm/tile.cu.jinja"
-    pdl: ClassVar[bool] = True
     fmt: str = "nvfp4"
     dtype: str = "float16"
     bm: int = 64

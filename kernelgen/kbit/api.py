@@ -161,8 +161,7 @@ def quantize_kbit(x: Any, bits: int = 4, *, codebook: Any = None, dtype: str | N
     cfg = _quantize_config(device_info(ctx.device).arch.name, bits, dt)
     fn = get_kernel(cfg, ctx.device, ctx.stream).fn("kbit_quantize")
     n_warps = min(-(-nb // 8), device_info(ctx.device).sm_count * 48)  # grid-stride, 6 CTAs/SM
-    ctx.launch(fn, _grid(n_warps), (THREADS, 1, 1), (xa, cb_v, packed_v, amax_v, amax8_v, np.int64(n)),
-               pdl=cfg.pdl)
+    ctx.launch(fn, _grid(n_warps), (THREADS, 1, 1), (xa, cb_v, packed_v, amax_v, amax8_v, np.int64(n)))
     q = KbitTensor(packed, amax8, amax, cb, tuple(int(s) for s in x.shape), bits, dt)
     object.__setattr__(q, "_cached_views", (ctx.kind, (packed_v, amax8_v, cb_v)))
     return q
@@ -197,8 +196,7 @@ def dequantize_kbit(q: KbitTensor, dtype: str | None = None, *, absmax: Any = No
     cfg = _dequantize_config(device_info(ctx.device).arch.name, q.bits, dtype, _ABSMAX_OF_STORAGE[sdt])
     fn = get_kernel(cfg, ctx.device, ctx.stream).fn("kbit_dequantize")
     n_warps = -(-q.n_blocks // 8)  # 8 blocks per warp step; one step per warp (full grid)
-    ctx.launch(fn, _grid(n_warps), (THREADS, 1, 1), (packed, sa, cb, out_v, np.int64(q.numel)),
-               pdl=cfg.pdl)
+    ctx.launch(fn, _grid(n_warps), (THREADS, 1, 1), (packed, sa, cb, out_v, np.int64(q.numel)))
     return out
 
 
@@ -209,8 +207,7 @@ def _e4m4(x: Any, name: str, src: str, dst: str, symbol: str) -> Any:
     if xa.size:
         cfg = E4M4Config(arch=device_info(ctx.device).arch.name)
         fn = get_kernel(cfg, ctx.device, ctx.stream).fn(symbol)
-        ctx.launch(fn, _grid(-(-xa.size // 32)), (THREADS, 1, 1), (xa, out_v, np.int64(xa.size)),
-                   pdl=cfg.pdl)
+        ctx.launch(fn, _grid(-(-xa.size // 32)), (THREADS, 1, 1), (xa, out_v, np.int64(xa.size)))
     return out
 
 
@@ -244,5 +241,5 @@ def repack_kbit(q: KbitTensor, tile_n: int = 128, tile_k: int = 64) -> KbitTiled
     total = n * (k // 32)
     fn = get_kernel(cfg, ctx.device, ctx.stream).fn("kbit_repack")
     ctx.launch(fn, (max(1, -(-total // THREADS)), 1, 1), (THREADS, 1, 1),
-               (packed, sa, pt_v, at_v, np.int32(n), np.int32(k)), pdl=cfg.pdl)
+               (packed, sa, pt_v, at_v, np.int32(n), np.int32(k)))
     return KbitTiled(pt, at, q.codebook, n, k, q.bits, tile_n, tile_k)

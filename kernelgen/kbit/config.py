@@ -30,7 +30,6 @@ def _check_dtype(cfg: KernelConfig, name: str, value: str, allowed: tuple[str, .
 class KbitQuantizeConfig(KernelConfig):
     family: ClassVar[str] = "kbit"
     template: ClassVar[str] = "kbit/quantize.cu.jinja"
-    pdl: ClassVar[bool] = True
     bits: int = 4
     dtype: str = "float16"  # input
 
@@ -49,7 +48,6 @@ class KbitQuantizeConfig(KernelConfig):
 class KbitDequantizeConfig(KernelConfig):
     family: ClassVar[str] = "kbit"
     template: ClassVar[str] = "kbit/dequantize.cu.jinja"
-    pdl: ClassVar[bool] = True
     bits: int = 4
     dtype: str = "float16"  # output
     absmax_dtype: str = "e4m4"
@@ -75,7 +73,6 @@ class KbitDequantizeConfig(KernelConfig):
 class KbitRepackConfig(KernelConfig):
     family: ClassVar[str] = "kbit"
     template: ClassVar[str] = "kbit/repack.cu.jinja"
-    pdl: ClassVar[bool] = True
     bits: int = 4
     tile_n: int = 128
     tile_k: int = 64
@@ -98,7 +95,6 @@ class KbitRepackConfig(KernelConfig):
 class E4M4Config(KernelConfig):
     family: ClassVar[str] = "kbit"
     template: ClassVar[str] = "kbit/absmax.cu.jinja"
-    pdl: ClassVar[bool] = True
 
     def symbols(self) -> tuple[str, ...]:
         return ("e4m4_encode", "e4m4_decode")

@@ -75,7 +75,6 @@ def lut_bytes(bits: int) -> int:
 class KbitGemvConfig(KernelConfig):
     family: ClassVar[str] = "kbit_gemm"
     template: ClassVar[str] = "kbit_gemm/gemv.cu.jinja"
-    pdl: ClassVar[bool] = True
     bits: int = 4
     dtype: str = "float16"  # A, bias and C
     m_tile: int = 8

@@ -59,7 +59,6 @@ def stages_for(arch: str, bits: int, tile_m: int, tile_n: int) -> int:
 class KbitMmaConfig(KernelConfig):
     family: ClassVar[str] = "kbit_gemm"
     template: ClassVar[str] = "kbit_gemm/mma_gemm.cu.jinja"
-    pdl: ClassVar[bool] = True
     bits: int = 4
     dtype: str = "float16"  # A, bias and C
     tile_m: int = 64

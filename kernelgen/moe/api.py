@@ -95,7 +95,7 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
         fn = get_kernel(kplan.config, ctx.device, ctx.stream).fn("moe_grouped_kbit")
         ctx.launch(fn, kplan.grid(m), kplan.block, (xa, packed, absmax, cb, off, ya, np.int32(e),
                                                     np.int32(n), np.int32(k), np.int32(m)),
-                   smem=kplan.smem, pdl=kplan.config.pdl)
+                   smem=kplan.smem)
         return out
     if config is not None:
         if not isinstance(config, MoeGemmConfig):
@@ -113,8 +113,7 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
                             swap_ab, tile_n, policy, wgmma)
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_gemm")
     ctx.launch(fn, plan.grid(m), plan.block,
-               (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem,
-               pdl=plan.config.pdl)
+               (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem)
     return out
 
 

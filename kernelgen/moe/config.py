@@ -102,7 +102,6 @@ def tile_shape(arch: str, tile_m: int, swap_ab: bool, tile_n: int, few: bool = F
 class MoeGemmConfig(KernelConfig):
     family: ClassVar[str] = "moe"
     template: ClassVar[str] = "moe/grouped_gemm.cu.jinja"
-    pdl: ClassVar[bool] = True
     dtype: str = "bfloat16"  # X, W and Y
     tile_m: int = 128  # tokens of a CTA tile
     tile_n: int = 128  # weight rows of a CTA tile (virtual gate/up rows with swiglu)
@@ -244,7 +243,6 @@ class MoeKbitConfig(KernelConfig):
 
     family: ClassVar[str] = "moe"
     template: ClassVar[str] = "moe/grouped_kbit.cu.jinja"
-    pdl: ClassVar[bool] = True
     dtype: str = "bfloat16"
     bits: int = 4
     tile_m: int = 8

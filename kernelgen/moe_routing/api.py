@@ -148,16 +148,15 @@ def moe_layout(topk_ids: Any, num_experts: int, *, pad_to: int = 1,
     if not plan.multi:
         ctx.launch(kern.fn("moe_layout_single"), (1, 1, 1), plan.block,
                    (ids, i32(n), i32(e), i32(pad_to), i32(lay.capacity), counts, offsets, dest, src,
-                    invalid), smem=plan.smem, pdl=plan.config.pdl)
+                    invalid), smem=plan.smem)
     else:
         ctx.launch(kern.fn("moe_layout_count"), (plan.blocks, 1, 1), plan.block,
-                   (ids, i32(n), i32(e), i32(plan.chunk), bh), smem=plan.smem, pdl=plan.config.pdl)
+                   (ids, i32(n), i32(e), i32(plan.chunk), bh), smem=plan.smem)
         ctx.launch(kern.fn("moe_layout_scan"), (1, 1, 1), plan.block,
                    (i32(plan.blocks), i32(e), i32(pad_to), i32(lay.capacity), bh, counts, offsets,
-                    src, invalid), smem=plan.smem, pdl=plan.config.pdl)
+                    src, invalid), smem=plan.smem)
         ctx.launch(kern.fn("moe_layout_scatter"), (plan.blocks, 1, 1), plan.block,
-                   (ids, i32(n), i32(e), i32(plan.chunk), bh, offsets, dest, src), smem=plan.smem,
-                   pdl=plan.config.pdl)
+                   (ids, i32(n), i32(e), i32(plan.chunk), bh, offsets, dest, src), smem=plan.smem)
     return lay
 
 
@@ -237,7 +236,7 @@ def moe_route(x: Any, topk_ids: Any, num_experts: int, *, pad_to: int = 1, exact
     ctx.launch(fn, (plan.ctas, 1, 1), (MOVE_THREADS, 1, 1),
                (ids, i32(n), i32(e), i32(pad_to), i32(lay.capacity), i32(plan.pairs_per_cta),
                 i32(plan.side), xa, o, i32(vpr), i32(k), counts, offsets, dest, src, invalid),
-               smem=plan.smem, pdl=plan.config.pdl)
+               smem=plan.smem)
     return lay, out
 
 
@@ -283,8 +282,7 @@ def moe_dispatch(x: Any, layout: MoeLayout, *, exact: bool = True, out: Any = No
     fn = get_kernel(MoeDispatchConfig(arch=info.arch.name), ctx.device, ctx.stream).fn("moe_dispatch")
     total_ptr = layout._views["offsets"][layout.num_experts:]
     ctx.launch(fn, (move_grid(rows, info.sm_count), 1, 1), (MOVE_THREADS, 1, 1),
-               (xa, o, layout._views["src"], total_ptr, np.int32(vpr), np.int32(layout.top_k)),
-               pdl=MoeDispatchConfig.pdl)
+               (xa, o, layout._views["src"], total_ptr, np.int32(vpr), np.int32(layout.top_k)))
     return out
 
 
@@ -322,7 +320,7 @@ def moe_combine(y_perm: Any, layout: MoeLayout, topk_weights: Any, *, out: Any =
     fn = get_kernel(cfg, ctx.device, ctx.stream).fn("moe_combine")
     ctx.launch(fn, grid, (MOVE_THREADS, 1, 1),
                (y, np.int32(y.shape[0]), layout._views["dest"], w, o, np.int32(t), np.int32(k),
-                np.int32(vpr)), pdl=cfg.pdl)
+                np.int32(vpr)))
     return out
 
 

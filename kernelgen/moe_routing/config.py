@@ -40,7 +40,6 @@ class MoeLayoutConfig(KernelConfig):
 
     family: ClassVar[str] = "moe_routing"
     template: ClassVar[str] = "moe_routing/layout.cu.jinja"
-    pdl: ClassVar[bool] = True
     id_dtype: str = "int32"
     warps: int = 32
 
@@ -68,7 +67,6 @@ class MoeDispatchConfig(KernelConfig):
 
     family: ClassVar[str] = "moe_routing"
     template: ClassVar[str] = "moe_routing/dispatch.cu.jinja"
-    pdl: ClassVar[bool] = True
 
     def symbols(self) -> tuple[str, ...]:
         return ("moe_dispatch",)
@@ -88,7 +86,6 @@ class MoeRouteConfig(KernelConfig):
 
     family: ClassVar[str] = "moe_routing"
     template: ClassVar[str] = "moe_routing/route.cu.jinja"
-    pdl: ClassVar[bool] = True
     id_dtype: str = "int32"
 
     def check(self) -> None:
@@ -113,7 +110,6 @@ class MoeCombineConfig(KernelConfig):
 
     family: ClassVar[str] = "moe_routing"
     template: ClassVar[str] = "moe_routing/combine.cu.jinja"
-    pdl: ClassVar[bool] = True
     dtype: str = "bfloat16"
     w_dtype: str = "float32"
     split: bool = False  # columns over grid.y (tiny batches) instead of a CTA a token

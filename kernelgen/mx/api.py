@@ -91,7 +91,7 @@ def quantize_mx(x: Any, fmt: str, *, scale_layout: str = "swizzled",
     ctx.launch(fn, (plan.grid, 1, 1), (plan.block, 1, 1),
                (xa, data_v, scales_v, data_v, data_v, data_v, np.float32(1), np.int32(0),
                 np.int32(0), np.int32(rows), np.int32(k), np.int32(plan.scale_mode),
-                np.int32(plan.slots)), pdl=plan.config.pdl)
+                np.int32(plan.slots)))
     return MxTensor(fmt, (rows, k), data, scales, scale_layout, None)
 
 
@@ -140,20 +140,19 @@ def quantize_nvfp4(x: Any, global_scale: Any = None, *, scale_layout: str = "swi
     if plan.path == "fused":
         ctx.launch(kernel.fn("mx_quantize_fused"), (plan.grid, 1, 1), (plan.block, 1, 1),
                    (xa, data_v, scales_v, gs_out_v, np.int32(rows), np.int32(k),
-                    np.int32(swizzled)), pdl=plan.config.pdl)
+                    np.int32(swizzled)))
         return MxTensor("nvfp4", (rows, k), data, scales, scale_layout, gs_out)
     partials_v, n_partials = gs_out_v, 0
     if plan.path == "amax":
         partials, partials_v = ctx.empty((plan.amax_grid,), "int32")  # uint32 bits on the device
         n_partials = plan.amax_grid
         ctx.launch(kernel.fn("mx_amax"), (plan.amax_grid, 1, 1), (plan.block, 1, 1),
-                   (xa, partials_v, np.int64(rows * k * xa.itemsize // 16)), pdl=plan.config.pdl)
+                   (xa, partials_v, np.int64(rows * k * xa.itemsize // 16)))
     gs_mode = {"value": 0, "device": 1, "auto": 3 if plan.path == "redundant" else 2}[mode]
     ctx.launch(kernel.fn("mx_quantize"), (plan.grid, 1, 1), (plan.block, 1, 1),
                (xa, data_v, scales_v, gs_view if gs_view is not None else gs_out_v, partials_v,
                 gs_out_v, np.float32(gs_val), np.int32(gs_mode), np.int32(n_partials),
-                np.int32(rows), np.int32(k), np.int32(plan.scale_mode), np.int32(plan.slots)),
-               pdl=plan.config.pdl)
+                np.int32(rows), np.int32(k), np.int32(plan.scale_mode), np.int32(plan.slots)))
     return MxTensor("nvfp4", (rows, k), data, scales, scale_layout, gs_out)
 
 
@@ -188,8 +187,7 @@ def dequantize(t: MxTensor, dtype: str = "float32", *, out: Any = None) -> Any:
     plan = dequantize_plan(device_info(ctx.device).arch.name, t.fmt, dtype, rows, k)
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("mx_dequantize")
     ctx.launch(fn, (plan.grid, 1, 1), (plan.block, 1, 1),
-               (data_v, scales_v, gs_v, out_v, np.int32(rows), np.int32(k), np.int32(swizzled)),
-               pdl=plan.config.pdl)
+               (data_v, scales_v, gs_v, out_v, np.int32(rows), np.int32(k), np.int32(swizzled)))
     return out
 
 

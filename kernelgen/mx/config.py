@@ -90,7 +90,6 @@ class MxQuantizeConfig(KernelConfig):
 
     family: ClassVar[str] = "mx"
     template: ClassVar[str] = "mx/quantize.cu.jinja"
-    pdl: ClassVar[bool] = True
     fmt: str = "nvfp4"
     dtype: str = "float16"  # input
     hw_cvt: bool = False  # MXFP8 elements by the hardware cvt (see hw_fp8_cvt)
@@ -160,7 +159,6 @@ class MxDequantizeConfig(KernelConfig):
 
     family: ClassVar[str] = "mx"
     template: ClassVar[str] = "mx/dequantize.cu.jinja"
-    pdl: ClassVar[bool] = True
     fmt: str = "nvfp4"
     dtype: str = "float32"  # output
 

@@ -128,7 +128,7 @@ def _prescaled(ctx: Ctx, kern: Any, a: Any, sa: Any, b: Any, sb: Any, m: int, n:
     for sym, x, sx, y, ey, rows in (("mx_gemm_rescale_a", a, sa, a2, e[:m], m),
                                     ("mx_gemm_rescale_b", b, sb, b2, e[m:], n)):
         ctx.launch(kern.fn(sym), (-(-rows // 8), 1, 1), (256, 1, 1),
-                   (x, sx, y, ey, np.int32(rows), np.int32(k)), pdl=kern.config.pdl)
+                   (x, sx, y, ey, np.int32(rows), np.int32(k)))
     return a2, b2, e[:m], e[m:]
 
 
@@ -177,5 +177,5 @@ def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = 
         gsa_, gsb_ = (gsa, gsb) if gsa is not None else (d, d)
         args = (a, b, sa, sb, gsa_, gsb_, bv, np.int32(bias is not None), d, np.int32(m),
                 np.int32(n), np.int32(k), np.float32(alpha))
-    ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem, pdl=plan.config.pdl)
+    ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem)
     return out

@@ -64,7 +64,6 @@ def _row_bytes(elem: str) -> int:
 class MxFp8GemmConfig(KernelConfig):
     family: ClassVar[str] = "mx_gemm"
     template: ClassVar[str] = "mx_gemm/fp8_mma.cu.jinja"
-    pdl: ClassVar[bool] = True
     a_elem: str = "e4m3"
     b_elem: str = "e4m3"
     out_dtype: str = "bfloat16"
@@ -134,7 +133,6 @@ class MxFp8GemmConfig(KernelConfig):
 class MxBsGemmConfig(KernelConfig):
     family: ClassVar[str] = "mx_gemm"
     template: ClassVar[str] = "mx_gemm/bs_mma.cu.jinja"
-    pdl: ClassVar[bool] = True
     kind: str = "mxf8f6f4"  # "mxf8f6f4" | "mxf4" (mxf4nvf4, ue8m0 x2) | "nvf4" (mxf4nvf4, ue4m3 x4)
     a_elem: str = "e4m3"
     b_elem: str = "e4m3"

@@ -5,11 +5,12 @@
 
 namespace kg {
 
-// Programmatic dependent launch (kernelgen/core/launch.py): the first statement of a kernel whose
-// config has `pdl = True`. The grid may have been scheduled while the one before it on the
-// stream was finishing; this waits until that grid has completed and its memory is visible, so
-// nothing the kernel does afterwards can tell the difference from plain stream order. A no-op
-// when the launch had no programmatic dependency, and before sm_90 (no such launches there).
+// Programmatic dependent launch (kernelgen/core/launch.py): the first statement of every entry
+// point (Ctx.launch launches them all with PDL). The grid may have been scheduled while the one
+// before it on the stream was finishing; this waits until that grid has completed and its memory
+// is visible, so nothing the kernel does afterwards can tell the difference from plain stream
+// order. A no-op when the launch had no programmatic dependency, and before sm_90 (no such
+// launches there).
 __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

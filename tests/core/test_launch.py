@@ -1,5 +1,5 @@
 """Programmatic dependent launch (core/launch.py), without a GPU: the parameter layout, the
-routing in Ctx.launch, the knob, and that every entry point of a `pdl` config waits first."""
+routing in Ctx.launch, the knob, and that every entry point of every config waits first."""
 
 from __future__ import annotations
 
@@ -81,45 +81,43 @@ class _Stream:
     ptr = 99
 
 
-@pytest.mark.parametrize("pdl, device_has_it, knob, want_pdl", [
-    (True, True, "1", True), (True, True, "0", False), (True, False, "1", False),
-    (False, True, "1", False)])
-def test_ctx_launch_routes_pdl(monkeypatch, pdl, device_has_it, knob, want_pdl):
+@pytest.mark.parametrize("device_has_it, knob, want_pdl", [
+    (True, "1", True), (True, "0", False), (False, "1", False)])
+def test_ctx_launch_routes_pdl(monkeypatch, device_has_it, knob, want_pdl):
     seen = []
     monkeypatch.setattr(interop, "_pdl_device", lambda dev: device_has_it)
     monkeypatch.setattr(launch, "launch_pdl", lambda *a: seen.append(a))
     monkeypatch.setenv("KERNELGEN_PDL", knob)
     fn = _Fn()
     ctx = interop.Ctx("cupy", 0, _Stream())
-    ctx.launch(fn, (3, 1, 1), (128, 1, 1), (np.int32(1),), smem=64, pdl=pdl)
+    ctx.launch(fn, (3, 1, 1), (128, 1, 1), (np.int32(1),), smem=64)
     if want_pdl:
         assert seen == [(fn, (3, 1, 1), (128, 1, 1), (np.int32(1),), 64, 99)] and not fn.calls
     else:
         assert fn.calls == [((3, 1, 1), (128, 1, 1), (np.int32(1),), 64)] and not seen
 
 
-def _pdl_configs():
-    """Every config of a pdl class that `kernelgen prewarm` builds, for every arch."""
+def _prewarm_configs():
+    """Every config that `kernelgen prewarm` builds, for every arch."""
     return list(dict.fromkeys(
         cfg for fam in families().values()
-        for cfg in fam.prewarm_configs(["sm_80", "sm_90a", "sm_100a", "sm_120a"], {})
-        if type(cfg).pdl))
+        for cfg in fam.prewarm_configs(["sm_80", "sm_90a", "sm_100a", "sm_120a"], {})))
 
 
-PDL_CONFIGS = _pdl_configs()
+PDL_CONFIGS = _prewarm_configs()
 
 
-def test_every_kernel_family_launches_with_pdl():
+def test_the_checked_configs_cover_every_config_class():
     from kernelgen.core.registry import config_classes
 
-    assert [name for name, cls in config_classes().items() if not cls.pdl] == []
     assert {type(c) for c in PDL_CONFIGS} == set(config_classes().values())
 
 
-def test_every_entry_point_of_a_pdl_config_waits_first():
-    """A kernel launched with PDL may start before the grid it depends on has finished; only a
-    grid_dependency_wait() before any other statement keeps that invisible. Every prewarm config
-    of every pdl class (wgmma, split-K, cluster and multi-CTA variants included)."""
+def test_every_entry_point_waits_first():
+    """Ctx.launch launches every kernel with PDL, so it may start before the grid it depends on
+    has finished; only a grid_dependency_wait() before any other statement keeps that invisible.
+    Every prewarm config of every class (wgmma, split-K, cluster and multi-CTA variants
+    included)."""
     bad = []
     for cfg in PDL_CONFIGS:
         src = render(cfg).source
