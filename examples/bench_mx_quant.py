@@ -236,6 +236,15 @@ def main() -> None:
         quantize_plan,
     )
 
+    def reset() -> None:
+        force_small_auto_path(None)
+        force_blocks_per_sm(None)
+        force_wide_fp8(None)
+        force_h2(None)
+        force_linear(True)
+        force_balanced(None)
+        force_tiled(None)
+
     info = device_info()
     if args.profile:
         profile(args, info)
@@ -264,6 +273,8 @@ def main() -> None:
                 variants += [("value", None, None, False)] if args.no_h2 and \
                     h2_applies(fmt, dtype) else []
                 variants += [("value", None, None, "nolinear")] if args.no_linear and m > 64 else []
+                if (args.no_balance or args.tiled) and m > 64:
+                    reset()  # probe the default plan, not the last variant's
                 if args.no_balance and m > 64:
                     force_balanced(False)
                     p_cap = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
@@ -273,7 +284,6 @@ def main() -> None:
                                                    True, "value").grid:
                         variants += [("value", None, None, "nobalance")]
                 if args.tiled and m > 64:
-                    force_tiled(None)  # the default plan, not the last variant's
                     on = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, m, k, True,
                                        "value").tiled
                     force_tiled(not on)
@@ -339,13 +349,7 @@ def main() -> None:
                     print(f"| {fmt} | {dtype} | {m} | {gs_col} | {plan.path} | {cap_col} | "
                           f"{r['us']:.2f} | {r['gbps']:.0f} | {100 * r['frac_copy']:.0f}% | "
                           f"{eager_col} |{same_col}", flush=True)
-    force_small_auto_path(None)
-    force_blocks_per_sm(None)
-    force_wide_fp8(None)
-    force_h2(None)
-    force_linear(True)
-    force_balanced(None)
-    force_tiled(None)
+    reset()
     print_fits(rows, copy_cache)
     # dequantize to the input dtype at the largest M (not a target; for reference)
     m = max(ms)

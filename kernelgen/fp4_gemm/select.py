@@ -32,22 +32,24 @@ from .config import (
 # Path threshold: M up to this runs the bandwidth path (one pass of <= 16 tokens reads W once);
 # above it the tile path, whose CTAs reuse each decoded weight for BM tokens.
 GEMV_MAX_M = 16
-# Bandwidth path: tiles of 16 W rows, KW warps a tile along K (KW_CHOICES, summed in shared
-# memory: no global split-K epilogue), WARPS / KW tiles a CTA. The largest KW whose CTAs all fit
-# one wave (warps_per_sm / 8 CTAs of 8 warps resident an SM: 2 at <= 128 registers) and leave every warp
-# >= MIN_STEPS quad steps (128 k) wins: the kernel streams, so what counts is enough warps with
-# loads in flight on every SM until the end (14336x4096: KW 2, 224 CTAs; 4096x14336: KW 8, 256).
-# Only when even KW 8 leaves SMs idle (few tiles, long K) are K ranges also split across CTAs
-# (fp32 partials + a counter, summed in split order by the last CTA).
+# Bandwidth path: tiles of 16 W rows, KW warps a tile along K (KW_CHOICES up to KW_MAX, summed in
+# shared memory: no global split-K epilogue), WARPS / KW tiles a CTA. The largest KW whose CTAs
+# all fit one wave (warps_per_sm / 8 CTAs of 8 warps resident an SM: 2 at <= 128 registers) and
+# leave every warp >= MIN_STEPS quad steps (128 k) wins: the kernel streams, so what counts is
+# enough warps with loads in flight on every SM until the end (at 16 warps an SM, 14336x4096:
+# KW 2, 224 CTAs; 4096x14336: KW 8, 256). Only when even the largest KW leaves SMs idle (few
+# tiles, long K) are K ranges also split across CTAs (fp32 partials + a counter, summed in split
+# order by the last CTA).
 MIN_STEPS = 4
 KW_CHOICES = (16, 8, 4, 2, 1)
-# The largest KW by m_tile (KW 16 runs 16-warp CTAs). Measured on H100 (session 12, same run,
-# twice, graph-timed, bit-exact), 4096x14336, KW 16 at 32 warps an SM (31 resident) against
-# KW 8 at 16 (15.5): m_tile 16, M = 9 / 12 / 16 nvfp4 16.91 / 18.00 / 19.15 -> 16.55 / 17.51 /
-# 18.41 us, mxfp4 16.80 / 17.74 / 19.16 -> 15.61 / 16.52 / 17.49; m_tile 8, M = 1 / 4 / 8 nvfp4
-# 14.25 / 14.38 / 14.40 -> 13.96 / 14.39 / 14.75, mxfp4 13.41 / 13.51 / 13.50 -> 13.58 / 13.75 /
-# 14.01 (mostly slower), so m_tile 8 keeps KW <= 8.
-KW_MAX = {8: 8, 16: 16}
+# The largest KW by (m_tile, warps an SM); KW 16 runs 16-warp CTAs. Measured on H100 (session
+# 12, same run, twice, graph-timed, bit-exact), 4096x14336, KW 16 at 32 warps an SM (31
+# resident) against KW 8 at 16 (15.5): m_tile 16, M = 9 / 12 / 16 nvfp4 16.91 / 18.00 / 19.15
+# -> 16.55 / 17.51 / 18.41 us, mxfp4 16.80 / 17.74 / 19.16 -> 15.61 / 16.52 / 17.49; m_tile 8,
+# M = 1 / 4 / 8 nvfp4 14.25 / 14.38 / 14.40 -> 13.96 / 14.39 / 14.75, mxfp4 13.41 / 13.51 /
+# 13.50 -> 13.58 / 13.75 / 14.01 (mostly slower), so m_tile 8 keeps KW <= 8; one 16-warp CTA an
+# SM (16 warps an SM) was not measured and is not taken.
+KW_MAX = {(8, 16): 8, (8, 32): 8, (16, 16): 8, (16, 32): 16}
 # Steps of weights in flight per warp. Measured on H100 (graph of back-to-back calls, fp16,
 # M = 1 and 16, both decode shapes and formats): depth 2 beat depth 4 in all 8 cases by 2-10%;
 # the loop waits on the activation loads (L1TEX scoreboard, ncu), not on the weight bytes.
@@ -59,8 +61,8 @@ GEMV_DEPTH = 2
 # global K split (4096x14336: 128 CTAs, split 2; 1-3% slower at M = 16), the planner keeps TPW 1.
 GEMV_TPW = {8: 1, 16: 2}
 # Warps a CTA of the bandwidth path, by (m_tile, warps an SM), where the plan's KW fits (KW <=
-# warps; the launch bounds keep the warps an SM: 2 CTAs of 8 or 4 of 4 at 16, 4 of 8 or 8 of 4
-# at 32). 4-warp CTAs even out the SMs' warp counts. Measured on H100, same runs, bit-exact:
+# warps; else GEMV_WARPS, or 16 for KW 16; the launch bounds keep the warps an SM: 2 CTAs of 8
+# or 4 of 4 at 16, 4 of 8, 8 of 4 or 2 of 16 at 32). 4-warp CTAs even out the SMs' warp counts. Measured on H100, same runs, bit-exact:
 # session 10, 16 an SM, m_tile 16 on 14336x4096 (KW 2) 20.06 -> 19.47 us nvfp4, 19.61 -> 19.02
 # mxfp4; m_tile 8 unchanged (15.25 vs 15.32). Session 11, 32 an SM, m_tile 8 on 14336x4096 (KW
 # 4): M = 1 14.82 -> 14.65 nvfp4, 14.03 -> 13.65 mxfp4; M = 8 15.85 -> 15.39, 15.38 -> 14.40.
@@ -183,14 +185,14 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps):
     q = k // STEP_K
     one_wave = wps // GEMV_WARPS * sm_count  # CTAs of 8 warps
     if split is None:
-        kw = _kw(units, q, max(1, one_wave // m_tiles), KW_MAX[m_tile])
+        kw = _kw(units, q, max(1, one_wave // m_tiles), KW_MAX[m_tile, wps])
         ctas = -(-units * kw // GEMV_WARPS) * m_tiles
         split = max(1, min(one_wave // ctas, q // (kw * MIN_STEPS)))
     elif not 1 <= split <= q:
         raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
     sps = -(-q // split)
     split = -(-q // sps)
-    kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)), KW_MAX[m_tile])
+    kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)), KW_MAX[m_tile, wps])
     warps = GEMV_CTA_WARPS[m_tile, wps] if kw <= GEMV_CTA_WARPS[m_tile, wps] else \
         max(GEMV_WARPS, kw)  # KW 16: 16-warp CTAs
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=warps,
@@ -253,7 +255,7 @@ def _shapes(spec: dict[str, Any]) -> list[tuple[int | None, int, int]]:
 
 def _cta_warps(m_tile: int, wps: int) -> list[int]:
     """CTA sizes _gemv can give m_tile at wps warps an SM: the table's, GEMV_WARPS, and KW 16's."""
-    return sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile, wps]} | ({16} if KW_MAX[m_tile] >= 16 else set()))
+    return sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile, wps]} | ({16} if KW_MAX[m_tile, wps] >= 16 else set()))
 
 
 # M values that reach every bucket of the tables: each M of the bandwidth path (the depth

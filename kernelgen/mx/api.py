@@ -140,7 +140,7 @@ def quantize_nvfp4(x: Any, global_scale: Any = None, *, scale_layout: str = "swi
     if plan.path == "fused":
         ctx.launch(kernel.fn("mx_quantize_fused"), (plan.grid, 1, 1), (plan.block, 1, 1),
                    (xa, data_v, scales_v, gs_out_v, np.int32(rows), np.int32(k),
-                    np.int32(swizzled)))
+                    np.int32(plan.scale_mode)))
         return MxTensor("nvfp4", (rows, k), data, scales, scale_layout, gs_out)
     partials_v, n_partials = gs_out_v, 0
     if plan.path == "amax":

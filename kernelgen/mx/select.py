@@ -151,11 +151,11 @@ def tiled_applies(fmt: str, rows: int, k: int, e: int, slots: int) -> bool:
     """Whether sector order (mx.cuh Tiling) can take [rows, K] with `slots` lane slots a thread
     (the kernel's U; the caller checks it is the config's): no scale padding columns, whole chunk
     rows of 32 * slots lane slots (slots a power of two), 32-bit slot indices over the padded
-    rows and 32-bit element offsets within a 128-row tile."""
+    rows."""
     spr = k // e
     spc = THREADS * slots // 8
     return ((k // group_size(fmt)) % 4 == 0 and slots & (slots - 1) == 0 and spr % spc == 0
-            and _cdiv(rows, 128) * 128 * spr < MAX_SLOTS and 128 * k < MAX_SLOTS)
+            and _cdiv(rows, 128) * 128 * spr < MAX_SLOTS)
 
 
 def chunk_grid(chunks: int, sm_count: int, blocks_per_sm: int, balanced: bool = False) -> int:
@@ -253,7 +253,7 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
         small = _small_auto_path or "redundant"
         if small == "fused" and cfg.fused and total <= CLUSTER * FUSED_THREADS * cfg.fused_slots:
             return QuantizePlan(cfg, "fused", CLUSTER, FUSED_THREADS,
-                                _cdiv(total, CLUSTER * FUSED_THREADS))
+                                _cdiv(total, CLUSTER * FUSED_THREADS), scale_mode=int(swizzled))
         if small == "redundant" and rows * k * ESIZE[dtype] <= REDUNDANT_MAX_BYTES:
             path = "redundant"
         else:

@@ -745,6 +745,7 @@ __device__ __forceinline__ float global_scale(const T* __restrict__ x, const flo
 template <int E, int U, int THREADS, int L> struct Tiling {
   static constexpr uint32_t SPC = THREADS * U / 8, NQ = SPC / (4 * L);
   static_assert((SPC & (SPC - 1)) == 0 && SPC % (4 * L) == 0 && SPC % 32 == 0, "chunk rows");
+  static_assert(2 * NQ <= 32, "one warp stores the chunk's sectors");
   uint32_t chunks, t, cb;  // chunks; this one's mt * 16 + i and column block
   __device__ __forceinline__ Tiling(const Shape& sh, uint32_t c) {
     const uint32_t ncb = uint32_t(sh.slots_per_row) / SPC;  // the host checks SPC divides it
@@ -765,7 +766,8 @@ template <int E, int U, int THREADS, int L> struct Tiling {
 };
 
 // Loads of the tiling's chunk: idx[u] is 0 for a slot of an input row, ~0 otherwise (its words
-// are not stored and its scale bytes stage as zeros).
+// are not stored and its scale bytes stage as zeros). No column test: sector order is only
+// planned without padding columns (every slot of a row holds input).
 template <typename T, int E, int U, class TL>
 __device__ __forceinline__ void load_tiled(const T* __restrict__ x, const TL& tl, const Shape& sh,
                                            uint32_t (&idx)[U], SlotPos (&pos)[U],

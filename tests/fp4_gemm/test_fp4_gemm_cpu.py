@@ -156,7 +156,7 @@ def test_plans_are_consistent(n, k, fmt):
             if p.path == "gemv":
                 cfg = p.config
                 assert cfg.m_tile == (8 if m <= 8 else 16), ctx
-                assert p.kw in (1, 2, 4, 8, 16) and p.kw <= KW_MAX[cfg.m_tile] and p.smem == 0, ctx
+                assert p.kw in (1, 2, 4, 8, 16) and p.kw <= KW_MAX[cfg.m_tile, cfg.warps_per_sm] and p.smem == 0, ctx
                 units = -(-n // (16 * cfg.tpw))
                 cta = GEMV_CTA_WARPS[cfg.m_tile, cfg.warps_per_sm]
                 assert cfg.warps == (cta if p.kw <= cta else max(8, p.kw)), ctx
@@ -167,7 +167,7 @@ def test_plans_are_consistent(n, k, fmt):
                 assert cfg.tpw == GEMV_TPW[cfg.m_tile] or (cfg.tpw == 1 and p.split == 1), ctx
                 assert p.kw == 1 or per >= MIN_STEPS, ctx  # every K slice has a full ring
                 if p.split > 1:  # split only past the largest KW
-                    kw_max = KW_MAX[cfg.m_tile]
+                    kw_max = KW_MAX[cfg.m_tile, cfg.warps_per_sm]
                     assert p.kw == kw_max and p.sps >= kw_max * MIN_STEPS, ctx
             else:
                 assert p.config.bm == bm_for(m), ctx
@@ -208,8 +208,9 @@ def test_forced_path_and_split():
 
 def test_two_tiles_a_warp_plan():
     """TPW = 2 covers the same warps with half the tile units: 14336x4096 at M = 16 goes from
-    KW 2 to KW 4 (224 CTAs either way) at 16 warps an SM; on 4096x14336 it takes KW 16 (128
-    CTAs of 16 warps). The default at M = 16 is TPW 1 at 32 warps an SM on both."""
+    KW 2 to KW 4 (224 CTAs either way) at 16 warps an SM; on 4096x14336 it would need a global
+    split (128 CTAs). The default at M = 16 is TPW 1 at 32 warps an SM on both (KW 16 on
+    4096x14336)."""
     one = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=1, wps=16)
     two = plan("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132, tpw=2)
     assert (one.kw, one.grid, one.config.tpw, one.config.warps) == (2, (448, 1, 1), 1, 4), one.short()
@@ -219,8 +220,8 @@ def test_two_tiles_a_warp_plan():
     p = select_fp4("sm_90a", 16, 14336, 4096, "nvfp4", "float16", 132)
     assert (p.config.warps_per_sm, p.config.tpw, p.kw, p.grid) == (32, 1, 4, (896, 1, 1)), p.short()
     assert select_fp4("sm_90a", 1, 14336, 4096, "nvfp4", "float16", 132).config.tpw == 1
-    wide = plan("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132, tpw=2)
-    assert (wide.kw, wide.grid, wide.config.warps) == (16, (128, 1, 1), 16), wide.short()
+    wide = plan("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132, tpw=2)  # 16 warps an SM: KW 8
+    assert (wide.kw, wide.grid) == (8, (128, 2, 1)), wide.short()
     p = select_fp4("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132)
     assert (p.config.tpw, p.kw, p.grid, p.config.warps_per_sm) == (1, 16, (256, 1, 1), 32), p.short()
     p = plan("sm_90a", 1, 40, 384, "mxfp4", "float16", 132, tpw=2)  # 3 tiles: 2 units
@@ -253,9 +254,9 @@ def test_stages_fit_every_arch():
 def test_prewarm_table_is_modest():
     for arch in SM_COUNTS:
         cfgs = list(prewarm_configs([arch], {}))
-        # per (fmt, dtype): 12 GEMV (16 warps an SM: 1 at m_tile 8, 2 TPW x 3 CTA sizes at
+        # per (fmt, dtype): 10 GEMV (16 warps an SM: 1 at m_tile 8, 2 TPW x 2 CTA sizes at
         # m_tile 16; 32 an SM: 2 CTA sizes at m_tile 8, 3 at 16) + 3 tile configs
-        assert 0 < len(cfgs) <= 60 and len(set(cfgs)) == len(cfgs)
+        assert 0 < len(cfgs) <= 52 and len(set(cfgs)) == len(cfgs)
         assert {type(c) for c in cfgs} == {Fp4GemvConfig, Fp4TileConfig}
 
 

@@ -170,6 +170,34 @@ def test_gemv_32_warps_an_sm(fmt, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", FMTS)
+def test_gemv_16_warps_a_tile_along_k(fmt, dtype):
+    """KW 16 (16-warp CTAs, 2 an SM at 32 warps an SM; dispatch takes it at m_tile 16 on long K,
+    e.g. 4096x14336): M = 9 and 16 on partial CTA tiles, split 1 and, on a longer K, 2, against
+    the reference with bias and alpha (outputs pre-filled with NaN)."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.fp4_gemm import fp4_gemm, plan
+
+    dev = device_info()
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for n, k, split in ((1000, 8320, 1), (1000, 16640, 2)):
+        t, w64 = _weight(fmt, n, k)
+        for m in (9, 16):
+            p = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path="gemv", split=split, wps=32)
+            ctx = f"{p.short()} {m=} {n=} {k=}"
+            assert (p.kw, p.config.warps, p.split) == (16, 16, split), ctx
+            a = cupy.asarray(_host(rng, (m, k), dtype))
+            bias = cupy.asarray(_host(rng, (n,), dtype))
+            out = cupy.full((m, n), 0xFFFF, cupy.uint16) if hint else cupy.full((m, n), np.nan, cupy.float16)
+            fp4_gemm(a, t, bias, alpha=1.25, out=out, dtype=hint, _plan=p)
+            _check(out if hint else out.view(cupy.float16), GR.gemm(
+                cupy.asnumpy(a), w64, cupy.asnumpy(bias), 1.25, dtype), dtype, ctx)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FMTS)
 def test_gemv_a_ring(fmt, dtype):
     """A staged by cp.async in a shared-memory ring a warp (a_ring): bit for bit the launch that
     reads A from global memory (same mma sequence), and within the reference bound; m_tile 8 and

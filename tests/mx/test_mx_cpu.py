@@ -324,6 +324,7 @@ def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
             force_wide_fp8(None)
             force_blocks_per_sm(None)
         assert plan.config.loops == (blocks is not None or elem_bits(fmt) != 8), plan.short()
+        assert not plan.tiled, plan.short()  # this replays the plain order (rows < TILED_MIN_ROWS)
         e = plan.config.lane_elems
         lanes = group // e
         total, pad_words = slot_counts(fmt, rows, k, swz, e)
@@ -435,9 +436,14 @@ def test_sector_order_plan():
     for fmt in FORMATS:
         big = quantize_plan("sm_90a", 132, fmt, "float16", 4096, 4096, True, "value")
         assert big.tiled == (fmt in TILED_FORMATS), big.short()
-        small = quantize_plan("sm_90a", 132, fmt, "float16", TILED_MIN_ROWS - 1, 4096, True,
+        # K = 8192: full slots a thread at these rows, so only TILED_MIN_ROWS decides
+        at_min = quantize_plan("sm_90a", 132, fmt, "float16", TILED_MIN_ROWS, 8192, True, "value")
+        assert at_min.tiled == (fmt in TILED_FORMATS), at_min.short()
+        small = quantize_plan("sm_90a", 132, fmt, "float16", TILED_MIN_ROWS - 1, 8192, True,
                               "value")
         assert not small.tiled and small.scale_mode == 1, small.short()
+        if fmt in TILED_FORMATS:  # rejected for its rows, not its slots a thread
+            assert small.slots == small.config.slots, small.short()
         assert quantize_plan("sm_90a", 132, fmt, "float16", 4096, 4096, False, "value"
                              ).scale_mode == 0
     p = quantize_plan("sm_90a", 132, "mxfp8_e5m2", "float16", 4096, 4096, True, "value")
