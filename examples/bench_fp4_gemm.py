@@ -3,6 +3,7 @@ read-bandwidth floor and cuBLAS fp16 (cupy.matmul), all measured in the same run
 
     python examples/bench_fp4_gemm.py [--ms 1,2,4,...] [--fmts nvfp4,mxfp4] [--json out.json]
         [--sweep] [--arrangements tile_major,step_major,...] [--probe]
+        [--dtype float16|bfloat16] [--encoding float16|bfloat16]
 
 Per (shape, fmt, M): median microseconds per call from a CUDA graph of back-to-back calls, each
 call on a different weight copy (copies span >= 8 x L2). Floor = bytes the call must read
@@ -12,7 +13,8 @@ forced K splits at M=1 and both paths at M = 16..128 (the selector's crossover);
 streaming-read kernel over the same bytes in the same kind of graph (launch, ramp and tail).
 --arrangements times each block arrangement of the weight (layout.py; outputs checked bit for bit
 against the first); --probe adds read-only kernels that walk the bytes exactly as the M=1 GEMV's
-warps do (same grid, K slices, ring depth, loads), without decode or mma.
+warps do (same grid, K slices, ring depth, loads), without decode or mma. --dtype sets the
+activations of the timed rows; --encoding the type the weights are encoded for (default: --dtype).
 """
 
 from __future__ import annotations
@@ -151,9 +153,10 @@ def plain_read_bytes_us(nbytes, count, stream) -> float:
     return graph_time(call, len(bufs), stream)[0] * 1e6
 
 
-def weight_copies(fmt, n, k, l2_bytes, arrangement="tile_major"):
-    """Prepared weights (random codes and scales of a realistic range), enough copies to span
-    8 x L2, and the bytes one call reads from them."""
+def weight_copies(fmt, n, k, l2_bytes, arrangement="tile_major", enc="float16"):
+    """Prepared weights (random codes and scales of a realistic range; random bytes are random
+    codes in either encoding, `enc` only tells the kernels how to decode them), enough copies to
+    span 8 x L2, and the bytes one call reads from them."""
     import cupy
 
     from kernelgen.bench import rotation
@@ -178,7 +181,7 @@ def weight_copies(fmt, n, k, l2_bytes, arrangement="tile_major"):
             post = cupy.full(n, 2.0**-6, cupy.float32)
         arr = ARRANGEMENT[fmt] if arrangement == "default" else arrangement
         data, scales = arrange(cupy, data, scales, arr)
-        return Fp4Weight(fmt, n, k, data, scales, post, cupy.cuda.runtime.getDevice(), arr)
+        return Fp4Weight(fmt, n, k, data, scales, post, cupy.cuda.runtime.getDevice(), arr, enc)
 
     wbytes = n * k // 2 + n * k // g
     return rotation(make, wbytes, l2_bytes), wbytes
@@ -339,6 +342,8 @@ def main() -> None:
                     help="--profile: force the bandwidth path's resident warps an SM (16 / 32)")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
                     help="activations / output of the timed rows (cuBLAS stays fp16)")
+    ap.add_argument("--encoding", default=None, choices=("float16", "bfloat16"),
+                    help="the activation type the timed weights are encoded for (default: --dtype)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
@@ -352,6 +357,7 @@ def main() -> None:
 
     dev = device_info()
     hint = "bfloat16" if args.dtype == "bfloat16" else None
+    enc = args.encoding or args.dtype  # the timed weights are encoded for A's dtype unless told
     copy_bw = copy_bandwidth()
     read_bw = read_bandwidth()
     res: dict = {"device": dev.name, "arch": dev.arch.name, "sms": dev.sm_count,
@@ -384,7 +390,7 @@ def main() -> None:
                                        len(dense), stream)[0]
             del dense
             for fmt, arr in [(f, r) for f in args.fmts.split(",") for r in args.arrangements.split(",")]:
-                copies, wbytes = weight_copies(fmt, n, k, dev.l2_bytes, arr)
+                copies, wbytes = weight_copies(fmt, n, k, dev.l2_bytes, arr, enc)
                 if arr == args.arrangements.split(",")[0]:
                     plain = plain_read_us(copies, stream)
                     res.setdefault("plain_read_us", {})[f"{n}x{k} {fmt}"] = plain
@@ -412,8 +418,9 @@ def main() -> None:
                                          len(copies), stream)
                     rbytes = wbytes + m * k * 2
                     tc = cublas[m]
-                    p = select_fp4(dev.arch.name, m, n, k, fmt, args.dtype, dev.sm_count)
-                    row = {"N": n, "K": k, "fmt": fmt, "dtype": args.dtype, "arrangement": copies[0].arrangement, "M": m, "us": t * 1e6,
+                    p = select_fp4(dev.arch.name, m, n, k, fmt, args.dtype, dev.sm_count, enc)
+                    row = {"N": n, "K": k, "fmt": fmt, "dtype": args.dtype, "encoding": enc,
+                           "arrangement": copies[0].arrangement, "M": m, "us": t * 1e6,
                            "same_as_first": exact, "read_bytes": rbytes,
                            "floor_us": rbytes / read_bw * 1e6, "frac_read_bw": rbytes / read_bw / t,
                            "tflops": 2 * m * n * k / t / 1e12, "cublas_fp16_us": tc * 1e6,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,9 @@ class Fp4Weight:
             makes it)
     post    float32: nvfp4 the global scale [1] (D is divided by it); mxfp4 the row factors
             2^(rowmax - 127) [N] (D is multiplied by them; NaN for a row with a NaN group)
+    encoding  the activation type ("float16" / "bfloat16") data's words are bit-encoded for
+            (layout.py ENCODINGS): either type of A works, the matching one decodes in fewer
+            instructions (bf16 on an encoding for fp16: 5-14% slower at M <= 16, BENCHMARKS.md)
     """
 
     fmt: str
@@ -50,8 +54,11 @@ class Fp4Weight:
     post: Any
     device: int
     arrangement: str = "tile_major"
+    encoding: str = "float16"
 
     def __post_init__(self) -> None:
+        if self.encoding not in DTYPES:
+            raise ValueError(f"Fp4Weight.encoding: {self.encoding!r}; expected one of {DTYPES}")
         check_arrays(self.fmt, self.n, self.k, self.data, self.scales, self.post, self.arrangement)
         cupy = _cupy()
         for name in ("data", "scales", "post"):
@@ -128,22 +135,31 @@ def _cupy():
     return cupy
 
 
-def prepare_weight(t: Any, arrangement: str | None = None) -> Fp4Weight:
+def _check_mx_tensor(t: Any) -> None:
+    for attr in ("fmt", "shape", "data", "scales", "scale_layout", "global_scale"):
+        if not hasattr(t, attr):
+            raise ValueError(f"W: expected an MxTensor (kernelgen.mx) or an Fp4Weight, got "
+                             f"{type(t).__name__} without .{attr}")
+
+
+def prepare_weight(t: Any, arrangement: str | None = None, *,
+                   act_dtype: str = "float16") -> Fp4Weight:
     """An MxTensor (fmt "nvfp4" or "mxfp4", any scale layout) -> Fp4Weight, on t's device.
-    `arrangement` (layout.py ARRANGEMENTS; default ARRANGEMENT[fmt]) orders the blocks.
+    `arrangement` (layout.py ARRANGEMENTS; default ARRANGEMENT[fmt]) orders the blocks;
+    `act_dtype` ("float16" / "bfloat16"): the activation type the words are encoded for (the
+    weight works with both; pass the model's).
 
     Makes a copy in the kernels' tiled layout (layout.py; W's bytes, its scales, its global
     scale): keep the Fp4Weight and drop the MxTensor. Scales may be row-major [N, S] or
     swizzled ([ceil(N/128), ceil(S/4), 32, 4, 4], padding dropped); MXFP4 scales are rebased
     per row (see Fp4Weight).
     """
-    for attr in ("fmt", "shape", "data", "scales", "scale_layout", "global_scale"):
-        if not hasattr(t, attr):
-            raise ValueError(f"W: expected an MxTensor (kernelgen.mx) or an Fp4Weight, got "
-                             f"{type(t).__name__} without .{attr}")
+    _check_mx_tensor(t)
     fmt = t.fmt
     if fmt not in FMTS:
         raise ValueError(f"W: format {fmt!r}; the FP4 GEMM takes {' or '.join(FMTS)} weights")
+    if act_dtype not in DTYPES:
+        raise ValueError(f"act_dtype={act_dtype!r}; expected one of {DTYPES}")
     shape = tuple(int(s) for s in t.shape)
     if len(shape) != 2:
         raise ValueError(f"W: expected a 2-D weight [N, K], got shape {shape}")
@@ -160,17 +176,19 @@ def prepare_weight(t: Any, arrangement: str | None = None) -> Fp4Weight:
         gs, _ = device_array(t.global_scale, "W.global_scale", ctx, ("float32",))
     with on_stream(ctx.device, ctx.stream):
         arr = ARRANGEMENT[fmt] if arrangement is None else arrangement
-        data, sc, post = prepare_arrays(cupy, fmt, n, k, data, sc, t.scale_layout, gs, arr)
-    return Fp4Weight(fmt, n, k, data, sc, post, ctx.device, arr)
+        data, sc, post = prepare_arrays(cupy, fmt, n, k, data, sc, t.scale_layout, gs, arr,
+                                        act_dtype)
+    return Fp4Weight(fmt, n, k, data, sc, post, ctx.device, arr, act_dtype)
 
 
 def prepare_arrays(xp: Any, fmt: str, n: int, k: int, data: Any, scales: Any,
-                   scale_layout: str, global_scale: Any, arrangement: str = "tile_major"
-                   ) -> tuple[Any, Any, Any]:
+                   scale_layout: str, global_scale: Any, arrangement: str = "tile_major",
+                   enc: str = "float16") -> tuple[Any, Any, Any]:
     """(data, scales, post) of an Fp4Weight from W's packed bytes [N, K/2], its scale bytes
-    (row_major [N, S] or swizzled) and, for nvfp4, its fp32 global scale [1]; xp is the array
-    module of the inputs (CuPy in prepare_weight, NumPy in the tests). All three results are
-    new arrays: none shares memory with an input."""
+    (row_major [N, S] or swizzled) and, for nvfp4, its fp32 global scale [1], the words encoded
+    for the activation type `enc`; xp is the array module of the inputs (CuPy in
+    prepare_weight, NumPy in the tests). All three results are new arrays: none shares memory
+    with an input."""
     if tuple(data.shape) != (n, k // 2):
         raise ValueError(f"W.data: shape {tuple(data.shape)}; expected ({n}, {k // 2}) for a "
                          f"[{n}, {k}] fp4 weight (two elements a byte)")
@@ -206,28 +224,29 @@ def prepare_arrays(xp: Any, fmt: str, n: int, k: int, data: Any, scales: Any,
         post = xp.where(nan.any(axis=1), xp.float32(xp.nan), post).astype(xp.float32)
     if arrangement not in ARRANGEMENTS:
         raise ValueError(f"arrangement {arrangement!r}: expected one of {ARRANGEMENTS}")
-    td, ts = arrange(xp, tile_data(xp, data, n, k), tile_scales(xp, sc, n, k, SCALE_BYTES[fmt]),
-                     arrangement)
+    td, ts = arrange(xp, tile_data(xp, data, n, k, enc),
+                     tile_scales(xp, sc, n, k, SCALE_BYTES[fmt]), arrangement)
     return td, ts, post
 
 
-# prepared weights of MxTensors passed to fp4_gemm directly: id -> (weakref, Fp4Weight)
-_prepared: dict[int, tuple[Any, Fp4Weight]] = {}
+# prepared weights of MxTensors passed to fp4_gemm directly, encoded for the activation type
+# of the call: (id, act dtype) -> (weakref, Fp4Weight)
+_prepared: dict[tuple[int, str], tuple[Any, Fp4Weight]] = {}
 
 
-def _as_weight(W: Any) -> Fp4Weight:
+def _as_weight(W: Any, act_dtype: str) -> Fp4Weight:
     if isinstance(W, Fp4Weight):
         return W
-    hit = _prepared.get(id(W))
+    key = (id(W), act_dtype)
+    hit = _prepared.get(key)
     if hit is not None and hit[0]() is W:
         return hit[1]
-    prep = prepare_weight(W)
+    prep = prepare_weight(W, act_dtype=act_dtype)
     try:
-        key = id(W)
         ref = weakref.ref(W, lambda _r: _prepared.pop(key, None))
     except TypeError:  # not weak-referenceable: prepare on every call
         return prep
-    _prepared[id(W)] = (ref, prep)
+    _prepared[key] = (ref, prep)
     return prep
 
 
@@ -237,16 +256,18 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     """D = alpha * A . W^T (+ bias).
 
     A [..., K] fp16 / bf16 (contiguous, 16-byte aligned, K % 128 == 0); W an MxTensor of fmt
-    "nvfp4" / "mxfp4" (prepared on first use and remembered) or an Fp4Weight from
-    `prepare_weight`; bias [N] and D [..., N] in A's dtype; fp32 accumulation, D rounded to
+    "nvfp4" / "mxfp4" (prepared for A's dtype on first use and remembered) or an Fp4Weight from
+    `prepare_weight` (either A dtype; the one it was prepared for is faster); bias [N] and D [..., N] in A's dtype; fp32 accumulation, D rounded to
     nearest. `out` receives D. `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` /
     `path` ("gemv" | "tile") override the selector (tests, tuning; `_plan` replaces it, for
     benchmarks of variants). Runs on the caller's current stream; returns the caller's array
     kind.
     """
-    W = _as_weight(W)
+    if not isinstance(W, Fp4Weight):
+        _check_mx_tensor(W)  # W's errors before A's
     ctx = context_of(A, "A")
     a, dt = device_array(A, "A", ctx, DTYPES, hint=dtype)
+    W = _as_weight(W, dt)
     if a.ndim < 2:
         raise ValueError(f"A: expected [M, K] (or [..., K]), got shape {tuple(a.shape)}")
     k, n = int(a.shape[-1]), W.n
@@ -265,13 +286,14 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     if m == 0:
         return out
     info = device_info(ctx.device)
-    if _plan is not None:
-        p = _plan
+    if _plan is not None:  # its kernel must decode W's encoding
+        p = _plan if _plan.config.enc == W.encoding else dataclasses.replace(
+            _plan, config=_plan.config.replace(enc=W.encoding))
     elif split_k is None and path is None:
-        p = select_fp4(info.arch.name, m, n, k, W.fmt, dt, info.sm_count)
+        p = select_fp4(info.arch.name, m, n, k, W.fmt, dt, info.sm_count, W.encoding)
     else:
         p = plan(info.arch.name, m, n, k, W.fmt, dt, info.sm_count, path=path,
-                 split=None if split_k is None else int(split_k))
+                 split=None if split_k is None else int(split_k), enc=W.encoding)
     if p.split > 1:
         ws, counters = scratch(ctx, "fp4_gemm", p.split * m * n, p.counters)
     else:

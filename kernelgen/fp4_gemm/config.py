@@ -14,6 +14,7 @@ GROUP = {"nvfp4": 16, "mxfp4": 32}
 SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}  # scale bytes per row per 128 k
 DTYPES = ("float16", "bfloat16")
 CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16"}
+ENC_ID = {"float16": 0, "bfloat16": 1}  # fp4.cuh ENC_F16 / ENC_BF16 (layout.py ENCODINGS)
 STEP_K = 128  # K granularity of both kernels: 4 lanes x 32 elements
 
 # bandwidth path
@@ -40,6 +41,7 @@ class Fp4GemvConfig(KernelConfig):
     template: ClassVar[str] = "fp4_gemm/gemv.cu.jinja"
     fmt: str = "nvfp4"
     dtype: str = "float16"  # A, bias and C
+    enc: str = "float16"  # the activation type the weight words are bit-encoded for (layout.py)
     m_tile: int = 8
     warps: int = GEMV_WARPS
     depth: int = 4
@@ -56,6 +58,8 @@ class Fp4GemvConfig(KernelConfig):
             raise _bad(self, "fmt", f"expected one of {FMTS}")
         if self.dtype not in DTYPES:
             raise _bad(self, "dtype", f"expected one of {DTYPES}")
+        if self.enc not in DTYPES:
+            raise _bad(self, "enc", f"expected one of {DTYPES}")
         if self.m_tile not in M_TILES:
             raise _bad(self, "m_tile", f"expected one of {M_TILES}")
         if self.warps not in (4, 8, 16):
@@ -93,6 +97,7 @@ class Fp4GemvConfig(KernelConfig):
         # CTAs an SM for warps_per_sm; at 32 (<= 64 registers) the epilogue's factors are not
         # held through the loop
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
+                "enc_id": ENC_ID[self.enc],
                 "min_blocks": self.warps_per_sm // self.warps,
                 "early": self.m_tile == 8 and self.warps_per_sm == 16,
                 "lean": self.warps_per_sm == 32, "a_by_word": self.a_by_word,
@@ -109,6 +114,7 @@ class Fp4TileConfig(KernelConfig):
     template: ClassVar[str] = "fp4_gemm/tile.cu.jinja"
     fmt: str = "nvfp4"
     dtype: str = "float16"
+    enc: str = "float16"  # the activation type the weight words are bit-encoded for (layout.py)
     bm: int = 64
     stages: int = 3
     warps_t: int = 2  # warps along tokens (x 4 along W rows)
@@ -118,6 +124,8 @@ class Fp4TileConfig(KernelConfig):
             raise _bad(self, "fmt", f"expected one of {FMTS}")
         if self.dtype not in DTYPES:
             raise _bad(self, "dtype", f"expected one of {DTYPES}")
+        if self.enc not in DTYPES:
+            raise _bad(self, "enc", f"expected one of {DTYPES}")
         if self.bm not in TILE_BMS:
             raise _bad(self, "bm", f"expected one of {tuple(TILE_BMS)}")
         if self.stages not in STAGES:
@@ -137,7 +145,7 @@ class Fp4TileConfig(KernelConfig):
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
-                "min_blocks": self.min_blocks}
+                "enc_id": ENC_ID[self.enc], "min_blocks": self.min_blocks}
 
     @property
     def min_blocks(self) -> int:

@@ -18,7 +18,8 @@ are one 8-byte word, at (P * g + p) * 8 of the block.
 T = ceil(N / 16) (rows past N are zero), Q = K / 128. A warp's weight load then covers 512
 contiguous bytes and consecutive steps follow each other in memory, like a streaming copy. The
 bits of each 4-byte word of the data (8 elements of consecutive k) are then permuted / XORed
-(ENCODE, below) so that the kernels decode them with a shift and a mask per element pair.
+(ENCODE, below, for the activation type fp16 or bf16) so that the kernels decode them with a
+shift and a mask per element pair.
 Written for any array module with reshape / transpose (NumPy in the tests, CuPy in the API).
 """
 
@@ -37,17 +38,17 @@ def _pad_rows(xp: Any, a: Any, rows: int) -> Any:
     return xp.concatenate([a, pad], axis=0)
 
 
-def tile_data(xp: Any, data: Any, n: int, k: int) -> Any:
+def tile_data(xp: Any, data: Any, n: int, k: int, enc: str = "float16") -> Any:
     """Packed fp4 bytes [N, K/2] -> [T, Q, 2, 8, 4, 16] (chunk t of a row's step: words j of
-    elements 32j + 8t ..), each 4-byte word bit-encoded (ENCODE below): a new C-contiguous array
-    (never a view of `data`, so the result outlives it)."""
+    elements 32j + 8t ..), each 4-byte word bit-encoded for the activation type `enc` (ENCODE
+    below): a new C-contiguous array (never a view of `data`, so the result outlives it)."""
     t, q = -(-n // TILE_ROWS), k // STEP_K
     d = _pad_rows(xp, data, t * TILE_ROWS).reshape(t, 2, 8, q, 4, 4, 4)  # [.., q, j, t, byte]
     out = xp.empty((t, q, 2, 8, 4, 16), dtype=xp.uint8)  # a new array, the owner of its memory
     out.reshape(t, q, 2, 8, 4, 4, 4)[...] = d.transpose(0, 3, 1, 2, 5, 4, 6)
     d = out
     words = d.reshape(-1).view(xp.uint32)  # little-endian: element i of a word in bits 4i..4i+3
-    words[...] = encode_words(xp, words)  # in place: d stays the owner of its memory
+    words[...] = encode_words(xp, words, enc)  # in place: d stays the owner of its memory
     return d
 
 
@@ -117,30 +118,41 @@ def canonical(arrangement: str, data: Any, scales: Any, sb: int) -> tuple[Any, A
 
 # -- bit encoding of the weight words ------------------------------------------------------------
 # The kernels decode a 32-bit word q (8 elements of one row, consecutive k) into the four T pairs
-# of (elements 0,1), (2,3), (4,5), (6,7) with shifts and masks only (fp4.cuh e2m1_word):
+# of (elements 0,1), (2,3), (4,5), (6,7) with shifts and masks only (fp4.cuh e2m1_word). The
+# words are encoded for the activation type (ENCODINGS): for fp16
 #     o0 = q & MASK            o1 = rotl(q, 13) & MASK
 #     o2 = (q<<4 ^ q<<7) & MASK   o3 = (q<<4 ^ q<<9) & MASK,   MASK = 0x8E008E00
 # each half of o_i being the fp16 bits of e2m1 * 2^-14 (sign at bit 15, e1 e0 m at bits 11..9;
-# code 1 = 0.5 is the subnormal 2^-15). The decode is GF(2)-linear in q, and invertible, so the
-# stored word is q = ENCODE(w) of the plain word w (element i in bits 4i..4i+3, as MxTensor packs
-# two elements a byte, low nibble first).
+# code 1 = 0.5 is the subnormal 2^-15); for bf16
+#     o0 = q & MASK            o1 = rotl(q, 12) & MASK
+#     o2 = (rotl(q, 8) ^ q<<2) & MASK   o3 = (rotl(q, 8) ^ q<<6) & MASK,   MASK = 0x81C081C0
+# each half the bf16 bits of e2m1 * 2^-126 (e1 e0 m at bits 8..6). Either decode is GF(2)-linear
+# in q and invertible, so the stored word is q = ENCODE(w) of the plain word w (element i in bits
+# 4i..4i+3, as MxTensor packs two elements a byte, low nibble first). A kernel may read words
+# encoded for the other type (a shift and a LOP3 a pair more).
 E2M1_MASK = 0x8E008E00
-_S = (9, 10, 11, 15, 25, 26, 27, 31)  # MASK's bits: e2m1 bits 0..2 and 3 of each half
+E2M1_MASK_BF16 = 0x81C081C0
+# per encoding: MASK's bits (e2m1 bits 0..2 and 3 of each half), the rotation of o1, and the
+# (kind, amount) terms of o2 and o3 ("s": shift left, "r": rotate left)
+ENCODINGS = {
+    "float16": ((9, 10, 11, 15, 25, 26, 27, 31), 13, (("s", 4), ("s", 7)), (("s", 4), ("s", 9))),
+    "bfloat16": ((6, 7, 8, 15, 22, 23, 24, 31), 12, (("r", 8), ("s", 2)), (("r", 8), ("s", 6))),
+}
 
 
-def _decode_rows() -> list[int]:
-    """The 32 output bits (o_i at _S[j], i-major) as masks of the stored word's bits they XOR."""
-    def shl(r, p):
+def _decode_rows(enc: str) -> list[int]:
+    """The 32 output bits (o_i at the mask bits, i-major) as masks of the stored word's bits
+    they XOR."""
+    bits, rot1, t2, t3 = ENCODINGS[enc]
+
+    def term(kind, r, p):
+        if kind == "r":
+            return 1 << ((p - r) % 32)
         return 1 << (p - r) if p >= r else 0
-    rows = []
-    for p in _S:
-        rows.append(1 << p)
-    for p in _S:
-        rows.append(1 << ((p - 13) % 32))
-    for p in _S:
-        rows.append(shl(4, p) ^ shl(7, p))
-    for p in _S:
-        rows.append(shl(4, p) ^ shl(9, p))
+    rows = [1 << p for p in bits]
+    rows += [1 << ((p - rot1) % 32) for p in bits]
+    for t in (t2, t3):
+        rows += [term(*t[0], p) ^ term(*t[1], p) for p in bits]
     return rows
 
 
@@ -157,9 +169,9 @@ def _invert(rows: list[int]) -> list[int]:
     return [a[i][1] for i in range(n)]  # row i: which output bits XOR into stored bit i
 
 
-def _encode_columns() -> tuple[int, ...]:
+def _encode_columns(enc: str) -> tuple[int, ...]:
     """ENCODE as 32 masks: bit x of the plain word contributes column x to the stored word."""
-    inv = _invert(_decode_rows())
+    inv = _invert(_decode_rows(enc))
     cols = []
     for x in range(32):
         e, b = x // 4, x % 4  # element e, bit b (3 = sign)
@@ -168,21 +180,28 @@ def _encode_columns() -> tuple[int, ...]:
     return tuple(cols)
 
 
-ENCODE = _encode_columns()
+ENCODE = {enc: _encode_columns(enc) for enc in ENCODINGS}
 
 
-def encode_words(xp: Any, w: Any) -> Any:
-    """Plain uint32 words -> the stored words the kernels decode (a new array)."""
+def encode_words(xp: Any, w: Any, enc: str = "float16") -> Any:
+    """Plain uint32 words -> the stored words the kernels decode, encoded for `enc` (a new
+    array)."""
     q = xp.zeros(w.shape, dtype=xp.uint32)
-    for x, col in enumerate(ENCODE):
+    for x, col in enumerate(ENCODE[enc]):
         q ^= ((w >> xp.uint32(x)) & xp.uint32(1)) * xp.uint32(col)
     return q
 
 
-def decode_word(q: int) -> list[int]:
-    """fp4.cuh e2m1_word (fp16): a stored word -> the four 32-bit fp16 pairs (for the tests)."""
+def decode_word(q: int, enc: str = "float16") -> list[int]:
+    """fp4.cuh e2m1_word for words encoded for `enc`, decoded for that type: a stored word ->
+    the four 32-bit pairs (fp16 or bf16 bits; for the tests)."""
     q &= 0xFFFFFFFF
-    s4 = (q << 4) & 0xFFFFFFFF
-    rot = ((q << 13) | (q >> 19)) & 0xFFFFFFFF
-    return [q & E2M1_MASK, rot & E2M1_MASK, (s4 ^ (q << 7)) & E2M1_MASK,
-            (s4 ^ (q << 9)) & E2M1_MASK]
+
+    def rotl(r):
+        return ((q << r) | (q >> (32 - r))) & 0xFFFFFFFF
+    if enc == "float16":
+        s4 = (q << 4) & 0xFFFFFFFF
+        return [q & E2M1_MASK, rotl(13) & E2M1_MASK, (s4 ^ (q << 7)) & E2M1_MASK,
+                (s4 ^ (q << 9)) & E2M1_MASK]
+    r8, m = rotl(8), E2M1_MASK_BF16
+    return [q & m, rotl(12) & m, (r8 ^ (q << 2)) & m, (r8 ^ (q << 6)) & m]

@@ -165,12 +165,12 @@ def _kw(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
     raise AssertionError("unreachable")
 
 
-def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps):
+def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
     m_tile = 8 if m <= 8 else 16
     if wps is None:  # 32 warps an SM only where it launches 2x the warps without more K splits
-        p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, 16)
+        p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, 16, enc)
         if GEMV_WPS32[m_tile] and tpw in (None, 1):
-            p32 = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, 1, 32)
+            p32 = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, 1, 32, enc)
             if p32.warps_launched >= 2 * p.warps_launched and p32.split <= p.split:
                 return p32
         return p
@@ -178,7 +178,7 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps):
         tpw = 1
     if tpw is None:  # the table's TPW unless it would need a global K split to fill the GPU
         tpw = GEMV_TPW[m_tile]
-        if tpw > 1 and _gemv(arch, m, n, k, fmt, dtype, sm_count, None, tpw, wps).split > 1:
+        if tpw > 1 and _gemv(arch, m, n, k, fmt, dtype, sm_count, None, tpw, wps, enc).split > 1:
             tpw = 1
     m_tiles = -(-m // m_tile)
     units = -(-n // (16 * tpw))  # a warp's tiles (TPW x 16 W rows)
@@ -195,17 +195,17 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps):
     kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)), KW_MAX[m_tile, wps])
     warps = GEMV_CTA_WARPS[m_tile, wps] if kw <= GEMV_CTA_WARPS[m_tile, wps] else \
         max(GEMV_WARPS, kw)  # KW 16: 16-warp CTAs
-    cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile, warps=warps,
+    cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, m_tile=m_tile, warps=warps,
                         depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps)
     cfg.check()
     grid = (-(-units * kw // warps), split, m_tiles)
     return Plan(cfg, split, sps, grid, (warps * 32, 1, 1), cfg.smem_bytes(), kw)
 
 
-def _tile(arch, m, n, k, fmt, dtype, sm_count, split):
+def _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc):
     bm = bm_for(m)
-    cfg = Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm, stages=stages_for(arch, fmt, bm),
-                        warps_t=TILE_BMS[bm])
+    cfg = Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, bm=bm,
+                        stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])
     q = k // STEP_K
     ctas = -(-n // TILE_BN) * -(-m // bm)
     if split is None:
@@ -220,10 +220,11 @@ def _tile(arch, m, n, k, fmt, dtype, sm_count, split):
 
 def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
          path: str | None = None, split: int | None = None, tpw: int | None = None,
-         wps: int | None = None) -> Plan:
+         wps: int | None = None, enc: str | None = None) -> Plan:
     """Pure planner. `path` ("gemv" / "tile"), `split`, `tpw` (tiles a warp of the bandwidth
     path, 1 or 2) and `wps` (its resident warps an SM, 16 or 32; 32 implies TPW 1) force a
-    choice (tests, tuning)."""
+    choice (tests, tuning). `enc`: the activation type the weight words are encoded for
+    (Fp4Weight.encoding; default dtype)."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the FP4 GEMM needs M >= 1")
@@ -236,17 +237,20 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
         raise ValueError(f"tpw={tpw!r}: expected one of {TPWS}, bandwidth path only (path={path!r})")
     if wps is not None and path != "gemv":
         raise ValueError(f"wps={wps!r}: bandwidth path only (path={path!r})")
+    enc = dtype if enc is None else enc
     if path == "gemv":
-        return _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps)
+        return _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc)
     if path == "tile":
-        return _tile(arch, m, n, k, fmt, dtype, sm_count, split)
+        return _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc)
     raise ValueError(f"path={path!r}: expected 'gemv', 'tile' or None")
 
 
 @selector
-def select_fp4(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int) -> Plan:
-    """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1)."""
-    return plan(arch, m, n, k, fmt, dtype, sm_count)
+def select_fp4(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
+               enc: str | None = None) -> Plan:
+    """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1);
+    `enc` as in plan."""
+    return plan(arch, m, n, k, fmt, dtype, sm_count, enc=enc)
 
 
 def _shapes(spec: dict[str, Any]) -> list[tuple[int | None, int, int]]:
@@ -284,14 +288,14 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4G
                     for m_tile in M_TILES:  # force, e.g. depth 4, TPW 2 at m_tile 8, compile on demand)
                         for tpw in sorted({1, GEMV_TPW[m_tile]}):
                             for warps in _cta_warps(m_tile, 16):
-                                yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
+                                yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, m_tile=m_tile,
                                                     warps=warps, depth=GEMV_DEPTH, tpw=tpw)
                     for m_tile in (mt for mt in M_TILES if GEMV_WPS32[mt]):
                         for warps in _cta_warps(m_tile, 32):
-                            yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, m_tile=m_tile,
+                            yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, m_tile=m_tile,
                                                 warps=warps, depth=GEMV_DEPTH, tpw=1, warps_per_sm=32)
                     for bm in TILE_BMS:
-                        yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, bm=bm,
+                        yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, bm=bm,
                                             stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])
                     continue
                 for sms in spec.get("sm_counts") or SM_COUNTS[arch]:

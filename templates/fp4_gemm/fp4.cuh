@@ -48,26 +48,43 @@ constexpr uint32_t FULL = 0xffffffffu;
 template <int FMT> struct Fmt { static constexpr int SB = FMT == FMT_NVFP4 ? 8 : 4; };
 
 // -- E2M1 words -> T pairs ----------------------------------------------------------------------
-// A stored word q (8 elements of one row, bit-encoded by kernelgen/fp4_gemm/layout.py ENCODE)
-// -> o[p] = the pair (element 2p, 2p+1), low half first, as raw T bits: fp16 sign at bit 15 and
-// e1 e0 m at bits 11..9 is exactly e2m1 * 2^-14 (code 1 = 0.5 lands on the subnormal 2^-15);
-// bf16 takes the magnitude three bits lower (bits 8..6): e2m1 * 2^-126. fp16: 1 SHF + 4 LOP3 on
-// the ALU pipe and 3 shifts the compiler issues as IMAD.SHL; bf16 adds a shift and a LOP3 a pair.
-constexpr uint32_t E2M1_MASK = 0x8E008E00u;
+// A stored word q (8 elements of one row, bit-encoded by kernelgen/fp4_gemm/layout.py for the
+// activation type ENC) -> o[p] = the pair (element 2p, 2p+1), low half first, as raw T bits:
+// fp16 sign at bit 15 and e1 e0 m at bits 11..9 is exactly e2m1 * 2^-14 (code 1 = 0.5 lands on
+// the subnormal 2^-15); bf16 takes the magnitude three bits lower (bits 8..6): e2m1 * 2^-126.
+// A word encoded for T decodes in 8 instructions either way (ENC_F16: 1 SHF + 4 LOP3 + 3 shifts
+// the compiler issues as IMAD.SHL; ENC_BF16: 2 SHF + 4 LOP3 + 2 IMAD.SHL); a word encoded for
+// the other type adds a shift and a LOP3 a pair (moving the magnitude, the sign stays at 15).
+constexpr int ENC_F16 = 0;   // layout.py ENCODINGS["float16"]
+constexpr int ENC_BF16 = 1;  // layout.py ENCODINGS["bfloat16"]
+constexpr uint32_t E2M1_MASK = 0x8E008E00u;       // fp16 pair: sign 15, magnitude 11..9
+constexpr uint32_t E2M1_MASK_BF16 = 0x81C081C0u;  // bf16 pair: sign 15, magnitude 8..6
 template <typename T> struct RawUnit;  // raw pair value = e2m1 * 2^-EXP
 template <> struct RawUnit<half> { static constexpr int EXP = 14; };
 template <> struct RawUnit<__nv_bfloat16> { static constexpr int EXP = 126; };
 
-template <typename T>
+template <typename T, int ENC>
 __device__ __forceinline__ void e2m1_word(uint32_t q, uint32_t (&o)[4]) {
-  const uint32_t s4 = q << 4;
-  o[0] = q & E2M1_MASK;
-  o[1] = __funnelshift_l(q, q, 13) & E2M1_MASK;
-  o[2] = (s4 ^ (q << 7)) & E2M1_MASK;
-  o[3] = (s4 ^ (q << 9)) & E2M1_MASK;
-  if constexpr (RawUnit<T>::EXP == 126) {
+  if constexpr (ENC == ENC_F16) {
+    const uint32_t s4 = q << 4;
+    o[0] = q & E2M1_MASK;
+    o[1] = __funnelshift_l(q, q, 13) & E2M1_MASK;
+    o[2] = (s4 ^ (q << 7)) & E2M1_MASK;
+    o[3] = (s4 ^ (q << 9)) & E2M1_MASK;
+    if constexpr (RawUnit<T>::EXP == 126) {
 #pragma unroll
-    for (int p = 0; p < 4; ++p) o[p] = bitsel(0x90009000u, o[p], o[p] >> 3);  // sign stays at 15
+      for (int p = 0; p < 4; ++p) o[p] = bitsel(0x90009000u, o[p], o[p] >> 3);  // sign stays at 15
+    }
+  } else {
+    const uint32_t r8 = __funnelshift_l(q, q, 8);
+    o[0] = q & E2M1_MASK_BF16;
+    o[1] = __funnelshift_l(q, q, 12) & E2M1_MASK_BF16;
+    o[2] = (r8 ^ (q << 2)) & E2M1_MASK_BF16;
+    o[3] = (r8 ^ (q << 6)) & E2M1_MASK_BF16;
+    if constexpr (RawUnit<T>::EXP == 14) {  // magnitude up 3 bits; the low sign's copy (bit 18)
+#pragma unroll                              // is cleared by taking bit 18 from o (zero there)
+      for (int p = 0; p < 4; ++p) o[p] = bitsel(0x80048000u, o[p], o[p] << 3);
+    }
   }
 }
 
@@ -137,11 +154,11 @@ __device__ __forceinline__ RowScale<T, FMT> row_scales(uint32_t raw) {
 
 // Word j of rows g (wa) and g+8 (wb) -> the unscaled (raw) A fragments of k-steps 2j (f[0..3])
 // and 2j+1 (f[4..7]): f = {a0, a1, a2, a3} as mma.cuh orders them.
-template <typename T>
+template <typename T, int ENC>
 __device__ __forceinline__ void raw_frags_of_word(uint32_t wa, uint32_t wb, uint32_t (&f)[8]) {
   uint32_t ra[4], rb[4];
-  e2m1_word<T>(wa, ra);
-  e2m1_word<T>(wb, rb);
+  e2m1_word<T, ENC>(wa, ra);
+  e2m1_word<T, ENC>(wb, rb);
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
     f[2 * p] = ra[p];
@@ -150,10 +167,10 @@ __device__ __forceinline__ void raw_frags_of_word(uint32_t wa, uint32_t wb, uint
 }
 
 // The same fragments scaled by the rows' group scales of word j (a: row g, b: row g+8).
-template <typename T, int FMT>
+template <typename T, int FMT, int ENC>
 __device__ __forceinline__ void frags_of_word(uint32_t wa, uint32_t wb, const RowScale<T, FMT>& a,
                                               const RowScale<T, FMT>& b, int j, uint32_t (&f)[8]) {
-  raw_frags_of_word<T>(wa, wb, f);
+  raw_frags_of_word<T, ENC>(wa, wb, f);
 #pragma unroll
   for (int p = 0; p < 8; ++p) f[p] = hmul2<T>(f[p], p & 1 ? b.s[j] : a.s[j]);
 }

@@ -24,7 +24,7 @@
 namespace kg::fp4 {
 
 template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool HINT, bool EARLY,
-          bool LEAN = false, bool A_BY_WORD = false, bool A_RING = false>
+          bool LEAN = false, bool A_BY_WORD = false, bool A_RING = false, int ENC = ENC_F16>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
@@ -192,7 +192,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
             uint32_t f[8];
             const int c = CH == 1 ? 0 : TPW == 1 ? (j & 1) : i;
             if constexpr (POST) {  // MXFP4: raw fragments, the group factor on the word's sums
-              raw_frags_of_word<T>(word_of(wa[d][i], j), word_of(wb[d][i], j), f);
+              raw_frags_of_word<T, ENC>(word_of(wa[d][i], j), word_of(wb[d][i], j), f);
               const float xa = mx_word_factor<T>(sr[d][i].x, j), xb = mx_word_factor<T>(sr[d][i].y, j);
 #pragma unroll
               for (int nt = 0; nt < NT; ++nt) {
@@ -205,7 +205,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
                 acc[c][nt][3] = fmaf(p[3], xb, acc[c][nt][3]);
               }
             } else {
-              frags_of_word<T, FMT>(word_of(wa[d][i], j), word_of(wb[d][i], j), sca, scb, j, f);
+              frags_of_word<T, FMT, ENC>(word_of(wa[d][i], j), word_of(wb[d][i], j), sca, scb, j, f);
 #pragma unroll
               for (int nt = 0; nt < NT; ++nt) {
                 Mma<T>::run(acc[c][nt], f[0], f[1], f[2], f[3], b[j][nt].x, b[j][nt].y);

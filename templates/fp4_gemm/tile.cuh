@@ -25,7 +25,7 @@ struct TileSmem {
   static constexpr int STAGE = W_BYTES + S_BYTES + A_BYTES;
 };
 
-template <typename T, int FMT, int BM, int WARPS_T, int STAGES>
+template <typename T, int FMT, int BM, int WARPS_T, int STAGES, int ENC = ENC_F16>
 __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                           const float* __restrict__ post, const T* __restrict__ A,
                                           const T* __restrict__ bias, int has_bias, float alpha,
@@ -123,7 +123,7 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         uint32_t f[8];
-        frags_of_word<T, FMT>(word_of(wv[mi][0], j), word_of(wv[mi][1], j), sc[mi][0], sc[mi][1],
+        frags_of_word<T, FMT, ENC>(word_of(wv[mi][0], j), word_of(wv[mi][1], j), sc[mi][0], sc[mi][1],
                               j, f);
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {

@@ -10,7 +10,7 @@ from kernelgen.core.render import render
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.fp4_gemm import reference as GR
 from kernelgen.fp4_gemm.config import Fp4GemvConfig, Fp4TileConfig, tile_smem
-from kernelgen.fp4_gemm.layout import E2M1_MASK, decode_word, encode_words
+from kernelgen.fp4_gemm.layout import E2M1_MASK, E2M1_MASK_BF16, decode_word, encode_words
 from kernelgen.fp4_gemm.select import (
     GEMV_CTA_WARPS,
     GEMV_DEPTH,
@@ -36,10 +36,15 @@ HEADER = Path(__file__).resolve().parents[2] / "templates" / "fp4_gemm" / "fp4.c
 E2M1 = MR.decode(np.arange(16, dtype=np.uint8), MR.E2M1).astype(np.float64)
 
 
-def _raw_values(o, dtype):
-    """Two raw T values of a decoded 32-bit pair (fp4.cuh e2m1_word; bf16 moves the magnitude)."""
+def _raw_values(o, dtype, enc="float16"):
+    """Two raw T values of a pair decoded from a word encoded for `enc` (fp4.cuh e2m1_word; a
+    word encoded for the other type moves the magnitude: bf16 three bits down, fp16 up)."""
+    if dtype != enc:
+        if dtype == "bfloat16":
+            o = (o & 0x90009000) | ((o >> 3) & ~0x90009000 & 0xFFFFFFFF)
+        else:
+            o = (o & 0x80048000) | ((o << 3) & ~0x80048000 & 0xFFFFFFFF)
     if dtype == "bfloat16":
-        o = (o & 0x90009000) | ((o >> 3) & ~0x90009000 & 0xFFFFFFFF)
         return (np.array([o & 0xFFFF, o >> 16], np.uint32) << 16).view(np.float32).astype(np.float64)
     return np.array([o & 0xFFFF, o >> 16], np.uint16).view(np.float16).astype(np.float64)
 
@@ -49,25 +54,32 @@ def test_header_decode_is_the_emulated_one():
     body = src[src.index("void e2m1_word("):]
     body = body[: body.index("\n}\n")]
     assert f"E2M1_MASK = 0x{E2M1_MASK:08X}u" in src
+    assert f"E2M1_MASK_BF16 = 0x{E2M1_MASK_BF16:08X}u" in src
     for expr in ("const uint32_t s4 = q << 4;", "o[0] = q & E2M1_MASK;",
                  "o[1] = __funnelshift_l(q, q, 13) & E2M1_MASK;", "o[2] = (s4 ^ (q << 7)) & E2M1_MASK;",
-                 "o[3] = (s4 ^ (q << 9)) & E2M1_MASK;", "bitsel(0x90009000u, o[p], o[p] >> 3)"):
+                 "o[3] = (s4 ^ (q << 9)) & E2M1_MASK;", "bitsel(0x90009000u, o[p], o[p] >> 3)",
+                 "const uint32_t r8 = __funnelshift_l(q, q, 8);", "o[0] = q & E2M1_MASK_BF16;",
+                 "o[1] = __funnelshift_l(q, q, 12) & E2M1_MASK_BF16;",
+                 "o[2] = (r8 ^ (q << 2)) & E2M1_MASK_BF16;", "o[3] = (r8 ^ (q << 6)) & E2M1_MASK_BF16;",
+                 "bitsel(0x80048000u, o[p], o[p] << 3)"):
         assert expr in body, expr
 
 
+@pytest.mark.parametrize("enc", ["float16", "bfloat16"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_e2m1_word_decode_exact(dtype):
-    """Every code in every element slot, and random words: encode (prepare) then the kernel's
-    shifts and masks give e2m1 * 2^-14 (fp16) / 2^-126 (bf16), signs (of zero too) included."""
+def test_e2m1_word_decode_exact(dtype, enc):
+    """Every code in every element slot, and random words: encode (prepare, for either
+    activation type) then the kernel's shifts and masks give e2m1 * 2^-14 (fp16) / 2^-126
+    (bf16), signs (of zero too) included."""
     rng = np.random.default_rng(0)
     words = [c << (4 * i) for i in range(8) for c in range(16)]
     words += [0x76543210, 0xFEDCBA98] + [int(x) for x in rng.integers(0, 2**32, 2000, dtype=np.uint64)]
     plain = np.array(words, np.uint64).astype(np.uint32)
-    stored = encode_words(np, plain)
+    stored = encode_words(np, plain, enc)
     assert stored.dtype == np.uint32 and len(set(stored.tolist())) == len(set(plain.tolist()))
     exp = 14 if dtype == "float16" else 126
     for w, q in zip(plain.tolist(), stored.tolist(), strict=True):
-        got = np.concatenate([_raw_values(o, dtype) for o in decode_word(q)])
+        got = np.concatenate([_raw_values(o, dtype, enc) for o in decode_word(q, enc)])
         want = E2M1[[(w >> (4 * i)) & 0xF for i in range(8)]] * 2.0 ** -exp
         assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want)), hex(w)
 
@@ -361,7 +373,7 @@ def test_warps_per_sm_plan_and_rules():
     Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=1, depth=2, warps_per_sm=32, a_by_word=True).check()
     ring = Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=2, depth=2, warps=4, a_ring=True)
     assert ring.smem_bytes() == 4 * 2 * 16 * 256 and Fp4GemvConfig(arch="sm_90a").smem_bytes() == 0
-    assert "true>(" in render(ring).source and "false>(" in render(ring.replace(a_ring=False)).source
+    assert " true, 0>(" in render(ring).source and " false, 0>(" in render(ring.replace(a_ring=False)).source
     with pytest.raises(UnsupportedConfigError, match="a_ring=True; only at warps_per_sm 16"):
         Fp4GemvConfig(arch="sm_90a", m_tile=8, tpw=1, depth=2, warps_per_sm=32, a_ring=True).check()
     with pytest.raises(UnsupportedConfigError, match="warps_per_sm=24"):

@@ -78,6 +78,40 @@ def test_matches_reference(fmt, dtype):
             _check(d, d_ref, dtype, ctx)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_weight_encoded_for_either_activation_type(fmt, dtype):
+    """prepare_weight(act_dtype=...) for fp16 and for bf16 activations: with A of either dtype,
+    both paths (GEMV at M = 1 / 16, tiles at M = 40), split 1 and 2, give the reference's result
+    and the same bits from both weights (the decoded raw values are equal, so are the sums); an
+    MxTensor passed directly is prepared for A's dtype."""
+    import cupy
+
+    from kernelgen.fp4_gemm import fp4_gemm, prepare_weight
+    from kernelgen.fp4_gemm.api import _as_weight
+
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    n, k = 1000, 4224
+    t, w64 = _weight(fmt, n, k)
+    ws = {enc: prepare_weight(t, act_dtype=enc) for enc in DTYPES}
+    assert {enc: w.encoding for enc, w in ws.items()} == {enc: enc for enc in DTYPES}
+    assert _as_weight(t, dtype).encoding == dtype
+    for m, path in ((1, "gemv"), (16, "gemv"), (40, "tile")):
+        for split in (1, 2):
+            a = cupy.asarray(_host(rng, (m, k), dtype))
+            bias = cupy.asarray(_host(rng, (n,), dtype))
+            want = GR.gemm(cupy.asnumpy(a), w64, cupy.asnumpy(bias), 0.5, dtype)
+            outs = []
+            for enc, w in ws.items():
+                out = cupy.full((m, n), 0xFFFF, cupy.uint16) if hint else cupy.full((m, n), np.nan, cupy.float16)
+                fp4_gemm(a, w, bias, alpha=0.5, out=out, dtype=hint, path=path, split_k=split)
+                ctx = f"{fmt=} {dtype=} weight for {enc} {m=} {path=} {split=}"
+                _check(out, want, dtype, ctx)
+                outs.append(out.view(cupy.uint16))
+            assert bool((outs[0] == outs[1]).all()), f"{fmt=} {dtype=} {m=} {path=} {split=}"
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 3), ("tile", 1), ("tile", 2)])
 def test_forced_paths_and_splits(fmt, path, split):

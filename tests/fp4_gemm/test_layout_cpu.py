@@ -16,12 +16,13 @@ from kernelgen.fp4_gemm.layout import (
 )
 
 
+@pytest.mark.parametrize("enc", ["float16", "bfloat16"])
 @pytest.mark.parametrize("n,k,sb", [(16, 128, 8), (200, 384, 8), (37, 512, 4)])
-def test_tiled_offsets_match_the_kernels(n, k, sb):
+def test_tiled_offsets_match_the_kernels(n, k, sb, enc):
     rng = np.random.default_rng(n + k)
     data = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
     scales = rng.integers(0, 256, (n, k * sb // 128), dtype=np.uint8)
-    td, ts = tile_data(np, data, n, k).ravel(), tile_scales(np, scales, n, k, sb).ravel()
+    td, ts = tile_data(np, data, n, k, enc).ravel(), tile_scales(np, scales, n, k, sb).ravel()
     q_steps, tiles = k // 128, -(-n // 16)
     assert td.size == tiles * 16 * k // 2 and ts.size == tiles * 16 * k * sb // 128
     for r in range(n):
@@ -33,7 +34,8 @@ def test_tiled_offsets_match_the_kernels(n, k, sb):
                 soff = blk * 16 * sb + (16 * g + 8 * (t >> 1) if sb == 8 else 8 * g) + 4 * h
                 for j in range(4):  # word j: elements 32j + 8t .. + 7 (4 bytes from 16j + 4t)
                     plain = data[r, 64 * q + 16 * j + 4 * t: 64 * q + 16 * j + 4 * t + 4].copy().view(np.uint32)
-                    assert np.array_equal(td[off + 4 * j:off + 4 * j + 4].view(np.uint32), encode_words(np, plain))
+                    assert np.array_equal(td[off + 4 * j:off + 4 * j + 4].view(np.uint32),
+                                          encode_words(np, plain, enc))
                     group = (128 * q + 32 * j + 8 * t) // (128 // sb)  # of elements .. + 7 alike
                     assert group == (128 * q + 32 * j + 8 * t + 7) // (128 // sb)
                     assert ts[soff + j] == scales[r, group], (r, q, t, j)
