@@ -284,7 +284,7 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                   f"  {2 * m * n * k / t / 1e12:6.1f} TF/s  err {err:.1e}", flush=True)
 
 
-def sass_histogram(path, dev) -> None:
+def sass_histogram(path, dev, dtype="float16", enc="float16") -> None:
     """Opcode counts of the M=1 bandwidth kernel (cuobjdump -sass), to compare with estimates."""
     import collections
     import re
@@ -297,7 +297,7 @@ def sass_histogram(path, dev) -> None:
     lines = []
     for fmt in ("nvfp4", "mxfp4"):
         for m in (1, 16):
-            cfg = select_fp4(dev.arch.name, m, 14336, 4096, fmt, "float16", dev.sm_count).config
+            cfg = select_fp4(dev.arch.name, m, 14336, 4096, fmt, dtype, dev.sm_count, enc).config
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                 f.write(build(cfg).cubin)
                 f.flush()
@@ -436,16 +436,18 @@ def main() -> None:
                                            + [(16, "gemv", s) for s in (2, 4, 7)]
                                            + [(m, pth, None) for m in (16, 32, 64, 128)
                                               for pth in ("gemv", "tile")]):
-                        a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
-                        out = cupy.empty((m, n), cupy.float16)
+                        a = activations(rng, m, k, args.dtype)
+                        out = cupy.empty((m, n), a.dtype)
                         try:
                             t, _ = graph_time(lambda i, a=a, out=out, c=copies, pth=path, s=split: fp4_gemm(
-                                a, c[i % len(c)], out=out, path=pth, split_k=s), len(copies), stream)
+                                a, c[i % len(c)], out=out, dtype=hint, path=pth, split_k=s), len(copies),
+                                stream)
                         except ValueError as e:
                             print(f"  sweep M={m} {path} split={split}: {e}", flush=True)
                             continue
                         fr = (wbytes + m * k * 2) / read_bw / t
-                        res.setdefault("sweep", []).append({"N": n, "K": k, "fmt": fmt, "M": m, "path": path,
+                        res.setdefault("sweep", []).append({"N": n, "K": k, "fmt": fmt, "dtype": args.dtype,
+                                                            "encoding": enc, "M": m, "path": path,
                                                             "split": split, "us": t * 1e6, "frac_read_bw": fr})
                         print(f"  sweep {fmt} M={m:<3} {path:4} split={split}: {t * 1e6:8.2f} us "
                               f"{100 * fr:5.1f}% read BW", flush=True)
@@ -454,7 +456,7 @@ def main() -> None:
                                  [int(v) for v in args.variant_ms.split(",")], args.variant_filter)
                 del copies
     if args.sass:
-        sass_histogram(args.sass, dev)
+        sass_histogram(args.sass, dev, args.dtype, enc)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

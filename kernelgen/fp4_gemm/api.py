@@ -42,8 +42,8 @@ class Fp4Weight:
     post    float32: nvfp4 the global scale [1] (D is divided by it); mxfp4 the row factors
             2^(rowmax - 127) [N] (D is multiplied by them; NaN for a row with a NaN group)
     encoding  the activation type ("float16" / "bfloat16") data's words are bit-encoded for
-            (layout.py ENCODINGS): either type of A works, the matching one decodes in fewer
-            instructions (bf16 on an encoding for fp16: 5-14% slower at M <= 16, BENCHMARKS.md)
+            (layout.py ENCODINGS; it must describe `data`): either type of A works, the
+            matching one decodes in fewer instructions (3-16% faster at M <= 16, BENCHMARKS.md)
     """
 
     fmt: str
@@ -135,36 +135,36 @@ def _cupy():
     return cupy
 
 
-def _check_mx_tensor(t: Any) -> None:
+def _check_mx_tensor(t: Any) -> tuple[str, int, int]:
+    """(fmt, N, K) of an MxTensor the FP4 GEMM can take, else ValueError (no array touched)."""
     for attr in ("fmt", "shape", "data", "scales", "scale_layout", "global_scale"):
         if not hasattr(t, attr):
             raise ValueError(f"W: expected an MxTensor (kernelgen.mx) or an Fp4Weight, got "
                              f"{type(t).__name__} without .{attr}")
+    if t.fmt not in FMTS:
+        raise ValueError(f"W: format {t.fmt!r}; the FP4 GEMM takes {' or '.join(FMTS)} weights")
+    shape = tuple(int(s) for s in t.shape)
+    if len(shape) != 2:
+        raise ValueError(f"W: expected a 2-D weight [N, K], got shape {shape}")
+    check_shape(*shape)
+    return t.fmt, shape[0], shape[1]
 
 
-def prepare_weight(t: Any, arrangement: str | None = None, *,
-                   act_dtype: str = "float16") -> Fp4Weight:
+def prepare_weight(t: Any, arrangement: str | None = None, *, act_dtype: str) -> Fp4Weight:
     """An MxTensor (fmt "nvfp4" or "mxfp4", any scale layout) -> Fp4Weight, on t's device.
     `arrangement` (layout.py ARRANGEMENTS; default ARRANGEMENT[fmt]) orders the blocks;
-    `act_dtype` ("float16" / "bfloat16"): the activation type the words are encoded for (the
-    weight works with both; pass the model's).
+    `act_dtype` ("float16" / "bfloat16", the model's activations): the type the words are
+    encoded for. A of the other type works too, 3-19% slower at M <= 16 (BENCHMARKS.md), and
+    its kernels are not in `kernelgen prewarm`'s set: they compile on first use.
 
     Makes a copy in the kernels' tiled layout (layout.py; W's bytes, its scales, its global
     scale): keep the Fp4Weight and drop the MxTensor. Scales may be row-major [N, S] or
     swizzled ([ceil(N/128), ceil(S/4), 32, 4, 4], padding dropped); MXFP4 scales are rebased
     per row (see Fp4Weight).
     """
-    _check_mx_tensor(t)
-    fmt = t.fmt
-    if fmt not in FMTS:
-        raise ValueError(f"W: format {fmt!r}; the FP4 GEMM takes {' or '.join(FMTS)} weights")
+    fmt, n, k = _check_mx_tensor(t)
     if act_dtype not in DTYPES:
         raise ValueError(f"act_dtype={act_dtype!r}; expected one of {DTYPES}")
-    shape = tuple(int(s) for s in t.shape)
-    if len(shape) != 2:
-        raise ValueError(f"W: expected a 2-D weight [N, K], got shape {shape}")
-    n, k = shape
-    check_shape(n, k)
     cupy = _cupy()
     ctx = context_of(t.data, "W.data")
     data, _ = device_array(t.data, "W.data", ctx, ("uint8",))
@@ -256,9 +256,10 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     """D = alpha * A . W^T (+ bias).
 
     A [..., K] fp16 / bf16 (contiguous, 16-byte aligned, K % 128 == 0); W an MxTensor of fmt
-    "nvfp4" / "mxfp4" (prepared for A's dtype on first use and remembered) or an Fp4Weight from
-    `prepare_weight` (either A dtype; the one it was prepared for is faster); bias [N] and D [..., N] in A's dtype; fp32 accumulation, D rounded to
-    nearest. `out` receives D. `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` /
+    "nvfp4" / "mxfp4" (prepared for A's dtype on first use and remembered: one prepared copy
+    per dtype it is used with) or an Fp4Weight from `prepare_weight` (either A dtype; the one
+    it was prepared for is faster); bias [N] and D [..., N] in A's dtype; fp32 accumulation,
+    D rounded to nearest. `out` receives D. `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` /
     `path` ("gemv" | "tile") override the selector (tests, tuning; `_plan` replaces it, for
     benchmarks of variants). Runs on the caller's current stream; returns the caller's array
     kind.

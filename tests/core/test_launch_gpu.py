@@ -130,7 +130,7 @@ def test_fp4_gemv_chain(monkeypatch, cupy, pdl_calls, graph):
     rng = np.random.default_rng(5)
     k = 1024
     w = cupy.asarray(rng.standard_normal((k, k)).astype(np.float16))
-    W = prepare_weight(quantize_nvfp4(w))
+    W = prepare_weight(quantize_nvfp4(w), act_dtype="float16")
     a0 = cupy.asarray(rng.standard_normal((1, k)).astype(np.float16))
 
     def chain():
@@ -225,7 +225,8 @@ def test_pdl_ops_wait_for_an_early_writer(cupy, pdl_calls):
     rng = np.random.default_rng(7)
     k = 1024
     lin = kg.quantize_weight(cupy.asarray((rng.standard_normal((256, k)) / 32).astype(np.float16)), 4)
-    W = prepare_weight(quantize_nvfp4(cupy.asarray(rng.standard_normal((256, k)).astype(np.float16))))
+    W = prepare_weight(quantize_nvfp4(cupy.asarray(rng.standard_normal((256, k)).astype(np.float16))),
+                       act_dtype="float16")
     x = cupy.ones((4, k), cupy.float16)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:

@@ -30,12 +30,16 @@ def swz(c, row):
     return c ^ ((c >> 2) & 3) ^ ((row & 1) << 2)
 
 
-def word_raw(word, dtype):
-    """fp4.cuh e2m1_word on a stored word: the 8 raw T values (element order), bit by bit."""
+def word_raw(word, dtype, enc="float16"):
+    """fp4.cuh e2m1_word on a word stored for activation type `enc`: the 8 raw T values
+    (element order), bit by bit."""
     out = []
-    for o in decode_word(word):
-        if dtype == "bfloat16":  # bitsel(0x90009000, o, o >> 3)
+    for o in decode_word(word, enc):
+        if dtype != enc and dtype == "bfloat16":  # bitsel(0x90009000, o, o >> 3)
             o = (o & 0x90009000) | ((o >> 3) & ~0x90009000 & 0xFFFFFFFF)
+        elif dtype != enc:  # bitsel(0x80048000, o, o << 3)
+            o = (o & 0x80048000) | ((o << 3) & ~0x80048000 & 0xFFFFFFFF)
+        if dtype == "bfloat16":
             halves = np.array([o & 0xFFFF, o >> 16], np.uint32) << 16
             out += [float(x) for x in halves.view(np.float32)]
         else:
@@ -74,7 +78,7 @@ def mx_word_factor(raw, dtype):
     return [float(x) for x in ((b + np.uint32(c)) << np.uint32(23)).view(np.float32)]
 
 
-def lane_frags(wd, sd, w_base, s_base, fmt, dtype, SB, post=False):
+def lane_frags(wd, sd, w_base, s_base, fmt, dtype, SB, post=False, enc="float16"):
     """af[j][hf][row][k-slot]: the scaled A fragments the 32 lanes build from one (tile, step)
     block of 1 KB at wd[w_base:] and its scales at sd[s_base:] (gemv: the global arrays; the tile
     path: its shared-memory copies). post (the gemv's MXFP4): (raw fragments, fac[j][row]), the
@@ -93,12 +97,12 @@ def lane_frags(wd, sd, w_base, s_base, fmt, dtype, SB, post=False):
                 word = int.from_bytes(bytes(chunk[4 * j: 4 * j + 4]), "little")
                 row = g + 8 * h
                 if post:
-                    vals = word_raw(word, dtype)
+                    vals = word_raw(word, dtype, enc)
                     x = mx_word_factor((raw >> (32 * h)) & 0xFFFFFFFF, dtype)[j]
                     assert np.isnan(fac[j, row]) or fac[j, row] == x or (np.isnan(x) and np.isnan(fac[j, row]))
                     fac[j, row] = x
                 else:
-                    vals = scaled(word_raw(word, dtype), sc[h][j], dtype)
+                    vals = scaled(word_raw(word, dtype, enc), sc[h][j], dtype)
                 for hf in range(2):  # k-step 2j + hf: elements 4hf..4hf+3
                     af[j, hf, row, 2 * t: 2 * t + 2] = vals[4 * hf: 4 * hf + 2]
                     af[j, hf, row, 2 * t + 8: 2 * t + 10] = vals[4 * hf + 2: 4 * hf + 4]
@@ -112,7 +116,7 @@ def _strides(strides, k, SB):
     return strides or (Q * 1024, 1024, Q * 16 * SB, 16 * SB, 0)
 
 
-def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=None):
+def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=None, enc="float16"):
     cfg = p.config
     M_TILE, WARPS, NT, TPW = cfg.m_tile, cfg.warps, cfg.m_tile // 8, cfg.tpw
     KW = p.kw
@@ -160,7 +164,7 @@ def emulate_gemv(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=N
                             tl, q = min(tile0 + i, n_tiles - 1), q0 + it
                             post_mx = fmt == "mxfp4" and NT == 1 and dtype == "float16"  # gemv.cuh POST
                             af = lane_frags(td, ts, tl * w_t + q * w_q, s_off + tl * s_t + q * s_q, fmt,
-                                            dtype, SB, post=post_mx)
+                                            dtype, SB, post=post_mx, enc=enc)
                             for nt in range(NT):
                                 for j in range(4):
                                     if post_mx:
@@ -229,13 +233,14 @@ def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None, wps=None):
         rel, post = GR.prepare_scales_mx(scales)
     else:
         rel, post = scales, np.array([gs], np.float32)
-    td, ts = tile_data(np, packed, n, k).ravel(), tile_scales(np, rel, n, k, sb).ravel()
+    td, ts = tile_data(np, packed, n, k, dtype).ravel(), tile_scales(np, rel, n, k, sb).ravel()
     rng = np.random.default_rng(m)
     a = rng.standard_normal((m, k)).astype(np.float16).astype(np.float64)
     bias = rng.standard_normal(n)
     p = plan("sm_90a", m, n, k, fmt, dtype, 132, path="gemv", split=split, tpw=tpw, wps=wps)
     assert p.kw == kw and (wps is None or p.config.warps_per_sm == wps), p.short()
-    got = emulate_gemv(p, td, ts, post, a, bias, 0.5, fmt, dtype, m, n, k)
+    assert p.config.enc == dtype  # words encoded for the activations (the default)
+    got = emulate_gemv(p, td, ts, post, a, bias, 0.5, fmt, dtype, m, n, k, enc=dtype)
     if fmt == "nvfp4":  # the reference rounds each e2m1 * e4m3 / gs to fp32; the kernel divides once
         codes = E2M1[MR.unpack_fp4(packed)].reshape(n, k // 16, 16)
         w64 = (codes * MR.decode(scales, MR.E4M3).astype(np.float64)[..., None]).reshape(n, k) / float(gs)
@@ -243,7 +248,7 @@ def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None, wps=None):
     assert np.allclose(got, want, rtol=1e-12, atol=1e-12), f"{fmt=} {dtype=} {m=} {split=} {p.short()}"
 
 
-def emulate_tile(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=None):
+def emulate_tile(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=None, enc="float16"):
     """templates/fp4_gemm/tile.cuh: stage loads into 'shared memory', lane reads, mma fragments."""
     cfg = p.config
     BM, WT = cfg.bm, cfg.warps_t
@@ -279,7 +284,7 @@ def emulate_tile(p, td, ts, post, a, bias, alpha, fmt, dtype, m, n, k, strides=N
                     for wi in range(4):
                         for wt in range(WT):
                             af = np.stack([lane_frags(sw, ss, (wi * 2 + mi) * 1024, (wi * 2 + mi) * 16 * SB,
-                                                      fmt, dtype, SB) for mi in range(MI)])
+                                                      fmt, dtype, SB, enc=enc) for mi in range(MI)])
                             bf = np.zeros((NI, 4, 2, 16, 8))
                             for lane in range(32):
                                 g, t = lane >> 2, lane & 3
@@ -323,11 +328,11 @@ def test_tile_emulation_matches_reference(fmt, dtype, m, split):
         rel, post = scales, np.array([gs], np.float32)
         codes = E2M1[MR.unpack_fp4(packed)].reshape(n, k // 16, 16)
         w64 = (codes * MR.decode(scales, MR.E4M3).astype(np.float64)[..., None]).reshape(n, k) / float(gs)
-    td, ts = tile_data(np, packed, n, k).ravel(), tile_scales(np, rel, n, k, sb).ravel()
+    td, ts = tile_data(np, packed, n, k, dtype).ravel(), tile_scales(np, rel, n, k, sb).ravel()
     rng = np.random.default_rng(m)
     a = rng.standard_normal((m, k)).astype(np.float16).astype(np.float64)
     p = plan("sm_90a", m, n, k, fmt, dtype, 132, path="tile", split=split)
-    got = emulate_tile(p, td, ts, post, a, None, 2.0, fmt, dtype, m, n, k)
+    got = emulate_tile(p, td, ts, post, a, None, 2.0, fmt, dtype, m, n, k, enc=dtype)
     assert np.allclose(got, 2.0 * a @ w64.T, rtol=1e-12, atol=1e-12), f"{fmt=} {dtype=} {m=} {p.short()}"
 
 

@@ -9,8 +9,14 @@ import pytest
 from kernelgen.core.render import render
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.fp4_gemm import reference as GR
-from kernelgen.fp4_gemm.config import Fp4GemvConfig, Fp4TileConfig, tile_smem
-from kernelgen.fp4_gemm.layout import E2M1_MASK, E2M1_MASK_BF16, decode_word, encode_words
+from kernelgen.fp4_gemm.config import ENC_ID, Fp4GemvConfig, Fp4TileConfig, tile_smem
+from kernelgen.fp4_gemm.layout import (
+    E2M1_MASK,
+    E2M1_MASK_BF16,
+    ENCODINGS,
+    decode_word,
+    encode_words,
+)
 from kernelgen.fp4_gemm.select import (
     GEMV_CTA_WARPS,
     GEMV_DEPTH,
@@ -50,19 +56,29 @@ def _raw_values(o, dtype, enc="float16"):
 
 
 def test_header_decode_is_the_emulated_one():
+    """fp4.cuh e2m1_word is the decode layout.py inverts: its masks and ENC ids, and in each
+    encoding's branch the rotations / shifts of ENCODINGS, that branch's mask, and the
+    conversion for the other activation type (its guard and its shift)."""
     src = HEADER.read_text()
-    body = src[src.index("void e2m1_word("):]
-    body = body[: body.index("\n}\n")]
     assert f"E2M1_MASK = 0x{E2M1_MASK:08X}u" in src
     assert f"E2M1_MASK_BF16 = 0x{E2M1_MASK_BF16:08X}u" in src
-    for expr in ("const uint32_t s4 = q << 4;", "o[0] = q & E2M1_MASK;",
-                 "o[1] = __funnelshift_l(q, q, 13) & E2M1_MASK;", "o[2] = (s4 ^ (q << 7)) & E2M1_MASK;",
-                 "o[3] = (s4 ^ (q << 9)) & E2M1_MASK;", "bitsel(0x90009000u, o[p], o[p] >> 3)",
-                 "const uint32_t r8 = __funnelshift_l(q, q, 8);", "o[0] = q & E2M1_MASK_BF16;",
-                 "o[1] = __funnelshift_l(q, q, 12) & E2M1_MASK_BF16;",
-                 "o[2] = (r8 ^ (q << 2)) & E2M1_MASK_BF16;", "o[3] = (r8 ^ (q << 6)) & E2M1_MASK_BF16;",
-                 "bitsel(0x80048000u, o[p], o[p] << 3)"):
-        assert expr in body, expr
+    assert f"constexpr int ENC_F16 = {ENC_ID['float16']};" in src
+    assert f"constexpr int ENC_BF16 = {ENC_ID['bfloat16']};" in src
+    body = src[src.index("void e2m1_word("):]
+    body = body[: body.index("\n}\n")]
+    guard = "if constexpr (ENC == ENC_F16) {"
+    assert body.count(guard) == 1 and body.count("} else {") == 1
+    branches = dict(zip(("float16", "bfloat16"), body.split(guard)[1].split("} else {"), strict=True))
+    cross = {"float16": ("RawUnit<T>::EXP == 126", "bitsel(0x90009000u, o[p], o[p] >> 3)"),
+             "bfloat16": ("RawUnit<T>::EXP == 14", "bitsel(0x80048000u, o[p], o[p] << 3)")}
+    for enc, text in branches.items():
+        _, rot1, t2, t3 = ENCODINGS[enc]
+        mask = "E2M1_MASK" if enc == "float16" else "E2M1_MASK_BF16"
+        want = [f"__funnelshift_l(q, q, {rot1}) & {mask};", f"o[0] = q & {mask};", *cross[enc]]
+        want += [f"__funnelshift_l(q, q, {r})" if kind == "r" else f"q << {r}" for kind, r in t2 + t3]
+        for expr in want:
+            assert expr in text, (enc, expr)
+        assert text.count(f"& {mask};") == 4 and "E2M1_MASK" not in text.replace(mask, ""), enc
 
 
 @pytest.mark.parametrize("enc", ["float16", "bfloat16"])
@@ -328,13 +344,20 @@ def test_api_rules_before_launch():
         fp4_gemm(np.ones((1, 128), np.float16), object())
     t = FakeMxTensor("mxfp6_e2m3", (16, 128), None, None, "row_major", None)
     with pytest.raises(ValueError, match="format 'mxfp6_e2m3'"):
-        prepare_weight(t)
+        prepare_weight(t, act_dtype="float16")
+    with pytest.raises(ValueError, match="format 'mxfp6_e2m3'"):  # W's errors before A's
+        fp4_gemm(np.ones((1, 128), np.float16), t)
+    ok = FakeMxTensor("nvfp4", (16, 128), None, None, "row_major", None)
+    with pytest.raises(TypeError, match="act_dtype"):  # the activation type is not guessed
+        prepare_weight(ok)
+    with pytest.raises(ValueError, match="act_dtype='float32'"):
+        prepare_weight(ok, act_dtype="float32")
     t = FakeMxTensor("nvfp4", (16, 100), None, None, "row_major", None)
     with pytest.raises(ValueError, match="positive multiple of 128"):
-        prepare_weight(t)
+        prepare_weight(t, act_dtype="float16")
     t = FakeMxTensor("nvfp4", (16, 128), np.zeros((16, 64), np.uint8), None, "row_major", None)
     with pytest.raises(ValueError, match="NumPy arrays live on the host"):
-        prepare_weight(t)
+        prepare_weight(t, act_dtype="float16")
 
 
 def test_warps_per_sm_plan_and_rules():
@@ -380,3 +403,25 @@ def test_warps_per_sm_plan_and_rules():
         Fp4GemvConfig(arch="sm_90a", warps_per_sm=24).check()
     with pytest.raises(ValueError, match="wps=32: bandwidth path only"):
         plan("sm_90a", 40, 4096, 4096, "nvfp4", "float16", 132, wps=32)
+
+
+# -- weights encoded for the other activation type: not prewarmed, compiled on first use --------
+def _cross_configs():
+    """Per arch, the M = 1 / 16 bandwidth and M = 64 tile configs dispatch would pick for bf16
+    activations on words encoded for fp16 and the reverse (both formats)."""
+    from kernelgen.arch import ALL_ARCHS
+
+    return [plan(arch, m, 14336, 4096, fmt, dt, SM_COUNTS[arch][0],
+                 enc="float16" if dt == "bfloat16" else "bfloat16").config
+            for arch in ALL_ARCHS for fmt in ("nvfp4", "mxfp4") for dt in ("float16", "bfloat16")
+            for m in (1, 16, 64)]
+
+
+@pytest.mark.parametrize("cfg", _cross_configs(), ids=lambda c: c.short())
+def test_cross_encoding_configs_compile_without_spills(cfg):
+    from kernelgen.core.compile import compile_cubin, resource_summary
+
+    assert cfg.enc != cfg.dtype
+    out = compile_cubin(cfg, render(cfg))
+    res = resource_summary(out.log)
+    assert res["registers"] and res["spill_bytes"] == 0, f"{cfg}: {res}\n{out.log}"

@@ -283,7 +283,8 @@ def test_arrangements_equal_tile_major(fmt, arrangement):
     rng = np.random.default_rng()
     for n, k in ((200, 384), (1000, 4224)):
         t, w64 = _weight(fmt, n, k)
-        base, arr = prepare_weight(t, "tile_major"), prepare_weight(t, arrangement)
+        base, arr = prepare_weight(t, "tile_major", act_dtype="float16"), prepare_weight(
+            t, arrangement, act_dtype="float16")
         assert arr.arrangement == arrangement and arr.strides() != base.strides()
         for dtype in DTYPES:
             hint = "bfloat16" if dtype == "bfloat16" else None
@@ -354,7 +355,7 @@ def test_out_buffer_leading_dims_and_prepared():
     rng = np.random.default_rng()
     n, k = 96, 1024
     t, w64 = _weight("mxfp4", n, k)
-    w = prepare_weight(t)
+    w = prepare_weight(t, act_dtype="float16")
     assert isinstance(w, Fp4Weight) and w.shape == (n, k)
     for lead in ((2, 3), (4, 10)):
         a = _host(rng, (*lead, k), "float16")
@@ -484,7 +485,7 @@ def test_static_plus_dynamic_smem_over_48k():
 
     n, k, m = 256, 2048, 16
     t, w64 = _weight("nvfp4", n, k)
-    w = prepare_weight(t)
+    w = prepare_weight(t, act_dtype="float16")
     a = cupy.asarray(_host(np.random.default_rng(), (m, k), "float16"))
     dev = device_info()
     base = plan(dev.arch.name, m, n, k, "nvfp4", "float16", dev.sm_count, wps=16, tpw=2)
@@ -511,7 +512,7 @@ def test_prepared_weight_outlives_torch_inputs(fmt):
     t, w64 = device_weight(fmt, n, k, xp=lambda x: torch.from_numpy(np.ascontiguousarray(x)).cuda())
     inputs = [x for x in (t.data, t.scales, t.global_scale) if x is not None]
     spans = [(x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()) for x in inputs]
-    w = prepare_weight(t)
+    w = prepare_weight(t, act_dtype="float16")
     for x in (w.data, w.scales, w.post):
         lo, hi = x.data.ptr, x.data.ptr + x.nbytes
         assert all(hi <= a or b <= lo for a, b in spans), fmt
@@ -552,7 +553,7 @@ def test_alignment_rules():
     # a hand-built Fp4Weight: blocks 16-byte aligned, scale words 8-byte aligned
     from kernelgen.fp4_gemm import Fp4Weight, prepare_weight
 
-    w = prepare_weight(t, arrangement="step_major")
+    w = prepare_weight(t, arrangement="step_major", act_dtype="float16")
     for name, off, need in (("data", 8, 16), ("scales", 4, 8)):
         x = getattr(w, name)
         moved = cupy.zeros(x.nbytes + 16, cupy.uint8)
