@@ -581,19 +581,17 @@ __device__ __forceinline__ void quantize_slots(const InVec<T, E> (&in)[U], const
       if (in_range && col < sh.k) store_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w);
     }
     const int g = j / L;
-    if constexpr (TILED) {  // rows past the input (padding rows of the last tile) stage zeros
+    if (TILED || sh.swizzled) {  // the 4 groups' bytes as one word, in the leading lane
       uint32_t word = sbyte << (8 * (g & 3));
       word |= __shfl_xor_sync(0xffffffffu, word, L);
       word |= __shfl_xor_sync(0xffffffffu, word, 2 * L);
-      if (j % (4 * L) == 0)
-        stage[((uint32_t(j) % spc) / (4 * L)) * 8 + (row & 1u) * 4 + ((row >> 5) & 3u)] =
-            in_range ? word : 0u;
-    } else if (sh.swizzled) {
-      uint32_t word = sbyte << (8 * (g & 3));
-      word |= __shfl_xor_sync(0xffffffffu, word, L);
-      word |= __shfl_xor_sync(0xffffffffu, word, 2 * L);
-      if (in_range && j % (4 * L) == 0)
+      if constexpr (TILED) {  // rows past the input (padding rows of the last tile) stage zeros
+        if (j % (4 * L) == 0)
+          stage[((uint32_t(j) % spc) / (4 * L)) * 8 + (row & 1u) * 4 + ((row >> 5) & 3u)] =
+              in_range ? word : 0u;
+      } else if (in_range && j % (4 * L) == 0) {
         *reinterpret_cast<uint32_t*>(scales + swizzled_offset32(row, g, sh.k_tiles)) = word;
+      }
     } else if (in_range && j % L == 0) {
       scales[row * uint32_t(sh.s) + uint32_t(g)] = (uint8_t)sbyte;
     }
@@ -787,12 +785,10 @@ __device__ __forceinline__ void load_tiled(const T* __restrict__ x, const TL& tl
 template <class TL>
 __device__ __forceinline__ void flush_tiled(const TL& tl, const Shape& sh, const uint4* stage,
                                             uint8_t* __restrict__ scales, uint32_t lane) {
-  if (lane < 2 * TL::NQ) {
-    const uint32_t row0 = tl.row0();
+  if (lane < 2 * TL::NQ) {  // half (lane & 1) of sector lane / 2: row 2i or 2i+1, scale column 4q
     const uint32_t q = tl.cb * TL::NQ + (lane >> 1);
-    const uint32_t off = ((row0 >> 7) * uint32_t(sh.k_tiles) + q) * 512u + (row0 & 31u) * 16u +
-                         (lane & 1u) * 16u;
-    *reinterpret_cast<uint4*>(scales + off) = stage[lane];
+    *reinterpret_cast<uint4*>(scales + swizzled_offset32(tl.row0() + (lane & 1u), 4u * q,
+                                                         uint32_t(sh.k_tiles))) = stage[lane];
   }
 }
 

@@ -359,10 +359,6 @@ def test_plan_writes_every_byte_once(fmt, dtype, rows, k, layout):
         assert np.all(cover == 1), f"{plan.short()}: scale bytes written {set(cover.tolist())}"
 
 
-def _swizzled_offsets(r, c, kt):
-    return ((r // 128) * kt + c // 4) * 512 + (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, k, blocks, slots", [
@@ -387,7 +383,7 @@ def test_sector_order_writes_every_byte_once(fmt, dtype, rows, k, blocks, slots)
         return
     assert p.tiled and p.scale_mode == 2, p.short()
     e, group = p.config.lane_elems, (16 if fmt == "nvfp4" else 32)
-    lanes, kt, bits = group // e, k // group // 4, data_shape(fmt, 1, 8)[1]
+    lanes, bits = group // e, data_shape(fmt, 1, 8)[1]
     spc = THREADS * p.slots // 8
     ncb = k // e // spc
     chunks = -(-rows // 128) * 16 * ncb
@@ -414,14 +410,15 @@ def test_sector_order_writes_every_byte_once(fmt, dtype, rows, k, blocks, slots)
     tl, cbl = cl // ncb, cl % ncb
     half = word // 4  # the flushing thread
     q = cbl * spc // (4 * lanes) + half // 2
-    dst = (((tl >> 4) * kt + q) * 512 + ((tl & 15) * 2) * 16 + (half & 1) * 16 + (word % 4) * 4)
+    sc = k // group  # scale columns (a multiple of 4: no padding columns)
+    dst = R.swizzled_offset((tl >> 4) * 128 + (tl & 15) * 2 + (half & 1), 4 * q, sc) + (word % 4) * 4
     g = jl // lanes
-    assert np.array_equal(dst, _swizzled_offsets(rl, g, kt)), "stage -> swizzled offset"
+    assert np.array_equal(dst, R.swizzled_offset(rl, g, sc)), "stage -> swizzled offset"
     # the flushes of all chunks: 2 nq 16-byte stores each, every scale byte exactly once
     th = np.arange(2 * nq)[None, :]
     t2, cb2 = c // ncb, c % ncb
-    off = (((t2 >> 4) * kt + cb2 * spc // (4 * lanes) + th // 2) * 512 + ((t2 & 15) * 2) * 16 +
-           (th & 1) * 16)
+    off = R.swizzled_offset((t2 >> 4) * 128 + (t2 & 15) * 2 + (th & 1),
+                            4 * (cb2 * nq + th // 2), sc)
     cover = np.zeros(int(np.prod(scale_shape(fmt, rows, k, "swizzled"))), np.int64)
     np.add.at(cover, (off.ravel()[:, None] + np.arange(16)[None, :]).ravel(), 1)
     assert np.all(cover == 1), f"{p.short()}: scale bytes written {set(cover.tolist())}"
