@@ -2,7 +2,11 @@
 tensor-core mma, dequantize + cuBLAS), the mma tiles forced one by one, against cuBLAS fp16
 (`cupy.matmul` on a dense fp16 W) and the read-bandwidth floor, all measured in the same run.
 
-    python examples/bench_kbit_gemm.py [--bits 2,3,4,5] [--ms 16,...,8192] [--tiles] [--json out.json]
+    python examples/bench_kbit_gemm.py [--bits 2,3,4,5] [--ms 16,...,8192] [--tiles]
+        [--layouts tiled,flat] [--json out.json]
+
+4-bit weights run in each of --layouts ("tiled": the FP4 kernels' layout, kbit_gemm/tiled.py,
+paths gemv / tile / dequant; "flat": gemv / mma / dequant); other bit-widths are flat only.
 
 Per (shape, bits, M): median microseconds per call; the weights (kbit and fp16) are rotated
 past L2 (each call reads a different copy, >= 8 x L2 in all); every path is replayed from a CUDA
@@ -81,6 +85,8 @@ def timed(call, n: int, graph: bool, label: str = "") -> tuple[float, str]:
 
 def copies_of(lin, count: int):
     """Independent device copies of a KbitLinear (same codebook), for the L2 rotation."""
+    import dataclasses
+
     import cupy
 
     from kernelgen.kbit.api import KbitTensor
@@ -88,6 +94,11 @@ def copies_of(lin, count: int):
 
     out = [lin]
     for _ in range(count - 1):
+        if lin.tiled is not None:
+            t = lin.tiled
+            t2 = dataclasses.replace(t, data=cupy.copy(t.data), scales=cupy.copy(t.scales))
+            out.append(KbitLinear(None, lin.n, lin.k, t2))
+            continue
         q = lin.q
         q2 = KbitTensor(cupy.copy(q.packed), cupy.copy(q.absmax), None, q.codebook, q.shape, q.bits,
                         q.dtype)
@@ -101,6 +112,7 @@ def main() -> None:
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--tiles", action="store_true", help="4-bit: every mma tile forced too")
+    ap.add_argument("--layouts", default="tiled,flat", help="layouts of 4-bit weights")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -110,6 +122,7 @@ def main() -> None:
     from kernelgen.arch import device_info
     from kernelgen.kbit_gemm.tc_config import TILES
     from kernelgen.kbit_gemm.tc_select import plan_gemm
+    from kernelgen.kbit_gemm.tiled import plan_tiled
 
     info = device_info()
     # graphs cannot capture the legacy default stream: a non-blocking one, made current for the
@@ -129,9 +142,10 @@ def main() -> None:
         dense = [w] + [cupy.copy(w) for _ in range(max(1, -(-8 * l2 // (2 * n * k))) - 1)]
         lins = {}
         for bits in bits_list:
-            lin = kg.quantize_weight(w, bits)
             wbytes = n * k * bits // 8 + n * k // 32
-            lins[bits] = (copies_of(lin, max(2, -(-8 * l2 // wbytes))), wbytes)
+            for layout in args.layouts.split(",") if bits == 4 else ("flat",):
+                lin = kg.quantize_weight(w, bits, layout=layout)
+                lins[bits, layout] = (copies_of(lin, max(2, -(-8 * l2 // wbytes))), wbytes)
         for m in ms:
             a = cupy.asarray(rng.standard_normal((m, k), np.float32).astype(np.float16))
             t_cub, _ = timed(lambda i, a=a, d=dense: cupy.matmul(a, d[i % len(d)].T), len(dense), False)
@@ -140,13 +154,18 @@ def main() -> None:
                     "cublas_tflops": flops / t_cub / 1e12}
             print(f"{n}x{k} M={m}: cuBLAS fp16 {t_cub * 1e6:.1f} us ({flops / t_cub / 1e12:.0f} TFLOP/s)",
                   flush=True)
-            for bits in bits_list:
-                ws, wbytes = lins[bits]
-                choice = plan_gemm(info.arch.name, m, n, k, bits, "float16", info.sm_count)
+            for bits, layout in lins:
+                ws, wbytes = lins[bits, layout]
+                if layout == "tiled":
+                    choice = plan_tiled(info.arch.name, m, n, k, "float16", info.sm_count)
+                else:
+                    choice = plan_gemm(info.arch.name, m, n, k, bits, "float16", info.sm_count)
                 variants = [("auto", {})]
                 if m <= 128:
                     variants.append(("gemv", {"path": "gemv"}))
-                if n % 128 == 0 and m <= 8192:
+                if layout == "tiled" and m <= 1024:
+                    variants.append(("tile", {"path": "tile"}))
+                if layout == "flat" and n % 128 == 0 and m <= 8192:
                     variants.append(("mma", {"path": "mma"}))
                     if args.tiles and bits == 4:
                         variants += [(f"mma{tm}x{tn}", {"path": "mma", "tile": (tm, tn)})
@@ -158,17 +177,18 @@ def main() -> None:
                     path = kw.get("path", choice.path)
                     try:  # GPU time: every path replayed from a CUDA graph (cuBLAS is capturable)
                         t, mode = timed(lambda i, a=a, ws=ws, kw=kw: kg.gemm(a, ws[i % len(ws)], **kw), len(ws),
-                                        graph=True, label=f"{n}x{k} M={m} {bits}b {name}")
+                                        graph=True, label=f"{n}x{k} M={m} {bits}b {layout} {name}")
                     except Exception as e:  # keep going: one failing variant is a finding too
-                        rows.append({**base, "bits": bits, "variant": name, "error": repr(e)[:300]})
-                        print(f"  {bits}b {name}: ERROR {e!r}"[:300], flush=True)
+                        rows.append({**base, "bits": bits, "layout": layout, "variant": name,
+                                     "error": repr(e)[:300]})
+                        print(f"  {bits}b {layout} {name}: ERROR {e!r}"[:300], flush=True)
                         continue
-                    row = {**base, "bits": bits, "variant": name, "path": path,
+                    row = {**base, "bits": bits, "layout": layout, "variant": name, "path": path,
                            "choice": choice.short() if name == "auto" else None, "us": t * 1e6, "timing": mode,
                            "tflops": flops / t / 1e12, "vs_cublas": t_cub / t,
                            "read_bw_frac": wbytes / t / read_bw}
                     rows.append(row)
-                    print(f"  {bits}b {name:>10}: {t * 1e6:9.1f} us {row['tflops']:6.1f} TFLOP/s "
+                    print(f"  {bits}b {layout:>5} {name:>10}: {t * 1e6:9.1f} us {row['tflops']:6.1f} TFLOP/s "
                           f"x{row['vs_cublas']:.2f} cuBLAS, {row['read_bw_frac']:.0%} read BW {mode}"
                           + (f"  [{choice.short()}]" if name == "auto" else ""), flush=True)
         dense = lins = None  # free before the next shape
@@ -177,11 +197,11 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"device": info.name, "read_bw": read_bw, "rows": rows}, f, indent=1)
     # the auto choice per (shape, bits, M), markdown
-    print("\n| shape N x K | bits | M | path | us | TFLOP/s | vs cuBLAS fp16 | read BW |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| shape N x K | bits | layout | M | path | us | TFLOP/s | vs cuBLAS fp16 | read BW |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r.get("variant") == "auto" and "us" in r:
-            print(f"| {r['n']}x{r['k']} | {r['bits']} | {r['m']} | {r['path']} | {r['us']:.1f} | "
+            print(f"| {r['n']}x{r['k']} | {r['bits']} | {r['layout']} | {r['m']} | {r['path']} | {r['us']:.1f} | "
                   f"{r['tflops']:.0f} | {r['vs_cublas']:.2f} | {r['read_bw_frac']:.0%} |")
 
 

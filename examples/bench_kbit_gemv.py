@@ -67,11 +67,11 @@ def main() -> None:
             del dense
             w = cupy.random.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
             for bits in bits_list:
-                base = kg.quantize_weight(w, bits)
+                base = kg.quantize_weight(w, bits, layout="flat")
                 wbytes = base.q.packed.nbytes + base.q.absmax.nbytes
                 copies = rotation(lambda base=base: kg.KbitLinear.from_kbit(
                     type(base.q)(base.q.packed.copy(), base.q.absmax.copy(), None, base.q.codebook,
-                                 base.q.shape, base.q.bits, base.q.dtype)), wbytes, dev.l2_bytes)
+                                 base.q.shape, base.q.bits, base.q.dtype), layout="flat"), wbytes, dev.l2_bytes)
                 t1 = None
                 for m in ms:
                     a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))

@@ -32,11 +32,11 @@ def _rotated_weight(kg, bits: int, n: int, k: int, l2_bytes: int):
     from kernelgen.bench import rotation
 
     w = cupy.random.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
-    base = kg.quantize_weight(w, bits)
+    base = kg.quantize_weight(w, bits, layout="flat")
     wbytes = base.q.packed.nbytes + base.q.absmax.nbytes
     copies = rotation(lambda: kg.KbitLinear.from_kbit(
         type(base.q)(base.q.packed.copy(), base.q.absmax.copy(), None, base.q.codebook,
-                     base.q.shape, base.q.bits, base.q.dtype)), wbytes, l2_bytes)
+                     base.q.shape, base.q.bits, base.q.dtype), layout="flat"), wbytes, l2_bytes)
     return base, wbytes, copies
 
 
@@ -111,7 +111,7 @@ def once(spec: str) -> None:
     bits, shape = spec.split(":")
     n, k = (int(v) for v in shape.split("x"))
     w = cupy.random.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
-    lin = kg.quantize_weight(w, int(bits))
+    lin = kg.quantize_weight(w, int(bits), layout="flat")
     a = cupy.random.standard_normal((1, k), dtype=cupy.float32).astype(cupy.float16)
     for _ in range(3):
         kg.gemm(a, lin, path="gemv")

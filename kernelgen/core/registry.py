@@ -23,6 +23,10 @@ class Family:
     # targets the family has kernels for (None: every arch in kernelgen.arch.ALL_ARCHS); the
     # compile matrix checks prewarm yields configs for exactly these
     archs: tuple[str, ...] | None = None
+    # the spec under which prewarm_configs yields every config dispatch can launch, those a
+    # default prewarm leaves to first use included (the compile matrix and launch tests use it;
+    # kbit_gemm: the flat layout of 4-bit weights)
+    matrix_spec: dict[str, Any] | None = None
 
 
 _FAMILIES: dict[str, Family] = {}

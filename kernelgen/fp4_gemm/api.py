@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import context_of, device_array, gemm_bias_out, on_stream, scratch
+from ..core.interop import Ctx, context_of, device_array, gemm_bias_out, on_stream, scratch
 from ..core.jit import get_kernel
 from .config import DTYPES, FMTS, GROUP, SCALE_BYTES
 from .layout import ARRANGEMENTS, arrange, arranged_shapes, block_strides, tile_data, tile_scales
@@ -295,18 +295,28 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     else:
         p = plan(info.arch.name, m, n, k, W.fmt, dt, info.sm_count, path=path,
                  split=None if split_k is None else int(split_k), enc=W.encoding)
+    launch_plan(ctx, p, W.data, W.scales, W.post, W.strides(), a, b, bias is not None, alpha, c,
+                m, n, k)
+    return out
+
+
+def launch_plan(ctx: Ctx, p: Plan, data: Any, scales: Any, post: Any,
+                strides: tuple[int, int, int, int], a: Any, b: Any, has_bias: bool, alpha: float,
+                c: Any, m: int, n: int, k: int) -> None:
+    """Launch a plan of the tiled-weight kernels (gemv.cuh / tile.cuh) on ctx's stream: the
+    weight's tiled (data, scales), its post array (NVFP4 global scale, MXFP4 row factors, the
+    kbit4 codebook) and block strides (W along tiles / steps, S along tiles / steps)."""
     if p.split > 1:
         ws, counters = scratch(ctx, "fp4_gemm", p.split * m * n, p.counters)
     else:
         ws = counters = c
     fn = get_kernel(p.config, ctx.device, ctx.stream).fn(p.config.symbols()[0])
-    args = (W.data, W.scales, W.post, a, b, np.int32(bias is not None), np.float32(alpha), c, ws,
+    args = (data, scales, post, a, b, np.int32(has_bias), np.float32(alpha), c, ws,
             counters, np.int32(m), np.int32(n), np.int32(k), np.int32(p.sps))
     if p.path == "gemv":
         args += (np.int32(p.kw.bit_length() - 1),)
-    wt, wq, st, sq = W.strides()
+    wt, wq, st, sq = strides
     if max(wq, sq) >= 1 << 32:
-        raise ValueError(f"W: {W.arrangement} step stride of {max(wq, sq)} bytes; the kernels take < 2**32")
+        raise ValueError(f"W: a step stride of {max(wq, sq)} bytes; the kernels take < 2**32")
     args += (np.int64(wt), np.uint32(wq), np.int64(st), np.uint32(sq))
     ctx.launch(fn, p.grid, p.block, args, smem=p.smem)
-    return out

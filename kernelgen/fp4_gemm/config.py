@@ -9,13 +9,17 @@ from ..core.config import KernelConfig
 from ..errors import UnsupportedConfigError
 
 FMTS = ("nvfp4", "mxfp4")
-FMT_ID = {"nvfp4": 0, "mxfp4": 1}
-GROUP = {"nvfp4": 16, "mxfp4": 32}
-SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}  # scale bytes per row per 128 k
+# The bandwidth path also streams 4-bit kbit weights (kernelgen.kbit_gemm, tiled the same way:
+# codes through a shared-memory codebook table, E4M4 scales a block of 32)
+GEMV_FMTS = FMTS + ("kbit4",)
+FMT_ID = {"nvfp4": 0, "mxfp4": 1, "kbit4": 2}
+GROUP = {"nvfp4": 16, "mxfp4": 32, "kbit4": 32}
+SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4, "kbit4": 4}  # scale bytes per row per 128 k
 DTYPES = ("float16", "bfloat16")
 CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16"}
 ENC_ID = {"float16": 0, "bfloat16": 1}  # fp4.cuh ENC_F16 / ENC_BF16 (layout.py ENCODINGS)
 STEP_K = 128  # K granularity of both kernels: 4 lanes x 32 elements
+KBIT4_LUT_BYTES = 32 * 1024  # fp4.cuh: the kbit4 code table a CTA (dynamic shared memory)
 
 # bandwidth path
 M_TILES = (8, 16)  # tokens per pass (mma n8 x 1 or 2)
@@ -54,12 +58,17 @@ class Fp4GemvConfig(KernelConfig):
     a_ring: bool = False
 
     def check(self) -> None:
-        if self.fmt not in FMTS:
-            raise _bad(self, "fmt", f"expected one of {FMTS}")
+        if self.fmt not in GEMV_FMTS:
+            raise _bad(self, "fmt", f"expected one of {GEMV_FMTS}")
         if self.dtype not in DTYPES:
             raise _bad(self, "dtype", f"expected one of {DTYPES}")
         if self.enc not in DTYPES:
             raise _bad(self, "enc", f"expected one of {DTYPES}")
+        if self.fmt == "kbit4" and self.enc != self.dtype:
+            raise _bad(self, "enc", "kbit4 words decode through a table of the activation type: "
+                                    "enc must equal dtype")
+        if self.fmt == "kbit4" and (self.warps < 8 or self.a_ring):
+            raise _bad(self, "warps", "kbit4 CTAs hold a 32 KB code table: 8 or 16 warps, no a_ring")
         if self.m_tile not in M_TILES:
             raise _bad(self, "m_tile", f"expected one of {M_TILES}")
         if self.warps not in (4, 8, 16):
@@ -89,8 +98,10 @@ class Fp4GemvConfig(KernelConfig):
         return ("fp4_gemv",)
 
     def smem_bytes(self) -> int:
-        """Dynamic: the a_ring slots (M_TILE rows x 256 bytes a step and warp), else none (A is
-        read from global memory); the K-slice sums meet in static smem."""
+        """Dynamic: kbit4's code table, the a_ring slots (M_TILE rows x 256 bytes a step and
+        warp), else none (A is read from global memory); the K-slice sums meet in static smem."""
+        if self.fmt == "kbit4":
+            return KBIT4_LUT_BYTES
         return self.warps * self.depth * self.m_tile * 256 if self.a_ring else 0
 
     def template_vars(self) -> dict[str, Any]:
@@ -105,7 +116,8 @@ class Fp4GemvConfig(KernelConfig):
 
 
 def tile_smem(fmt: str, bm: int, stages: int) -> int:
-    return stages * (TILE_BN * 64 + TILE_BN * SCALE_BYTES[fmt] + bm * 256)
+    lut = KBIT4_LUT_BYTES if fmt == "kbit4" else 0
+    return stages * (TILE_BN * 64 + TILE_BN * SCALE_BYTES[fmt] + bm * 256) + lut
 
 
 @dataclass(frozen=True)
@@ -120,12 +132,15 @@ class Fp4TileConfig(KernelConfig):
     warps_t: int = 2  # warps along tokens (x 4 along W rows)
 
     def check(self) -> None:
-        if self.fmt not in FMTS:
-            raise _bad(self, "fmt", f"expected one of {FMTS}")
+        if self.fmt not in GEMV_FMTS:
+            raise _bad(self, "fmt", f"expected one of {GEMV_FMTS}")
         if self.dtype not in DTYPES:
             raise _bad(self, "dtype", f"expected one of {DTYPES}")
         if self.enc not in DTYPES:
             raise _bad(self, "enc", f"expected one of {DTYPES}")
+        if self.fmt == "kbit4" and self.enc != self.dtype:
+            raise _bad(self, "enc", "kbit4 words decode through a table of the activation type: "
+                                    "enc must equal dtype")
         if self.bm not in TILE_BMS:
             raise _bad(self, "bm", f"expected one of {tuple(TILE_BMS)}")
         if self.stages not in STAGES:

@@ -38,15 +38,18 @@ def _pad_rows(xp: Any, a: Any, rows: int) -> Any:
     return xp.concatenate([a, pad], axis=0)
 
 
-def tile_data(xp: Any, data: Any, n: int, k: int, enc: str = "float16") -> Any:
-    """Packed fp4 bytes [N, K/2] -> [T, Q, 2, 8, 4, 16] (chunk t of a row's step: words j of
+def tile_data(xp: Any, data: Any, n: int, k: int, enc: str | None = "float16") -> Any:
+    """Packed 4-bit bytes [N, K/2] -> [T, Q, 2, 8, 4, 16] (chunk t of a row's step: words j of
     elements 32j + 8t ..), each 4-byte word bit-encoded for the activation type `enc` (ENCODE
-    below): a new C-contiguous array (never a view of `data`, so the result outlives it)."""
+    below; None: left plain, as kbit4 codes are read): a new C-contiguous array (never a view
+    of `data`, so the result outlives it)."""
     t, q = -(-n // TILE_ROWS), k // STEP_K
     d = _pad_rows(xp, data, t * TILE_ROWS).reshape(t, 2, 8, q, 4, 4, 4)  # [.., q, j, t, byte]
     out = xp.empty((t, q, 2, 8, 4, 16), dtype=xp.uint8)  # a new array, the owner of its memory
     out.reshape(t, q, 2, 8, 4, 4, 4)[...] = d.transpose(0, 3, 1, 2, 5, 4, 6)
     d = out
+    if enc is None:
+        return d
     words = d.reshape(-1).view(xp.uint32)  # little-endian: element i of a word in bits 4i..4i+3
     words[...] = encode_words(xp, words, enc)  # in place: d stays the owner of its memory
     return d

@@ -18,6 +18,7 @@ from ..errors import UnsupportedConfigError
 from .config import (
     DTYPES,
     FMTS,
+    GEMV_FMTS,
     GEMV_WARPS,
     M_TILES,
     STEP_K,
@@ -84,6 +85,17 @@ GEMV_CTA_WARPS = {(8, 16): 8, (8, 32): 4, (16, 16): 4, (16, 32): 4}
 # us (nvfp4), 16.01 vs 17.56 (mxfp4); on 4096x14336 it would need split 2 and the rule keeps 16
 # (19.25 vs 19.26 nvfp4; 18.71 vs 19.32 mxfp4).
 GEMV_WPS32 = {8: True, 16: True}
+# kbit4 weights (kernelgen.kbit_gemm.tiled) take 16 warps an SM (two 8-warp CTAs, each with
+# its 32 KB code table). Measured on H100 (session 13, same run, graph-timed, fp16 / bf16 alike),
+# the default rule's 32 against 16, us: 14336x4096 M = 1 / 4 / 8 / 16 15.18 / 16.09 / 16.81 /
+# 23.53 vs 15.48 / 15.86 / 16.26 / 20.00; 4096x14336 M = 16 21.43 vs 20.04 (M <= 8: 16 either
+# way); 4096x4096 M = 16 9.60 vs 11.35 (the one row 32 wins; not taken: one rule).
+KBIT4_WPS = 16
+# kbit4 keeps TPW 2 at m_tile 16 only where its CTAs cover every SM (this many a SM); else TPW 1,
+# twice the CTAs. Measured on H100 (session 13, same run, graph-timed, fp16), TPW 2 -> 1, us:
+# 4096x4096 M = 9 / 16 11.02 / 11.40 -> 8.42 / 9.10 (128 -> 256 CTAs); 1024x4096 9.23 / 9.44 ->
+# 5.71 / 6.03 (32 -> 64); 14336x4096 (224 CTAs at TPW 2) 19.11 / 19.80 vs 19.29 / 21.15 at TPW 1.
+KBIT4_TPW2_MIN_CTAS = 1
 # A through a per-warp cp.async ring in shared memory (Fp4GemvConfig.a_ring) is NOT taken.
 # Measured on H100 (session 12, same graph run, bit-exact) with cp.async.cg (L2 only): 14336x4096
 # nvfp4 M = 1 / 8 / 16 122.2 / 37.2 / 47.6 us vs 14.56 / 15.36 / 19.20 default; 4096x14336 73.2 /
@@ -167,6 +179,8 @@ def _kw(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
 
 def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
     m_tile = 8 if m <= 8 else 16
+    if wps is None and fmt not in FMTS:  # kbit4: 16 (see KBIT4_WPS)
+        wps = KBIT4_WPS
     if wps is None:  # 32 warps an SM only where it launches 2x the warps without more K splits
         p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, 16, enc)
         if GEMV_WPS32[m_tile] and tpw in (None, 1):
@@ -177,9 +191,12 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
     if tpw is None and wps == 32:  # <= 64 registers: one tile a warp
         tpw = 1
     if tpw is None:  # the table's TPW unless it would need a global K split to fill the GPU
-        tpw = GEMV_TPW[m_tile]
-        if tpw > 1 and _gemv(arch, m, n, k, fmt, dtype, sm_count, None, tpw, wps, enc).split > 1:
-            tpw = 1
+        tpw = GEMV_TPW[m_tile]  # (kbit4: or leave SMs without a CTA, KBIT4_TPW2_MIN_CTAS)
+        if tpw > 1:
+            p2 = _gemv(arch, m, n, k, fmt, dtype, sm_count, None, tpw, wps, enc)
+            if p2.split > 1 or (fmt not in FMTS and
+                                p2.grid[0] * p2.grid[1] * p2.grid[2] < KBIT4_TPW2_MIN_CTAS * sm_count):
+                tpw = 1
     m_tiles = -(-m // m_tile)
     units = -(-n // (16 * tpw))  # a warp's tiles (TPW x 16 W rows)
     q = k // STEP_K
@@ -193,8 +210,8 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
     sps = -(-q // split)
     split = -(-q // sps)
     kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)), KW_MAX[m_tile, wps])
-    warps = GEMV_CTA_WARPS[m_tile, wps] if kw <= GEMV_CTA_WARPS[m_tile, wps] else \
-        max(GEMV_WARPS, kw)  # KW 16: 16-warp CTAs
+    cta_warps = GEMV_CTA_WARPS[m_tile, wps] if fmt in FMTS else GEMV_WARPS  # kbit4: 32 KB table a CTA
+    warps = cta_warps if kw <= cta_warps else max(GEMV_WARPS, kw)  # KW 16: 16-warp CTAs
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, m_tile=m_tile, warps=warps,
                         depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps)
     cfg.check()
@@ -228,7 +245,7 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the FP4 GEMM needs M >= 1")
-    if fmt not in FMTS:
+    if fmt not in GEMV_FMTS:
         raise ValueError(f"W: format {fmt!r}; the FP4 GEMM takes {FMTS}")
     get_arch(arch)
     if path is None:

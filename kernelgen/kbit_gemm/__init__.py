@@ -1,28 +1,53 @@
 """kbit_gemm: C = A . W^T with W in the kbit format (2..5 bits): a bandwidth (GEMV) path for
-small M, a tensor-core (mma.sync) path above, dequantize + cuBLAS for large M."""
+small M, a tensor-core (mma.sync) path above, dequantize + cuBLAS for large M; 4-bit weights by
+default in the tiled layout of the FP4 kernels (tiled.py)."""
 
 from ..core.registry import Family, register_family
-from .config import KbitGemvConfig
+from ..errors import UnsupportedConfigError
+from .config import BITS, KbitGemvConfig, KbitTiledDequantConfig
 from .select import prewarm_configs
 from .tc_config import KbitMmaConfig
 from .tc_select import prewarm_dequant_configs, prewarm_mma_configs
+from .tiled import prewarm_tiled_configs
 
 
 def prewarm_all(archs, spec):  # type: ignore[no-untyped-def]
-    """Every kernel dispatch can launch, from the tables it uses: GEMV (select.py), mma
-    (tc_select.py) and the kbit dequantize kernel of the dequant path (tc_select.py)."""
+    """Every kernel dispatch can launch, from the tables it uses. spec "layouts" (default: the
+    layout quantize_weight gives each bit-width, api.default_layout) picks the kernels: "flat"
+    the GEMV (select.py), mma (tc_select.py) and kbit dequantize (tc_select.py) of its bits;
+    "tiled" (4 bits) those of tiled.py."""
+    from .api import LAYOUTS, default_layout
+
     archs = tuple(archs)
-    yield from prewarm_configs(archs, spec)
-    yield from prewarm_mma_configs(archs, spec)
-    yield from prewarm_dequant_configs(archs, spec)
+    bits_list = tuple(spec.get("bits") or BITS)
+    layouts = spec.get("layouts")
+    if layouts is not None and (not isinstance(layouts, (list, tuple)) or
+                                any(v not in LAYOUTS for v in layouts)):
+        raise UnsupportedConfigError(f"kbit_gemm spec layouts: {layouts!r}; expected a list of {LAYOUTS}")
+
+    def wanted(bits: int, layout: str) -> bool:
+        if layout == "tiled" and bits != 4:
+            return False
+        return layout == default_layout(bits) if layouts is None else layout in layouts
+
+    flat = [b for b in bits_list if wanted(b, "flat")]
+    if flat:
+        flat_spec = {**spec, "bits": flat}
+        yield from prewarm_configs(archs, flat_spec)
+        yield from prewarm_mma_configs(archs, flat_spec)
+        yield from prewarm_dequant_configs(archs, flat_spec)
+    if 4 in bits_list and wanted(4, "tiled"):
+        yield from prewarm_tiled_configs(archs, spec)
 
 
 register_family(
     Family(
         name="kbit_gemm",
-        config_classes=(KbitGemvConfig, KbitMmaConfig),
+        config_classes=(KbitGemvConfig, KbitMmaConfig, KbitTiledDequantConfig),
         prewarm_configs=prewarm_all,
-        description="kbit weight GEMM: bandwidth (GEMV) path for small M, mma.sync tiles above",
+        description="kbit weight GEMM: bandwidth (GEMV) path for small M, mma.sync tiles above; "
+                    "4-bit weights tiled for the FP4 kernels",
+        matrix_spec={"layouts": ["flat", "tiled"]},
     )
 )
 

@@ -15,64 +15,120 @@ from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
 from .config import DTYPES, GROUP_K, TILE_ROWS
 from .select import GemvPlan, check_shape, m_tile_for, plan_gemv, select_gemv
 from .tc_select import PATHS, plan_mma, select_gemm
+from .tiled import KbitTiled, dequantize_tiled, gemm_tiled, tile_weight
+
+LAYOUTS = ("flat", "tiled")
+
+
+def default_layout(bits: int) -> str:
+    """4 bits: "tiled" (kernelgen/kbit_gemm/tiled.py: the FP4 bandwidth and tile kernels, 1.2-2.3x
+    faster at M <= 32, BENCHMARKS.md); 2, 3, 5 bits: "flat" (the only layout they have)."""
+    return "tiled" if bits == 4 else "flat"
 
 
 @dataclass(frozen=True)
 class KbitLinear:
-    """A weight W [N, K] quantized for `gemm`: the flat kbit layout, as quantize_kbit makes it
-    (no repack: row n is K/32 consecutive blocks, which the GEMV streams as it is).
+    """A weight W [N, K] quantized for `gemm`, in one of two layouts:
+    flat   `q`: the KbitTensor as quantize_kbit makes it (row n = K/32 consecutive blocks of bit
+           planes), which the flat GEMV, mma and dequant kernels read; any bit-width
+    tiled  `tiled`: 4 bits only, the codes repacked into the tiled layout of the FP4 kernels
+           (kernelgen/kbit_gemm/tiled.py), read by its gemv, tile and dequant paths; `q` is None
+           (no second copy of the weight)
+    Exactly one of q / tiled is set.
 
     Call it like a layer: `lin(A, bias=None, out=None)` is `gemm(A, lin, bias, out=out)`.
     """
 
-    q: KbitTensor
+    q: KbitTensor | None
     n: int
     k: int
+    tiled: KbitTiled | None = None
 
     def __post_init__(self) -> None:
         # gemm trusts n and k for the launch: they must be the weight's own shape.
-        if not isinstance(self.q, KbitTensor) or tuple(self.q.shape) != (self.n, self.k):
+        if (self.q is None) == (self.tiled is None):
+            raise ValueError("KbitLinear: exactly one of q (flat layout) and tiled (tiled "
+                             "layout) must be set; use quantize_weight(w) or KbitLinear.from_kbit(q)")
+        if self.tiled is not None:
+            if not isinstance(self.tiled, KbitTiled) or (self.tiled.n, self.tiled.k) != (self.n, self.k):
+                raise ValueError(f"KbitLinear: tiled must be a KbitTiled of shape ({self.n}, {self.k})")
+        elif not isinstance(self.q, KbitTensor) or tuple(self.q.shape) != (self.n, self.k):
             raise ValueError(f"KbitLinear: q must be a KbitTensor of shape ({self.n}, {self.k}); "
                              f"use quantize_weight(w) or KbitLinear.from_kbit(q)")
         check_shape(self.n, self.k, name="q")
 
     @property
     def bits(self) -> int:
-        return self.q.bits
+        return 4 if self.tiled is not None else self.q.bits
+
+    @property
+    def layout(self) -> str:
+        return "tiled" if self.tiled is not None else "flat"
 
     @property
     def shape(self) -> tuple[int, int]:
         return (self.n, self.k)
 
     @classmethod
-    def from_kbit(cls, q: KbitTensor) -> KbitLinear:
-        """Wrap an already quantized 2-D weight (checks the GEMM's shape rule)."""
+    def from_kbit(cls, q: KbitTensor, layout: str | None = None) -> KbitLinear:
+        """Wrap an already quantized 2-D weight (checks the GEMM's shape rule). `layout`
+        (LAYOUTS; default: default_layout(bits)) "tiled" makes a repacked copy on q's device
+        (q itself is not kept)."""
         if not isinstance(q, KbitTensor):
             raise ValueError(f"q: expected a KbitTensor from quantize_kbit, got {type(q).__name__}")
         if len(q.shape) != 2:
             raise ValueError(f"q: the kbit GEMM needs a 2-D weight [N, K], got shape {q.shape}")
         check_shape(*q.shape, name="q")
-        return cls(q, int(q.shape[0]), int(q.shape[1]))
+        layout = check_layout(layout, q.bits)
+        n, k = int(q.shape[0]), int(q.shape[1])
+        if layout == "flat":
+            return cls(q, n, k)
+        return cls(None, n, k, tile_weight(q, context_of(q.packed, "q.packed")))
 
     def dequantize(self, dtype: str | None = None) -> Any:
-        return dequantize_kbit(self.q, dtype)
+        """W [N, K] dense (flat: dequantize_kbit's dtype rule; tiled: fp16 unless `dtype`), as
+        a CuPy array for the tiled layout."""
+        if self.tiled is None:
+            return dequantize_kbit(self.q, dtype)
+        import cupy
+
+        dt = dtype or "float16"
+        if dt not in DTYPES:
+            raise ValueError(f"dtype={dt!r}: expected one of {DTYPES}")
+        ctx = context_of(self.tiled.data, "W.tiled.data")
+        with on_stream(ctx.device, ctx.stream):
+            out = cupy.empty((self.n, self.k), cupy.float16 if dt == "float16" else cupy.uint16)
+        dequantize_tiled(ctx, self.tiled, dt, out)
+        return out
 
     def __call__(self, A: Any, bias: Any = None, *, out: Any = None, dtype: str | None = None) -> Any:
         return gemm(A, self, bias, out=out, dtype=dtype)
 
 
-def quantize_weight(w: Any, bits: int = 4, *, codebook: Any = None, dtype: str | None = None) -> KbitLinear:
+def check_layout(layout: str | None, bits: int) -> str:
+    layout = default_layout(bits) if layout is None else layout
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
+    if layout == "tiled" and bits != 4:
+        raise ValueError(f"layout='tiled': 4-bit weights only (bits={bits}); use layout='flat'")
+    return layout
+
+
+def quantize_weight(w: Any, bits: int = 4, *, codebook: Any = None, dtype: str | None = None,
+                    layout: str | None = None) -> KbitLinear:
     """Quantize a weight W [N, K] (fp16 / bf16 / fp32, CuPy or torch) once for `gemm`.
 
     K must be a multiple of 128. `codebook` and `dtype` as in quantize_kbit (CuPy bf16: a uint16
-    array with dtype="bfloat16").
+    array with dtype="bfloat16"). `layout` (LAYOUTS; default: "tiled" for 4 bits, else "flat",
+    see KbitLinear) chooses the kernels that will read it.
     """
     bits = check_bits(bits)
     shape = tuple(getattr(w, "shape", ()))
     if len(shape) != 2:
         raise ValueError(f"w: the kbit GEMM needs a 2-D weight [N, K], got shape {shape}")
     check_shape(int(shape[0]), int(shape[1]), name="w")
-    return KbitLinear(quantize_kbit(w, bits, codebook=codebook, dtype=dtype), int(shape[0]), int(shape[1]))
+    check_layout(layout, bits)
+    return KbitLinear.from_kbit(quantize_kbit(w, bits, codebook=codebook, dtype=dtype), layout)
 
 
 def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str | None = None,
@@ -82,10 +138,12 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     [N, K], bias [N] and C [..., N] in A's dtype; fp32 accumulation, C rounded to nearest.
 
     `out` receives C (A's dtype, shape [..., N], contiguous). `dtype="bfloat16"` marks CuPy
-    uint16 data as bf16. The selector picks the path ("gemv": bandwidth kernel, "mma": tensor-core
-    kernel, N % 128 == 0; "dequant": W dequantized to a scratch + cuBLAS) and its plan; `path`,
-    `tile` ((tile_m, tile_n) of the mma path), `split_k` (number of K splits) and `kw` (warps
-    of a GEMV CTA sharing one tile's K range: 1, 2, 4; implies the gemv path) force them.
+    uint16 data as bf16. The selector picks the path and its plan. A flat weight: "gemv"
+    (bandwidth kernel), "mma" (tensor-core kernel, N % 128 == 0), "dequant" (W dequantized to a
+    scratch + cuBLAS); `tile` ((tile_m, tile_n) of the mma path) and `kw` (warps of a GEMV CTA
+    sharing one tile's K range: 1, 2, 4; implies the gemv path) force its plans. A tiled 4-bit
+    weight (KbitLinear.layout): "gemv", "tile", "dequant" (kbit_gemm/tiled.py). `path` and
+    `split_k` (number of K splits) force either.
     Runs on the caller's current stream; results come back as the caller's array kind.
     """
     return _gemm(A, W, bias, out, dtype, split_k, path, tile, kw, None)
@@ -114,7 +172,11 @@ def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k
         raise ValueError("A: data pointer must be 16-byte aligned (a fresh or sliced-by-rows "
                          "array of K % 128 == 0 columns is)")
     m = int(a.size // k)
-    packed, absmax, cb = W.q._views(ctx)
+    if W.tiled is not None:  # knobs of the flat layout's kernels, refused before any work
+        for name, v in (("tile", tile), ("kw", kw), ("plan", plan)):
+            if v is not None:
+                raise ValueError(f"{name}={v!r}: a knob of the flat layout's kernels; this weight "
+                                 f"is tiled (quantize_weight(..., layout='flat') for those)")
     b, out, c = gemm_bias_out(ctx, a, bias, out, n, k, dt)
     if c.data.ptr % 4:  # a fresh allocation always passes
         raise ValueError("out: data pointer must be 4-byte aligned (C is stored two elements "
@@ -124,6 +186,9 @@ def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k
     if m == 0:
         return out
     info = device_info(ctx.device)
+    if W.tiled is not None:
+        gemm_tiled(ctx, W.tiled, a, b, bias is not None, c, m, n, k, dt, info, path, split_k)
+        return out
     if path is None:
         path = "mma" if tile is not None else "gemv" if kw is not None else select_gemm(
             info.arch.name, m, n, k, W.bits, dt, info.sm_count).path
@@ -155,6 +220,7 @@ def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k
         ws, counters = scratch(ctx, "kbit_gemv", plan.split * m * n, plan.m_tiles * -(-n // TILE_ROWS))
     else:
         ws = counters = c
+    packed, absmax, cb = W.q._views(ctx)
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("kbit_gemv")
     args = (packed, absmax, cb, a, b, np.int32(bias is not None), c, ws, counters, np.int32(m),
             np.int32(n), np.int32(k), np.int32(plan.gps))
@@ -202,11 +268,20 @@ def _dequant_scratch(ctx: Ctx, n: int, k: int, dt: str) -> tuple[Any, Any]:
 
 def _gemm_dequant(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, out: Any,
                   m: int, n: int, k: int, dt: str) -> Any:
-    """Large M: W dequantized into an [N, K] scratch of A's dtype (2*N*K bytes for the call),
-    then cuBLAS (cublasGemmEx, fp32 compute) C = A . W^T (+ bias through beta = 1).
-    Every launch goes to ctx.stream; the caller's current stream is left as it was."""
+    """Large M: W dequantized into an [N, K] scratch of A's dtype, then cuBLAS (dense_gemm)."""
+    dense_gemm(ctx, lambda w, _wv: dequantize_kbit(W.q, dt, out=w), a, b, has_bias, c, m, n, k, dt)
+    return out
+
+
+def dense_gemm(ctx: Ctx, dequantize: Any, a: Any, b: Any, has_bias: bool, c: Any, m: int, n: int,
+               k: int, dt: str) -> None:
+    """C = A . W^T (+ bias) through W dense: `dequantize(w, wv)` writes W into an [N, K] scratch
+    of A's dtype (2*N*K bytes for the call; w as the caller's array kind, wv its cupy view),
+    then cuBLAS
+    (cublasGemmEx, fp32 compute), the bias through beta = 1. Every launch goes to ctx.stream;
+    the caller's current stream is left as it was."""
     w_native, wv = _dequant_scratch(ctx, n, k, dt)
-    dequantize_kbit(W.q, dt, out=w_native)
+    dequantize(w_native, wv)
     if has_bias:
         with on_stream(ctx.device, ctx.stream):
             c.reshape(m, n)[...] = b[None, :]
@@ -214,4 +289,3 @@ def _gemm_dequant(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: An
     cublas.gemm_ex(ctx, cublas.OP_T, cublas.OP_N, n, m, k, 1.0, wv.data.ptr, dt, k, a.data.ptr,
                    dt, k, 1.0 if has_bias else 0.0, c.data.ptr, dt, n)
     del w_native  # stream-ordered pools (cupy, torch) keep it alive for the queued work
-    return out

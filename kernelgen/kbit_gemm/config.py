@@ -112,3 +112,23 @@ class KbitGemvConfig(KernelConfig):
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype]}
+
+
+@dataclass(frozen=True)
+class KbitTiledDequantConfig(KernelConfig):
+    """Tiled 4-bit kbit weights -> dense W in fp16 / bf16 (templates/kbit_gemm/tiled.cuh): the
+    dequantize + cuBLAS path of the tiled layout (kernelgen/kbit_gemm/tiled.py)."""
+
+    family: ClassVar[str] = "kbit_gemm"
+    template: ClassVar[str] = "kbit_gemm/dequant_tiled.cu.jinja"
+    dtype: str = "float16"  # the output
+
+    def check(self) -> None:
+        if self.dtype not in DTYPES:
+            raise UnsupportedConfigError(f"{self.short()}: dtype={self.dtype!r}; expected one of {DTYPES}")
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("kbit_dequant_tiled",)
+
+    def template_vars(self) -> dict[str, Any]:
+        return {**super().template_vars(), "ctype": CTYPE[self.dtype]}

@@ -47,4 +47,30 @@ __device__ __forceinline__ uint32_t e4m4_encode_nobranch(float x) {
   return x > 0.0f ? r : 0u;  // zero, negative, NaN -> 0
 }
 
+// -- E4M4 block scales applied in T (the kbit GEMV, the kbit experts, the tiled 4-bit GEMV) --
+// An E4M4 byte shifted into T's exponent and mantissa fields is its value / 2^4 (fp16) or
+// / 2^116 (bf16), E4M4 subnormals landing on T's subnormals: one PRMT and one shift a scale
+// pair instead of a decode. The tables hold the codebook (rounded to T) times the same power
+// of two, so table entry x scale pair is the exact product W * scale, rounded once in T as
+// before (codebook entries below 4096 in magnitude for fp16; the kbit levels lie in [-1, 1]).
+template <typename T> struct ScaleBits;
+template <> struct ScaleBits<half> {
+  static constexpr int SHIFT = 6;
+  static constexpr float TABLE = 16.0f;
+};
+template <> struct ScaleBits<__nv_bfloat16> {
+  static constexpr int SHIFT = 3;
+  static constexpr float TABLE = 0x1p116f;
+};
+
+// codebook value as the tables hold it: rounded to T, times ScaleBits<T>::TABLE (exact)
+template <typename T> __device__ __forceinline__ float table_value(float cb) {
+  return to_float(from_float<T>(cb)) * ScaleBits<T>::TABLE;
+}
+
+// (s, s) / TABLE as a T pair, s = E4M4 byte j of w (j a constant after unrolling).
+template <typename T> __device__ __forceinline__ uint32_t scale2(uint32_t w, int j) {
+  return __byte_perm(w, 0u, 0x4040u | ((uint32_t)j << 8) | (uint32_t)j) << ScaleBits<T>::SHIFT;
+}
+
 }  // namespace kg

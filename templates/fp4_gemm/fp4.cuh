@@ -34,6 +34,7 @@
 // pair, exact: see RowScale).
 #pragma once
 #include "common/dtypes.cuh"
+#include "common/e4m4.cuh"
 #include "common/mma.cuh"
 #include "common/ptx.cuh"
 
@@ -41,6 +42,9 @@ namespace kg::fp4 {
 
 constexpr int FMT_NVFP4 = 0;
 constexpr int FMT_MXFP4 = 1;
+// 4-bit kbit weights (bandwidth path only): codes into a 16-entry codebook, an E4M4 scale a
+// block of 32 (= a word's group, as MXFP4's), decoded through a shared-memory table (below)
+constexpr int FMT_KBIT4 = 2;
 constexpr int STEP_K = 128;  // k per quad step (4 lanes x 32 elements)
 constexpr uint32_t FULL = 0xffffffffu;
 
@@ -88,6 +92,44 @@ __device__ __forceinline__ void e2m1_word(uint32_t q, uint32_t (&o)[4]) {
   }
 }
 
+// -- 4-bit codebook words (FMT_KBIT4) -------------------------------------------------------------
+// A stored word holds the codes of 8 consecutive k, code i in bits 4i..4i+3 (as fp4 words before
+// their encoding), so byte p is the pair code c_p = code(2p) | code(2p+1) << 4. The table holds
+// entry c = the T pair (cb[c & 15], cb[c >> 4]) times ScaleBits<T>::TABLE 32 times, at c * 128
+// + 4 * copy: lane l reads copy l, so 32 random codes never collide in a bank (32 KB). A pair
+// costs a PRMT (the byte), a LEA (c * 128 + the lane's copy address) and the LDS; the E4M4
+// scale pair (scale2) then multiplies the entry exactly (the kbit GEMV's rule: one rounding to
+// T of w * scale).
+constexpr int KBIT4_LUT_BYTES = 256 * 128;
+
+template <typename T, int THREADS>
+__device__ __forceinline__ void fill_kbit4_lut(uint32_t* lut, const float* __restrict__ cb) {
+#pragma unroll 4
+  for (int i = threadIdx.x; i < KBIT4_LUT_BYTES / 16; i += THREADS) {  // 4 copies of entry i / 8
+    const int c = i >> 3;
+    const uint32_t p = pack2<T>(table_value<T>(__ldg(cb + (c & 15))), table_value<T>(__ldg(cb + (c >> 4))));
+    reinterpret_cast<uint4*>(lut)[i] = make_uint4(p, p, p, p);
+  }
+}
+
+// One stored word -> o[p] = (cb[code 2p], cb[code 2p+1]) x TABLE as a T pair, low half first;
+// lane_lut: the shared-memory address of this lane's copy of entry 0 (table + 4 * lane)
+__device__ __forceinline__ void kbit4_word(uint32_t q, uint32_t lane_lut, uint32_t (&o)[4]) {
+#pragma unroll
+  for (int p = 0; p < 4; ++p)
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(o[p]) : "r"(lane_lut + (__byte_perm(q, 0u, 0x4440u + p) << 7)));
+}
+
+// A word's four T pairs for format FMT (weights encoded for ENC); KBIT4 reads its table
+template <typename T, int FMT, int ENC>
+struct WordDecoder {
+  uint32_t lane_lut = 0;  // FMT_KBIT4: shared address of this lane's copy (kbit4_word)
+  __device__ __forceinline__ void operator()(uint32_t q, uint32_t (&o)[4]) const {
+    if constexpr (FMT == FMT_KBIT4) kbit4_word(q, lane_lut, o);
+    else e2m1_word<T, ENC>(q, o);
+  }
+};
+
 // -- scales -----------------------------------------------------------------------------------
 // RowScale: the group scales of one lane's four words of one row as T pairs (s, s): s[j] for
 // word j. A scaled pair raw * s is exact in T and its value is w * scale * 2^-UNIT_EXP;
@@ -97,6 +139,7 @@ __device__ __forceinline__ void e2m1_word(uint32_t q, uint32_t (&o)[4]) {
 //   fp16 MXFP4: s = 2^(s'-127+15) (0 below 2^-24)       -> w 2^(s'-127+1): exact for groups down
 //               to 2^-24 below the row's largest, rounded below that (they add < 2^-24 relative)
 //   bf16 MXFP4: s = 2^(s'-127+126)                      -> w 2^(s'-127)
+//   KBIT4:      s = E4M4 / TABLE (scale2)               -> w scale      (table entries cb x TABLE)
 // s' = 0 (a flushed MXFP4 group) gives s = 0; NaN e4m3 bytes (0x7F / 0xFF) give NaN; an E8M0 0xFF
 // group's value is not used (prepare_weight makes its row's factor NaN).
 template <typename T, int FMT>
@@ -104,7 +147,8 @@ struct RowScale {
   uint32_t s[4];
 };
 template <typename T, int FMT>
-constexpr int UNIT_EXP = FMT == FMT_NVFP4 ? (RawUnit<T>::EXP == 14 ? 14 : 7) : (RawUnit<T>::EXP == 14 ? -1 : 0);
+constexpr int UNIT_EXP = FMT == FMT_KBIT4 ? 0 : FMT == FMT_NVFP4 ? (RawUnit<T>::EXP == 14 ? 14 : 7)
+                                                                     : (RawUnit<T>::EXP == 14 ? -1 : 0);
 
 // Two e4m3 bytes (low 16 bits of raw) -> half2 of their exact values (NaN stays NaN).
 __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t raw) {
@@ -125,7 +169,10 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t raw) {
 template <typename T, int FMT>
 __device__ __forceinline__ RowScale<T, FMT> row_scales(uint32_t raw) {
   RowScale<T, FMT> r;
-  if constexpr (FMT == FMT_NVFP4) {
+  if constexpr (FMT == FMT_KBIT4) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r.s[j] = scale2<T>(raw, j);
+  } else if constexpr (FMT == FMT_NVFP4) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t h2 = e4m3x2_to_half2(raw >> (16 * h));  // (lo, hi) = words (2h, 2h+1)
@@ -154,11 +201,12 @@ __device__ __forceinline__ RowScale<T, FMT> row_scales(uint32_t raw) {
 
 // Word j of rows g (wa) and g+8 (wb) -> the unscaled (raw) A fragments of k-steps 2j (f[0..3])
 // and 2j+1 (f[4..7]): f = {a0, a1, a2, a3} as mma.cuh orders them.
-template <typename T, int ENC>
-__device__ __forceinline__ void raw_frags_of_word(uint32_t wa, uint32_t wb, uint32_t (&f)[8]) {
+template <typename T, int FMT, int ENC>
+__device__ __forceinline__ void raw_frags_of_word(const WordDecoder<T, FMT, ENC>& dec, uint32_t wa,
+                                                  uint32_t wb, uint32_t (&f)[8]) {
   uint32_t ra[4], rb[4];
-  e2m1_word<T, ENC>(wa, ra);
-  e2m1_word<T, ENC>(wb, rb);
+  dec(wa, ra);
+  dec(wb, rb);
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
     f[2 * p] = ra[p];
@@ -168,9 +216,10 @@ __device__ __forceinline__ void raw_frags_of_word(uint32_t wa, uint32_t wb, uint
 
 // The same fragments scaled by the rows' group scales of word j (a: row g, b: row g+8).
 template <typename T, int FMT, int ENC>
-__device__ __forceinline__ void frags_of_word(uint32_t wa, uint32_t wb, const RowScale<T, FMT>& a,
+__device__ __forceinline__ void frags_of_word(const WordDecoder<T, FMT, ENC>& dec, uint32_t wa,
+                                              uint32_t wb, const RowScale<T, FMT>& a,
                                               const RowScale<T, FMT>& b, int j, uint32_t (&f)[8]) {
-  raw_frags_of_word<T, ENC>(wa, wb, f);
+  raw_frags_of_word(dec, wa, wb, f);
 #pragma unroll
   for (int p = 0; p < 8; ++p) f[p] = hmul2<T>(f[p], p & 1 ? b.s[j] : a.s[j]);
 }
@@ -190,7 +239,7 @@ __device__ __forceinline__ float mx_word_factor(uint32_t raw, int j) {
 
 // A lane's 8-byte scale word of a block: (P*g + p) * 8, P = SB / 4, p = t / 2 (NVFP4) or 0
 template <int FMT>
-__device__ __forceinline__ int scale_offset(int g, int t) {
+__device__ __forceinline__ int scale_offset(int g, int t) {  // KBIT4: as MXFP4
   return FMT == FMT_NVFP4 ? 16 * g + 8 * (t >> 1) : 8 * g;
 }
 
@@ -231,7 +280,8 @@ template <typename T, int FMT>
 __device__ __forceinline__ float row_factor(const float* __restrict__ post, float alpha, int n) {
   constexpr float unit = UNIT_EXP<T, FMT> == 14 ? 0x1p14f : UNIT_EXP<T, FMT> == 7 ? 0x1p7f
                          : UNIT_EXP<T, FMT> == -1 ? 0.5f : 1.0f;
-  if constexpr (FMT == FMT_NVFP4) return alpha * unit / __ldg(post);
+  if constexpr (FMT == FMT_KBIT4) return alpha;  // post is the codebook
+  else if constexpr (FMT == FMT_NVFP4) return alpha * unit / __ldg(post);
   else return alpha * unit * __ldg(post + n);
 }
 

@@ -91,6 +91,17 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   for (int d = 0; d < DEPTH; ++d)
     if (d < n_it) load(d);
 
+  // KBIT4: the CTA fills its code table (dynamic shared memory, KBIT4_LUT_BYTES) while the
+  // first weights are in flight (post: the codebook)
+  WordDecoder<T, FMT, ENC> dec;
+  if constexpr (FMT == FMT_KBIT4) {
+    static_assert(!A_RING, "kbit4 keeps its table where the A ring would go");
+    extern __shared__ __align__(16) uint32_t lut[];
+    fill_kbit4_lut<T, WARPS * 32>(lut, post);
+    __syncthreads();
+    dec.lane_lut = (uint32_t)__cvta_generic_to_shared(lut) + 4u * lane;
+  }
+
   // the epilogue's row factors and bias: EARLY (m_tile 8 at <= 128 registers) loaded now (their
   // latency hides behind the loop), else in the stores (registers)
   const bool pre = ks == 0 && gridDim.y == 1;  // this warp stores C
@@ -192,7 +203,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
             uint32_t f[8];
             const int c = CH == 1 ? 0 : TPW == 1 ? (j & 1) : i;
             if constexpr (POST) {  // MXFP4: raw fragments, the group factor on the word's sums
-              raw_frags_of_word<T, ENC>(word_of(wa[d][i], j), word_of(wb[d][i], j), f);
+              raw_frags_of_word(dec, word_of(wa[d][i], j), word_of(wb[d][i], j), f);
               const float xa = mx_word_factor<T>(sr[d][i].x, j), xb = mx_word_factor<T>(sr[d][i].y, j);
 #pragma unroll
               for (int nt = 0; nt < NT; ++nt) {
@@ -205,7 +216,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
                 acc[c][nt][3] = fmaf(p[3], xb, acc[c][nt][3]);
               }
             } else {
-              frags_of_word<T, FMT, ENC>(word_of(wa[d][i], j), word_of(wb[d][i], j), sca, scb, j, f);
+              frags_of_word(dec, word_of(wa[d][i], j), word_of(wb[d][i], j), sca, scb, j, f);
 #pragma unroll
               for (int nt = 0; nt < NT; ++nt) {
                 Mma<T>::run(acc[c][nt], f[0], f[1], f[2], f[3], b[j][nt].x, b[j][nt].y);

@@ -23,6 +23,7 @@ struct TileSmem {
   static constexpr int S_BYTES = TILE_BN * Fmt<FMT>::SB;
   static constexpr int A_BYTES = BM * 256;
   static constexpr int STAGE = W_BYTES + S_BYTES + A_BYTES;
+  static constexpr int LUT_BYTES = FMT == FMT_KBIT4 ? KBIT4_LUT_BYTES : 0;  // after the stages
 };
 
 template <typename T, int FMT, int BM, int WARPS_T, int STAGES, int ENC = ENC_F16>
@@ -81,6 +82,13 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
     if (s < n_k) stage_load(s, q0 + s);
     cp_async_commit();
   }
+  // KBIT4: the code table after the stages, filled while they load (the loop's first barrier
+  // publishes it; post is the codebook)
+  WordDecoder<T, FMT, ENC> dec;
+  if constexpr (FMT == FMT_KBIT4) {
+    fill_kbit4_lut<T, THREADS>(reinterpret_cast<uint32_t*>(smem + STAGES * L::STAGE), post);
+    dec.lane_lut = base + (uint32_t)(STAGES * L::STAGE) + 4u * (uint32_t)lane;
+  }
 
   float acc[MI][NI][4];
 #pragma unroll
@@ -123,7 +131,7 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         uint32_t f[8];
-        frags_of_word<T, FMT, ENC>(word_of(wv[mi][0], j), word_of(wv[mi][1], j), sc[mi][0], sc[mi][1],
+        frags_of_word(dec, word_of(wv[mi][0], j), word_of(wv[mi][1], j), sc[mi][0], sc[mi][1],
                               j, f);
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {

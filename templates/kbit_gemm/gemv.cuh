@@ -45,6 +45,7 @@
 // the bias, writes C and resets the counter for the next launch.
 #pragma once
 #include "common/dtypes.cuh"
+#include "common/e4m4.cuh"
 #include "common/mma.cuh"
 #include "common/ptx.cuh"
 
@@ -55,31 +56,7 @@ constexpr int GROUP_BLOCKS = 4;   // blocks per lane per step
 constexpr int GROUP_K = 32 * GROUP_BLOCKS;  // 128: k per group; K % 128 == 0
 constexpr uint32_t FULL = 0xffffffffu;
 
-// -- block scales ---------------------------------------------------------------------------
-// An E4M4 byte shifted into T's exponent and mantissa fields is its value / 2^4 (fp16) or
-// / 2^116 (bf16), E4M4 subnormals landing on T's subnormals: one PRMT and one shift a scale
-// pair instead of a decode. The tables hold the codebook (rounded to T) times the same power
-// of two, so table entry x scale pair is the exact product W * scale, rounded once in T as
-// before (codebook entries below 4096 in magnitude for fp16; the kbit levels lie in [-1, 1]).
-template <typename T> struct ScaleBits;
-template <> struct ScaleBits<half> {
-  static constexpr int SHIFT = 6;
-  static constexpr float TABLE = 16.0f;
-};
-template <> struct ScaleBits<__nv_bfloat16> {
-  static constexpr int SHIFT = 3;
-  static constexpr float TABLE = 0x1p116f;
-};
-
-// codebook value as the tables hold it: rounded to T, times ScaleBits<T>::TABLE (exact)
-template <typename T> __device__ __forceinline__ float table_value(float cb) {
-  return to_float(from_float<T>(cb)) * ScaleBits<T>::TABLE;
-}
-
-// (s, s) / TABLE as a T pair, s = E4M4 byte j of w (j a constant after unrolling).
-template <typename T> __device__ __forceinline__ uint32_t scale2(uint32_t w, int j) {
-  return __byte_perm(w, 0u, 0x4040u | ((uint32_t)j << 8) | (uint32_t)j) << ScaleBits<T>::SHIFT;
-}
+// -- block scales: ScaleBits, table_value, scale2 (common/e4m4.cuh) ---------------------------
 
 // -- pair-code table ------------------------------------------------------------------------
 // Entry c (code of 2*BITS bits, bit 2b+i = plane b of element i) = pair (cb[i0], cb[i1]),

@@ -15,7 +15,7 @@
 //     (make_codes: 16 pairs a block, 4 per code word, one per byte);
 //   - a shared table maps a pair code to the two codebook values as a T pair (256 entries, one
 //     copy per lane: random codes never collide in a bank), then one packed multiply by the
-//     block scale. As in the kbit GEMV (kbit_gemm::ScaleBits), the table holds the codebook
+//     block scale. As in the kbit GEMV (ScaleBits), the table holds the codebook
 //     (rounded to T) times a power of two and the E4M4 byte shifted into T's fields is the
 //     scale over that power: one PRMT + shift a scale pair, the product bit-identical (one
 //     rounding in T).
@@ -25,7 +25,7 @@
 // in shared memory are 256 bytes a sub-range, their 16-byte chunks swizzled so that the 8
 // lanes of a quarter warp hit 8 different bank groups.
 #pragma once
-#include "kbit_gemm/gemv.cuh"  // ScaleBits, table_value: E4M4 scales as one PRMT + shift
+#include "common/e4m4.cuh"  // ScaleBits, table_value: E4M4 scales as one PRMT + shift
 #include "moe/grouped.cuh"
 
 namespace kg::moe {
@@ -92,8 +92,8 @@ struct GroupedKbit {
         i0 |= ((c >> (2 * b)) & 1) << b;
         i1 |= ((c >> (2 * b + 1)) & 1) << b;
       }
-      const uint32_t v = pack2<T>(kbit_gemm::table_value<T>(__ldg(cb + (i0 & MASK))),
-                                  kbit_gemm::table_value<T>(__ldg(cb + (i1 & MASK))));
+      const uint32_t v = pack2<T>(table_value<T>(__ldg(cb + (i0 & MASK))),
+                                  table_value<T>(__ldg(cb + (i1 & MASK))));
       *reinterpret_cast<uint4*>(lut + c * 128 + (i & 7) * 16) = make_uint4(v, v, v, v);
     }
   }
@@ -235,7 +235,7 @@ struct GroupedKbit {
       }
       const unsigned char* sc = smem + (sub - lut) + PLANE_BYTES;
       // (scale, scale) / ScaleBits<T>::TABLE as a T pair: the byte in both halves, shifted
-      constexpr int SH = kbit_gemm::ScaleBits<T>::SHIFT;
+      constexpr int SH = ScaleBits<T>::SHIFT;
       const uint32_t s0 = __byte_perm((uint32_t)sc[r0 * 4 + t], 0u, 0x4040u) << SH;
       const uint32_t s1 = __byte_perm((uint32_t)sc[(r0 + 8) * 4 + t], 0u, 0x4040u) << SH;
       const uint32_t xs = sub + PLANE_BYTES + SCALE_BYTES;

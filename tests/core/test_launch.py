@@ -98,10 +98,11 @@ def test_ctx_launch_routes_pdl(monkeypatch, device_has_it, knob, want_pdl):
 
 
 def _prewarm_configs():
-    """Every config that `kernelgen prewarm` builds, for every arch."""
+    """Every config that `kernelgen prewarm` builds, and those dispatch can launch beyond it
+    (Family.matrix_spec), for every arch."""
     return list(dict.fromkeys(
         cfg for fam in families().values()
-        for cfg in fam.prewarm_configs(["sm_80", "sm_90a", "sm_100a", "sm_120a"], {})))
+        for cfg in fam.prewarm_configs(["sm_80", "sm_90a", "sm_100a", "sm_120a"], fam.matrix_spec or {})))
 
 
 PDL_CONFIGS = _prewarm_configs()

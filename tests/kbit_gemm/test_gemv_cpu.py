@@ -200,8 +200,10 @@ def test_quantize_weight_rules():
 def test_gemm_rules_before_launch():
     with pytest.raises(ValueError, match="W: expected a KbitLinear"):
         kg.gemm(np.ones((1, 128), np.float16), object())
-    with pytest.raises(ValueError, match=r"KbitLinear: q must be a KbitTensor of shape \(16, 128\)"):
+    with pytest.raises(ValueError, match=r"KbitLinear: exactly one of q \(flat layout\) and tiled"):
         kg.KbitLinear(q=None, n=16, k=128)  # gemm trusts n, k: they are checked at construction
+    with pytest.raises(ValueError, match=r"KbitLinear: q must be a KbitTensor of shape \(16, 128\)"):
+        kg.KbitLinear(q=object(), n=16, k=128)
     with pytest.raises(ValueError, match="expected a KbitTensor"):
         kg.KbitLinear.from_kbit(np.ones(4))
 

@@ -12,9 +12,14 @@ import numpy as np
 import pytest
 
 from kernelgen.kbit import reference as R
+from kernelgen.kbit_gemm import quantize_weight
 from kernelgen.kbit_gemm import reference as GR
 
 pytestmark = pytest.mark.gpu
+
+# these tests check the flat layout's kernels (4-bit weights default to the tiled layout:
+# test_tiled_gpu.py)
+quantize_flat = functools.partial(quantize_weight, layout="flat")
 
 BITS = (2, 3, 4, 5)
 DTYPES = ("float16", "bfloat16")
@@ -40,11 +45,9 @@ def _weight(bits, dtype, n, k, seed=0):
     """(KbitLinear, W float64 as the kernel sees it) for one shape, built once per module."""
     import cupy
 
-    import kernelgen as kg
-
     rng = np.random.default_rng(1000 * bits + n + k + seed)
     w = (rng.standard_normal((n, k)) * rng.uniform(0.02, 3.0, (n, 1))).astype(np.float32)
-    lin = kg.quantize_weight(cupy.asarray(_host_w(w, dtype)), bits,
+    lin = quantize_flat(cupy.asarray(_host_w(w, dtype)), bits,
                              dtype="bfloat16" if dtype == "bfloat16" else None)
     w64 = GR.dequantize_weight(cupy.asnumpy(lin.q.packed), cupy.asnumpy(lin.q.absmax),
                                cupy.asnumpy(lin.q.codebook), bits, n, k)
@@ -124,7 +127,7 @@ def test_tiny_block_scales(dtype):
     hint = "bfloat16" if dtype == "bfloat16" else None
     n, k = 96, 1024
     w = (rng.standard_normal((n, k)) * rng.uniform(2e-5, 1e-4, (n, 1))).astype(np.float32)
-    lin = kg.quantize_weight(cupy.asarray(_host_w(w, dtype)), 4, dtype=hint)
+    lin = quantize_flat(cupy.asarray(_host_w(w, dtype)), 4, dtype=hint)
     amax = cupy.asnumpy(lin.q.absmax)
     assert np.all((amax >> 4) == 0), "the test needs E4M4 subnormal scales"
     w64 = GR.dequantize_weight(cupy.asnumpy(lin.q.packed), amax, cupy.asnumpy(lin.q.codebook), 4, n, k)
@@ -189,7 +192,7 @@ def test_m_zero_and_codebook():
     rng = np.random.default_rng()
     cb = np.sort(rng.uniform(-1, 1, 8)).astype(np.float32)
     w = rng.standard_normal((96, 1024)).astype(np.float16)
-    lin2 = kg.quantize_weight(cupy.asarray(w), 3, codebook=cupy.asarray(cb))
+    lin2 = quantize_flat(cupy.asarray(w), 3, codebook=cupy.asarray(cb))
     w64 = GR.dequantize_weight(cupy.asnumpy(lin2.q.packed), cupy.asnumpy(lin2.q.absmax), cb, 3, 96, 1024)
     a = _host(rng, (4, 1024), "float16")
     _check(kg.gemm(cupy.asarray(a), lin2), GR.gemm(a, w64), "float16", "custom codebook")
@@ -201,7 +204,7 @@ def test_torch_inputs_and_stream():
 
     n, k = 200, 384
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    lin = kg.quantize_weight(w, 4)
+    lin = quantize_flat(w, 4)
     w64 = GR.dequantize_weight(lin.q.packed.view(torch.int32).cpu().numpy().view(np.uint32),
                                lin.q.absmax.cpu().numpy(), lin.q.codebook.cpu().numpy(), 4, n, k)
     s = torch.cuda.Stream()
@@ -249,7 +252,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match=r"split_k=9: must be in 1\.\.8"):
         kg.gemm(a, lin, split_k=9)
     with pytest.raises(ValueError, match="multiple of 128"):
-        kg.quantize_weight(cupy.ones((96, 1000), cupy.float16), 4)
+        quantize_flat(cupy.ones((96, 1000), cupy.float16), 4)
     with pytest.raises(ValueError, match="W: expected a KbitLinear"):
         kg.gemm(a, lin.q)
     assert kg.KbitLinear.from_kbit(lin.q).shape == (96, 1024)

@@ -15,9 +15,14 @@ import numpy as np
 import pytest
 
 from kernelgen.kbit import reference as R
+from kernelgen.kbit_gemm import quantize_weight
 from kernelgen.kbit_gemm import reference as GR
 
 pytestmark = pytest.mark.gpu
+
+# these tests check the flat layout's kernels (4-bit weights default to the tiled layout:
+# test_tiled_gpu.py)
+quantize_flat = functools.partial(quantize_weight, layout="flat")
 
 N, K = 512, 4224  # 4 mma tiles of 128, 33 k-tiles of 128 (odd: partial splits)
 # (path, M, split_k): split_k None = the planner's choice (split at these sizes), 1 = no split
@@ -37,10 +42,8 @@ def _host(rng, shape, dtype):
 def _weight(bits, dtype):
     import cupy
 
-    import kernelgen as kg
-
     rng = np.random.default_rng(7 * bits)
-    lin = kg.quantize_weight(cupy.asarray(_host(rng, (N, K), dtype)), bits,
+    lin = quantize_flat(cupy.asarray(_host(rng, (N, K), dtype)), bits,
                              dtype="bfloat16" if dtype == "bfloat16" else None)
     w64 = GR.dequantize_weight(cupy.asnumpy(lin.q.packed), cupy.asnumpy(lin.q.absmax),
                                cupy.asnumpy(lin.q.codebook), bits, N, K)
@@ -198,9 +201,7 @@ def _torch_weight(torch):
     """A 4-bit KbitLinear of a random torch [N, K] weight and its float64 dequantization."""
     import cupy
 
-    import kernelgen as kg
-
-    lin = kg.quantize_weight(torch.randn(N, K, dtype=torch.float16, device="cuda"), 4)
+    lin = quantize_flat(torch.randn(N, K, dtype=torch.float16, device="cuda"), 4)
     w64 = GR.dequantize_weight(cupy.asnumpy(cupy.asarray(lin.q.packed)),
                                cupy.asnumpy(cupy.asarray(lin.q.absmax)),
                                cupy.asnumpy(cupy.asarray(lin.q.codebook)), 4, N, K)

@@ -106,7 +106,7 @@ def test_prewarm_equals_dispatch(arch):
     from kernelgen.kbit_gemm import prewarm_all
 
     spec = {"shapes": [[14336, 4096], [4096, 14336], [200, 384]], "bits": [3, 4],
-            "dtypes": ["bfloat16", "float32"]}
+            "dtypes": ["bfloat16", "float32"], "layouts": ["flat"]}  # 4 bits: the flat layout's
     pre = {c for c in S.prewarm_mma_configs([arch], spec)}
     picked = set()
     for sms in SM_COUNTS[arch]:
@@ -117,7 +117,7 @@ def test_prewarm_equals_dispatch(arch):
                     if ch.path == "mma":
                         picked.add(ch.plan.config)
     assert picked == pre
-    assert pre <= set(prewarm_all([arch], {}))
+    assert pre <= set(prewarm_all([arch], {"layouts": ["flat"]}))
     assert pre <= set(prewarm_all([arch], spec))
 
 
@@ -178,14 +178,17 @@ def test_prewarm_covers_the_dequant_paths_kernel():
     whenever some M of the spec can reach that path, and not otherwise."""
     from kernelgen.kbit.config import KbitDequantizeConfig
     from kernelgen.kbit_gemm import prewarm_all
+    from kernelgen.kbit_gemm.config import KbitTiledDequantConfig
 
-    want = KbitDequantizeConfig(arch="sm_90a", bits=4, dtype="float16", absmax_dtype="e4m4")
-    every_m = set(prewarm_all(["sm_90a"], {"bits": [4], "dtypes": ["float16"], "shapes": [[4096, 4096]]}))
-    assert want in every_m
-    big_m = set(prewarm_all(["sm_90a"], {"bits": [4], "dtypes": ["float16"],
-                                         "shapes": [[4096, 4096, 4096]]}))
-    assert want in big_m
-    decode = set(prewarm_all(["sm_90a"], {"bits": [4], "dtypes": ["float16"],
-                                          "shapes": [[16, 4096, 4096], [64, 4096, 4096]]}))
-    assert not any(isinstance(c, KbitDequantizeConfig) for c in decode)
+    # the flat layout: kbit's dequantize kernel; the tiled layout (4-bit default): its own
+    for layout, want in (("flat", KbitDequantizeConfig(arch="sm_90a", bits=4, dtype="float16",
+                                                       absmax_dtype="e4m4")),
+                         ("tiled", KbitTiledDequantConfig(arch="sm_90a", dtype="float16"))):
+        spec = {"bits": [4], "dtypes": ["float16"], "layouts": [layout]}
+        every_m = set(prewarm_all(["sm_90a"], {**spec, "shapes": [[4096, 4096]]}))
+        assert want in every_m
+        big_m = set(prewarm_all(["sm_90a"], {**spec, "shapes": [[4096, 4096, 4096]]}))
+        assert want in big_m
+        decode = set(prewarm_all(["sm_90a"], {**spec, "shapes": [[16, 4096, 4096], [64, 4096, 4096]]}))
+        assert not any(isinstance(c, type(want)) for c in decode)
     assert S.plan_gemm("sm_90a", 4096, 4096, 4096, 4, "float16", 132).path == "dequant"

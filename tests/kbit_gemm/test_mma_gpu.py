@@ -13,8 +13,13 @@ import numpy as np
 import pytest
 
 from kernelgen.kbit import reference as R
+from kernelgen.kbit_gemm import quantize_weight
 from kernelgen.kbit_gemm import reference as GR
 from kernelgen.kbit_gemm.tc_config import TILES
+
+# these tests check the flat layout's kernels (4-bit weights default to the tiled layout:
+# test_tiled_gpu.py)
+quantize_flat = functools.partial(quantize_weight, layout="flat")
 
 pytestmark = pytest.mark.gpu
 
@@ -42,12 +47,10 @@ def _weight(bits, dtype, n, k):
     """(KbitLinear, W float64 as the kernel sees it), built once per module."""
     import cupy
 
-    import kernelgen as kg
-
     rng = np.random.default_rng(1000 * bits + n + k)
     w = (rng.standard_normal((n, k)) * rng.uniform(0.02, 3.0, (n, 1))).astype(np.float32)
     w_host = R.f32_to_bf16(w) if dtype == "bfloat16" else w.astype(np.float16)
-    lin = kg.quantize_weight(cupy.asarray(w_host), bits, dtype="bfloat16" if dtype == "bfloat16" else None)
+    lin = quantize_flat(cupy.asarray(w_host), bits, dtype="bfloat16" if dtype == "bfloat16" else None)
     w64 = GR.dequantize_weight(cupy.asnumpy(lin.q.packed), cupy.asnumpy(lin.q.absmax),
                                cupy.asnumpy(lin.q.codebook), bits, n, k)
     return lin, w64
@@ -146,7 +149,7 @@ def test_torch_inputs_on_a_side_stream():
     rng = np.random.default_rng()
     n, k, m = 384, 1024, 100
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    lin = kg.quantize_weight(w, 4)
+    lin = quantize_flat(w, 4)
     import cupy
 
     w64 = GR.dequantize_weight(cupy.asnumpy(cupy.asarray(lin.q.packed)),

@@ -1,0 +1,261 @@
+"""4-bit kbit weights in the tiled layout of the FP4 bandwidth path (kernelgen/fp4_gemm/layout.py).
+
+The FP4 GEMV streams 16 W rows x 128 k a warp step as 1 KB of 4-bit words plus 64 scale bytes;
+4-bit kbit weights have the same bytes per element (a code a nibble, an E4M4 byte a block of
+32 = MXFP4's group), so they take the same layout and kernels (fmt "kbit4", fp4.cuh
+FMT_KBIT4): the codes are left plain (code i of a word in bits 4i..4i+3) and decode through a
+shared-memory table of the codebook instead of bit arithmetic. Three paths read the layout:
+  gemv     the FP4 bandwidth kernel (M in passes of 8 / 16 tokens)
+  tile     the FP4 tensor-core tile kernel (mma.sync, 128 W rows x 32..128 tokens a CTA)
+  dequant  W dequantized to A's dtype by kbit_dequant_tiled, then cuBLAS
+`plan_tiled` picks one from host-side numbers; `prewarm_tiled_configs` walks the same rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..arch import SM_COUNTS, get_arch
+from ..core.config import KernelConfig
+from ..core.select import selector, weight_shapes
+from ..fp4_gemm.config import GEMV_WARPS, M_TILES, TILE_BMS, TILE_BN, Fp4GemvConfig, Fp4TileConfig
+from ..fp4_gemm.layout import arrange, arranged_shapes, block_strides, tile_data, tile_scales
+from ..fp4_gemm.select import GEMV_DEPTH, GEMV_TPW, KBIT4_WPS, Plan, bm_for, stages_for
+from ..fp4_gemm.select import plan as fp4_plan
+from .config import DTYPES, KbitTiledDequantConfig
+
+ARRANGEMENT = "step_major"  # as MXFP4's (fp4_gemm.api.ARRANGEMENT): the same bytes a block
+TILED_PATHS = ("gemv", "tile", "dequant")
+
+# -- path rule (H100, session 13, graph-timed, weights rotated past L2, fp16; us) ----------------
+# M <= GEMV_MAX_M: the bandwidth kernel, one pass of 8 / 16 tokens a z-slice of the grid; past 16
+# the passes read W again, mostly from L2. examples/bench_kbit_gemm.py --bits 4, gemv / tile /
+# dequant forced: 14336x4096 M = 33 / 64 50.0 / 53.7 vs 61.4 / 68.5 / 102.3 (the flat layout's
+# mma 54.6 / 57.4); 4096x4096 17.8 / 18.9 vs 41.4 / 56.2 / 24.3; M = 128 106.3 / 98.7 / 103.5
+# and 30.9 / 58.5 / 25.4.
+GEMV_MAX_M = 64
+# GEMV_MAX_M < M <= TILE_MAX_M: the tile path where its 128-row CTAs alone fill half the SMs
+# (14336x4096: 112 CTAs, M = 128 above), else dequantize + cuBLAS (4096x4096: 32 CTAs).
+TILE_MAX_M = 128
+TILE_MIN_CTAS_PER_SM = 0.5
+# M > TILE_MAX_M: dequantize + cuBLAS (M = 129: 14336x4096 104.5 vs tile 136.7, 4096x4096 31.1
+# vs 92.6; M = 4096 741.8 and 213.7 us, 0.93 / 0.94x cuBLAS fp16 on the dense weight).
+
+
+@dataclass(frozen=True, eq=False)
+class KbitTiled:
+    """A 4-bit kbit weight W [N, K] in the tiled layout (built by `tile_weight`): CuPy arrays on
+    `device`, owned by it. T = ceil(N / 16), Q = K / 128; in the step_major arrangement:
+    data      uint8 [Q, T, 2, 8, 4, 16]: the codes two a byte, low nibble first, each 16-byte
+              chunk lane (g, t)'s words j = codes of k 32j + 8t .. +7 of rows g / g + 8
+    scales    uint8 [Q, T, 8, 1, 2, 4]: the E4M4 byte of each block of 32 (byte j of a row's
+              step: block j)
+    codebook  float32 [16], the sorted levels
+    """
+
+    n: int
+    k: int
+    data: Any
+    scales: Any
+    codebook: Any
+    device: int
+    arrangement: str = ARRANGEMENT
+
+    def __post_init__(self) -> None:
+        import cupy
+
+        t, q = -(-self.n // 16), self.k // 128
+        dshape, sshape = arranged_shapes(self.arrangement, t, q, 4)
+        for name, x, shape, dt in (("data", self.data, dshape, "uint8"),
+                                   ("scales", self.scales, sshape, "uint8"),
+                                   ("codebook", self.codebook, (16,), "float32")):
+            if not isinstance(x, cupy.ndarray):
+                raise ValueError(f"KbitTiled.{name}: expected a CuPy array (tile_weight makes "
+                                 f"them), got {type(x).__name__}")
+            if tuple(x.shape) != shape or str(x.dtype) != dt:
+                raise ValueError(f"KbitTiled.{name}: {x.dtype} {tuple(x.shape)}; a tiled 4-bit "
+                                 f"weight [{self.n}, {self.k}] needs {dt} {shape}")
+            if x.data.device_id != self.device:
+                raise ValueError(f"KbitTiled.{name}: on device {x.data.device_id}, the weight "
+                                 f"says device {self.device}")
+
+    def strides(self) -> tuple[int, int, int, int]:
+        """Byte strides of a block: W along tiles, W along steps, S along tiles, S along steps."""
+        return block_strides(self.arrangement, self.data, self.scales)
+
+
+def codes_of_planes(xp: Any, packed: Any, n: int, k: int, bits: int = 4) -> Any:
+    """Flat kbit bit planes (packed[block * bits + b], bit j = plane b of element j) -> the
+    codes [N, K] as uint8 (a new array), 32768 blocks at a time."""
+    nb = n * k // 32
+    planes = packed.reshape(nb, bits)
+    lanes = xp.arange(32, dtype=xp.uint32)
+    out = xp.empty((nb, 32), dtype=xp.uint8)
+    step = 1 << 15
+    for lo in range(0, nb, step):
+        p = planes[lo:lo + step]
+        idx = xp.zeros((p.shape[0], 32), dtype=xp.uint32)
+        for b in range(bits):
+            idx |= ((p[:, b:b + 1] >> lanes) & xp.uint32(1)) << xp.uint32(b)
+        out[lo:lo + step] = idx.astype(xp.uint8)
+    return out.reshape(n, k)
+
+
+def tile_kbit4(xp: Any, packed: Any, absmax: Any, n: int, k: int,
+               arrangement: str = ARRANGEMENT) -> tuple[Any, Any]:
+    """(data, scales) of a 4-bit kbit weight [N, K] (flat planes, E4M4 bytes) in the tiled
+    layout, K % 128 == 0: the codes two a byte, low nibble first (element 2i), tiled like fp4
+    words but not bit-encoded; the E4M4 bytes as MXFP4's scale bytes (4 a row and step). Any
+    array module (NumPy in the tests, CuPy in tile_weight); new arrays."""
+    codes = codes_of_planes(xp, packed, n, k, 4)
+    nib = (codes[:, 0::2] | (codes[:, 1::2] << xp.uint8(4))).astype(xp.uint8)
+    del codes
+    return arrange(xp, tile_data(xp, nib, n, k, None),
+                   tile_scales(xp, absmax.reshape(n, k // 32), n, k, 4), arrangement)
+
+
+def tile_weight(q: Any, ctx: Any) -> KbitTiled:
+    """The tiled copy of a 4-bit KbitTensor [N, K] (flat layout) on ctx's device and stream."""
+    import cupy
+
+    from ..core.interop import on_stream
+
+    n, k = (int(s) for s in q.shape)
+    packed, absmax, cb = q._views(ctx)
+    with on_stream(ctx.device, ctx.stream):
+        data, scales = tile_kbit4(cupy, packed, absmax, n, k)
+        cb = cb.astype(cupy.float32, copy=True)  # q's buffers may go away
+    return KbitTiled(n, k, data, scales, cb, ctx.device)
+
+
+# -- plan ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TiledChoice:
+    """The path of a tiled 4-bit weight and, for gemv / tile, its launch (fp4_gemm Plan)."""
+
+    path: str
+    plan: Plan | None
+
+    def short(self) -> str:
+        return f"path={self.path}" + (f" {self.plan.short()}" if self.plan is not None else "")
+
+
+def path_tiled(m: int, n: int, sm_count: int) -> str:
+    if m <= GEMV_MAX_M:
+        return "gemv"
+    if m <= TILE_MAX_M and -(-n // TILE_BN) >= TILE_MIN_CTAS_PER_SM * sm_count:
+        return "tile"
+    return "dequant"
+
+
+def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
+               path: str | None = None, split: int | None = None) -> TiledChoice:
+    """Pure planner; `path` (TILED_PATHS) and `split` (K splits of gemv / tile) force a choice."""
+    if m < 1:
+        raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {DTYPES}")
+    path = path_tiled(m, n, sm_count) if path is None else path
+    if path not in TILED_PATHS:
+        raise ValueError(f"path={path!r}: a tiled 4-bit weight runs on {TILED_PATHS} (the mma "
+                         f"path reads the flat layout: quantize_weight(..., layout='flat'))")
+    if path == "dequant":
+        if split is not None:
+            raise ValueError(f"split_k={split}: the dequant path (dequantize + cuBLAS) has no K split")
+        return TiledChoice(path, None)
+    return TiledChoice(path, fp4_plan(arch, m, n, k, "kbit4", dtype, sm_count, path=path, split=split))
+
+
+@selector
+def select_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int) -> TiledChoice:
+    """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1)."""
+    return plan_tiled(arch, m, n, k, dtype, sm_count)
+
+
+# -- launches -----------------------------------------------------------------------------------
+def gemm_tiled(ctx: Any, W: KbitTiled, a: Any, b: Any, has_bias: bool, c: Any, m: int, n: int,
+               k: int, dt: str, info: Any, path: str | None, split: int | None) -> None:
+    """C = A . W^T (+ bias) of a tiled weight on ctx's stream (c: C's cupy view, written)."""
+    from ..fp4_gemm.api import launch_plan
+
+    if W.device != ctx.device:
+        raise ValueError(f"W: on device {W.device}, A is on device {ctx.device}")
+    if path is None and split is None:
+        choice = select_tiled(info.arch.name, m, n, k, dt, info.sm_count)
+    else:
+        choice = plan_tiled(info.arch.name, m, n, k, dt, info.sm_count, path,
+                            None if split is None else int(split))
+    if choice.path == "dequant":
+        from .api import dense_gemm
+
+        dense_gemm(ctx, lambda _w, wv: dequantize_tiled(ctx, W, dt, wv), a, b, has_bias, c, m, n, k, dt)
+        return
+    launch_plan(ctx, choice.plan, W.data, W.scales, W.codebook, W.strides(), a, b, has_bias, 1.0,
+                c, m, n, k)
+
+
+def dequantize_tiled(ctx: Any, W: KbitTiled, dt: str, out: Any) -> None:
+    """out [N, K] (A's dtype, a cupy array) = the dense values of W, as kbit dequantize makes
+    them (T(RN(cb[code] * scale)))."""
+    from ..arch import device_info
+    from ..core.jit import get_kernel
+
+    info = device_info(ctx.device)
+    cfg = KbitTiledDequantConfig(arch=info.arch.name, dtype=dt)
+    fn = get_kernel(cfg, ctx.device, ctx.stream).fn("kbit_dequant_tiled")
+    wt, wq, st, sq = W.strides()
+    chunks = -(-W.n // 16) * (W.k // 128) * 64
+    grid = max(1, min(-(-chunks // 256), info.sm_count * 8))
+    ctx.launch(fn, (grid, 1, 1), (256, 1, 1),
+               (W.data, W.scales, W.codebook, out, np.int32(W.n), np.int32(W.k), np.int64(wt),
+                np.uint32(wq), np.int64(st), np.uint32(sq)))
+
+
+# -- prewarm ------------------------------------------------------------------------------------
+def _probe_ms() -> list[int]:
+    """M values that reach every plan of the tiled paths: every M up to GEMV_MAX_M (the GEMV's
+    plans change with its passes), the ends of the tile range and of each of its BM buckets,
+    and one M past it."""
+    ms = set(range(1, GEMV_MAX_M + 2)) | {TILE_MAX_M, TILE_MAX_M + 1}
+    ms |= {m for m in range(GEMV_MAX_M + 1, TILE_MAX_M + 1) if bm_for(m) != bm_for(m - 1)}
+    ms |= {m - 1 for m in ms if m > GEMV_MAX_M + 1}
+    return sorted(ms)
+
+
+def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:
+    """Configs the tiled paths can launch for 4-bit weights (spec as kbit_gemm.select's:
+    "dtypes", "shapes", "sm_counts"). Without shapes: every GEMV config the FP4 planner can
+    give kbit4 (both m_tiles, each TPW, KBIT4_WPS warps an SM), every tile config M in
+    (GEMV_MAX_M, TILE_MAX_M] reaches, and the dequantize kernel."""
+    from .select import check_shape
+
+    dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
+    shapes = weight_shapes(spec, "kbit_gemm", check_shape)
+    seen: set = set()
+    for arch in archs:
+        get_arch(arch)
+        for dtype in dtypes:
+            if not shapes:
+                for m_tile in M_TILES:
+                    for tpw in sorted({1, GEMV_TPW[m_tile]}):
+                        yield Fp4GemvConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype,
+                                            m_tile=m_tile, warps=GEMV_WARPS, depth=GEMV_DEPTH,
+                                            tpw=tpw, warps_per_sm=KBIT4_WPS)
+                for bm in sorted({bm_for(m) for m in range(GEMV_MAX_M + 1, TILE_MAX_M + 1)}):
+                    yield Fp4TileConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype, bm=bm,
+                                        stages=stages_for(arch, "kbit4", bm), warps_t=TILE_BMS[bm])
+                yield KbitTiledDequantConfig(arch=arch, dtype=dtype)
+                continue
+            for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
+                for m, n, k in shapes:
+                    for mm in (m,) if m is not None else _probe_ms():
+                        ch = plan_tiled(arch, int(mm), n, k, dtype, int(sms))
+                        cfg = ch.plan.config if ch.plan is not None else \
+                            KbitTiledDequantConfig(arch=arch, dtype=dtype)
+                        if cfg not in seen:
+                            seen.add(cfg)
+                            yield cfg

@@ -1,0 +1,134 @@
+"""The tiled layout of 4-bit kbit weights (kernelgen/kbit_gemm/tiled.py) without a GPU: the
+repack against an element-by-element model, the path rule and planner, the configs, and that
+prewarm covers every config the planner can return."""
+
+import numpy as np
+import pytest
+
+from kernelgen.errors import UnsupportedConfigError
+from kernelgen.fp4_gemm.config import KBIT4_LUT_BYTES, Fp4GemvConfig, Fp4TileConfig
+from kernelgen.fp4_gemm.layout import ARRANGEMENTS, canonical
+from kernelgen.kbit import reference as R
+from kernelgen.kbit_gemm import prewarm_all
+from kernelgen.kbit_gemm import tiled as TL
+from kernelgen.kbit_gemm.config import KbitTiledDequantConfig
+
+
+def _planes(rng, n, k):
+    """(flat bit planes [n*k/32 * 4], codes [n, k], E4M4 bytes [n*k/32]) of random codes."""
+    cb = R.create_normal_float_codebook(4)
+    w = (rng.standard_normal((n, k)) * rng.uniform(0.1, 2, (n, 1))).astype(np.float32)
+    packed, _, a8 = R.quantize(w, 4, cb)
+    return packed, R.unpack_indices(packed, 4).reshape(n, k), a8
+
+
+def test_codes_of_planes_is_unpack_indices():
+    rng = np.random.default_rng(0)
+    packed, codes, _ = _planes(rng, 48, 256)
+    got = TL.codes_of_planes(np, packed, 48, 256)
+    assert got.dtype == np.uint8 and np.array_equal(got, codes)
+
+
+@pytest.mark.parametrize("arrangement", ARRANGEMENTS)
+@pytest.mark.parametrize("n", (16, 40))
+def test_tiled_layout_element_by_element(n, arrangement):
+    """Element (row, kk): tile row // 16, half (row % 16) // 8, lane row g = row % 8, step
+    kk // 128, word j = (kk % 128) // 32, lane t = (kk % 32) // 8, code i = kk % 8 in bits
+    4i..4i+3 of word j of chunk t; the row's scale byte j of the step = the E4M4 of block
+    kk // 32. Rows past N are zero."""
+    rng = np.random.default_rng(n)
+    k = 384
+    packed, codes, a8 = _planes(rng, n, k)
+    data, scales = TL.tile_kbit4(np, packed, a8, n, k, arrangement)
+    d, s = canonical(arrangement, data, scales, 4)
+    t_tiles = -(-n // 16)
+    assert d.shape == (t_tiles, k // 128, 2, 8, 4, 16) and s.shape == (t_tiles, k // 128, 8, 1, 2, 4)
+    for row in range(t_tiles * 16):
+        tl, h, g = row // 16, (row % 16) // 8, row % 8
+        for kk in range(k):
+            q, j, t, i = kk // 128, (kk % 128) // 32, (kk % 32) // 8, kk % 8
+            word = int(d[tl, q, h, g, t].view(np.uint32)[j])
+            want = codes[row, kk] if row < n else 0
+            assert (word >> (4 * i)) & 15 == want, (row, kk)
+            want_s = a8[row * (k // 32) + kk // 32] if row < n else 0
+            assert s[tl, q, g, 0, h, j] == want_s, (row, kk)
+
+
+def test_path_rule_and_forced_paths():
+    sms = 132
+    assert TL.path_tiled(1, 14336, sms) == "gemv"
+    assert TL.path_tiled(TL.GEMV_MAX_M, 14336, sms) == "gemv"
+    big_n = TL.TILE_BN * sms  # tile CTAs fill the SMs
+    assert TL.path_tiled(TL.GEMV_MAX_M + 1, big_n, sms) == "tile"
+    assert TL.path_tiled(TL.TILE_MAX_M, big_n, sms) == "tile"
+    assert TL.path_tiled(TL.TILE_MAX_M + 1, big_n, sms) == "dequant"
+    assert TL.path_tiled(TL.GEMV_MAX_M + 1, 4096, sms) == "dequant"  # 32 tile CTAs
+    for path in TL.TILED_PATHS:
+        ch = TL.plan_tiled("sm_90a", 40, 1152, 4224, "float16", sms, path=path)
+        assert ch.path == path and (ch.plan is None) == (path == "dequant")
+        if ch.plan is not None:
+            assert ch.plan.config.fmt == "kbit4" and ch.plan.path == path
+    ch = TL.plan_tiled("sm_90a", 40, 1152, 4224, "bfloat16", sms, path="tile", split=3)
+    assert ch.plan.split == 3 and ch.plan.config.enc == "bfloat16"
+    with pytest.raises(ValueError, match="path='mma': a tiled 4-bit weight runs on"):
+        TL.plan_tiled("sm_90a", 40, 1152, 4224, "float16", sms, path="mma")
+    with pytest.raises(ValueError, match="has no K split"):
+        TL.plan_tiled("sm_90a", 400, 1152, 4224, "float16", sms, path="dequant", split=2)
+    with pytest.raises(ValueError, match="M=0"):
+        TL.plan_tiled("sm_90a", 0, 1152, 4224, "float16", sms)
+
+
+def test_kbit4_configs():
+    cfg = Fp4GemvConfig(arch="sm_90a", fmt="kbit4", dtype="float16", enc="float16")
+    cfg.check()
+    assert cfg.smem_bytes() == KBIT4_LUT_BYTES
+    assert cfg.template_vars()["fmt_id"] == 2
+    with pytest.raises(UnsupportedConfigError, match="enc must equal dtype"):
+        Fp4GemvConfig(arch="sm_90a", fmt="kbit4", dtype="float16", enc="bfloat16").check()
+    with pytest.raises(UnsupportedConfigError, match="32 KB code table"):
+        Fp4GemvConfig(arch="sm_90a", fmt="kbit4", warps=4).check()
+    t = Fp4TileConfig(arch="sm_90a", fmt="kbit4", bm=64, stages=2)
+    t.check()
+    assert t.smem_bytes() == Fp4TileConfig(arch="sm_90a", fmt="mxfp4", bm=64, stages=2).smem_bytes() + KBIT4_LUT_BYTES
+    KbitTiledDequantConfig(arch="sm_80", dtype="bfloat16").check()
+    with pytest.raises(UnsupportedConfigError):
+        KbitTiledDequantConfig(arch="sm_80", dtype="float32").check()
+
+
+ARCHS = ("sm_80", "sm_90a", "sm_100a", "sm_120a")
+
+
+def test_prewarm_layouts():
+    kinds = {type(c).__name__ for c in prewarm_all(ARCHS, {"bits": [4]})}
+    assert kinds == {"Fp4GemvConfig", "Fp4TileConfig", "KbitTiledDequantConfig"}
+    assert all(c.fmt == "kbit4" for c in prewarm_all(ARCHS, {"bits": [4]})
+               if isinstance(c, (Fp4GemvConfig, Fp4TileConfig)))
+    flat4 = {type(c).__name__ for c in prewarm_all(ARCHS, {"bits": [4], "layouts": ["flat"]})}
+    assert flat4 == {"KbitGemvConfig", "KbitMmaConfig", "KbitDequantizeConfig"}
+    assert not any(isinstance(c, Fp4GemvConfig) for c in prewarm_all(ARCHS, {"bits": [2, 3, 5]}))
+    with pytest.raises(UnsupportedConfigError, match="layouts"):
+        list(prewarm_all(ARCHS, {"layouts": ["packed"]}))
+
+
+SHAPES = ((14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096), (28672, 8192), (200, 384),
+          (1152, 4224))
+
+
+def test_prewarm_covers_every_plan():
+    """Every config plan_tiled returns (every M to 4097, these shapes, each arch's SM counts)
+    is in the shape-walk prewarm, and that is within the no-shape enumeration."""
+    from kernelgen.arch import SM_COUNTS
+
+    full = set(prewarm_all(ARCHS, {"bits": [4]}))
+    spec = {"bits": [4], "shapes": [list(s) for s in SHAPES]}
+    walked = set(prewarm_all(ARCHS, spec))
+    assert walked <= full
+    for arch in ARCHS:
+        for sms in SM_COUNTS[arch]:
+            for n, k in SHAPES:
+                for m in range(1, 4098):
+                    for dtype in ("float16", "bfloat16"):
+                        ch = TL.plan_tiled(arch, m, n, k, dtype, sms)
+                        cfg = ch.plan.config if ch.plan is not None else \
+                            KbitTiledDequantConfig(arch=arch, dtype=dtype)
+                        assert cfg in walked, (arch, sms, n, k, m, dtype)

@@ -1,0 +1,192 @@
+"""4-bit kbit weights in the tiled layout (kernelgen/kbit_gemm/tiled.py) on the GPU: every path
+(gemv, tile, dequant) against the NumPy reference of the same quantized weight (dequantize with
+the E4M4 scales, matmul in float64), both dtypes, M from 1 to 4097, several (N, K) (N not a
+multiple of 16 or 128 included), K splits off / auto / forced, bias, out=, torch, graphs; the
+tiled dequantize against the flat one bit for bit.
+
+Outputs are poisoned (KERNELGEN_POISON=1: NaN) or pre-filled with NaN through out=, so an element
+the kernel does not write fails.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+
+from kernelgen.kbit import reference as R
+from kernelgen.kbit_gemm import reference as GR
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ("float16", "bfloat16")
+MS = (1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33, 64, 127, 128, 255, 1024, 4097)
+# N: 13 tiles of 16 with a partial one, 3 x 128, 1152 (9 tile CTAs); K: 3, 8, 33 steps of 128
+SHAPES = ((200, 384), (384, 1024), (1152, 4224))
+SPLITS = (None, 1, 3)
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setenv("KERNELGEN_POISON", "1")
+
+
+def _host(rng, shape, dtype, scale=1.0):
+    v = (rng.standard_normal(shape) * scale).astype(np.float32)
+    return R.f32_to_bf16(v) if dtype == "bfloat16" else v.astype(np.float16)
+
+
+@functools.cache
+def _weights(dtype, n, k):
+    """(tiled KbitLinear, flat KbitLinear of the same codes, W float64 as the kernels see it)."""
+    import cupy
+
+    import kernelgen as kg
+
+    rng = np.random.default_rng(7 * n + k)
+    w = (rng.standard_normal((n, k)) * rng.uniform(0.02, 3.0, (n, 1))).astype(np.float32)
+    w_host = R.f32_to_bf16(w) if dtype == "bfloat16" else w.astype(np.float16)
+    flat = kg.quantize_weight(cupy.asarray(w_host), 4, layout="flat",
+                              dtype="bfloat16" if dtype == "bfloat16" else None)
+    tiled = kg.KbitLinear.from_kbit(flat.q)
+    assert tiled.layout == "tiled" and tiled.q is None and tiled.bits == 4
+    w64 = GR.dequantize_weight(cupy.asnumpy(flat.q.packed), cupy.asnumpy(flat.q.absmax),
+                               cupy.asnumpy(flat.q.codebook), 4, n, k)
+    return tiled, flat, w64
+
+
+def _check(c_dev, c_ref, dtype, ctx):
+    import cupy
+
+    c = GR.to_float64(cupy.asnumpy(c_dev), dtype)
+    assert np.all(np.isfinite(c)), f"{ctx}: {int(np.sum(~np.isfinite(c)))} elements not written / not finite"
+    err = GR.rel_error(c, c_ref)
+    assert err <= GR.REL_ERROR_BOUND[dtype], f"{ctx}: rel error {err:.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_every_path_matches_reference(shape, dtype):
+    import cupy
+
+    import kernelgen as kg
+    from kernelgen.arch import device_info
+    from kernelgen.kbit_gemm.tiled import plan_tiled
+
+    n, k = shape
+    lin, _, w64 = _weights(dtype, n, k)
+    info = device_info()
+    rng = np.random.default_rng(n + k)
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    bias = _host(rng, (n,), dtype)
+    for m in MS:
+        a = _host(rng, (m, k), dtype)
+        c_ref = GR.gemm(a, w64, bias, dtype)
+        a_d, b_d = cupy.asarray(a), cupy.asarray(bias)
+        auto = plan_tiled(info.arch.name, m, n, k, dtype, info.sm_count).path
+        paths = ["gemv"] if m <= 128 else []
+        paths += ["tile"] if m <= 1024 else []
+        paths += ["dequant"] if m >= 16 else []
+        for path in [None, *paths]:
+            for split in SPLITS if path in ("gemv", "tile") else (None,):
+                ctx = f"{dtype=} {m=} {n=} {k=} path={path or auto} {split=}"
+                c = kg.gemm(a_d, lin, b_d, dtype=hint, path=path, split_k=split)
+                _check(c, c_ref, dtype, ctx)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_shape_splits_and_determinism(dtype):
+    """A decode shape's plans (K warps, K splits across CTAs), twice: bit-identical."""
+    import cupy
+
+    import kernelgen as kg
+
+    n, k = 2048, 14336
+    lin, _, w64 = _weights(dtype, n, k)
+    rng = np.random.default_rng(3)
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for m in (1, 7, 16, 32):
+        a = _host(rng, (m, k), dtype)
+        a_d = cupy.asarray(a)
+        for split in (None, 1, 5):
+            first = kg.gemm(a_d, lin, dtype=hint, split_k=split)
+            _check(first, GR.gemm(a, w64, None, dtype), dtype, f"{m=} {split=}")
+            again = kg.gemm(a_d, lin, dtype=hint, split_k=split)
+            assert cupy.array_equal(first, again), f"{m=} {split=}: not deterministic"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dequantize_equals_the_flat_layout(dtype):
+    """KbitLinear.dequantize of the tiled layout = dequantize_kbit of the flat one, bit for bit
+    (out = T(RN(cb[code] * scale)) both ways), also for N not a multiple of 16."""
+    import cupy
+
+    for n, k in ((200, 384), (1152, 4224)):
+        tiled, flat, _ = _weights(dtype, n, k)
+        got = tiled.dequantize(dtype)
+        want = flat.dequantize(dtype)
+        assert got.shape == (n, k)
+        assert cupy.array_equal(cupy.asarray(got).view(cupy.uint16), cupy.asarray(want).view(cupy.uint16)), \
+            f"{n}x{k} {dtype}"
+
+
+def test_out_buffer_leading_dims_and_rules():
+    import cupy
+
+    import kernelgen as kg
+
+    n, k = 384, 1024
+    lin, _, w64 = _weights("float16", n, k)
+    rng = np.random.default_rng(5)
+    a = _host(rng, (2, 3, k), "float16")
+    bias = _host(rng, (n,), "float16")
+    c_ref = GR.gemm(a, w64, bias)
+    for path in ("gemv", "tile", "dequant"):
+        out = cupy.full((2, 3, n), cupy.nan, cupy.float16)
+        res = kg.gemm(cupy.asarray(a), lin, cupy.asarray(bias), out=out, path=path)
+        assert res is out
+        _check(out, c_ref, "float16", f"{path=} out=")
+    a_d = cupy.asarray(a.reshape(6, k))
+    with pytest.raises(ValueError, match="path='mma': a tiled 4-bit weight runs on"):
+        kg.gemm(a_d, lin, path="mma")
+    for knob in ({"kw": 2}, {"tile": (32, 128)}):
+        with pytest.raises(ValueError, match="a knob of the flat layout's kernels"):
+            kg.gemm(a_d, lin, **knob)
+    with pytest.raises(ValueError, match="the dequant path .* has no K split"):
+        kg.gemm(a_d, lin, path="dequant", split_k=2)
+    with pytest.raises(ValueError, match="layout='tiled': 4-bit weights only"):
+        kg.quantize_weight(cupy.ones((16, 128), cupy.float16), 3, layout="tiled")
+    with pytest.raises(ValueError, match="layout='packed': expected one of"):
+        kg.quantize_weight(cupy.ones((16, 128), cupy.float16), 4, layout="packed")
+
+
+def test_torch_inputs_and_graph_capture():
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    import kernelgen as kg
+
+    n, k = 384, 1024
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
+    lin = kg.quantize_weight(w, 4)
+    assert lin.layout == "tiled"
+    w64 = GR.to_float64(cupy.asnumpy(cupy.asarray(lin.dequantize("bfloat16"))), "bfloat16")
+    s = torch.cuda.Stream()
+    for m in (1, 16, 100, 300):  # gemv, gemv, tile or dequant, dequant
+        a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        a_np = a.view(torch.int16).cpu().numpy().view(np.uint16)
+        c_ref = GR.gemm(a_np, w64, None, "bfloat16")
+        with torch.cuda.stream(s):
+            c = kg.gemm(a, lin)
+            assert isinstance(c, torch.Tensor) and c.dtype == torch.bfloat16
+            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            kg.gemm(a, lin, out=out)  # warm (compiles, scratch) before the capture
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                kg.gemm(a, lin, out=out)
+            out.fill_(float("nan"))
+            g.replay()
+        s.synchronize()
+        c_np = c.view(torch.int16).cpu().numpy().view(np.uint16)
+        _check(c_np, c_ref, "bfloat16", f"torch {m=}")
+        o_np = out.view(torch.int16).cpu().numpy().view(np.uint16)
+        _check(o_np, c_ref, "bfloat16", f"torch graph {m=}")
