@@ -23,9 +23,10 @@ class Family:
     # targets the family has kernels for (None: every arch in kernelgen.arch.ALL_ARCHS); the
     # compile matrix checks prewarm yields configs for exactly these
     archs: tuple[str, ...] | None = None
-    # the spec under which prewarm_configs yields every config dispatch can launch, those a
-    # default prewarm leaves to first use included (the compile matrix and launch tests use it;
-    # kbit_gemm: the flat layout of 4-bit weights)
+    # the spec under which prewarm_configs also yields the configs a default prewarm leaves to
+    # first use (the compile matrix and launch tests use it; kbit_gemm: the flat layout of 4-bit
+    # weights, fp32 dequantize). Forced knobs (a path, split or tile for tuning) may still
+    # compile others on first use.
     matrix_spec: dict[str, Any] | None = None
 
 

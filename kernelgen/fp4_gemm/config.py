@@ -9,8 +9,9 @@ from ..core.config import KernelConfig
 from ..errors import UnsupportedConfigError
 
 FMTS = ("nvfp4", "mxfp4")
-# The bandwidth path also streams 4-bit kbit weights (kernelgen.kbit_gemm, tiled the same way:
-# codes through a shared-memory codebook table, E4M4 scales a block of 32)
+# Both kernels also read 4-bit kbit weights (kernelgen.kbit_gemm.tiled, tiled the same way:
+# codes through a shared-memory codebook table, E4M4 scales a block of 32; fp4_gemm itself
+# takes FMTS only)
 GEMV_FMTS = FMTS + ("kbit4",)
 FMT_ID = {"nvfp4": 0, "mxfp4": 1, "kbit4": 2}
 GROUP = {"nvfp4": 16, "mxfp4": 32, "kbit4": 32}

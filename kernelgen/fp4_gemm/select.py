@@ -89,13 +89,17 @@ GEMV_WPS32 = {8: True, 16: True}
 # its 32 KB code table). Measured on H100 (session 13, same run, graph-timed, fp16 / bf16 alike),
 # the default rule's 32 against 16, us: 14336x4096 M = 1 / 4 / 8 / 16 15.18 / 16.09 / 16.81 /
 # 23.53 vs 15.48 / 15.86 / 16.26 / 20.00; 4096x14336 M = 16 21.43 vs 20.04 (M <= 8: 16 either
-# way); 4096x4096 M = 16 9.60 vs 11.35 (the one row 32 wins; not taken: one rule).
+# way); 4096x4096 M = 16 9.60 vs 11.35 (at TPW 2; TPW 1 at 16, below, 9.10). 32 wins at M = 1
+# (2-3%) and loses from M = 4 on; m_tile 16 at 32 also spills on sm_90a (16 bytes).
 KBIT4_WPS = 16
 # kbit4 keeps TPW 2 at m_tile 16 only where its CTAs cover every SM (this many a SM); else TPW 1,
 # twice the CTAs. Measured on H100 (session 13, same run, graph-timed, fp16), TPW 2 -> 1, us:
 # 4096x4096 M = 9 / 16 11.02 / 11.40 -> 8.42 / 9.10 (128 -> 256 CTAs); 1024x4096 9.23 / 9.44 ->
 # 5.71 / 6.03 (32 -> 64); 14336x4096 (224 CTAs at TPW 2) 19.11 / 19.80 vs 19.29 / 21.15 at TPW 1.
 KBIT4_TPW2_MIN_CTAS = 1
+# kbit4 tiles take at most 64 tokens (its selector sends M > 128 to dequantize + cuBLAS; a
+# forced tile path there keeps BM 64, which fits every arch's shared memory with the 32 KB table)
+KBIT4_TILE_BM_MAX = 64
 # A through a per-warp cp.async ring in shared memory (Fp4GemvConfig.a_ring) is NOT taken.
 # Measured on H100 (session 12, same graph run, bit-exact) with cp.async.cg (L2 only): 14336x4096
 # nvfp4 M = 1 / 8 / 16 122.2 / 37.2 / 47.6 us vs 14.56 / 15.36 / 19.20 default; 4096x14336 73.2 /
@@ -220,7 +224,7 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
 
 
 def _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc):
-    bm = bm_for(m)
+    bm = bm_for(m) if fmt in FMTS else min(bm_for(m), KBIT4_TILE_BM_MAX)
     cfg = Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, bm=bm,
                         stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])
     q = k // STEP_K
@@ -246,7 +250,8 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
     if m < 1:
         raise ValueError(f"A: M={m}; the FP4 GEMM needs M >= 1")
     if fmt not in GEMV_FMTS:
-        raise ValueError(f"W: format {fmt!r}; the FP4 GEMM takes {FMTS}")
+        raise ValueError(f"W: format {fmt!r}; the FP4 GEMM takes {FMTS} (and kbit4, the "
+                         f"tiled 4-bit kbit weights of kernelgen.kbit_gemm)")
     get_arch(arch)
     if path is None:
         path = "gemv" if m <= GEMV_MAX_M else "tile"

@@ -12,10 +12,11 @@ from .tiled import prewarm_tiled_configs
 
 
 def prewarm_all(archs, spec):  # type: ignore[no-untyped-def]
-    """Every kernel dispatch can launch, from the tables it uses. spec "layouts" (default: the
-    layout quantize_weight gives each bit-width, api.default_layout) picks the kernels: "flat"
-    the GEMV (select.py), mma (tc_select.py) and kbit dequantize (tc_select.py) of its bits;
-    "tiled" (4 bits) those of tiled.py."""
+    """Every kernel dispatch can launch, from the tables it uses: for flat weights the GEMV
+    (select.py), mma (tc_select.py) and kbit dequantize (tc_select.py) kernels of their bits, for
+    tiled 4-bit weights those of tiled.py. spec "layouts" lists the layouts of 4-bit weights
+    (default ["tiled"], api.default_layout; add "flat" for weights quantized with
+    layout="flat"); 2, 3 and 5-bit weights are always flat."""
     from .api import LAYOUTS, default_layout
 
     archs = tuple(archs)
@@ -26,8 +27,8 @@ def prewarm_all(archs, spec):  # type: ignore[no-untyped-def]
         raise UnsupportedConfigError(f"kbit_gemm spec layouts: {layouts!r}; expected a list of {LAYOUTS}")
 
     def wanted(bits: int, layout: str) -> bool:
-        if layout == "tiled" and bits != 4:
-            return False
+        if bits != 4:  # one layout
+            return layout == default_layout(bits)
         return layout == default_layout(bits) if layouts is None else layout in layouts
 
     flat = [b for b in bits_list if wanted(b, "flat")]
@@ -47,7 +48,7 @@ register_family(
         prewarm_configs=prewarm_all,
         description="kbit weight GEMM: bandwidth (GEMV) path for small M, mma.sync tiles above; "
                     "4-bit weights tiled for the FP4 kernels",
-        matrix_spec={"layouts": ["flat", "tiled"]},
+        matrix_spec={"layouts": ["flat", "tiled"], "dtypes": ["float16", "bfloat16", "float32"]},
     )
 )
 

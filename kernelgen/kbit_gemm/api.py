@@ -15,14 +15,15 @@ from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
 from .config import DTYPES, GROUP_K, TILE_ROWS
 from .select import GemvPlan, check_shape, m_tile_for, plan_gemv, select_gemv
 from .tc_select import PATHS, plan_mma, select_gemm
-from .tiled import KbitTiled, dequantize_tiled, gemm_tiled, tile_weight
+from .tiled import Kbit4Tiled, dequantize_tiled, gemm_tiled, tile_weight
 
 LAYOUTS = ("flat", "tiled")
 
 
 def default_layout(bits: int) -> str:
-    """4 bits: "tiled" (kernelgen/kbit_gemm/tiled.py: the FP4 bandwidth and tile kernels, 1.2-2.3x
-    faster at M <= 32, BENCHMARKS.md); 2, 3, 5 bits: "flat" (the only layout they have)."""
+    """4 bits: "tiled" (kernelgen/kbit_gemm/tiled.py: the FP4 bandwidth and tile kernels; on the
+    H100 1.2-3x faster than flat at M <= 16, BENCHMARKS.md); 2, 3, 5 bits: "flat" (the only
+    layout they have)."""
     return "tiled" if bits == 4 else "flat"
 
 
@@ -42,7 +43,7 @@ class KbitLinear:
     q: KbitTensor | None
     n: int
     k: int
-    tiled: KbitTiled | None = None
+    tiled: Kbit4Tiled | None = None
 
     def __post_init__(self) -> None:
         # gemm trusts n and k for the launch: they must be the weight's own shape.
@@ -50,8 +51,8 @@ class KbitLinear:
             raise ValueError("KbitLinear: exactly one of q (flat layout) and tiled (tiled "
                              "layout) must be set; use quantize_weight(w) or KbitLinear.from_kbit(q)")
         if self.tiled is not None:
-            if not isinstance(self.tiled, KbitTiled) or (self.tiled.n, self.tiled.k) != (self.n, self.k):
-                raise ValueError(f"KbitLinear: tiled must be a KbitTiled of shape ({self.n}, {self.k})")
+            if not isinstance(self.tiled, Kbit4Tiled) or (self.tiled.n, self.tiled.k) != (self.n, self.k):
+                raise ValueError(f"KbitLinear: tiled must be a Kbit4Tiled of shape ({self.n}, {self.k})")
         elif not isinstance(self.q, KbitTensor) or tuple(self.q.shape) != (self.n, self.k):
             raise ValueError(f"KbitLinear: q must be a KbitTensor of shape ({self.n}, {self.k}); "
                              f"use quantize_weight(w) or KbitLinear.from_kbit(q)")
@@ -86,19 +87,19 @@ class KbitLinear:
         return cls(None, n, k, tile_weight(q, context_of(q.packed, "q.packed")))
 
     def dequantize(self, dtype: str | None = None) -> Any:
-        """W [N, K] dense (flat: dequantize_kbit's dtype rule; tiled: fp16 unless `dtype`), as
-        a CuPy array for the tiled layout."""
+        """W [N, K] dense in `dtype` (fp16 / bf16 / fp32; default: the dtype that was
+        quantized), as the caller's array kind, the values of dequantize_kbit either layout."""
         if self.tiled is None:
             return dequantize_kbit(self.q, dtype)
-        import cupy
-
-        dt = dtype or "float16"
-        if dt not in DTYPES:
-            raise ValueError(f"dtype={dt!r}: expected one of {DTYPES}")
-        ctx = context_of(self.tiled.data, "W.tiled.data")
-        with on_stream(ctx.device, ctx.stream):
-            out = cupy.empty((self.n, self.k), cupy.float16 if dt == "float16" else cupy.uint16)
-        dequantize_tiled(ctx, self.tiled, dt, out)
+        t = self.tiled
+        dt = dtype or t.dtype
+        if dt not in ("float16", "bfloat16", "float32"):
+            raise ValueError(f"dtype={dt!r}: expected float16, bfloat16 or float32")
+        ctx = context_of(t.origin if t.origin is not None else t.codebook, "W.tiled")
+        if ctx.device != t.device:
+            raise ValueError(f"W: on device {t.device}, its source arrays on device {ctx.device}")
+        out, out_v = ctx.empty((self.n, self.k), dt)
+        dequantize_tiled(ctx, t, dt, out_v)
         return out
 
     def __call__(self, A: Any, bias: Any = None, *, out: Any = None, dtype: str | None = None) -> Any:
@@ -277,9 +278,8 @@ def dense_gemm(ctx: Ctx, dequantize: Any, a: Any, b: Any, has_bias: bool, c: Any
                k: int, dt: str) -> None:
     """C = A . W^T (+ bias) through W dense: `dequantize(w, wv)` writes W into an [N, K] scratch
     of A's dtype (2*N*K bytes for the call; w as the caller's array kind, wv its cupy view),
-    then cuBLAS
-    (cublasGemmEx, fp32 compute), the bias through beta = 1. Every launch goes to ctx.stream;
-    the caller's current stream is left as it was."""
+    then cuBLAS (cublasGemmEx, fp32 compute), the bias through beta = 1. Every launch goes to
+    ctx.stream; the caller's current stream is left as it was."""
     w_native, wv = _dequant_scratch(ctx, n, k, dt)
     dequantize(w_native, wv)
     if has_bias:

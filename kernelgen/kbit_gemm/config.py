@@ -121,14 +121,17 @@ class KbitTiledDequantConfig(KernelConfig):
 
     family: ClassVar[str] = "kbit_gemm"
     template: ClassVar[str] = "kbit_gemm/dequant_tiled.cu.jinja"
-    dtype: str = "float16"  # the output
+    dtype: str = "float16"  # the output: fp16 / bf16 (the dequant path), fp32 (dequantize())
 
     def check(self) -> None:
-        if self.dtype not in DTYPES:
-            raise UnsupportedConfigError(f"{self.short()}: dtype={self.dtype!r}; expected one of {DTYPES}")
+        if self.dtype not in OUT_DTYPES:
+            raise UnsupportedConfigError(f"{self.short()}: dtype={self.dtype!r}; expected one of {OUT_DTYPES}")
 
     def symbols(self) -> tuple[str, ...]:
         return ("kbit_dequant_tiled",)
 
     def template_vars(self) -> dict[str, Any]:
-        return {**super().template_vars(), "ctype": CTYPE[self.dtype]}
+        return {**super().template_vars(), "ctype": {**CTYPE, "float32": "float"}[self.dtype]}
+
+
+OUT_DTYPES = DTYPES + ("float32",)

@@ -6,7 +6,7 @@ The FP4 GEMV streams 16 W rows x 128 k a warp step as 1 KB of 4-bit words plus 6
 FMT_KBIT4): the codes are left plain (code i of a word in bits 4i..4i+3) and decode through a
 shared-memory table of the codebook instead of bit arithmetic. Three paths read the layout:
   gemv     the FP4 bandwidth kernel (M in passes of 8 / 16 tokens)
-  tile     the FP4 tensor-core tile kernel (mma.sync, 128 W rows x 32..128 tokens a CTA)
+  tile     the FP4 tensor-core tile kernel (mma.sync, 128 W rows x 32 or 64 tokens a CTA)
   dequant  W dequantized to A's dtype by kbit_dequant_tiled, then cuBLAS
 `plan_tiled` picks one from host-side numbers; `prewarm_tiled_configs` walks the same rule.
 """
@@ -47,7 +47,7 @@ TILE_MIN_CTAS_PER_SM = 0.5
 
 
 @dataclass(frozen=True, eq=False)
-class KbitTiled:
+class Kbit4Tiled:
     """A 4-bit kbit weight W [N, K] in the tiled layout (built by `tile_weight`): CuPy arrays on
     `device`, owned by it. T = ceil(N / 16), Q = K / 128; in the step_major arrangement:
     data      uint8 [Q, T, 2, 8, 4, 16]: the codes two a byte, low nibble first, each 16-byte
@@ -55,6 +55,9 @@ class KbitTiled:
     scales    uint8 [Q, T, 8, 1, 2, 4]: the E4M4 byte of each block of 32 (byte j of a row's
               step: block j)
     codebook  float32 [16], the sorted levels
+    dtype     the dtype of the tensor that was quantized (KbitLinear.dequantize's default)
+    origin    a small array of the caller's kind (the source codebook): dequantize returns
+              that kind and runs on its current stream
     """
 
     n: int
@@ -63,6 +66,8 @@ class KbitTiled:
     scales: Any
     codebook: Any
     device: int
+    dtype: str = "float16"
+    origin: Any = None
     arrangement: str = ARRANGEMENT
 
     def __post_init__(self) -> None:
@@ -74,13 +79,13 @@ class KbitTiled:
                                    ("scales", self.scales, sshape, "uint8"),
                                    ("codebook", self.codebook, (16,), "float32")):
             if not isinstance(x, cupy.ndarray):
-                raise ValueError(f"KbitTiled.{name}: expected a CuPy array (tile_weight makes "
+                raise ValueError(f"Kbit4Tiled.{name}: expected a CuPy array (tile_weight makes "
                                  f"them), got {type(x).__name__}")
             if tuple(x.shape) != shape or str(x.dtype) != dt:
-                raise ValueError(f"KbitTiled.{name}: {x.dtype} {tuple(x.shape)}; a tiled 4-bit "
+                raise ValueError(f"Kbit4Tiled.{name}: {x.dtype} {tuple(x.shape)}; a tiled 4-bit "
                                  f"weight [{self.n}, {self.k}] needs {dt} {shape}")
             if x.data.device_id != self.device:
-                raise ValueError(f"KbitTiled.{name}: on device {x.data.device_id}, the weight "
+                raise ValueError(f"Kbit4Tiled.{name}: on device {x.data.device_id}, the weight "
                                  f"says device {self.device}")
 
     def strides(self) -> tuple[int, int, int, int]:
@@ -118,7 +123,7 @@ def tile_kbit4(xp: Any, packed: Any, absmax: Any, n: int, k: int,
                    tile_scales(xp, absmax.reshape(n, k // 32), n, k, 4), arrangement)
 
 
-def tile_weight(q: Any, ctx: Any) -> KbitTiled:
+def tile_weight(q: Any, ctx: Any) -> Kbit4Tiled:
     """The tiled copy of a 4-bit KbitTensor [N, K] (flat layout) on ctx's device and stream."""
     import cupy
 
@@ -129,7 +134,7 @@ def tile_weight(q: Any, ctx: Any) -> KbitTiled:
     with on_stream(ctx.device, ctx.stream):
         data, scales = tile_kbit4(cupy, packed, absmax, n, k)
         cb = cb.astype(cupy.float32, copy=True)  # q's buffers may go away
-    return KbitTiled(n, k, data, scales, cb, ctx.device)
+    return Kbit4Tiled(n, k, data, scales, cb, ctx.device, q.dtype, q.codebook)
 
 
 # -- plan ---------------------------------------------------------------------------------------
@@ -177,7 +182,7 @@ def select_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int) -
 
 
 # -- launches -----------------------------------------------------------------------------------
-def gemm_tiled(ctx: Any, W: KbitTiled, a: Any, b: Any, has_bias: bool, c: Any, m: int, n: int,
+def gemm_tiled(ctx: Any, W: Kbit4Tiled, a: Any, b: Any, has_bias: bool, c: Any, m: int, n: int,
                k: int, dt: str, info: Any, path: str | None, split: int | None) -> None:
     """C = A . W^T (+ bias) of a tiled weight on ctx's stream (c: C's cupy view, written)."""
     from ..fp4_gemm.api import launch_plan
@@ -198,9 +203,9 @@ def gemm_tiled(ctx: Any, W: KbitTiled, a: Any, b: Any, has_bias: bool, c: Any, m
                 c, m, n, k)
 
 
-def dequantize_tiled(ctx: Any, W: KbitTiled, dt: str, out: Any) -> None:
-    """out [N, K] (A's dtype, a cupy array) = the dense values of W, as kbit dequantize makes
-    them (T(RN(cb[code] * scale)))."""
+def dequantize_tiled(ctx: Any, W: Kbit4Tiled, dt: str, out: Any) -> None:
+    """out [N, K] (a cupy array of dtype dt: fp16, bf16 or fp32) = the dense values of W, as
+    kbit dequantize makes them (T(RN(cb[code] * scale)))."""
     from ..arch import device_info
     from ..core.jit import get_kernel
 
@@ -230,7 +235,8 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
     """Configs the tiled paths can launch for 4-bit weights (spec as kbit_gemm.select's:
     "dtypes", "shapes", "sm_counts"). Without shapes: every GEMV config the FP4 planner can
     give kbit4 (both m_tiles, each TPW, KBIT4_WPS warps an SM), every tile config M in
-    (GEMV_MAX_M, TILE_MAX_M] reaches, and the dequantize kernel."""
+    (GEMV_MAX_M, TILE_MAX_M] reaches, and the dequantize kernel ("float32" among the dtypes:
+    also its fp32 output, for KbitLinear.dequantize)."""
     from .select import check_shape
 
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
@@ -238,6 +244,8 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
     seen: set = set()
     for arch in archs:
         get_arch(arch)
+        if "float32" in (spec.get("dtypes") or ()):  # KbitLinear.dequantize("float32")
+            yield KbitTiledDequantConfig(arch=arch, dtype="float32")
         for dtype in dtypes:
             if not shapes:
                 for m_tile in M_TILES:

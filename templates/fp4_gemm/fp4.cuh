@@ -22,7 +22,7 @@
 //               decodes as 0 (RowScale), or as 2^-127 of the row's largest group where the
 //               gemv scales after the mma (mx_word_factor).
 //   post  NVFP4: [1] fp32 global scale, a copy (D *= alpha / gs); MXFP4: [N] fp32 row factors
-//         (D *= alpha * post[n]; NaN where the row has a NaN group).
+//         (D *= alpha * post[n]; NaN where the row has a NaN group); KBIT4: the codebook [16].
 //
 // Lane work unit ("quad step", 128 k of 16 W rows): lane (g, t) = (lane / 4, lane % 4) loads the
 // 16-byte chunk t of rows g and g+8. mma k-step s (0..7) takes elements 4(s%2)..4(s%2)+3 of
@@ -42,8 +42,9 @@ namespace kg::fp4 {
 
 constexpr int FMT_NVFP4 = 0;
 constexpr int FMT_MXFP4 = 1;
-// 4-bit kbit weights (bandwidth path only): codes into a 16-entry codebook, an E4M4 scale a
-// block of 32 (= a word's group, as MXFP4's), decoded through a shared-memory table (below)
+// 4-bit kbit weights (kernelgen/kbit_gemm/tiled.py): codes into a 16-entry codebook, an E4M4
+// scale a block of 32 (= a word's group, as MXFP4's), decoded through a shared-memory table
+// (below); post is then the codebook (fp32 [16])
 constexpr int FMT_KBIT4 = 2;
 constexpr int STEP_K = 128;  // k per quad step (4 lanes x 32 elements)
 constexpr uint32_t FULL = 0xffffffffu;

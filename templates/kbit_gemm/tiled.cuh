@@ -1,6 +1,7 @@
 // 4-bit kbit weights in the tiled layout of the FP4 bandwidth path (fp4_gemm/fp4.cuh, kernelgen/
-// fp4_gemm/layout.py, kernelgen/kbit_gemm/tiled.py) -> dense W [N, K] in T, for the dequantize +
-// cuBLAS path: out = T(RN(cb[code] * scale)), the values of kbit/kbit.cuh's dequantize.
+// fp4_gemm/layout.py, kernelgen/kbit_gemm/tiled.py) -> dense W [N, K] in T (half, bf16, float),
+// for the dequantize + cuBLAS path and KbitLinear.dequantize: out = T(RN(cb[code] * scale)), the
+// values of kbit/kbit.cuh's dequantize.
 //
 // A (tile, step) block holds 16 rows x 128 k: 16-byte chunk c = 32h + 4g + t is lane (g, t)'s
 // chunk of row 16 * tile + 8h + g, whose word j holds the codes of k = 128 step + 32j + 8t + i
@@ -40,11 +41,19 @@ __device__ __forceinline__ void dequantize_tiled(const uint8_t* __restrict__ W,
     for (int j = 0; j < 4; ++j) {
       const uint32_t w = j == 0 ? d.x : j == 1 ? d.y : j == 2 ? d.z : d.w;
       const float s = e4m4_decode_nobranch((sw >> (8 * j)) & 0xFFu);
-      uint32_t p[4];
+      if constexpr (sizeof(T) == 4) {  // fp32: two 16-byte stores
+        float v[8];
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        p[e] = pack2<T>(cb[(w >> (8 * e)) & 15u] * s, cb[(w >> (8 * e + 4)) & 15u] * s);
-      *reinterpret_cast<uint4*>(o + 32 * j) = make_uint4(p[0], p[1], p[2], p[3]);
+        for (int i = 0; i < 8; ++i) v[i] = cb[(w >> (4 * i)) & 15u] * s;
+        *reinterpret_cast<float4*>(o + 32 * j) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4*>(o + 32 * j + 4) = make_float4(v[4], v[5], v[6], v[7]);
+      } else {
+        uint32_t p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          p[e] = pack2<T>(cb[(w >> (8 * e)) & 15u] * s, cb[(w >> (8 * e + 4)) & 15u] * s);
+        *reinterpret_cast<uint4*>(o + 32 * j) = make_uint4(p[0], p[1], p[2], p[3]);
+      }
     }
   }
 }

@@ -224,7 +224,8 @@ def test_pdl_ops_wait_for_an_early_writer(cupy, pdl_calls):
 
     rng = np.random.default_rng(7)
     k = 1024
-    lin = kg.quantize_weight(cupy.asarray((rng.standard_normal((256, k)) / 32).astype(np.float16)), 4)
+    lin = kg.quantize_weight(cupy.asarray((rng.standard_normal((256, k)) / 32).astype(np.float16)), 4,
+                             layout="flat")  # the flat GEMV; the tiled one is the FP4 GEMV's kernel
     W = prepare_weight(quantize_nvfp4(cupy.asarray(rng.standard_normal((256, k)).astype(np.float16))),
                        act_dtype="float16")
     x = cupy.ones((4, k), cupy.float16)

@@ -91,8 +91,10 @@ def test_kbit4_configs():
     t.check()
     assert t.smem_bytes() == Fp4TileConfig(arch="sm_90a", fmt="mxfp4", bm=64, stages=2).smem_bytes() + KBIT4_LUT_BYTES
     KbitTiledDequantConfig(arch="sm_80", dtype="bfloat16").check()
+    KbitTiledDequantConfig(arch="sm_80", dtype="float32").check()  # KbitLinear.dequantize
+    assert KbitTiledDequantConfig(arch="sm_80", dtype="float32").template_vars()["ctype"] == "float"
     with pytest.raises(UnsupportedConfigError):
-        KbitTiledDequantConfig(arch="sm_80", dtype="float32").check()
+        KbitTiledDequantConfig(arch="sm_80", dtype="int8").check()
 
 
 ARCHS = ("sm_80", "sm_90a", "sm_100a", "sm_120a")
@@ -108,6 +110,24 @@ def test_prewarm_layouts():
     assert not any(isinstance(c, Fp4GemvConfig) for c in prewarm_all(ARCHS, {"bits": [2, 3, 5]}))
     with pytest.raises(UnsupportedConfigError, match="layouts"):
         list(prewarm_all(ARCHS, {"layouts": ["packed"]}))
+    # "layouts" is about 4-bit weights: 3 bits keep their (flat) kernels whatever it says
+    for layouts in (["tiled"], ["flat"]):
+        cfgs = list(prewarm_all(ARCHS, {"bits": [3, 4], "layouts": layouts}))
+        assert any(getattr(c, "bits", None) == 3 for c in cfgs), layouts
+        assert any(getattr(c, "fmt", None) == "kbit4" for c in cfgs) == (layouts == ["tiled"])
+    # fp32 dequantize (KbitLinear.dequantize) only where asked for, as the compile matrix does
+    f32 = KbitTiledDequantConfig(arch="sm_90a", dtype="float32")
+    assert f32 not in set(prewarm_all(["sm_90a"], {"bits": [4]}))
+    assert f32 in set(prewarm_all(["sm_90a"], {"bits": [4], "dtypes": ["float16", "float32"]}))
+
+
+def test_forced_tile_path_fits_every_arch():
+    """A forced tile path past the selector's range keeps BM 64 (BM 128 with the 32 KB table does
+    not fit sm_120a's 99 KB)."""
+    for arch in ARCHS:
+        ch = TL.plan_tiled(arch, 300, 1152, 4224, "float16", 84, path="tile")
+        assert ch.plan.config.bm == 64
+        assert ch.plan.smem <= 99 * 1024 or arch != "sm_120a"
 
 
 SHAPES = ((14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096), (28672, 8192), (200, 384),

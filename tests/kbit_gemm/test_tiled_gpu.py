@@ -127,6 +127,9 @@ def test_dequantize_equals_the_flat_layout(dtype):
         assert got.shape == (n, k)
         assert cupy.array_equal(cupy.asarray(got).view(cupy.uint16), cupy.asarray(want).view(cupy.uint16)), \
             f"{n}x{k} {dtype}"
+        # default dtype: the one quantized (as dequantize_kbit's); fp32 too
+        assert cupy.array_equal(tiled.dequantize().view(cupy.uint16), flat.dequantize().view(cupy.uint16))
+        assert cupy.array_equal(tiled.dequantize("float32"), flat.dequantize("float32"))
 
 
 def test_out_buffer_leading_dims_and_rules():
@@ -160,6 +163,8 @@ def test_out_buffer_leading_dims_and_rules():
 
 
 def test_torch_inputs_and_graph_capture():
+    """torch weights and activations: the tiled copy is made from the torch KbitTensor, the
+    reference from its flat bit planes (not from the tiled copy)."""
     torch = pytest.importorskip("torch")
     import cupy
 
@@ -167,9 +172,19 @@ def test_torch_inputs_and_graph_capture():
 
     n, k = 384, 1024
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
-    lin = kg.quantize_weight(w, 4)
+    q = kg.quantize_kbit(w, 4)
+    lin = kg.KbitLinear.from_kbit(q)
     assert lin.layout == "tiled"
-    w64 = GR.to_float64(cupy.asnumpy(cupy.asarray(lin.dequantize("bfloat16"))), "bfloat16")
+    w64 = GR.dequantize_weight(cupy.asnumpy(cupy.asarray(q.packed)), cupy.asnumpy(cupy.asarray(q.absmax)),
+                               cupy.asnumpy(cupy.asarray(q.codebook)), 4, n, k)
+    # dequantize: the quantized dtype and the caller's kind by default, bit for bit the flat values
+    d = lin.dequantize()
+    assert isinstance(d, torch.Tensor) and d.dtype == torch.bfloat16 and tuple(d.shape) == (n, k)
+    assert torch.equal(d.view(torch.int16), kg.dequantize_kbit(q).view(torch.int16))
+    d32 = lin.dequantize("float32")
+    assert d32.dtype == torch.float32 and torch.equal(d32, kg.dequantize_kbit(q, "float32"))
+    with pytest.raises(ValueError, match="dtype='int8'"):
+        lin.dequantize("int8")
     s = torch.cuda.Stream()
     for m in (1, 16, 100, 300):  # gemv, gemv, tile or dequant, dequant
         a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
