@@ -31,19 +31,24 @@ from .config import DTYPES, KbitTiledDequantConfig
 ARRANGEMENT = "step_major"  # as MXFP4's (fp4_gemm.api.ARRANGEMENT): the same bytes a block
 TILED_PATHS = ("gemv", "tile", "dequant")
 
-# -- path rule (H100, session 13, graph-timed, weights rotated past L2, fp16; us) ----------------
-# M <= GEMV_MAX_M: the bandwidth kernel, one pass of 8 / 16 tokens a z-slice of the grid; past 16
-# the passes read W again, mostly from L2. examples/bench_kbit_gemm.py --bits 4, gemv / tile /
-# dequant forced: 14336x4096 M = 33 / 64 50.0 / 53.7 vs 61.4 / 68.5 / 102.3 (the flat layout's
-# mma 54.6 / 57.4); 4096x4096 17.8 / 18.9 vs 41.4 / 56.2 / 24.3; M = 128 106.3 / 98.7 / 103.5
-# and 30.9 / 58.5 / 25.4.
+# -- path rule (H100, session 13, examples/bench_kbit_gemm.py --bits 4, graph-timed, weights
+# rotated past L2, fp16, every path forced; us, gemv / tile / dequant) ---------------------------
+# M <= GEMV_MAX_M: the bandwidth kernel, one pass of 8 / 16 tokens a z-slice of the grid (past
+# 16 the passes read W again, mostly from L2): M = 64 14336x4096 54.5 / 68.2 / 101.9, 4096x14336
+# 50.8 / 100.9 / 104.4, 4096x4096 18.8 / 56.0 / 24.4.
 GEMV_MAX_M = 64
-# GEMV_MAX_M < M <= TILE_MAX_M: the tile path where its 128-row CTAs alone fill half the SMs
-# (14336x4096: 112 CTAs, M = 128 above), else dequantize + cuBLAS (4096x4096: 32 CTAs).
-TILE_MAX_M = 128
+# GEMV_MAX_M < M <= MID_MAX_M: small weights (N x K < BIG_WEIGHT) dequantize + cuBLAS (4096x4096
+# M = 65 / 128: 28.2 / 58.5 / 26.3 and 30.5 / 58.5 / 25.7); large ones the GEMV, or the tile
+# path from TILE_MIN_M where its 128-row CTAs alone fill half the SMs (14336x4096, 112 CTAs: M =
+# 65 87.5 / 97.8 / 102.6, M = 128 109.4 / 98.0 / 103.3; 4096x14336, 32 CTAs: 84.1 / 134.0 /
+# 105.3 and 96.4 / 136.8 / 110.1). The flat layout's mma kernel is 5-15% faster on these two
+# (91-93 us).
+MID_MAX_M = 128
+BIG_WEIGHT = 1 << 25
+TILE_MIN_M = 97
 TILE_MIN_CTAS_PER_SM = 0.5
-# M > TILE_MAX_M: dequantize + cuBLAS (M = 129: 14336x4096 104.5 vs tile 136.7, 4096x4096 31.1
-# vs 92.6; M = 4096 741.8 and 213.7 us, 0.93 / 0.94x cuBLAS fp16 on the dense weight).
+# M > MID_MAX_M: dequantize + cuBLAS (M = 129: 14336x4096 104.6 vs tile 147.2; M = 4096: 748.8
+# us, 0.97x cuBLAS fp16 on the dense weight).
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,12 +154,14 @@ class TiledChoice:
         return f"path={self.path}" + (f" {self.plan.short()}" if self.plan is not None else "")
 
 
-def path_tiled(m: int, n: int, sm_count: int) -> str:
+def path_tiled(m: int, n: int, k: int, sm_count: int) -> str:
     if m <= GEMV_MAX_M:
         return "gemv"
-    if m <= TILE_MAX_M and -(-n // TILE_BN) >= TILE_MIN_CTAS_PER_SM * sm_count:
+    if m > MID_MAX_M or n * k < BIG_WEIGHT:
+        return "dequant"
+    if m >= TILE_MIN_M and -(-n // TILE_BN) >= TILE_MIN_CTAS_PER_SM * sm_count:
         return "tile"
-    return "dequant"
+    return "gemv"
 
 
 def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
@@ -164,7 +171,7 @@ def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: expected one of {DTYPES}")
-    path = path_tiled(m, n, sm_count) if path is None else path
+    path = path_tiled(m, n, k, sm_count) if path is None else path
     if path not in TILED_PATHS:
         raise ValueError(f"path={path!r}: a tiled 4-bit weight runs on {TILED_PATHS} (the mma "
                          f"path reads the flat layout: quantize_weight(..., layout='flat'))")
@@ -222,20 +229,16 @@ def dequantize_tiled(ctx: Any, W: Kbit4Tiled, dt: str, out: Any) -> None:
 
 # -- prewarm ------------------------------------------------------------------------------------
 def _probe_ms() -> list[int]:
-    """M values that reach every plan of the tiled paths: every M up to GEMV_MAX_M (the GEMV's
-    plans change with its passes), the ends of the tile range and of each of its BM buckets,
-    and one M past it."""
-    ms = set(range(1, GEMV_MAX_M + 2)) | {TILE_MAX_M, TILE_MAX_M + 1}
-    ms |= {m for m in range(GEMV_MAX_M + 1, TILE_MAX_M + 1) if bm_for(m) != bm_for(m - 1)}
-    ms |= {m - 1 for m in ms if m > GEMV_MAX_M + 1}
-    return sorted(ms)
+    """M values that reach every plan of the tiled paths: every M up to MID_MAX_M (the GEMV's
+    plans change with its passes) and one past it."""
+    return list(range(1, MID_MAX_M + 2))
 
 
 def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:
     """Configs the tiled paths can launch for 4-bit weights (spec as kbit_gemm.select's:
     "dtypes", "shapes", "sm_counts"). Without shapes: every GEMV config the FP4 planner can
     give kbit4 (both m_tiles, each TPW, KBIT4_WPS warps an SM), every tile config M in
-    (GEMV_MAX_M, TILE_MAX_M] reaches, and the dequantize kernel ("float32" among the dtypes:
+    [TILE_MIN_M, MID_MAX_M] reaches, and the dequantize kernel ("float32" among the dtypes:
     also its fp32 output, for KbitLinear.dequantize)."""
     from .select import check_shape
 
@@ -253,7 +256,7 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
                         yield Fp4GemvConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype,
                                             m_tile=m_tile, warps=GEMV_WARPS, depth=GEMV_DEPTH,
                                             tpw=tpw, warps_per_sm=KBIT4_WPS)
-                for bm in sorted({bm_for(m) for m in range(GEMV_MAX_M + 1, TILE_MAX_M + 1)}):
+                for bm in sorted({bm_for(m) for m in range(TILE_MIN_M, MID_MAX_M + 1)}):
                     yield Fp4TileConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype, bm=bm,
                                         stages=stages_for(arch, "kbit4", bm), warps_t=TILE_BMS[bm])
                 yield KbitTiledDequantConfig(arch=arch, dtype=dtype)

@@ -56,13 +56,17 @@ def test_tiled_layout_element_by_element(n, arrangement):
 
 def test_path_rule_and_forced_paths():
     sms = 132
-    assert TL.path_tiled(1, 14336, sms) == "gemv"
-    assert TL.path_tiled(TL.GEMV_MAX_M, 14336, sms) == "gemv"
     big_n = TL.TILE_BN * sms  # tile CTAs fill the SMs
-    assert TL.path_tiled(TL.GEMV_MAX_M + 1, big_n, sms) == "tile"
-    assert TL.path_tiled(TL.TILE_MAX_M, big_n, sms) == "tile"
-    assert TL.path_tiled(TL.TILE_MAX_M + 1, big_n, sms) == "dequant"
-    assert TL.path_tiled(TL.GEMV_MAX_M + 1, 4096, sms) == "dequant"  # 32 tile CTAs
+    k_big = TL.BIG_WEIGHT // big_n + 128
+    assert TL.path_tiled(1, 14336, 4096, sms) == "gemv"
+    assert TL.path_tiled(TL.GEMV_MAX_M, 1024, 128, sms) == "gemv"
+    assert TL.path_tiled(TL.GEMV_MAX_M + 1, 4096, 4096, sms) == "dequant"  # a small weight
+    assert TL.path_tiled(TL.GEMV_MAX_M + 1, big_n, k_big, sms) == "gemv"
+    assert TL.path_tiled(TL.TILE_MIN_M - 1, big_n, k_big, sms) == "gemv"
+    assert TL.path_tiled(TL.TILE_MIN_M, big_n, k_big, sms) == "tile"
+    assert TL.path_tiled(TL.MID_MAX_M, big_n, k_big, sms) == "tile"
+    assert TL.path_tiled(TL.MID_MAX_M, 4096, 14336, sms) == "gemv"  # 32 tile CTAs
+    assert TL.path_tiled(TL.MID_MAX_M + 1, big_n, k_big, sms) == "dequant"
     for path in TL.TILED_PATHS:
         ch = TL.plan_tiled("sm_90a", 40, 1152, 4224, "float16", sms, path=path)
         assert ch.path == path and (ch.plan is None) == (path == "dequant")
