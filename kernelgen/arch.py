@@ -74,6 +74,9 @@ class DeviceInfo:
     arch: Arch
     sm_count: int
     l2_bytes: int
+    # dynamic shared memory a block may opt into on this part: below the target's smem_optin on
+    # 8.6 / 8.9 parts (99 KB; A10, L40S, RTX 4090), which run the sm_80 target
+    smem_optin: int = 0
 
 
 _DEVICES: dict[int, DeviceInfo] = {}
@@ -92,12 +95,14 @@ def device_info(index: int | None = None) -> DeviceInfo:
         except Exception as e:  # no driver / no device
             raise DeviceError(f"no usable CUDA device {index}: {e}") from e
         name = props["name"]
+        arch = arch_for_cc(props["major"], props["minor"])
         info = DeviceInfo(
             index=index,
             name=name.decode() if isinstance(name, bytes) else str(name),
-            arch=arch_for_cc(props["major"], props["minor"]),
+            arch=arch,
             sm_count=int(props["multiProcessorCount"]),
             l2_bytes=int(props.get("l2CacheSize", 0)),
+            smem_optin=int(props.get("sharedMemPerBlockOptin", 0)) or arch.smem_optin,
         )
         _DEVICES[index] = info
     return info

@@ -76,6 +76,32 @@ def _pdl_device(device: int) -> bool:
     return ok
 
 
+_smem_limits: dict[int, tuple[int, str]] = {}
+
+
+def smem_limit(device: int) -> int:
+    """Dynamic shared memory a block may use on the device (after opt-in), memoised."""
+    lim = _smem_limits.get(device)
+    if lim is None:
+        from ..arch import device_info
+
+        info = device_info(device)
+        lim = _smem_limits[device] = (info.smem_optin, f"{info.name}, target {info.arch.name}")
+    return lim[0]
+
+
+def check_smem(device: int, smem: int) -> None:
+    """DeviceError unless a block of `smem` bytes of dynamic shared memory fits the device (the
+    plans size stages for the target's largest part: 8.6 / 8.9 parts allow 99 KB of sm_80's
+    163 KB)."""
+    limit = smem_limit(device)
+    if smem > limit:
+        from ..errors import DeviceError
+
+        raise DeviceError(f"a launch needs {smem} bytes of shared memory a block; device {device} "
+                          f"({_smem_limits[device][1]}) allows {limit}; force another path")
+
+
 def _is_torch(x: Any) -> bool:
     return "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor)
 
@@ -93,7 +119,10 @@ class Ctx:
         """Launch `fn` (a kernel of ours: it waits for the previous grid first, see
         KernelConfig) on this call's stream, switching device only when the data needs it; with
         programmatic dependent launch (core/launch.py) where the device has it (sm_90+) and
-        KERNELGEN_PDL is not 0."""
+        KERNELGEN_PDL is not 0. More dynamic shared memory than the device allows a block
+        raises DeviceError (not a CUDA error at launch)."""
+        if smem > 48 * 1024:
+            check_smem(self.device, smem)
         if _pdl_device(self.device) and knobs.pdl():
             from .launch import launch_pdl
 

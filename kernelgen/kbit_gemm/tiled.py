@@ -192,12 +192,16 @@ def select_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int) -
 def gemm_tiled(ctx: Any, W: Kbit4Tiled, a: Any, b: Any, has_bias: bool, c: Any, m: int, n: int,
                k: int, dt: str, info: Any, path: str | None, split: int | None) -> None:
     """C = A . W^T (+ bias) of a tiled weight on ctx's stream (c: C's cupy view, written)."""
+    from ..core.interop import smem_limit
     from ..fp4_gemm.api import launch_plan
 
     if W.device != ctx.device:
         raise ValueError(f"W: on device {W.device}, A is on device {ctx.device}")
     if path is None and split is None:
         choice = select_tiled(info.arch.name, m, n, k, dt, info.sm_count)
+        if choice.path == "tile" and choice.plan.smem > smem_limit(ctx.device):
+            # a part of the target with less shared memory (8.6 / 8.9 under sm_80): the GEMV
+            choice = plan_tiled(info.arch.name, m, n, k, dt, info.sm_count, "gemv")
     else:
         choice = plan_tiled(info.arch.name, m, n, k, dt, info.sm_count, path,
                             None if split is None else int(split))

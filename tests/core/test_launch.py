@@ -169,3 +169,18 @@ def test_launch_pdl_packs_every_call(monkeypatch):
     with pytest.raises(struct.error):
         launch.launch_pdl(fn, (3, 2, 1), (128, 1, 1), (np.int32(1),), 1024, 0)
     assert len(drv.calls) == 2
+
+
+def test_launch_refuses_more_shared_memory_than_the_device_allows(monkeypatch):
+    """A plan sized for the target's largest part (sm_80: 163 KB a block) on a part with less
+    (8.6 / 8.9: 99 KB) is a DeviceError naming both numbers, raised before anything launches."""
+    from kernelgen.core import interop
+    from kernelgen.errors import DeviceError
+
+    monkeypatch.setitem(interop._smem_limits, 7, (101376, "RTX 4090, target sm_80"))
+    ctx = interop.Ctx("cupy", 7, None)
+    calls = []
+    with pytest.raises(DeviceError, match=r"needs 135168 bytes .*RTX 4090, target sm_80\) allows 101376"):
+        ctx.launch(lambda *a, **k: calls.append(a), (1, 1, 1), (32, 1, 1), (), smem=135168)
+    assert not calls
+    assert interop.smem_limit(7) == 101376

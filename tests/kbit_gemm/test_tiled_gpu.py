@@ -205,3 +205,27 @@ def test_torch_inputs_and_graph_capture():
         _check(c_np, c_ref, "bfloat16", f"torch {m=}")
         o_np = out.view(torch.int16).cpu().numpy().view(np.uint16)
         _check(o_np, c_ref, "bfloat16", f"torch graph {m=}")
+
+
+def test_tile_path_falls_back_where_the_part_has_less_shared_memory(monkeypatch):
+    """On a part whose blocks get less shared memory than the target's plans assume (8.6 / 8.9
+    under sm_80), the selector's tile path becomes the GEMV; a forced tile path raises."""
+    import cupy
+
+    import kernelgen as kg
+    from kernelgen.arch import device_info
+    from kernelgen.core import interop
+    from kernelgen.errors import DeviceError
+    from kernelgen.kbit_gemm.tiled import TILE_MIN_M, plan_tiled
+
+    info = device_info()
+    n, k = 128 * info.sm_count, 4096  # tile CTAs fill the SMs; a large weight
+    m = TILE_MIN_M
+    assert plan_tiled(info.arch.name, m, n, k, "float16", info.sm_count).path == "tile"
+    lin, _, w64 = _weights("float16", n, k)
+    a = _host(np.random.default_rng(9), (m, k), "float16")
+    monkeypatch.setitem(interop._smem_limits, info.index, (32 * 1024 + 1024, "test part"))
+    c = kg.gemm(cupy.asarray(a), lin)  # the GEMV (its 32 KB table fits)
+    _check(c, GR.gemm(a, w64), "float16", "fallback")
+    with pytest.raises(DeviceError, match="test part"):
+        kg.gemm(cupy.asarray(a), lin, path="tile")
