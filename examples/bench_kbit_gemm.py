@@ -3,7 +3,7 @@ tensor-core mma, dequantize + cuBLAS), the mma tiles forced one by one, against 
 (`cupy.matmul` on a dense fp16 W) and the read-bandwidth floor, all measured in the same run.
 
     python examples/bench_kbit_gemm.py [--bits 2,3,4,5] [--ms 16,...,8192] [--tiles]
-        [--layouts tiled,flat] [--json out.json]
+        [--layouts tiled,flat] [--dtype float16|bfloat16] [--json out.json]
 
 4-bit weights run in each of --layouts ("tiled": the FP4 kernels' layout, kbit_gemm/tiled.py,
 paths gemv / tile / dequant; "flat": gemv / mma / dequant); other bit-widths are flat only.
@@ -113,6 +113,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--tiles", action="store_true", help="4-bit: every mma tile forced too")
     ap.add_argument("--layouts", default="tiled,flat", help="layouts of 4-bit weights")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
+                    help="activations of the kbit rows (cuBLAS stays fp16)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -148,6 +150,9 @@ def main() -> None:
                 lins[bits, layout] = (copies_of(lin, max(2, -(-8 * l2 // wbytes))), wbytes)
         for m in ms:
             a = cupy.asarray(rng.standard_normal((m, k), np.float32).astype(np.float16))
+            a_k = a  # the activations of the kbit rows: --dtype (CuPy bf16 as uint16 bits)
+            if args.dtype == "bfloat16":
+                a_k = (a.astype(cupy.float32).view(cupy.uint32) >> 16).astype(cupy.uint16)
             t_cub, _ = timed(lambda i, a=a, d=dense: cupy.matmul(a, d[i % len(d)].T), len(dense), False)
             flops = 2.0 * m * n * k
             base = {"n": n, "k": k, "m": m, "cublas_us": t_cub * 1e6,
@@ -157,9 +162,9 @@ def main() -> None:
             for bits, layout in lins:
                 ws, wbytes = lins[bits, layout]
                 if layout == "tiled":
-                    choice = plan_tiled(info.arch.name, m, n, k, "float16", info.sm_count)
+                    choice = plan_tiled(info.arch.name, m, n, k, args.dtype, info.sm_count)
                 else:
-                    choice = plan_gemm(info.arch.name, m, n, k, bits, "float16", info.sm_count)
+                    choice = plan_gemm(info.arch.name, m, n, k, bits, args.dtype, info.sm_count)
                 variants = [("auto", {})]
                 if m <= 128:
                     variants.append(("gemv", {"path": "gemv"}))
@@ -176,7 +181,7 @@ def main() -> None:
                 for name, kw in variants:
                     path = kw.get("path", choice.path)
                     try:  # GPU time: every path replayed from a CUDA graph (cuBLAS is capturable)
-                        t, mode = timed(lambda i, a=a, ws=ws, kw=kw: kg.gemm(a, ws[i % len(ws)], **kw), len(ws),
+                        t, mode = timed(lambda i, a_k=a_k, ws=ws, kw=kw: kg.gemm(a_k, ws[i % len(ws)], dtype=args.dtype, **kw), len(ws),
                                         graph=True, label=f"{n}x{k} M={m} {bits}b {layout} {name}")
                     except Exception as e:  # keep going: one failing variant is a finding too
                         rows.append({**base, "bits": bits, "layout": layout, "variant": name,
