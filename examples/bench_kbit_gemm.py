@@ -150,12 +150,13 @@ def main() -> None:
                 lins[bits, layout] = (copies_of(lin, max(2, -(-8 * l2 // wbytes))), wbytes)
         for m in ms:
             a = cupy.asarray(rng.standard_normal((m, k), np.float32).astype(np.float16))
-            a_k = a  # the activations of the kbit rows: --dtype (CuPy bf16 as uint16 bits)
+            a_k = a  # the activations of the kbit rows: --dtype (CuPy bf16 as uint16 bits, RNE)
             if args.dtype == "bfloat16":
-                a_k = (a.astype(cupy.float32).view(cupy.uint32) >> 16).astype(cupy.uint16)
+                u = a.astype(cupy.float32).view(cupy.uint32)
+                a_k = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
             t_cub, _ = timed(lambda i, a=a, d=dense: cupy.matmul(a, d[i % len(d)].T), len(dense), False)
             flops = 2.0 * m * n * k
-            base = {"n": n, "k": k, "m": m, "cublas_us": t_cub * 1e6,
+            base = {"n": n, "k": k, "m": m, "dtype": args.dtype, "cublas_us": t_cub * 1e6,
                     "cublas_tflops": flops / t_cub / 1e12}
             print(f"{n}x{k} M={m}: cuBLAS fp16 {t_cub * 1e6:.1f} us ({flops / t_cub / 1e12:.0f} TFLOP/s)",
                   flush=True)

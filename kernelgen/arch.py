@@ -74,9 +74,10 @@ class DeviceInfo:
     arch: Arch
     sm_count: int
     l2_bytes: int
-    # dynamic shared memory a block may opt into on this part: below the target's smem_optin on
-    # 8.6 / 8.9 parts (99 KB; A10, L40S, RTX 4090), which run the sm_80 target
-    smem_optin: int = 0
+    # shared memory (static + dynamic) a block may opt into on this part: below the target's
+    # smem_optin on 8.6 / 8.9 parts (99 KB; A10, L40S, RTX 4090), which run the sm_80 target;
+    # None: the target's
+    smem_optin: int | None = None
 
 
 _DEVICES: dict[int, DeviceInfo] = {}

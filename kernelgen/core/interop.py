@@ -86,19 +86,21 @@ def smem_limit(device: int) -> int:
         from ..arch import device_info
 
         info = device_info(device)
-        lim = _smem_limits[device] = (info.smem_optin, f"{info.name}, target {info.arch.name}")
+        lim = _smem_limits[device] = (info.smem_optin or info.arch.smem_optin,
+                                      f"{info.name}, target {info.arch.name}")
     return lim[0]
 
 
-def check_smem(device: int, smem: int) -> None:
-    """DeviceError unless a block of `smem` bytes of dynamic shared memory fits the device (the
-    plans size stages for the target's largest part: 8.6 / 8.9 parts allow 99 KB of sm_80's
-    163 KB)."""
+def check_smem(device: int, smem: int, what: str = "a launch") -> None:
+    """DeviceError unless a block of `smem` bytes of shared memory fits the device (the plans
+    size stages for the target's largest part: 8.6 / 8.9 parts allow 99 KB of sm_80's 163 KB).
+    Checked where a kernel is loaded (core/jit.py, before the driver's opt-in) and where one is
+    launched with more than 48 KB."""
     limit = smem_limit(device)
     if smem > limit:
         from ..errors import DeviceError
 
-        raise DeviceError(f"a launch needs {smem} bytes of shared memory a block; device {device} "
+        raise DeviceError(f"{what} needs {smem} bytes of shared memory a block; device {device} "
                           f"({_smem_limits[device][1]}) allows {limit}; force another path")
 
 
@@ -120,7 +122,7 @@ class Ctx:
         KernelConfig) on this call's stream, switching device only when the data needs it; with
         programmatic dependent launch (core/launch.py) where the device has it (sm_90+) and
         KERNELGEN_PDL is not 0. More dynamic shared memory than the device allows a block
-        raises DeviceError (not a CUDA error at launch)."""
+        raises DeviceError (check_smem; loading such a kernel raises it first)."""
         if smem > 48 * 1024:
             check_smem(self.device, smem)
         if _pdl_device(self.device) and knobs.pdl():

@@ -108,7 +108,11 @@ class Kernel:
             fn = self.module.get_function(sym)
             # opt in where static + dynamic smem pass the default 48 KB (a kernel's static smem
             # counts against the same limit: 40 KB dynamic beside 8 KB static needs it too)
-            if smem and smem + drv.funcGetAttribute(drv.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn.ptr) > 48 * 1024:
+            static = drv.funcGetAttribute(drv.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn.ptr)
+            if smem and smem + static > 48 * 1024:
+                from .interop import check_smem  # a part with less than the target: DeviceError
+
+                check_smem(device, smem + static, f"{config.short()} ({sym}: {static} static + {smem} dynamic)")
                 drv.funcSetAttribute(fn.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
             self.functions[sym] = fn
 

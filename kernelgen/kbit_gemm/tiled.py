@@ -165,12 +165,16 @@ def path_tiled(m: int, n: int, k: int, sm_count: int) -> str:
 
 
 def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
-               path: str | None = None, split: int | None = None) -> TiledChoice:
-    """Pure planner; `path` (TILED_PATHS) and `split` (K splits of gemv / tile) force a choice."""
+               path: str | None = None, split: int | None = None,
+               smem_limit: int | None = None) -> TiledChoice:
+    """Pure planner; `path` (TILED_PATHS) and `split` (K splits of gemv / tile) force a choice.
+    `smem_limit`: shared memory a block of the device (a part with less than the target's, e.g.
+    8.6 / 8.9 under sm_80): a tile plan the rule picks that needs more becomes the GEMV's."""
     if m < 1:
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: expected one of {DTYPES}")
+    forced = path
     path = path_tiled(m, n, k, sm_count) if path is None else path
     if path not in TILED_PATHS:
         raise ValueError(f"path={path!r}: a tiled 4-bit weight runs on {TILED_PATHS} (the mma "
@@ -179,13 +183,17 @@ def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
         if split is not None:
             raise ValueError(f"split_k={split}: the dequant path (dequantize + cuBLAS) has no K split")
         return TiledChoice(path, None)
-    return TiledChoice(path, fp4_plan(arch, m, n, k, "kbit4", dtype, sm_count, path=path, split=split))
+    plan = fp4_plan(arch, m, n, k, "kbit4", dtype, sm_count, path=path, split=split)
+    if forced is None and path == "tile" and smem_limit is not None and plan.smem > smem_limit:
+        path, plan = "gemv", fp4_plan(arch, m, n, k, "kbit4", dtype, sm_count, path="gemv", split=split)
+    return TiledChoice(path, plan)
 
 
 @selector
-def select_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int) -> TiledChoice:
+def select_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
+                 smem_limit: int | None = None) -> TiledChoice:
     """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1)."""
-    return plan_tiled(arch, m, n, k, dtype, sm_count)
+    return plan_tiled(arch, m, n, k, dtype, sm_count, smem_limit=smem_limit)
 
 
 # -- launches -----------------------------------------------------------------------------------
@@ -198,10 +206,7 @@ def gemm_tiled(ctx: Any, W: Kbit4Tiled, a: Any, b: Any, has_bias: bool, c: Any, 
     if W.device != ctx.device:
         raise ValueError(f"W: on device {W.device}, A is on device {ctx.device}")
     if path is None and split is None:
-        choice = select_tiled(info.arch.name, m, n, k, dt, info.sm_count)
-        if choice.path == "tile" and choice.plan.smem > smem_limit(ctx.device):
-            # a part of the target with less shared memory (8.6 / 8.9 under sm_80): the GEMV
-            choice = plan_tiled(info.arch.name, m, n, k, dt, info.sm_count, "gemv")
+        choice = select_tiled(info.arch.name, m, n, k, dt, info.sm_count, smem_limit(ctx.device))
     else:
         choice = plan_tiled(info.arch.name, m, n, k, dt, info.sm_count, path,
                             None if split is None else int(split))

@@ -178,9 +178,29 @@ def test_launch_refuses_more_shared_memory_than_the_device_allows(monkeypatch):
     from kernelgen.errors import DeviceError
 
     monkeypatch.setitem(interop._smem_limits, 7, (101376, "RTX 4090, target sm_80"))
+    monkeypatch.setitem(interop._pdl_devices, 7, False)  # launch through fn itself
     ctx = interop.Ctx("cupy", 7, None)
     calls = []
+    fn = lambda *a, **k: calls.append(a)  # noqa: E731
     with pytest.raises(DeviceError, match=r"needs 135168 bytes .*RTX 4090, target sm_80\) allows 101376"):
-        ctx.launch(lambda *a, **k: calls.append(a), (1, 1, 1), (32, 1, 1), (), smem=135168)
+        ctx.launch(fn, (1, 1, 1), (32, 1, 1), (), smem=135168)
     assert not calls
-    assert interop.smem_limit(7) == 101376
+    ctx.launch(fn, (1, 1, 1), (32, 1, 1), (), smem=101376)  # exactly the limit: launched
+    assert len(calls) == 1
+
+
+def test_device_info_reads_the_parts_shared_memory(monkeypatch):
+    """DeviceInfo.smem_optin is the part's opt-in limit (an 8.6 part under the sm_80 target: 99
+    KB, not the target's 163 KB); without the property, the target's."""
+    cupy = pytest.importorskip("cupy")
+    from kernelgen import arch
+
+    props = {"name": b"NVIDIA A10", "major": 8, "minor": 6, "multiProcessorCount": 72,
+             "l2CacheSize": 6 << 20, "sharedMemPerBlockOptin": 101376}
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceProperties", lambda i: dict(props))
+    monkeypatch.setattr(arch, "_DEVICES", {})
+    info = arch.device_info(5)
+    assert info.arch.name == "sm_80" and info.smem_optin == 101376
+    del props["sharedMemPerBlockOptin"]
+    monkeypatch.setattr(arch, "_DEVICES", {})
+    assert arch.device_info(5).smem_optin == arch.ARCHS["sm_80"].smem_optin

@@ -125,6 +125,18 @@ def test_prewarm_layouts():
     assert f32 in set(prewarm_all(["sm_90a"], {"bits": [4], "dtypes": ["float16", "float32"]}))
 
 
+def test_tile_path_on_a_part_with_less_shared_memory():
+    """A device whose blocks get less shared memory than the target's plans assume (8.6 / 8.9
+    under sm_80, 99 KB): the rule's tile path becomes the GEMV; a forced path stays as asked."""
+    m, n, k = TL.MID_MAX_M, 128 * 72, 8192
+    full = TL.plan_tiled("sm_80", m, n, k, "float16", 72)
+    assert full.path == "tile" and full.plan.smem > 101376
+    small = TL.plan_tiled("sm_80", m, n, k, "float16", 72, smem_limit=101376)
+    assert small.path == "gemv" and small.plan.smem <= 101376
+    assert TL.plan_tiled("sm_80", m, n, k, "float16", 72, smem_limit=full.plan.smem).path == "tile"
+    assert TL.plan_tiled("sm_80", m, n, k, "float16", 72, path="tile", smem_limit=101376).path == "tile"
+
+
 def test_forced_tile_path_fits_every_arch():
     """A forced tile path past the selector's range keeps BM 64 (BM 128 with the 32 KB table does
     not fit sm_120a's 99 KB)."""
