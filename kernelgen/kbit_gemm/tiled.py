@@ -19,9 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ..arch import SM_COUNTS, get_arch
+from ..arch import SM_COUNTS, device_info, get_arch
 from ..core.config import KernelConfig
+from ..core.interop import on_stream, smem_limit
+from ..core.jit import get_kernel
 from ..core.select import selector, weight_shapes
+from ..fp4_gemm.api import launch_plan
 from ..fp4_gemm.config import GEMV_WARPS, M_TILES, TILE_BMS, TILE_BN, Fp4GemvConfig, Fp4TileConfig
 from ..fp4_gemm.layout import arrange, arranged_shapes, block_strides, tile_data, tile_scales
 from ..fp4_gemm.select import GEMV_DEPTH, GEMV_TPW, KBIT4_WPS, Plan, bm_for, stages_for
@@ -132,7 +135,6 @@ def tile_weight(q: Any, ctx: Any) -> Kbit4Tiled:
     """The tiled copy of a 4-bit KbitTensor [N, K] (flat layout) on ctx's device and stream."""
     import cupy
 
-    from ..core.interop import on_stream
 
     n, k = (int(s) for s in q.shape)
     packed, absmax, cb = q._views(ctx)
@@ -200,9 +202,6 @@ def select_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
 def gemm_tiled(ctx: Any, W: Kbit4Tiled, a: Any, b: Any, has_bias: bool, c: Any, m: int, n: int,
                k: int, dt: str, info: Any, path: str | None, split: int | None) -> None:
     """C = A . W^T (+ bias) of a tiled weight on ctx's stream (c: C's cupy view, written)."""
-    from ..core.interop import smem_limit
-    from ..fp4_gemm.api import launch_plan
-
     if W.device != ctx.device:
         raise ValueError(f"W: on device {W.device}, A is on device {ctx.device}")
     if path is None and split is None:
@@ -222,9 +221,6 @@ def gemm_tiled(ctx: Any, W: Kbit4Tiled, a: Any, b: Any, has_bias: bool, c: Any, 
 def dequantize_tiled(ctx: Any, W: Kbit4Tiled, dt: str, out: Any) -> None:
     """out [N, K] (a cupy array of dtype dt: fp16, bf16 or fp32) = the dense values of W, as
     kbit dequantize makes them (T(RN(cb[code] * scale)))."""
-    from ..arch import device_info
-    from ..core.jit import get_kernel
-
     info = device_info(ctx.device)
     cfg = KbitTiledDequantConfig(arch=info.arch.name, dtype=dt)
     fn = get_kernel(cfg, ctx.device, ctx.stream).fn("kbit_dequant_tiled")
