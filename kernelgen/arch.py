@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import DeviceError, UnsupportedConfigError
@@ -28,18 +29,49 @@ ARCHS: dict[str, Arch] = {
 }
 ALL_ARCHS: tuple[str, ...] = tuple(ARCHS)
 
-# Shared memory of an SM (bytes) that resident CTAs share, per target.
-SMEM_PER_SM: dict[str, int] = {"sm_80": 164 * 1024, "sm_90a": 228 * 1024, "sm_100a": 228 * 1024,
-                               "sm_120a": 100 * 1024}
-# SM counts of the parts each target runs on, walked by the selectors' prewarm of a spec with
-# shapes (a spec's "sm_counts" overrides): A100 / A10 / L40S / 4090; H100 SXM, H200 / H100
-# PCIe / H20; B200; RTX 5090 / RTX PRO 6000 / 5080.
-SM_COUNTS: dict[str, tuple[int, ...]] = {
-    "sm_80": (108, 72, 142, 128),
-    "sm_90a": (132, 114, 78),
-    "sm_100a": (148,),
-    "sm_120a": (170, 188, 84),
+KB = 1024
+# Shared memory of an SM (bytes) that resident CTAs share, per target (smem_per_sm: per part).
+SMEM_PER_SM: dict[str, int] = {"sm_80": 164 * KB, "sm_90a": 228 * KB, "sm_100a": 228 * KB,
+                               "sm_120a": 100 * KB}
+# (SM count, shared memory a block may opt into) of the parts each target runs on, walked by the
+# selectors' prewarm (a spec's "sm_counts" overrides the counts, see parts_of): A100 / A10 /
+# L40S / RTX 4090 (8.6 / 8.9 run the sm_80 target with 99 KB a block, 100 KB an SM); H100 SXM,
+# H200 / H100 PCIe / H20; B200; RTX 5090 / RTX PRO 6000 / 5080.
+PARTS: dict[str, tuple[tuple[int, int], ...]] = {
+    "sm_80": ((108, 163 * KB), (72, 99 * KB), (142, 99 * KB), (128, 99 * KB)),
+    "sm_90a": ((132, 227 * KB), (114, 227 * KB), (78, 227 * KB)),
+    "sm_100a": ((148, 227 * KB),),
+    "sm_120a": ((170, 99 * KB), (188, 99 * KB), (84, 99 * KB)),
 }
+SM_COUNTS: dict[str, tuple[int, ...]] = {a: tuple(s for s, _ in p) for a, p in PARTS.items()}
+
+
+def parts_of(arch: str, sm_counts: Iterable[int] | None = None) -> tuple[tuple[int, int], ...]:
+    """(SM count, shared memory a block) of the parts a prewarm walks for `arch`: PARTS[arch],
+    or each of a spec's `sm_counts` with every block limit the target's parts have (a count
+    alone does not say which part: 8.x parts of 99 KB and 163 KB both run sm_80)."""
+    if not sm_counts:
+        return PARTS[arch]
+    return tuple((int(s), lim) for s in sm_counts for lim in smem_limits(arch))
+
+
+def smem_limits(arch: str) -> tuple[int, ...]:
+    """The shared memory a block of the target's parts may take, largest (the target's) first."""
+    return tuple(sorted({lim for _, lim in PARTS[arch]}, reverse=True))
+
+
+def smem_per_sm(arch: str, smem_limit: int | None = None) -> int:
+    """Shared memory the resident CTAs of an SM share: the target's SMEM_PER_SM, or on a part
+    whose blocks get less (`smem_limit`, the device's opt-in) that plus the 1 KB the driver keeps
+    a block (every part: 8.6 / 8.9 and sm_120a 99 + 1 KB, A100 163 + 1, H100 227 + 1)."""
+    per = SMEM_PER_SM[arch]
+    return per if smem_limit is None else min(per, smem_limit + KB)
+
+
+def smem_cap(arch: str, smem_limit: int | None = None) -> int:
+    """Shared memory a block may take: the target's opt-in, or the device's where lower."""
+    cap = get_arch(arch).smem_optin
+    return cap if smem_limit is None else min(cap, smem_limit)
 
 
 def get_arch(name: str) -> Arch:

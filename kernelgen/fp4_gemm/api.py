@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import Ctx, context_of, device_array, gemm_bias_out, on_stream, scratch
+from ..core.interop import (
+    Ctx,
+    context_of,
+    device_array,
+    gemm_bias_out,
+    on_stream,
+    scratch,
+    smem_limit,
+)
 from ..core.jit import get_kernel
 from .config import DTYPES, FMTS, GROUP, SCALE_BYTES
 from .layout import ARRANGEMENTS, arrange, arranged_shapes, block_strides, tile_data, tile_scales
@@ -291,10 +299,12 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
         p = _plan if _plan.config.enc == W.encoding else dataclasses.replace(
             _plan, config=_plan.config.replace(enc=W.encoding))
     elif split_k is None and path is None:
-        p = select_fp4(info.arch.name, m, n, k, W.fmt, dt, info.sm_count, W.encoding)
+        p = select_fp4(info.arch.name, m, n, k, W.fmt, dt, info.sm_count, W.encoding,
+                       smem_limit(ctx.device))
     else:
         p = plan(info.arch.name, m, n, k, W.fmt, dt, info.sm_count, path=path,
-                 split=None if split_k is None else int(split_k), enc=W.encoding)
+                 split=None if split_k is None else int(split_k), enc=W.encoding,
+                 smem_limit=smem_limit(ctx.device))
     launch_plan(ctx, p, W.data, W.scales, W.post, W.strides(), a, b, bias is not None, alpha, c,
                 m, n, k)
     return out

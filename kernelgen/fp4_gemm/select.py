@@ -1,9 +1,10 @@
 """Host-side selector of the FP4-weight GEMM, as data plus one pure function.
 
-(arch, M, N, K, fmt, dtype, SM count) -> Plan: the path (bandwidth GEMV for M <= GEMV_MAX_M,
-tensor-core tiles above), its config and its launch (K splits, grid, shared memory). No GPU
-work; memoised and printable (KERNELGEN_PRINT_CONFIGS=1). `prewarm_configs` walks the same
-function over the shapes of a spec, so prewarm builds exactly what dispatch can pick.
+(arch, M, N, K, fmt, dtype, SM count, the device's shared memory a block) -> Plan: the path
+(bandwidth GEMV for M <= GEMV_MAX_M, tensor-core tiles above), its config and its launch (K
+splits, grid, shared memory). No GPU work; memoised and printable (KERNELGEN_PRINT_CONFIGS=1).
+`prewarm_configs` walks the same function over the shapes of a spec and the parts of each
+target (kernelgen.arch.PARTS), so prewarm builds exactly what dispatch can pick.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import SM_COUNTS, get_arch
+from ..arch import get_arch, parts_of, smem_cap, smem_limits
 from ..core.select import selector, weight_shapes
 from ..errors import UnsupportedConfigError
 from .config import (
@@ -111,7 +112,8 @@ KBIT4_TILE_BM_MAX = 64
 # Tile path: BM by M (largest M of the row), split-K until the CTAs make one wave.
 TILE_BM_TABLE: tuple[tuple[int, int], ...] = ((32, 32), (128, 64), (1 << 31, 128))
 TILE_MIN_STEPS = 4
-# stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM
+# stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM (and the
+# device's, where a part allows less: 8.6 / 8.9 under sm_80 take 99 KB a block)
 SMEM_BUDGET = {"sm_80": 160 * 1024, "sm_90a": 220 * 1024, "sm_100a": 220 * 1024, "sm_120a": 99 * 1024}
 MAX_STAGES = 4
 
@@ -157,11 +159,20 @@ def check_shape(n: int, k: int, name: str = "W") -> None:
                          f"positive multiple of {STEP_K}")
 
 
-def stages_for(arch: str, fmt: str, bm: int) -> int:
+def _smem_budget(arch: str, smem_limit: int | None) -> int:
+    return min(SMEM_BUDGET[arch], smem_cap(arch, smem_limit))
+
+
+def stages_for(arch: str, fmt: str, bm: int, smem_limit: int | None = None) -> int:
+    """The deepest tile pipeline up to MAX_STAGES that fits SMEM_BUDGET[arch] and the device's
+    shared memory a block (`smem_limit`; None: the target's)."""
+    cap = _smem_budget(arch, smem_limit)
     for s in range(MAX_STAGES, 1, -1):
-        if tile_smem(fmt, bm, s) <= min(SMEM_BUDGET[arch], get_arch(arch).smem_optin):
+        if tile_smem(fmt, bm, s) <= cap:
             return s
-    raise UnsupportedConfigError(f"no stage count of BM={bm} fits {arch}")
+    raise UnsupportedConfigError(f"fp4 tile BM={bm} ({fmt}): 2 stages need {tile_smem(fmt, bm, 2)} "
+                                 f"B of shared memory a block, {arch} on this device allows {cap} "
+                                 f"B; use path='gemv'")
 
 
 def bm_for(m: int) -> int:
@@ -223,10 +234,13 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
     return Plan(cfg, split, sps, grid, (warps * 32, 1, 1), cfg.smem_bytes(), kw)
 
 
-def _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc):
+def _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit):
     bm = bm_for(m) if fmt in FMTS else min(bm_for(m), KBIT4_TILE_BM_MAX)
+    # where not even 2 stages of BM fit the device: the largest smaller BM that fits
+    cap = _smem_budget(arch, smem_limit)
+    bm = next((b for b in sorted(TILE_BMS, reverse=True) if b <= bm and tile_smem(fmt, b, 2) <= cap), bm)
     cfg = Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, bm=bm,
-                        stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])
+                        stages=stages_for(arch, fmt, bm, smem_limit), warps_t=TILE_BMS[bm])
     q = k // STEP_K
     ctas = -(-n // TILE_BN) * -(-m // bm)
     if split is None:
@@ -241,11 +255,13 @@ def _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc):
 
 def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
          path: str | None = None, split: int | None = None, tpw: int | None = None,
-         wps: int | None = None, enc: str | None = None) -> Plan:
+         wps: int | None = None, enc: str | None = None, smem_limit: int | None = None) -> Plan:
     """Pure planner. `path` ("gemv" / "tile"), `split`, `tpw` (tiles a warp of the bandwidth
     path, 1 or 2) and `wps` (its resident warps an SM, 16 or 32; 32 implies TPW 1) force a
     choice (tests, tuning). `enc`: the activation type the weight words are encoded for
-    (Fp4Weight.encoding; default dtype)."""
+    (Fp4Weight.encoding; default dtype). `smem_limit`: the device's shared memory a block
+    (kernelgen.core.interop.smem_limit; None: the target's): the tile path keeps the stages
+    (and BM) that fit it."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the FP4 GEMM needs M >= 1")
@@ -263,16 +279,16 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
     if path == "gemv":
         return _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc)
     if path == "tile":
-        return _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc)
+        return _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit)
     raise ValueError(f"path={path!r}: expected 'gemv', 'tile' or None")
 
 
 @selector
 def select_fp4(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
-               enc: str | None = None) -> Plan:
+               enc: str | None = None, smem_limit: int | None = None) -> Plan:
     """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1);
-    `enc` as in plan."""
-    return plan(arch, m, n, k, fmt, dtype, sm_count, enc=enc)
+    `enc` and `smem_limit` as in plan."""
+    return plan(arch, m, n, k, fmt, dtype, sm_count, enc=enc, smem_limit=smem_limit)
 
 
 def _shapes(spec: dict[str, Any]) -> list[tuple[int | None, int, int]]:
@@ -296,8 +312,9 @@ def _probe_ms() -> list[int]:
 
 
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4GemvConfig | Fp4TileConfig]:
-    """Configs the selector can return. spec: "fmts" (nvfp4 / mxfp4), "dtypes" (others skipped),
-    "shapes" ([N, K]: every M; [M, N, K]: that M), "sm_counts". Without shapes: every config."""
+    """Configs the selector can return on the parts of each arch (kernelgen.arch.parts_of).
+    spec: "fmts" (nvfp4 / mxfp4), "dtypes" (others skipped), "shapes" ([N, K]: every M; [M, N,
+    K]: that M), "sm_counts". Without shapes: every config."""
     fmts = tuple(f for f in (spec.get("fmts") or FMTS) if f in FMTS)
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)
@@ -316,14 +333,16 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4G
                         for warps in _cta_warps(m_tile, 32):
                             yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, m_tile=m_tile,
                                                 warps=warps, depth=GEMV_DEPTH, tpw=1, warps_per_sm=32)
-                    for bm in TILE_BMS:
-                        yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, bm=bm,
-                                            stages=stages_for(arch, fmt, bm), warps_t=TILE_BMS[bm])
+                    for bm in TILE_BMS:  # the stages of each part's shared memory
+                        for stages in dict.fromkeys(stages_for(arch, fmt, bm, lim)
+                                                    for lim in smem_limits(arch)):
+                            yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, bm=bm,
+                                                stages=stages, warps_t=TILE_BMS[bm])
                     continue
-                for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
+                for sms, lim in parts_of(arch, spec.get("sm_counts")):
                     for m, n, k in shapes:
                         for mm in (m,) if m is not None else _probe_ms():
-                            cfg = plan(arch, int(mm), n, k, fmt, dtype, int(sms)).config
+                            cfg = plan(arch, int(mm), n, k, fmt, dtype, sms, smem_limit=lim).config
                             if cfg not in seen:
                                 seen.add(cfg)
                                 yield cfg

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core import cublas
+from ..core import cublas, interop
 from ..core.interop import Ctx, context_of, device_array, gemm_bias_out, on_stream, scratch
 from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
@@ -190,9 +190,10 @@ def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k
     if W.tiled is not None:
         gemm_tiled(ctx, W.tiled, a, b, bias is not None, c, m, n, k, dt, info, path, split_k)
         return out
+    lim = interop.smem_limit(ctx.device)
     if path is None:
         path = "mma" if tile is not None else "gemv" if kw is not None else select_gemm(
-            info.arch.name, m, n, k, W.bits, dt, info.sm_count).path
+            info.arch.name, m, n, k, W.bits, dt, info.sm_count, lim).path
     if tile is not None and path != "mma":
         raise ValueError(f"tile={tile}: only the mma path has tiles; path={path!r}")
     if kw is not None and path != "gemv":
@@ -213,10 +214,11 @@ def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k
             raise ValueError(f"plan {plan.short()}: not a plan for M={m}, N={n}, K={k}, "
                              f"bits={W.bits}, {dt}")
     elif split_k is None and kw is None:
-        plan = select_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count)
+        plan = select_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count, lim)
     else:
         plan = plan_gemv(info.arch.name, m, n, k, W.bits, dt, info.sm_count,
-                         None if split_k is None else int(split_k), None if kw is None else int(kw))
+                         None if split_k is None else int(split_k), None if kw is None else int(kw),
+                         smem_limit=lim)
     if plan.config.split_k:
         ws, counters = scratch(ctx, "kbit_gemv", plan.split * m * n, plan.m_tiles * -(-n // TILE_ROWS))
     else:
@@ -233,14 +235,15 @@ def _gemm_mma(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, o
               n: int, k: int, dt: str, info: Any, tile: tuple[int, int] | None,
               split_k: int | None) -> Any:
     """The tensor-core path (templates/kbit_gemm/mma_gemm.cuh) on the flat layout."""
+    lim = interop.smem_limit(ctx.device)
     if tile is None and split_k is None:
-        choice = select_gemm(info.arch.name, m, n, k, W.bits, dt, info.sm_count)
+        choice = select_gemm(info.arch.name, m, n, k, W.bits, dt, info.sm_count, lim)
         plan = choice.plan if choice.path == "mma" else None
     else:
         plan = None
     if plan is None:
         plan = plan_mma(info.arch.name, m, n, k, W.bits, dt, info.sm_count, tile,
-                        None if split_k is None else int(split_k))
+                        None if split_k is None else int(split_k), lim)
     packed, absmax, cb = W.q._views(ctx)
     if plan.split > 1:
         ws, counters = scratch(ctx, "kbit_mma", plan.split * m * n, plan.m_tiles * plan.n_tiles)

@@ -1,9 +1,10 @@
 """Host-side selector of the kbit GEMM bandwidth path, as data plus one pure function.
 
-(arch, M, N, K, bits, dtype, SM count) -> GemvPlan: the kernel config (m_tile, warps, K warps,
-split_k flag) and the launch (K splits, grid, shared memory). No GPU work; memoised and printable
-(KERNELGEN_PRINT_CONFIGS=1) through `kernelgen.core.select.selector`. `prewarm_configs` walks the
-same function over the shapes of a spec, so prewarm builds exactly what dispatch can pick.
+(arch, M, N, K, bits, dtype, SM count, the device's shared memory a block) -> GemvPlan: the kernel
+config (m_tile, warps, K warps, split_k flag) and the launch (K splits, grid, shared memory). No
+GPU work; memoised and printable (KERNELGEN_PRINT_CONFIGS=1) through
+`kernelgen.core.select.selector`. `prewarm_configs` walks the same function over the shapes of a
+spec and the parts of each target, so prewarm builds exactly what dispatch can pick.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import SM_COUNTS, SMEM_PER_SM, get_arch
+from ..arch import get_arch, parts_of, smem_cap, smem_per_sm
 from ..core.select import selector, weight_shapes
 from .config import (
     BITS,
@@ -100,9 +101,11 @@ def m_tile_for(m: int) -> int:
 
 def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
               split: int | None = None, kw: int | None = None,
-              launch: tuple[int, int] | None = None) -> GemvPlan:
+              launch: tuple[int, int] | None = None, smem_limit: int | None = None) -> GemvPlan:
     """Pure planner. `split` forces the number of K splits, `kw` the K warps a tile (tests,
-    tuning), `launch` = (warps, min_blocks) the CTA shape; None picks them."""
+    tuning), `launch` = (warps, min_blocks) the CTA shape; None picks them. `smem_limit`: the
+    device's shared memory a block (None: the target's): it caps the A slice and, with the 1 KB
+    a block the driver keeps, the CTAs an SM holds (kernelgen.arch.smem_per_sm)."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
@@ -110,10 +113,10 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
         raise ValueError(f"kw={kw}: expected one of {KWS}")
     m_tile = m_tile_for(m)
     if kw is None:  # the kw of the cheapest plan (ties: fewer K warps)
-        plans = [_plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, c, launch)
+        plans = [_plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, c, launch, smem_limit)
                  for c in (KW_CHOICES if m_tile == 8 else (1,))]
         return min(plans, key=lambda p: (p.cost, p.plan.config.kw)).plan
-    return _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, kw, launch).plan
+    return _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, kw, launch, smem_limit).plan
 
 
 @dataclass(frozen=True)
@@ -123,11 +126,14 @@ class _Costed:
 
 
 def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int, m_tile: int,
-          split: int | None, kw: int, launch: tuple[int, int] | None) -> _Costed:
+          split: int | None, kw: int, launch: tuple[int, int] | None,
+          smem_limit: int | None) -> _Costed:
     warps, min_blocks, cap = launch_of(m_tile, bits, kw, arch)
+    per_sm = smem_per_sm(arch, smem_limit)
+    cap = min(cap, smem_cap(arch, smem_limit))
     if launch is not None:
         warps, min_blocks = launch
-        cap = min(cap, SMEM_PER_SM[arch] // min_blocks - 1024)
+        cap = min(cap, per_sm // min_blocks - 1024)
     if warps % kw:
         raise ValueError(f"kw={kw}: must divide the CTA's warps ({warps})")
     red = kw_red_bytes(warps, kw, m_tile)
@@ -145,7 +151,7 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
         return lut_bytes(bits) + rows * gps * GROUP_K * 2 + red
 
     def resident(gps: int) -> int:  # CTAs an SM holds: launch bounds, then shared memory
-        return max(1, min(min_blocks, SMEM_PER_SM[arch] // (smem_of(gps) + 1024)))
+        return max(1, min(min_blocks, per_sm // (smem_of(gps) + 1024)))
 
     def cost(s: int) -> float:
         gps = -(-groups // s)
@@ -184,9 +190,10 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
 
 
 @selector
-def select_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int) -> GemvPlan:
+def select_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
+                smem_limit: int | None = None) -> GemvPlan:
     """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1)."""
-    return plan_gemv(arch, m, n, k, bits, dtype, sm_count)
+    return plan_gemv(arch, m, n, k, bits, dtype, sm_count, smem_limit=smem_limit)
 
 
 def _shapes(spec: dict[str, Any]) -> list[tuple[int | None, int, int]]:
@@ -196,7 +203,8 @@ def _shapes(spec: dict[str, Any]) -> list[tuple[int | None, int, int]]:
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KbitGemvConfig]:
     """Configs the selector can return. spec: "bits", "dtypes" (others are skipped: this family
     takes fp16/bf16 activations), "shapes" ([N, K]: every M; [M, N, K]: that M), "sm_counts"
-    (default: SM_COUNTS of the arch). Without shapes: every config of the table."""
+    (default: the arch's parts, kernelgen.arch.parts_of). Without shapes: every config of the
+    table."""
     bits_list = tuple(spec.get("bits") or BITS)
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)
@@ -217,14 +225,14 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
                                                      min_blocks=min_blocks, split_k=split_k,
                                                      kw=kw)
                     continue
-                for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
+                for sms, lim in parts_of(arch, spec.get("sm_counts")):
                     for m, n, k in shapes:
                         # past m_hi there is at least one work item per resident warp without a
                         # split (m passes alone fill the GPU), so the split is 1 from there on
                         tiles = -(-n // TILE_ROWS)
                         m_hi = 16 * (4 * sms * 4 // tiles + 2)
                         for mm in (m,) if m is not None else range(1, m_hi + 1):
-                            cfg = plan_gemv(arch, mm, n, k, bits, dtype, sms).config
+                            cfg = plan_gemv(arch, mm, n, k, bits, dtype, sms, smem_limit=lim).config
                             if cfg not in seen:
                                 seen.add(cfg)
                                 yield cfg

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..arch import get_arch
+from ..arch import smem_cap
 from ..core.config import KernelConfig
 from ..errors import UnsupportedConfigError
 from ..kbit.config import BITS
@@ -28,7 +28,7 @@ TILES: dict[tuple[int, int], tuple[int, int]] = {
     (64, 256): (1, 1),  # warp 64 x 32: 64 fp32 accumulators (~180 registers: one CTA/SM)
 }
 STAGES = (2, 3, 4, 5, 6)
-MAX_STAGES = 4  # the selector's choice, fewer where shared memory does not fit (sm_120a)
+MAX_STAGES = 4  # the selector's choice, fewer where shared memory does not fit (sm_120a, 8.6 / 8.9)
 
 
 def lut_bytes(bits: int) -> int:
@@ -45,14 +45,16 @@ def smem_for(bits: int, tile_m: int, tile_n: int, stages: int) -> int:
     return lut_bytes(bits) + stages * stage_bytes(bits, tile_m, tile_n)
 
 
-def stages_for(arch: str, bits: int, tile_m: int, tile_n: int) -> int:
-    """The deepest pipeline up to MAX_STAGES that fits the arch's shared memory per block."""
-    cap = get_arch(arch).smem_optin
+def stages_for(arch: str, bits: int, tile_m: int, tile_n: int, smem_limit: int | None = None) -> int:
+    """The deepest pipeline up to MAX_STAGES that fits the shared memory a block of the arch and
+    of the device (`smem_limit`; None: the target's)."""
+    cap = smem_cap(arch, smem_limit)
     for s in range(MAX_STAGES, 1, -1):
         if smem_for(bits, tile_m, tile_n, s) <= cap:
             return s
-    raise UnsupportedConfigError(f"kbit mma tile {tile_m}x{tile_n} at {bits} bits does not fit "
-                                 f"{arch}'s shared memory even with 2 stages")
+    raise UnsupportedConfigError(f"kbit mma tile {tile_m}x{tile_n} at {bits} bits: 2 stages need "
+                                 f"{smem_for(bits, tile_m, tile_n, 2)} B of shared memory a block, "
+                                 f"{arch} on this device allows {cap} B")
 
 
 @dataclass(frozen=True)

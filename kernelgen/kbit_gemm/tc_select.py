@@ -1,9 +1,10 @@
 """Host-side selector of the kbit GEMM's path (GEMV / tensor-core mma / dequantize + cuBLAS)
 and of the mma path's tile and K split, as data plus pure functions.
 
-(arch, M, N, K, bits, dtype, SM count) -> GemmChoice. No GPU work; `select_gemm` is memoised and
-printable (KERNELGEN_PRINT_CONFIGS=1) through `kernelgen.core.select.selector`;
-`prewarm_mma_configs` walks the same tables, so prewarm builds exactly what dispatch can pick.
+(arch, M, N, K, bits, dtype, SM count, the device's shared memory a block) -> GemmChoice. No GPU
+work; `select_gemm` is memoised and printable (KERNELGEN_PRINT_CONFIGS=1) through
+`kernelgen.core.select.selector`; `prewarm_mma_configs` walks the same tables over the parts of
+each target (kernelgen.arch.PARTS), so prewarm builds exactly what dispatch can pick.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import get_arch
+from ..arch import get_arch, parts_of, smem_cap, smem_limits, smem_per_sm
 from ..core.config import KernelConfig
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
 from .config import BITS, DTYPES
-from .select import SM_COUNTS, SMEM_PER_SM, GemvPlan, _shapes, check_shape, plan_gemv
-from .tc_config import TILE_K, TILES, KbitMmaConfig, stages_for
+from .select import GemvPlan, _shapes, check_shape, plan_gemv
+from .tc_config import TILE_K, TILES, KbitMmaConfig, smem_for, stages_for
 
 PATHS = ("gemv", "mma", "dequant")
 
@@ -109,22 +110,32 @@ def tile_for(m: int, n: int) -> tuple[int, int]:
 
 
 def plan_mma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
-             tile: tuple[int, int] | None = None, split: int | None = None) -> MmaPlan:
-    """Pure planner. `tile` (tile_m, tile_n) and `split` force a choice (tests, tuning)."""
+             tile: tuple[int, int] | None = None, split: int | None = None,
+             smem_limit: int | None = None) -> MmaPlan:
+    """Pure planner. `tile` (tile_m, tile_n) and `split` force a choice (tests, tuning).
+    `smem_limit`: the device's shared memory a block (None: the target's); the tile keeps the
+    stages that fit it (a tile the table picks whose 2 stages do not: the next smaller tile)."""
     check_mma_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
-    tile_m, tile_n = tile_for(m, n) if tile is None else (int(tile[0]), int(tile[1]))
+    if tile is None:
+        tile_m, tile_n = tile_for(m, n)
+        cap = smem_cap(arch, smem_limit)
+        tile_m, tile_n = next((t for t in sorted(TILES, key=lambda t: (-t[0] * t[1], -t[1]))
+                               if t[0] <= tile_m and t[1] <= tile_n and smem_for(bits, *t, 2) <= cap),
+                              (tile_m, tile_n))
+    else:
+        tile_m, tile_n = int(tile[0]), int(tile[1])
     if (tile_m, tile_n) not in TILES:
         raise ValueError(f"tile={tile}: expected one of {sorted(TILES)}")
     if n % tile_n:
         raise ValueError(f"tile={tile}: N={n} is not a multiple of tile_n={tile_n}")
     cfg = KbitMmaConfig(arch=arch, bits=bits, dtype=dtype, tile_m=tile_m, tile_n=tile_n,
-                        stages=stages_for(arch, bits, tile_m, tile_n))
+                        stages=stages_for(arch, bits, tile_m, tile_n, smem_limit))
     m_tiles, n_tiles, kt = -(-m // tile_m), n // tile_n, k // TILE_K
     tiles = m_tiles * n_tiles
     if split is None:
-        resident = max(1, min(cfg.min_blocks, SMEM_PER_SM[arch] // (cfg.smem_bytes() + 1024)))
+        resident = max(1, min(cfg.min_blocks, smem_per_sm(arch, smem_limit) // (cfg.smem_bytes() + 1024)))
         slots = sm_count * resident
 
         def cost(s: int) -> float:  # rounds of resident CTAs x k-tiles a round
@@ -144,25 +155,29 @@ def path_for(m: int, n: int, bits: int) -> str:
     return "dequant" if m >= DEQUANT_MIN_M[bits] else "mma"
 
 
-def plan_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int) -> GemmChoice:
+def plan_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
+              smem_limit: int | None = None) -> GemmChoice:
+    """The path and its plan; `smem_limit` as in plan_mma."""
     path = path_for(m, n, bits)
     if path == "gemv":
-        return GemmChoice(path, plan_gemv(arch, m, n, k, bits, dtype, sm_count))
+        return GemmChoice(path, plan_gemv(arch, m, n, k, bits, dtype, sm_count, smem_limit=smem_limit))
     if path == "mma":
-        return GemmChoice(path, plan_mma(arch, m, n, k, bits, dtype, sm_count))
+        return GemmChoice(path, plan_mma(arch, m, n, k, bits, dtype, sm_count, smem_limit=smem_limit))
     check_shape(n, k)
     return GemmChoice(path, None)
 
 
 @selector
-def select_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int) -> GemmChoice:
+def select_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
+                smem_limit: int | None = None) -> GemmChoice:
     """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1)."""
-    return plan_gemm(arch, m, n, k, bits, dtype, sm_count)
+    return plan_gemm(arch, m, n, k, bits, dtype, sm_count, smem_limit)
 
 
 def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KbitMmaConfig]:
     """mma configs the selector can return (spec as kbit_gemm.select.prewarm_configs). Without
-    shapes: every tile. With shapes: the tiles dispatch picks for that M, or for every M."""
+    shapes: every tile, at the stages of each part's shared memory. With shapes: the tiles
+    dispatch picks for that M, or for every M, on every part (kernelgen.arch.parts_of)."""
     bits_list = tuple(spec.get("bits") or BITS)
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)
@@ -177,17 +192,18 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
             for dtype in dtypes:
                 if not shapes:
                     for tile_m, tile_n in TILES:
-                        yield KbitMmaConfig(arch=arch, bits=bits, dtype=dtype, tile_m=tile_m,
-                                            tile_n=tile_n,
-                                            stages=stages_for(arch, bits, tile_m, tile_n))
+                        for stages in dict.fromkeys(stages_for(arch, bits, tile_m, tile_n, lim)
+                                                    for lim in smem_limits(arch)):
+                            yield KbitMmaConfig(arch=arch, bits=bits, dtype=dtype, tile_m=tile_m,
+                                                tile_n=tile_n, stages=stages)
                     continue
-                for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
+                for sms, lim in parts_of(arch, spec.get("sm_counts")):
                     for m, n, k in shapes:
                         for mm in (m,) if m is not None else edges:
                             if path_for(mm, n, bits) != "mma":
                                 continue
                             try:
-                                cfg = plan_mma(arch, mm, n, k, bits, dtype, sms).config
+                                cfg = plan_mma(arch, mm, n, k, bits, dtype, sms, smem_limit=lim).config
                             except ValueError as e:
                                 raise UnsupportedConfigError(str(e)) from None
                             if cfg not in seen:

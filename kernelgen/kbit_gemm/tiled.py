@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ..arch import SM_COUNTS, device_info, get_arch
+from ..arch import device_info, get_arch, parts_of, smem_limits
 from ..core.config import KernelConfig
 from ..core.interop import on_stream, smem_limit
 from ..core.jit import get_kernel
 from ..core.select import selector, weight_shapes
+from ..errors import UnsupportedConfigError
 from ..fp4_gemm.api import launch_plan
 from ..fp4_gemm.config import GEMV_WARPS, M_TILES, TILE_BMS, TILE_BN, Fp4GemvConfig, Fp4TileConfig
 from ..fp4_gemm.layout import arrange, arranged_shapes, block_strides, tile_data, tile_scales
@@ -170,8 +171,9 @@ def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
                path: str | None = None, split: int | None = None,
                smem_limit: int | None = None) -> TiledChoice:
     """Pure planner; `path` (TILED_PATHS) and `split` (K splits of gemv / tile) force a choice.
-    `smem_limit`: shared memory a block of the device (a part with less than the target's, e.g.
-    8.6 / 8.9 under sm_80): a tile plan the rule picks that needs more becomes the GEMV's."""
+    `smem_limit`: shared memory a block of the device (None: the target's; less on 8.6 / 8.9
+    parts under sm_80): the tile path keeps the stages (and BM) that fit it; where none does, the
+    rule's tile path becomes the GEMV's (a forced one raises UnsupportedConfigError)."""
     if m < 1:
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
     if dtype not in DTYPES:
@@ -185,9 +187,14 @@ def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
         if split is not None:
             raise ValueError(f"split_k={split}: the dequant path (dequantize + cuBLAS) has no K split")
         return TiledChoice(path, None)
-    plan = fp4_plan(arch, m, n, k, "kbit4", dtype, sm_count, path=path, split=split)
-    if forced is None and path == "tile" and smem_limit is not None and plan.smem > smem_limit:
-        path, plan = "gemv", fp4_plan(arch, m, n, k, "kbit4", dtype, sm_count, path="gemv", split=split)
+    try:
+        plan = fp4_plan(arch, m, n, k, "kbit4", dtype, sm_count, path=path, split=split,
+                        smem_limit=smem_limit)
+    except UnsupportedConfigError:  # not even 2 stages of the smallest tile fit the device
+        if forced is not None or path != "tile":
+            raise
+        path, plan = "gemv", fp4_plan(arch, m, n, k, "kbit4", dtype, sm_count, path="gemv",
+                                      split=split, smem_limit=smem_limit)
     return TiledChoice(path, plan)
 
 
@@ -204,11 +211,12 @@ def gemm_tiled(ctx: Any, W: Kbit4Tiled, a: Any, b: Any, has_bias: bool, c: Any, 
     """C = A . W^T (+ bias) of a tiled weight on ctx's stream (c: C's cupy view, written)."""
     if W.device != ctx.device:
         raise ValueError(f"W: on device {W.device}, A is on device {ctx.device}")
+    lim = smem_limit(ctx.device)
     if path is None and split is None:
-        choice = select_tiled(info.arch.name, m, n, k, dt, info.sm_count, smem_limit(ctx.device))
+        choice = select_tiled(info.arch.name, m, n, k, dt, info.sm_count, lim)
     else:
         choice = plan_tiled(info.arch.name, m, n, k, dt, info.sm_count, path,
-                            None if split is None else int(split))
+                            None if split is None else int(split), lim)
     if choice.path == "dequant":
         from .api import dense_gemm
 
@@ -243,8 +251,9 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
     """Configs the tiled paths can launch for 4-bit weights (spec as kbit_gemm.select's:
     "dtypes", "shapes", "sm_counts"). Without shapes: every GEMV config the FP4 planner can
     give kbit4 (both m_tiles, each TPW, KBIT4_WPS warps an SM), every tile config M in
-    [TILE_MIN_M, MID_MAX_M] reaches, and the dequantize kernel ("float32" among the dtypes:
-    also its fp32 output, for KbitLinear.dequantize)."""
+    [TILE_MIN_M, MID_MAX_M] reaches (at the stages of each part's shared memory), and the
+    dequantize kernel ("float32" among the dtypes: also its fp32 output, for
+    KbitLinear.dequantize). With shapes: every part's plans (kernelgen.arch.parts_of)."""
     from .select import check_shape
 
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
@@ -262,14 +271,16 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
                                             m_tile=m_tile, warps=GEMV_WARPS, depth=GEMV_DEPTH,
                                             tpw=tpw, warps_per_sm=KBIT4_WPS)
                 for bm in sorted({bm_for(m) for m in range(TILE_MIN_M, MID_MAX_M + 1)}):
-                    yield Fp4TileConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype, bm=bm,
-                                        stages=stages_for(arch, "kbit4", bm), warps_t=TILE_BMS[bm])
+                    for stages in dict.fromkeys(stages_for(arch, "kbit4", bm, lim)
+                                                for lim in smem_limits(arch)):
+                        yield Fp4TileConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype, bm=bm,
+                                            stages=stages, warps_t=TILE_BMS[bm])
                 yield KbitTiledDequantConfig(arch=arch, dtype=dtype)
                 continue
-            for sms in spec.get("sm_counts") or SM_COUNTS[arch]:
+            for sms, lim in parts_of(arch, spec.get("sm_counts")):
                 for m, n, k in shapes:
                     for mm in (m,) if m is not None else _probe_ms():
-                        ch = plan_tiled(arch, int(mm), n, k, dtype, int(sms))
+                        ch = plan_tiled(arch, int(mm), n, k, dtype, sms, smem_limit=lim)
                         cfg = ch.plan.config if ch.plan is not None else \
                             KbitTiledDequantConfig(arch=arch, dtype=dtype)
                         if cfg not in seen:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import context_of, device_array
+from ..core.interop import context_of, device_array, smem_limit
 from ..core.jit import get_kernel
 from ..moe_routing import MoeLayout, moe_combine, moe_dispatch, moe_layout
 from .config import DTYPES, MoeGemmConfig, MoeKbitConfig
@@ -78,6 +78,7 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     if m == 0:
         return out
     info = device_info(ctx.device)
+    lim = smem_limit(ctx.device)
     r = m if rows is None else max(1, int(rows))
     if kbit:
         if swap_ab is False:
@@ -87,10 +88,10 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
         if config is not None:
             kplan = forced_kbit_plan(config, dt, epilogue, w.bits, e, n, k)
         elif tile_m is None:
-            kplan = select_kbit(info.arch.name, info.sm_count, dt, w.bits, e, n, k, r, epilogue)
+            kplan = select_kbit(info.arch.name, info.sm_count, dt, w.bits, e, n, k, r, epilogue, lim)
         else:
             kplan = plan_kbit(info.arch.name, info.sm_count, dt, w.bits, e, n, k, r, epilogue,
-                              tile_m)
+                              tile_m, smem_limit=lim)
         packed, absmax, cb = w.q._views(ctx)
         fn = get_kernel(kplan.config, ctx.device, ctx.stream).fn("moe_grouped_kbit")
         ctx.launch(fn, kplan.grid(m), kplan.block, (xa, packed, absmax, cb, off, ya, np.int32(e),
@@ -107,10 +108,10 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
         check_shape(e, n, k, epilogue)
         plan = GroupedPlan(config, e, -(-n // config.tile_n))
     elif tile_m is None and swap_ab is None and tile_n is None and wgmma is None:
-        plan = select_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, policy)
+        plan = select_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, policy, lim)
     else:
         plan = plan_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, tile_m,
-                            swap_ab, tile_n, policy, wgmma)
+                            swap_ab, tile_n, policy, wgmma, lim)
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_gemm")
     ctx.launch(fn, plan.grid(m), plan.block,
                (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..arch import smem_cap
 from ..core.config import KernelConfig
 from ..errors import UnsupportedConfigError
 
@@ -71,14 +72,12 @@ WG_TILES: dict[tuple[int, int], TileShape] = {
     (128, 128): TileShape(128, 8, 1, 1, 3, 2, inflight=0),
     (128, 256): TileShape(256, 8, 1, 1, 4, 1),
 }
-# sm_120a opts in to 99 KB a block: fewer stages there
-STAGES_SM120: dict[tuple[int, bool, int], int] = {(128, False, 128): 3, (256, False, 128): 2}
 
 
-def tile_shape(arch: str, tile_m: int, swap_ab: bool, tile_n: int, few: bool = False,
+def tile_shape(tile_m: int, swap_ab: bool, tile_n: int, few: bool = False,
                wgmma: bool = False) -> TileShape:
-    """The table row, with the stage count for `arch` (and for few CTAs if `few`); `wgmma`:
-    the row of WG_TILES."""
+    """The table row, with its stage count (for few CTAs if `few`; MoeGemmConfig.of fits it to
+    the shared memory); `wgmma`: the row of WG_TILES."""
     if wgmma:
         if swap_ab or (tile_m, tile_n) not in WG_TILES:
             have = ", ".join(f"(tile_m={m}, tile_n={n})" for m, n in WG_TILES)
@@ -93,8 +92,6 @@ def tile_shape(arch: str, tile_m: int, swap_ab: bool, tile_n: int, few: bool = F
         raise UnsupportedConfigError(f"no MoE tile (tile_m={tile_m}, swap_ab={swap_ab}, "
                                      f"tile_n={tile_n}); the table has {have}") from None
     stages = s.stages_few if few and s.stages_few else s.stages
-    if arch == "sm_120a" and (tile_m, swap_ab, tile_n) in STAGES_SM120:
-        stages = STAGES_SM120[(tile_m, swap_ab, tile_n)]
     return TileShape(s.tile_n, s.warps_p, s.warps_q, s.warps_k, stages, s.min_blocks)
 
 
@@ -122,14 +119,27 @@ class MoeGemmConfig(KernelConfig):
 
     @classmethod
     def of(cls, arch: str, dtype: str, tile_m: int, swap_ab: bool, tile_n: int,
-           epilogue: str = "none", few: bool = False, wgmma: bool = False) -> MoeGemmConfig:
+           epilogue: str = "none", few: bool = False, wgmma: bool = False,
+           smem_limit: int | None = None) -> MoeGemmConfig:
         """The config of a tile-table row (`few`: its deep-pipeline variant, if it has one;
-        `wgmma`: the row of WG_TILES)."""
-        s = tile_shape(arch, tile_m, swap_ab, tile_n, few, wgmma)
-        return cls(arch=arch, dtype=dtype, tile_m=tile_m, tile_n=tile_n, swap_ab=swap_ab,
-                   warps_p=s.warps_p, warps_q=s.warps_q, warps_k=s.warps_k, stages=s.stages,
-                   min_blocks=s.min_blocks, epilogue=epilogue, wgmma=wgmma,
-                   inflight=s.inflight if wgmma else 1)
+        `wgmma`: the row of WG_TILES), with the deepest stage count up to the row's whose shared
+        memory fits a block of the arch and of the device (`smem_limit`; None: the target's):
+        sm_120a and 8.6 / 8.9 parts (99 KB) take fewer on the largest tiles. Where not even
+        min_stages fit: UnsupportedConfigError."""
+        s = tile_shape(tile_m, swap_ab, tile_n, few, wgmma)
+        inflight = s.inflight if wgmma else 1
+        least = 2 + (inflight if wgmma else 0)  # one k-tile prefetched beside the groups in flight
+        cap = smem_cap(arch, smem_limit)
+        cfg = cls(arch=arch, dtype=dtype, tile_m=tile_m, tile_n=tile_n, swap_ab=swap_ab,
+                  warps_p=s.warps_p, warps_q=s.warps_q, warps_k=s.warps_k, stages=least,
+                  min_blocks=s.min_blocks, epilogue=epilogue, wgmma=wgmma, inflight=inflight)
+        if cfg.smem_at(least) > cap:
+            raise UnsupportedConfigError(f"{cfg.short()}: {least} stages (the fewest it takes) "
+                                         f"need {cfg.smem_at(least)} B of shared memory a block, "
+                                         f"{arch} on this device allows {cap} B; force a smaller "
+                                         f"tile (tile_m / tile_n)")
+        return cfg.replace(stages=max(st for st in range(least, max(least, s.stages) + 1)
+                                      if cfg.smem_at(st) <= cap))
 
     @property
     def tp(self) -> int:  # rows on the mma's 16-row side
@@ -213,11 +223,15 @@ class MoeGemmConfig(KernelConfig):
         return ("moe_grouped_gemm",)
 
     def smem_bytes(self) -> int:
-        """Pipeline stages, or the k-split reduction buffer if larger (it reuses them); wgmma:
-        the stages + 1024 bytes to align them to the 128-byte swizzle atoms."""
-        pipe = self.stages * (self.tp + self.tq) * ROW_BYTES
+        return self.smem_at(self.stages)
+
+    def smem_at(self, stages: int) -> int:
+        """Dynamic shared memory with `stages` pipeline stages: the stages, or the k-split
+        reduction buffer if larger (it reuses them); wgmma: the stages + 1024 bytes to align them
+        to the 128-byte swizzle atoms."""
+        pipe = stages * (self.tp + self.tq) * ROW_BYTES
         if self.wgmma:  # + full / empty mbarriers of the producer variant
-            return pipe + 1024 + (16 * self.stages if self.producer else 0) + 16
+            return pipe + 1024 + (16 * stages if self.producer else 0) + 16
         acc = (self.tp // self.warps_p // 16) * (self.tq // self.warps_q // 8) * 4
         red = (self.warps_k - 1) * self.warps_p * self.warps_q * acc * 32 * 4
         return max(pipe, red) + 16  # + the work item (templates/moe/grouped.cuh find_tile)

@@ -5,8 +5,8 @@ kernelgen.kbit, blocks of 32 along K), then the grouped GEMM dequantizes in regi
 Selector (host numbers only, memoised and printable): TILE_M from the average rows per expert
 (KBIT_TILE_M_TABLE); the CTA shape from the CTAs the experts touched (at most min(E, M)) give:
 the widest (16 * warps_p weight rows) that still puts MIN_CTAS_PER_SM CTAs on every SM, else
-the narrowest with a 4-way k split; stages as many as the shared-memory budget of the arch
-leaves beside the 32 KB pair table.
+the narrowest with a 4-way k split; stages as many as the shared-memory budget of the arch (or
+the device's shared memory a block, where lower) leaves beside the 32 KB pair table.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..arch import smem_cap
 from ..core.select import selector
+from ..errors import UnsupportedConfigError
 from ..kbit.api import KbitTensor, check_bits, quantize_kbit
 from .config import (
     DTYPES,
@@ -140,8 +142,9 @@ class KbitPlan:
 
 def plan_kbit(arch: str, sm_count: int, dtype: str, bits: int, e: int, n: int, k: int, rows: int,
               epilogue: str = "none", tile_m: int | None = None,
-              warps: tuple[int, int] | None = None) -> KbitPlan:
-    """Pure planner; tile_m / warps force a choice (tests, benchmarks)."""
+              warps: tuple[int, int] | None = None, smem_limit: int | None = None) -> KbitPlan:
+    """Pure planner; tile_m / warps force a choice (tests, benchmarks). `smem_limit`: the
+    device's shared memory a block (None: the target's), a cap on SMEM_BUDGET[arch]."""
     check_kbit_shape(e, n, k, bits)
     check_kbit_epilogue(n, epilogue)
     if rows < 1:
@@ -150,13 +153,18 @@ def plan_kbit(arch: str, sm_count: int, dtype: str, bits: int, e: int, n: int, k
     if tm not in KBIT_TILE_MS:
         raise ValueError(f"tile_m={tm}: kbit experts take tile_m in {KBIT_TILE_MS}")
     touched = min(e, rows)
-    room = SMEM_BUDGET[arch] - KBIT_LUT_BYTES - 16
+    budget = min(SMEM_BUDGET[arch], smem_cap(arch, smem_limit))
+    room = budget - KBIT_LUT_BYTES - 16
 
     def fits(w: tuple[int, int]) -> bool:  # two stages at least
         return 2 * kbit_stage_bytes(bits, w[0], w[1], tm) <= room
 
     if warps is None:
-        ok = [w for w in KBIT_WARPS if fits(w)]  # KBIT_WARPS[0] always fits
+        ok = [w for w in KBIT_WARPS if fits(w)]
+        if not ok:
+            raise UnsupportedConfigError(f"kbit experts: two stages of tile_m={tm} at {bits} bits "
+                                         f"do not fit {budget} B of shared memory a block ({arch} "
+                                         f"on this device, with the 32 KB table)")
         warps = ok[-1]
         for w in ok:
             if touched * -(-n // (16 * w[0])) >= MIN_CTAS_PER_SM * sm_count:
@@ -164,7 +172,7 @@ def plan_kbit(arch: str, sm_count: int, dtype: str, bits: int, e: int, n: int, k
                 break
     elif not fits(warps):
         raise ValueError(f"warps={warps}: two stages of tile_m={tm} do not fit the shared memory "
-                         f"budget of {arch} ({SMEM_BUDGET[arch]} B with the 32 KB table)")
+                         f"budget of {arch} on this device ({budget} B with the 32 KB table)")
     wp, wk = warps
     stages = max(2, min(MAX_STAGES, room // kbit_stage_bytes(bits, wp, wk, tm)))
     cfg = MoeKbitConfig(arch=arch, dtype=dtype, bits=bits, tile_m=tm, warps_p=wp, warps_k=wk,
@@ -174,16 +182,17 @@ def plan_kbit(arch: str, sm_count: int, dtype: str, bits: int, e: int, n: int, k
 
 @selector
 def select_kbit(arch: str, sm_count: int, dtype: str, bits: int, e: int, n: int, k: int, rows: int,
-                epilogue: str = "none") -> KbitPlan:
+                epilogue: str = "none", smem_limit: int | None = None) -> KbitPlan:
     """The dispatch choice (memoised; printed with KERNELGEN_PRINT_CONFIGS=1)."""
-    return plan_kbit(arch, sm_count, dtype, bits, e, n, k, rows, epilogue)
+    return plan_kbit(arch, sm_count, dtype, bits, e, n, k, rows, epilogue, smem_limit=smem_limit)
 
 
 def kbit_prewarm(arch: str, dtypes: Iterable[str], bits_list: Iterable[int],
-                 shape: tuple[int, int, int, int] | None, sm_counts: Iterable[int],
+                 shape: tuple[int, int, int, int] | None, parts: Iterable[tuple[int, int]],
                  rows_list: Iterable[int]) -> Iterator[MoeKbitConfig]:
-    """Configs select_kbit can return: for a layer shape (E, H, I, top_k) over the rows and SM
-    counts given; without a shape, a decode set (TILE_M 8, the widest and narrowest CTA)."""
+    """Configs select_kbit can return: for a layer shape (E, H, I, top_k) over the rows and
+    parts ((SM count, shared memory a block), kernelgen.arch.parts_of) given; without a shape,
+    a decode set (TILE_M 8, the widest and narrowest CTA) for each part's shared memory."""
     for dtype in dtypes:
         if dtype not in DTYPES:
             continue
@@ -191,13 +200,15 @@ def kbit_prewarm(arch: str, dtypes: Iterable[str], bits_list: Iterable[int],
             if bits not in KBIT_BITS:
                 continue
             if shape is None:  # decode: TILE_M 8, the widest and the narrowest CTA
-                for wp, wk in (KBIT_WARPS[0], KBIT_WARPS[-1]):
-                    for epi in EPILOGUES:
-                        yield plan_kbit(arch, 132, dtype, bits, 1, 16 * wp, K_STEP, 1, epi, 8,
-                                        (wp, wk)).config
+                for sms, lim in parts:
+                    for wp, wk in (KBIT_WARPS[0], KBIT_WARPS[-1]):
+                        for epi in EPILOGUES:
+                            yield plan_kbit(arch, sms, dtype, bits, 1, 16 * wp, K_STEP, 1, epi, 8,
+                                            (wp, wk), lim).config
                 continue
             e, h, i, top_k = shape
-            for sms in sm_counts:
+            for sms, lim in parts:
                 for rows in rows_list:
                     for n, k, epi in ((2 * i, h, "swiglu"), (h, i, "none")):
-                        yield plan_kbit(arch, sms, dtype, bits, e, n, k, rows, epi).config
+                        yield plan_kbit(arch, sms, dtype, bits, e, n, k, rows, epi,
+                                        smem_limit=lim).config

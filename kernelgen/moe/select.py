@@ -1,7 +1,9 @@
 """Host-side selector of the MoE grouped GEMM, as data plus one pure function.
 
 Inputs are host-side numbers only (no GPU sync, no .item()): the rows M = T * top_k the launch
-covers, E, N, K, dtype, epilogue, SM count. TILE_M comes from the average rows per expert M / E:
+covers, E, N, K, dtype, epilogue, SM count, the device's shared memory a block (stages fitted to
+it, MoeGemmConfig.of; a selected tile whose fewest stages do not fit steps down, plan_grouped).
+TILE_M comes from the average rows per expert M / E:
 - policy "threshold" (seed 001 §4.2 option A, the default): the first row of TILE_M_TABLE whose
   bound is >= the average;
 - policy "waste" (option B): the tile that wastes the fewest padded rows on an expert holding
@@ -15,7 +17,8 @@ times the N tiles give fewer than FEW_CTAS_PER_SM CTAs an SM. The grid is sized 
 partial tile), so a launch is graph-safe; slots past the last tile exit at once.
 
 Memoised and printable (KERNELGEN_PRINT_CONFIGS=1) through `kernelgen.core.select.selector`;
-`prewarm_configs` walks the same function, so prewarm builds what dispatch can pick.
+`prewarm_configs` walks the same function over the parts of each target (kernelgen.arch.PARTS),
+so prewarm builds what dispatch can pick.
 """
 
 from __future__ import annotations
@@ -26,11 +29,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import SM_COUNTS, get_arch
+from ..arch import get_arch, parts_of, smem_limits
 from ..core.config import KernelConfig
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
-from .config import DTYPES, EPILOGUES, TILE_MS, WG_TILES, WGMMA_ARCHS, MoeGemmConfig
+from .config import DTYPES, EPILOGUES, TILE_MS, TILES, WG_TILES, WGMMA_ARCHS, MoeGemmConfig
 
 # (largest average rows per expert, TILE_M); the last row takes everything above. TILE_M=256
 # stays available (forced, policy "waste") but the threshold table never picks it: at 1024
@@ -112,9 +115,13 @@ def uses_wgmma(arch: str, tile_m: int, swap_ab: bool, tile_n: int | None = None)
 def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, rows: int,
                  epilogue: str = "none", tile_m: int | None = None, swap_ab: bool | None = None,
                  tile_n: int | None = None, policy: str = "threshold",
-                 wgmma: bool | None = None) -> GroupedPlan:
+                 wgmma: bool | None = None, smem_limit: int | None = None) -> GroupedPlan:
     """Pure planner; tile_m / swap_ab / tile_n force a table row (tests, benchmarks); wgmma
-    True / False forces the main-loop path (True: a row of WG_TILES, sm_90a only)."""
+    True / False forces the main-loop path (True: a row of WG_TILES, sm_90a only).
+    `smem_limit`: the device's shared memory a block (None: the target's); the row keeps the
+    stages that fit it. Where not even its fewest stages fit, a row the rules picked (tile_m
+    and tile_n not forced) steps down: the same TILE_M's narrower rows, then smaller TILE_Ms;
+    a forced row raises UnsupportedConfigError."""
     check_shape(e, n, k, epilogue)
     if epilogue not in EPILOGUES:
         raise ValueError(f"activation: {epilogue!r}; expected None or 'swiglu'")
@@ -123,22 +130,60 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
     tm = tile_m if tile_m is not None else tile_m_for(rows, e, policy)
     if tm not in TILE_MS:
         raise ValueError(f"tile_m={tm}: expected one of {TILE_MS}")
-    swap = SWAP_AB[tm] if swap_ab is None else bool(swap_ab)
     touched = min(e, rows)
-    wg = uses_wgmma(arch, tm, swap, tile_n) if wgmma is None else bool(wgmma)
-    if tile_n is None:
-        tile_n = (WGMMA_TILE_N.get(tm, PLAIN_TILE_N.get(tm)) if wg else
+
+    def row(tm: int, tn: int | None) -> tuple[int, bool, int, bool]:
+        """(tile_m, swap_ab, tile_n, wgmma) of TILE_M by the rules (tile_n if given)."""
+        swap = SWAP_AB[tm] if swap_ab is None else bool(swap_ab)
+        wg = uses_wgmma(arch, tm, swap, tn) if wgmma is None else bool(wgmma)
+        if tn is None:
+            tn = (WGMMA_TILE_N.get(tm, PLAIN_TILE_N.get(tm)) if wg else
                   SWAP_TILE_N if swap else PLAIN_TILE_N[tm])
-    few = swap and touched * -(-n // tile_n) < FEW_CTAS_PER_SM * sm_count
-    cfg = MoeGemmConfig.of(arch, dtype, tm, swap, tile_n, epilogue, few, wg)
-    return GroupedPlan(cfg, e, -(-n // tile_n))
+        return tm, swap, tn, wg
+
+    def config(r: tuple[int, bool, int, bool], limit: int | None = smem_limit) -> MoeGemmConfig:
+        tm, swap, tn, wg = r
+        few = swap and touched * -(-n // tn) < FEW_CTAS_PER_SM * sm_count
+        return MoeGemmConfig.of(arch, dtype, tm, swap, tn, epilogue, few, wg, limit)
+
+    first = row(tm, tile_n)
+    try:
+        cfg = config(first)
+    except UnsupportedConfigError as err:
+        # only a table row of the target whose fewest stages do not fit the device steps down
+        if tile_m is not None or tile_n is not None or smem_limit is None or not _in_table(first):
+            raise
+        config(first, None)  # raises what is wrong with the row itself
+        # the rows below: TILE_M's narrower ones (either table), then each smaller TILE_M's
+        narrower = {t for m, _, t in TILES if m == tm} | {t for m, t in WG_TILES if m == tm}
+        below = [row(tm, t) for t in sorted(narrower, reverse=True) if t < first[2]]
+        below += [row(m, None) for m in sorted(TILE_MS, reverse=True) if m < tm]
+        cfg = _first_fit(config, [r for r in below if _in_table(r)], err)
+    return GroupedPlan(cfg, e, -(-n // cfg.tile_n))
+
+
+def _in_table(r: tuple[int, bool, int | None, bool]) -> bool:
+    tm, swap, tn, wg = r
+    return not swap and (tm, tn) in WG_TILES if wg else (tm, swap, tn) in TILES
+
+
+def _first_fit(config: Any, rows: list, err: UnsupportedConfigError) -> MoeGemmConfig:
+    """config(r) of the first of `rows` that fits; else `err` (the selected row's)."""
+    for r in rows:
+        try:
+            return config(r)
+        except UnsupportedConfigError:
+            continue
+    raise err
 
 
 @selector
 def select_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, rows: int,
-                   epilogue: str = "none", policy: str = "threshold") -> GroupedPlan:
+                   epilogue: str = "none", policy: str = "threshold",
+                   smem_limit: int | None = None) -> GroupedPlan:
     """The dispatch choice (memoised per argument tuple; printed with KERNELGEN_PRINT_CONFIGS=1)."""
-    return plan_grouped(arch, sm_count, dtype, e, n, k, rows, epilogue, policy=policy)
+    return plan_grouped(arch, sm_count, dtype, e, n, k, rows, epilogue, policy=policy,
+                        smem_limit=smem_limit)
 
 
 def _rows_to_walk(e: int, top_k: int) -> list[int]:
@@ -156,15 +201,17 @@ def _rows_to_walk(e: int, top_k: int) -> list[int]:
     return sorted(t * top_k for t in ts if t >= 1)
 
 
-def _default_set(arch: str, dtype: str, epilogue: str) -> Iterator[MoeGemmConfig]:
+def _default_set(arch: str, dtype: str, epilogue: str,
+                 smem_limit: int | None = None) -> Iterator[MoeGemmConfig]:
     for _, tm in TILE_M_TABLE:
         swap = SWAP_AB[tm]
         if uses_wgmma(arch, tm, swap):
-            yield MoeGemmConfig.of(arch, dtype, tm, swap, WGMMA_TILE_N[tm], epilogue, wgmma=True)
+            yield MoeGemmConfig.of(arch, dtype, tm, swap, WGMMA_TILE_N[tm], epilogue, wgmma=True,
+                                   smem_limit=smem_limit)
             continue
         for few in ((False, True) if swap and tm <= 16 else (False,)):
             yield MoeGemmConfig.of(arch, dtype, tm, swap, SWAP_TILE_N if swap else PLAIN_TILE_N[tm],
-                                   epilogue, few)
+                                   epilogue, few, smem_limit=smem_limit)
 
 
 def _layer_shapes(spec: dict[str, Any]) -> list[tuple[int, int, int, int]]:
@@ -196,7 +243,8 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kern
     """Configs dispatch can pick. spec: the layers, as "shapes" [[E, H, I, top_k], ...] or the
     keys "E", "H", "I", "top_k" (walk the two GEMMs of each layer, W13 + SwiGLU and W2, over
     every batch size and SM count); "dtypes"; "bits" (kbit experts: 2, 3, 4; with layers it
-    adds their kbit configs to the bf16 / fp16 ones); "policy"; "sm_counts"; with layers also
+    adds their kbit configs to the bf16 / fp16 ones); "policy"; "sm_counts" (default: the
+    parts of each arch, kernelgen.arch.parts_of; each part's shared memory); with layers also
     the moe_routing kernels fused_moe launches for them (layout, dispatch, combine; "id_dtypes"
     and "w_dtypes" as moe_routing's spec), so `kernelgen prewarm --family moe` covers
     fused_moe. Without layers: the default table for each dtype and epilogue plus a kbit
@@ -223,24 +271,25 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kern
     for arch in archs:
         get_arch(arch)
         if not layers:
-            for dtype in dtypes:
-                for epi in EPILOGUES:
-                    yield from new(_default_set(arch, dtype, epi))
-            yield from new(kbit_prewarm(arch, dtypes, bits_list or [4], None, (), ()))
+            for lim in smem_limits(arch):  # the stages of each part's shared memory
+                for dtype in dtypes:
+                    for epi in EPILOGUES:
+                        yield from new(_default_set(arch, dtype, epi, lim))
+                yield from new(kbit_prewarm(arch, dtypes, bits_list or [4], None, ((132, lim),), ()))
             continue
-        sms_list = tuple(spec.get("sm_counts") or SM_COUNTS[arch])
+        parts = parts_of(arch, spec.get("sm_counts"))
         for e, h, i, top_k in layers:
             rows_list = _rows_to_walk(e, top_k)
             try:
                 if bits_list:
                     yield from new(kbit_prewarm(arch, dtypes, bits_list, (e, h, i, top_k),
-                                                sms_list, rows_list))
+                                                parts, rows_list))
                 for dtype in dtypes:
-                    for sms in sms_list:
+                    for sms, lim in parts:
                         for rows in rows_list:
                             for n, k, epi in ((2 * i, h, "swiglu"), (h, i, "none")):
                                 yield from new((plan_grouped(arch, sms, dtype, e, n, k, rows, epi,
-                                                             policy=policy).config,))
+                                                             policy=policy, smem_limit=lim).config,))
             except ValueError as err:
                 if isinstance(err, UnsupportedConfigError):
                     raise

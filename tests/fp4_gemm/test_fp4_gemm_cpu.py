@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernelgen.arch import PARTS, SM_COUNTS
 from kernelgen.core.render import render
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.fp4_gemm import reference as GR
@@ -24,7 +25,6 @@ from kernelgen.fp4_gemm.select import (
     GEMV_TPW,
     KW_MAX,
     MIN_STEPS,
-    SM_COUNTS,
     bm_for,
     plan,
     prewarm_configs,
@@ -283,8 +283,9 @@ def test_prewarm_table_is_modest():
     for arch in SM_COUNTS:
         cfgs = list(prewarm_configs([arch], {}))
         # per (fmt, dtype): 10 GEMV (16 warps an SM: 1 at m_tile 8, 2 TPW x 2 CTA sizes at
-        # m_tile 16; 32 an SM: 2 CTA sizes at m_tile 8, 3 at 16) + 3 tile configs
-        assert 0 < len(cfgs) <= 52 and len(set(cfgs)) == len(cfgs)
+        # m_tile 16; 32 an SM: 2 CTA sizes at m_tile 8, 3 at 16) + 3 tile configs; sm_80 also
+        # the fewer stages of 8.6 / 8.9 parts (99 KB): nvfp4 BM 64 / 128, mxfp4 BM 128
+        assert 0 < len(cfgs) <= (58 if arch == "sm_80" else 52) and len(set(cfgs)) == len(cfgs)
         assert {type(c) for c in cfgs} == {Fp4GemvConfig, Fp4TileConfig}
 
 
@@ -293,12 +294,12 @@ def test_prewarm_equals_dispatch(arch):
     spec = {"shapes": [[14336, 4096], [4096, 14336], [3, 200, 384]], "dtypes": ["bfloat16", "float32"]}
     pre = set(prewarm_configs([arch], spec))
     picked = set()
-    for sms in SM_COUNTS[arch]:
+    for sms, lim in PARTS[arch]:
         for fmt in ("nvfp4", "mxfp4"):
             for m in list(range(1, 300)) + [1000, 5000]:
                 for n, k in ((14336, 4096), (4096, 14336)):
-                    picked.add(select_fp4(arch, m, n, k, fmt, "bfloat16", sms).config)
-            picked.add(select_fp4(arch, 3, 200, 384, fmt, "bfloat16", sms).config)
+                    picked.add(select_fp4(arch, m, n, k, fmt, "bfloat16", sms, None, lim).config)
+            picked.add(select_fp4(arch, 3, 200, 384, fmt, "bfloat16", sms, None, lim).config)
     assert picked == pre
     assert all(c.dtype == "bfloat16" for c in pre)
     assert pre <= set(prewarm_configs([arch], {}))

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 import kernelgen as kg
+from kernelgen.arch import PARTS, SM_COUNTS
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.kbit import reference as R
 from kernelgen.kbit_gemm import reference as GR
 from kernelgen.kbit_gemm.config import KbitGemvConfig, kw_red_bytes, launch_of, lut_bytes
 from kernelgen.kbit_gemm.select import (
     MIN_GROUPS_PER_SPLIT,
-    SM_COUNTS,
     plan_gemv,
     prewarm_configs,
     select_gemv,
@@ -157,12 +157,12 @@ def test_prewarm_equals_dispatch(arch):
             "dtypes": ["bfloat16", "float32"]}
     pre = set(prewarm_configs([arch], spec))
     picked = set()
-    for sms in SM_COUNTS[arch]:
+    for sms, lim in PARTS[arch]:
         for bits in (3, 4):
             for m in list(range(1, 200)) + [1000, 5000]:
                 for n, k in ((14336, 4096), (4096, 14336)):
-                    picked.add(select_gemv(arch, m, n, k, bits, "bfloat16", sms).config)
-            picked.add(select_gemv(arch, 3, 200, 384, bits, "bfloat16", sms).config)
+                    picked.add(select_gemv(arch, m, n, k, bits, "bfloat16", sms, lim).config)
+            picked.add(select_gemv(arch, 3, 200, 384, bits, "bfloat16", sms, lim).config)
     assert picked == pre
     assert all(c.dtype == "bfloat16" for c in pre)  # float32 is not this family's dtype
     assert pre <= set(prewarm_configs([arch], {}))

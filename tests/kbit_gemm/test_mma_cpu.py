@@ -3,10 +3,10 @@ selector and its thresholds, prewarm = dispatch, shape errors naming the rule.""
 
 import pytest
 
+from kernelgen.arch import PARTS, SM_COUNTS, smem_limits
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.kbit_gemm import KbitMmaConfig
 from kernelgen.kbit_gemm import tc_select as S
-from kernelgen.kbit_gemm.select import SM_COUNTS
 from kernelgen.kbit_gemm.tc_config import TILE_K, TILES, smem_for, stages_for
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (384, 1024), (512, 4224))
@@ -109,11 +109,11 @@ def test_prewarm_equals_dispatch(arch):
             "dtypes": ["bfloat16", "float32"], "layouts": ["flat"]}  # 4 bits: the flat layout's
     pre = {c for c in S.prewarm_mma_configs([arch], spec)}
     picked = set()
-    for sms in SM_COUNTS[arch]:
+    for sms, lim in PARTS[arch]:
         for bits in (3, 4):
             for m in list(range(1, 300)) + [1000, 2047, 2048, 5000]:
                 for n, k in ((14336, 4096), (4096, 14336), (200, 384)):
-                    ch = S.select_gemm(arch, m, n, k, bits, "bfloat16", sms)
+                    ch = S.select_gemm(arch, m, n, k, bits, "bfloat16", sms, lim)
                     if ch.path == "mma":
                         picked.add(ch.plan.config)
     assert picked == pre
@@ -122,9 +122,14 @@ def test_prewarm_equals_dispatch(arch):
 
 
 def test_no_spec_prewarm_has_every_tile_once():
+    """Each tile once per (bits, dtype) at the stages of each shared-memory limit of the
+    target's parts (sm_80: 64x256 at 4 / 5 bits also at 3 stages, 8.6 / 8.9 parts' 99 KB)."""
     for arch in SM_COUNTS:
         cfgs = list(S.prewarm_mma_configs([arch], {}))
-        assert len(cfgs) == len(set(cfgs)) == len(TILES) * 4 * 2
+        want = {(bits, dt, tm, tn, stages_for(arch, bits, tm, tn, lim)) for bits in (2, 3, 4, 5)
+                for dt in ("float16", "bfloat16") for tm, tn in TILES for lim in smem_limits(arch)}
+        assert len(cfgs) == len(set(cfgs)) == len(want) >= len(TILES) * 4 * 2
+        assert {(c.bits, c.dtype, c.tile_m, c.tile_n, c.stages) for c in cfgs} == want
 
 
 def _rotr(x: int, s: int) -> int:

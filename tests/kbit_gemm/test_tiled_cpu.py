@@ -127,14 +127,20 @@ def test_prewarm_layouts():
 
 def test_tile_path_on_a_part_with_less_shared_memory():
     """A device whose blocks get less shared memory than the target's plans assume (8.6 / 8.9
-    under sm_80, 99 KB): the rule's tile path becomes the GEMV; a forced path stays as asked."""
+    under sm_80, 99 KB): the tile path keeps fewer stages; where not even 2 stages fit, the
+    rule's tile path becomes the GEMV and a forced one raises naming the rule."""
     m, n, k = TL.MID_MAX_M, 128 * 72, 8192
     full = TL.plan_tiled("sm_80", m, n, k, "float16", 72)
-    assert full.path == "tile" and full.plan.smem > 101376
+    assert full.path == "tile" and full.plan.smem > 101376 and full.plan.config.stages == 4
     small = TL.plan_tiled("sm_80", m, n, k, "float16", 72, smem_limit=101376)
-    assert small.path == "gemv" and small.plan.smem <= 101376
-    assert TL.plan_tiled("sm_80", m, n, k, "float16", 72, smem_limit=full.plan.smem).path == "tile"
-    assert TL.plan_tiled("sm_80", m, n, k, "float16", 72, path="tile", smem_limit=101376).path == "tile"
+    assert small.path == "tile" and small.plan.smem <= 101376
+    assert small.plan.config.replace(stages=4) == full.plan.config and small.plan.config.stages == 2
+    assert TL.plan_tiled("sm_80", m, n, k, "float16", 72, smem_limit=full.plan.smem) == full
+    tiny = 48 * 1024  # below 2 stages of BM 32 with the 32 KB table
+    gemv = TL.plan_tiled("sm_80", m, n, k, "float16", 72, smem_limit=tiny)
+    assert gemv.path == "gemv" and gemv.plan.smem <= tiny
+    with pytest.raises(UnsupportedConfigError, match="shared memory a block.*path='gemv'"):
+        TL.plan_tiled("sm_80", m, n, k, "float16", 72, path="tile", smem_limit=tiny)
 
 
 def test_forced_tile_path_fits_every_arch():
@@ -153,18 +159,18 @@ SHAPES = ((14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096), (28672, 8192
 def test_prewarm_covers_every_plan():
     """Every config plan_tiled returns (every M to 4097, these shapes, each arch's SM counts)
     is in the shape-walk prewarm, and that is within the no-shape enumeration."""
-    from kernelgen.arch import SM_COUNTS
+    from kernelgen.arch import PARTS
 
     full = set(prewarm_all(ARCHS, {"bits": [4]}))
     spec = {"bits": [4], "shapes": [list(s) for s in SHAPES]}
     walked = set(prewarm_all(ARCHS, spec))
     assert walked <= full
     for arch in ARCHS:
-        for sms in SM_COUNTS[arch]:
+        for sms, lim in PARTS[arch]:
             for n, k in SHAPES:
                 for m in range(1, 4098):
                     for dtype in ("float16", "bfloat16"):
-                        ch = TL.plan_tiled(arch, m, n, k, dtype, sms)
+                        ch = TL.plan_tiled(arch, m, n, k, dtype, sms, smem_limit=lim)
                         cfg = ch.plan.config if ch.plan is not None else \
                             KbitTiledDequantConfig(arch=arch, dtype=dtype)
                         assert cfg in walked, (arch, sms, n, k, m, dtype)
