@@ -561,3 +561,38 @@ def test_alignment_rules():
         parts = {"data": w.data, "scales": w.scales, name: view}
         with pytest.raises(ValueError, match=f"Fp4Weight.{name}: data pointer must be {need}-byte aligned"):
             Fp4Weight(w.fmt, w.n, w.k, parts["data"], parts["scales"], w.post, w.device, w.arrangement)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_tile_path_on_a_part_with_99_kb(fmt, monkeypatch):
+    """A device whose blocks get 99 KB (8.6 / 8.9 parts, 101376 B; here the device's limit is
+    lowered to it): the tile path at M = 64 (BM 64) and 256 (BM 128) plans the stages that fit
+    (BM 128: 2, fewer than the target's), loads and launches (a kernel over the limit raises
+    DeviceError at load) and matches the reference, dispatched and forced with split 2."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.core import interop
+    from kernelgen.fp4_gemm import fp4_gemm, plan, select_fp4
+
+    info = device_info()
+    lim = 99 * 1024
+    n, k = 1000, 4224
+    t, w64 = _weight(fmt, n, k)
+    full = {m: plan(info.arch.name, m, n, k, fmt, "float16", info.sm_count) for m in (64, 256)}
+    monkeypatch.setitem(interop._smem_limits, info.index, (lim, "test part of 99 KB"))
+    assert interop.smem_limit(info.index) == lim
+    rng = np.random.default_rng()
+    for m in (64, 256):
+        p = select_fp4(info.arch.name, m, n, k, fmt, "float16", info.sm_count, "float16", lim)
+        ctx = f"{fmt=} {m=} {p.short()} (without the limit: {full[m].short()})"
+        assert p.path == "tile" and p.smem <= lim, ctx
+        assert p.config.replace(stages=full[m].config.stages) == full[m].config, ctx
+        if m == 256:
+            assert p.config.bm == 128 and p.config.stages == 2 < full[m].config.stages, ctx
+        a = _host(rng, (m, k), "float16")
+        bias = _host(rng, (n,), "float16")
+        want = GR.gemm(a, w64, bias, 0.5)
+        _check(fp4_gemm(cupy.asarray(a), t, cupy.asarray(bias), alpha=0.5), want, "float16", ctx)
+        d = fp4_gemm(cupy.asarray(a), t, cupy.asarray(bias), alpha=0.5, path="tile", split_k=2)
+        _check(d, want, "float16", f"{ctx} forced tile split 2")

@@ -193,3 +193,40 @@ def test_split_scratch_grows_without_freeing_what_graphs_may_hold():
     assert ws2.size >= 1 << 20 and ws2 is not ws1
     assert any(old[0] is ws1 for old in interop._retired)  # kept alive, not freed
     assert int(cnt1.sum()) == 0
+
+
+@pytest.mark.parametrize("bits", (4, 5))
+def test_mma_on_a_part_with_99_kb(bits, monkeypatch):
+    """A device whose blocks get 99 KB (8.6 / 8.9 parts, 101376 B; here the device's limit is
+    lowered to it): the mma path at M = 32 (32x128, dispatched) and M = 256 (64x256 with N % 256
+    == 0, forced: dispatch takes dequant there) plans the stages that fit (64x256: 3, fewer
+    than the target's 4), loads and launches (a kernel over the limit raises DeviceError at
+    load) and matches the reference."""
+    import cupy
+
+    import kernelgen as kg
+    from kernelgen.arch import device_info
+    from kernelgen.core import interop
+    from kernelgen.kbit_gemm.tc_select import plan_mma, select_gemm
+
+    info = device_info()
+    lim = 99 * 1024
+    n, k = 512, 4224
+    lin, w64 = _weight(bits, "float16", n, k)
+    full = {m: plan_mma(info.arch.name, m, n, k, bits, "float16", info.sm_count) for m in (32, 256)}
+    monkeypatch.setitem(interop._smem_limits, info.index, (lim, "test part of 99 KB"))
+    rng = np.random.default_rng()
+    for m in (32, 256):
+        p = plan_mma(info.arch.name, m, n, k, bits, "float16", info.sm_count, smem_limit=lim)
+        ctx = f"{bits=} {m=} {p.short()} (without the limit: {full[m].short()})"
+        assert p.smem <= lim and p.config.replace(stages=full[m].config.stages) == full[m].config, ctx
+        if m == 256:
+            assert (p.config.tile_m, p.config.tile_n, p.config.stages) == (64, 256, 3), ctx
+            assert full[m].config.stages == 4, ctx
+        else:
+            assert select_gemm(info.arch.name, m, n, k, bits, "float16", info.sm_count,
+                               lim).plan == p, ctx
+        a = _host(rng, (m, k), "float16")
+        bias = _host(rng, (n,), "float16")
+        c = kg.gemm(cupy.asarray(a), lin, cupy.asarray(bias), path="mma" if m == 256 else None)
+        _check(c, GR.gemm(a, w64, bias, "float16"), "float16", ctx)

@@ -208,24 +208,32 @@ def test_torch_inputs_and_graph_capture():
 
 
 def test_tile_path_falls_back_where_the_part_has_less_shared_memory(monkeypatch):
-    """On a part whose blocks get less shared memory than the target's plans assume (8.6 / 8.9
-    under sm_80), the selector's tile path becomes the GEMV; a forced tile path raises."""
+    """On a part whose blocks get less shared memory than the target's plans assume: at 99 KB
+    (8.6 / 8.9 parts under sm_80, 101376 B) the selector's tile path keeps fewer stages (BM 64
+    at 2 beside the 32 KB table) and matches the reference; where not even 2 stages fit (33 KB)
+    it becomes the GEMV, and a forced tile path raises naming the rule."""
     import cupy
 
     import kernelgen as kg
     from kernelgen.arch import device_info
     from kernelgen.core import interop
-    from kernelgen.errors import DeviceError
-    from kernelgen.kbit_gemm.tiled import TILE_MIN_M, plan_tiled
+    from kernelgen.errors import UnsupportedConfigError
+    from kernelgen.kbit_gemm.tiled import TILE_MIN_M, plan_tiled, select_tiled
 
     info = device_info()
     n, k = 128 * info.sm_count, 4096  # tile CTAs fill the SMs; a large weight
     m = TILE_MIN_M
-    assert plan_tiled(info.arch.name, m, n, k, "float16", info.sm_count).path == "tile"
+    full = plan_tiled(info.arch.name, m, n, k, "float16", info.sm_count)
+    assert full.path == "tile" and full.plan.config.stages > 2, full.short()
     lin, _, w64 = _weights("float16", n, k)
     a = _host(np.random.default_rng(9), (m, k), "float16")
+    want = GR.gemm(a, w64)
+    monkeypatch.setitem(interop._smem_limits, info.index, (99 * 1024, "test part of 99 KB"))
+    ch = select_tiled(info.arch.name, m, n, k, "float16", info.sm_count, 99 * 1024)
+    assert ch.path == "tile" and ch.plan.smem <= 99 * 1024 and ch.plan.config.stages == 2, ch.short()
+    _check(kg.gemm(cupy.asarray(a), lin), want, "float16", f"99 KB {ch.short()}")
     monkeypatch.setitem(interop._smem_limits, info.index, (32 * 1024 + 1024, "test part"))
     c = kg.gemm(cupy.asarray(a), lin)  # the GEMV (its 32 KB table fits)
-    _check(c, GR.gemm(a, w64), "float16", "fallback")
-    with pytest.raises(DeviceError, match="test part"):
+    _check(c, want, "float16", "fallback")
+    with pytest.raises(UnsupportedConfigError, match="2 stages need .* allows 33792 B"):
         kg.gemm(cupy.asarray(a), lin, path="tile")

@@ -395,3 +395,91 @@ def test_kbit_bad_inputs():
         grouped_gemm(cupy.ones((2, 128), cupy.float16), q, off, swap_ab=False)
     with pytest.raises(ValueError, match="tile_m=64: kbit experts take tile_m"):
         grouped_gemm(cupy.ones((2, 128), cupy.float16), q, off, tile_m=64)
+
+
+# rows that lose stages at 99 KB (tile_m, tile_n, wgmma=False: mma.sync) and the selector's
+# choice, which on sm_90a is wgmma 128x256 at 4 stages with the full limit and wgmma 128x128 at
+# 99 KB (3 stages of 128x256 with a group in flight do not fit)
+SMEM_ROWS = [(None, None, None), (128, 128, False), (256, None, False), (128, None, False)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_on_a_part_with_99_kb(dtype, monkeypatch):
+    """A device whose blocks get 99 KB (8.6 / 8.9 parts, 101376 B; here the device's limit is
+    lowered to it): prefill-sized grouped GEMMs on the rows that lose stages (mma.sync 128x128
+    4 -> 3, 256x128 -> 2) and the selector's choice plan within the limit, load and launch (a
+    kernel over the limit raises DeviceError at load) and match the reference, W13 + SwiGLU and
+    W2."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.core import interop
+    from kernelgen.moe import grouped_gemm, plan_grouped
+
+    info = device_info()
+    lim = 99 * 1024
+    monkeypatch.setitem(interop._smem_limits, info.index, (lim, "test part of 99 KB"))
+    rng = np.random.default_rng()
+    reduced = set()
+    for kind, t, e, top_k, n, k in (("uniform", 2048, 8, 2, 256, 520),
+                                    ("hot80", 700, 16, 4, 528, 1048)):
+        x, w, off = _problem(rng, kind, t, e, top_k, n, k, dtype, gap=3)
+        xd, wd, od = cupy.asarray(x), cupy.asarray(w), cupy.asarray(off)
+        for act in (None, "swiglu"):
+            epi = "swiglu" if act else "none"
+            ref = MR.grouped_gemm(MR.to_float64(x, dtype), MR.to_float64(w, dtype), off, act)
+            for tm, tn, wg in SMEM_ROWS:
+                args = (info.arch.name, info.sm_count, dtype, e, n, k, x.shape[0], epi, tm, None,
+                        tn, "threshold", wg)
+                full, p = plan_grouped(*args), plan_grouped(*args, lim)
+                ctx = f"{kind=} {t=} {e=} {n=} {k=} {act} {p.short()} (full: {full.short()})"
+                assert p.smem <= lim, ctx
+                if p.config.tile_n == full.config.tile_n:
+                    assert p.config.stages <= full.config.stages, ctx
+                    if p.config.stages < full.config.stages:
+                        reduced.add((p.config.tile_m, p.config.tile_n))
+                y = grouped_gemm(xd, wd, od, activation=act, tile_m=tm, tile_n=tn, wgmma=wg,
+                                 dtype="bfloat16" if dtype == "bfloat16" else None)
+                _check(y, ref, dtype, ctx)
+    assert {(128, 128), (256, 128)} <= reduced, reduced
+
+
+@pytest.mark.parametrize("bits", (2, 4))
+def test_kbit_experts_on_a_part_with_99_kb(bits, monkeypatch):
+    """kbit experts with the device's limit lowered to 99 KB: the planner's budget is
+    min(SMEM_BUDGET[arch], 99 KB) (sm_90a: 110 KB -> 99 KB, fewer stages), every TILE_M plans
+    within it and matches the reference."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.core import interop
+    from kernelgen.moe import grouped_gemm, plan_kbit
+    from kernelgen.moe.config import KBIT_TILE_MS
+    from kernelgen.moe.kbit import SMEM_BUDGET
+
+    info = device_info()
+    lim = 99 * 1024
+    monkeypatch.setitem(interop._smem_limits, info.index, (lim, "test part of 99 KB"))
+    rng = np.random.default_rng()
+    dtype = "bfloat16"
+    reduced = False
+    for act in (None, "swiglu"):
+        n, k = (208, 384) if act else (200, 640)
+        epi = "swiglu" if act else "none"
+        for kind, t, e, top_k in KBIT_CASES[:3]:
+            q, w64 = _kbit_weight(rng, e, n, k, bits, dtype)
+            ids = routing(kind, t, e, top_k, rng)
+            off, _ = MR.layout(ids, e)
+            off = off.astype(np.int32)
+            x = _host(rng, (int(off[-1]), k), dtype)
+            ref = MR.grouped_gemm(MR.to_float64(x, dtype), w64, off, act)
+            xd, od = cupy.asarray(x), cupy.asarray(off)
+            for tm in (None, *KBIT_TILE_MS):
+                args = (info.arch.name, info.sm_count, dtype, bits, e, n, k, x.shape[0], epi, tm)
+                full, p = plan_kbit(*args), plan_kbit(*args, smem_limit=lim)
+                ctx = f"kbit {bits=} {act} {kind=} {t=} {e=} {tm=} {p.short()} (full: {full.short()})"
+                assert p.smem <= lim and p.config.stages <= full.config.stages, ctx
+                reduced |= p.config.stages < full.config.stages
+                y = grouped_gemm(xd, q, od, activation=act, tile_m=tm, dtype="bfloat16")
+                _check(y, ref, dtype, ctx)
+    assert reduced == (SMEM_BUDGET[info.arch.name] > lim), info.arch.name
