@@ -25,6 +25,7 @@ import json
 import numpy as np
 
 from kernelgen.bench import graph_time, read_bandwidth, read_kernel
+from kernelgen.core.interop import smem_limit
 
 SHAPES = ((14336, 4096), (4096, 14336))
 MS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096)
@@ -249,13 +250,13 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
             for depth in (2, 3) if cfg.warps_per_sm == 32 else (2, 3, 4):
                 if depth != cfg.depth and (depth != 3 or cfg.m_tile == 8):  # m_tile 16 spills at 3
                     yield f"depth={depth}", dataclasses.replace(base, config=cfg.replace(depth=depth))
-            if m == 1:
-                for s in (1, 2, 3, 4, 6, 8, 12):
+            for s in (1, 2, 3, 4, 6, 8, 12):  # forced K splits (a CTA's warps then share its K range)
+                if s != base.split:
                     try:
-                        yield f"split={s}", plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count,
-                                                 split=s)
+                        p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, split=s)
                     except ValueError:
-                        pass
+                        continue
+                    yield f"split={s} kw={p2.kw} grid={p2.grid}", p2
         else:
             for bm, wt, st in ((64, 2, 3), (64, 4, 3), (128, 2, 2), (128, 2, 4), (128, 4, 2),
                                (128, 4, 3), (128, 4, 4)):
@@ -297,7 +298,8 @@ def sass_histogram(path, dev, dtype="float16", enc="float16") -> None:
     lines = []
     for fmt in ("nvfp4", "mxfp4"):
         for m in (1, 16):
-            cfg = select_fp4(dev.arch.name, m, 14336, 4096, fmt, dtype, dev.sm_count, enc).config
+            cfg = select_fp4(dev.arch.name, m, 14336, 4096, fmt, dtype, dev.sm_count, enc,
+                             smem_limit(dev.index)).config
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                 f.write(build(cfg).cubin)
                 f.flush()
@@ -418,7 +420,8 @@ def main() -> None:
                                          len(copies), stream)
                     rbytes = wbytes + m * k * 2
                     tc = cublas[m]
-                    p = select_fp4(dev.arch.name, m, n, k, fmt, args.dtype, dev.sm_count, enc)
+                    p = select_fp4(dev.arch.name, m, n, k, fmt, args.dtype, dev.sm_count, enc,
+                                   smem_limit(dev.index))
                     row = {"N": n, "K": k, "fmt": fmt, "dtype": args.dtype, "encoding": enc,
                            "arrangement": copies[0].arrangement, "M": m, "us": t * 1e6,
                            "same_as_first": exact, "read_bytes": rbytes,

@@ -37,6 +37,7 @@
 #include "common/e4m4.cuh"
 #include "common/mma.cuh"
 #include "common/ptx.cuh"
+#include "common/splitk.cuh"
 
 namespace kg::fp4 {
 
@@ -304,8 +305,8 @@ __device__ __forceinline__ void store_out(T* __restrict__ C, const T* __restrict
 
 // Split-K finish of one CTA tile (rows [n_lo, n_lo + n_cnt) x tokens [m_lo, m_lo + m_cnt)):
 // every thread has stored its fp32 partials to ws[split]; the CTA that brings the tile's counter
-// to `splits` adds the partials in split order (deterministic), applies the row factor and bias,
-// writes C and resets the counter for the next launch (stream order).
+// to `splits` adds the partials in split order (common/splitk.cuh), applies the row factor and
+// bias, writes C and resets the counter for the next launch (stream order).
 template <typename T, int FMT>
 __device__ __forceinline__ void split_finish(const float* __restrict__ ws, unsigned* counter,
                                              int splits, T* __restrict__ C,
@@ -319,17 +320,15 @@ __device__ __forceinline__ void split_finish(const float* __restrict__ ws, unsig
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const size_t stride = (size_t)M * N;
-#pragma unroll 1
-  for (int p = threadIdx.x; p < m_cnt * n_cnt; p += blockDim.x) {
-    const int m = m_lo + p / n_cnt, n = n_lo + p % n_cnt;
-    if (m >= M || n >= N) continue;
-    const float* src = ws + (size_t)m * N + n;
-    float v = 0.0f;
-#pragma unroll 1
-    for (int y = 0; y < splits; ++y) v += __ldcg(src + y * stride);
-    store_out<T, FMT>(C, bias, has_bias, post, alpha, m, n, N, v);
-  }
+  // tokens past M are not walked (M = 1 on a 32-token tile: 1 row of 32)
+  sum_splits(ws, (size_t)M * N, splits, threadIdx.x, min(m_cnt, M - m_lo) * n_cnt, blockDim.x,
+             [&](int p) -> long long {
+               const int m = m_lo + p / n_cnt, n = n_lo + p % n_cnt;
+               return n < N ? (long long)m * N + n : -1;
+             },
+             [&](int p, float v) {
+               store_out<T, FMT>(C, bias, has_bias, post, alpha, m_lo + p / n_cnt, n_lo + p % n_cnt, N, v);
+             });
   if (threadIdx.x == 0) *counter = 0u;
 }
 

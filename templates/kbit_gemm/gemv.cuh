@@ -48,6 +48,7 @@
 #include "common/e4m4.cuh"
 #include "common/mma.cuh"
 #include "common/ptx.cuh"
+#include "common/splitk.cuh"
 
 namespace kg::kbit_gemm {
 
@@ -264,19 +265,17 @@ __device__ __forceinline__ void store_tile(const float (&acc)[M_TILE / 8][4], in
     prev = __shfl_sync(FULL, prev, 0);
     if (prev == gridDim.y - 1) {
       __threadfence();
-      // lanes walk the tile's (token, row) outputs, rows fastest; rolled loops keep this rare
-      // path's registers away from the main loop's budget
-#pragma unroll 1
-      for (int p = lane; p < M_TILE * TILE_ROWS; p += 32) {
-        const int m = m0 + p / TILE_ROWS, n = tile * TILE_ROWS + p % TILE_ROWS;
-        if (m >= M || n >= N) continue;
-        const float* src = ws + (size_t)m * N + n;
-        const size_t stride = (size_t)M * N;
-        float v = 0.0f;
-#pragma unroll 1
-        for (int y = 0; y < (int)gridDim.y; ++y) v += __ldcg(src + y * stride);
-        C[(size_t)m * N + n] = from_float<T>(v + (has_bias ? to_float(bias[n]) : 0.0f));
-      }
+      // lanes walk the tile's (token, row) outputs, rows fastest (common/splitk.cuh; 4 outputs x
+      // 1 split in flight: 2 x 4 / 2 x 2 spill at m_tile 16 on sm_90a / sm_100a)
+      sum_splits<4, 1>(ws, (size_t)M * N, (int)gridDim.y, lane, min(M_TILE, M - m0) * TILE_ROWS, 32,
+                 [&](int p) -> long long {
+                   const int m = m0 + p / TILE_ROWS, n = tile * TILE_ROWS + p % TILE_ROWS;
+                   return n < N ? (long long)m * N + n : -1;
+                 },
+                 [&](int p, float v) {
+                   const int m = m0 + p / TILE_ROWS, n = tile * TILE_ROWS + p % TILE_ROWS;
+                   C[(size_t)m * N + n] = from_float<T>(v + (has_bias ? to_float(bias[n]) : 0.0f));
+                 });
       __syncwarp();
       if (lane == 0) *cnt = 0u;
     }
