@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from kernelgen.bench import read_bandwidth
+from kernelgen.core.interop import smem_limit
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
 MS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -163,9 +164,11 @@ def main() -> None:
             for bits, layout in lins:
                 ws, wbytes = lins[bits, layout]
                 if layout == "tiled":
-                    choice = plan_tiled(info.arch.name, m, n, k, args.dtype, info.sm_count)
+                    choice = plan_tiled(info.arch.name, m, n, k, args.dtype, info.sm_count,
+                                        smem_limit=smem_limit(info.index))
                 else:
-                    choice = plan_gemm(info.arch.name, m, n, k, bits, args.dtype, info.sm_count)
+                    choice = plan_gemm(info.arch.name, m, n, k, bits, args.dtype, info.sm_count,
+                                       smem_limit(info.index))
                 variants = [("auto", {})]
                 if m <= 128:
                     variants.append(("gemv", {"path": "gemv"}))

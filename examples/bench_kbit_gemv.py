@@ -19,6 +19,7 @@ import statistics
 import numpy as np
 
 from kernelgen.bench import graph_time, read_bandwidth
+from kernelgen.core.interop import smem_limit
 
 SHAPES = ((14336, 4096), (4096, 14336), (4096, 4096))
 
@@ -81,7 +82,8 @@ def main() -> None:
                         len(copies), stream)
                     t1 = t if m == 1 else t1
                     tc, _ = cublas[(n, k, m)]
-                    plan = select_gemv(dev.arch.name, m, n, k, bits, "float16", dev.sm_count)
+                    plan = select_gemv(dev.arch.name, m, n, k, bits, "float16", dev.sm_count,
+                                       smem_limit(dev.index))
                     row = {"N": n, "K": k, "bits": bits, "M": m, "us": t * 1e6,
                            "weight_bytes": wbytes, "floor_us": wbytes / read_bw * 1e6,
                            "frac_read_bw": wbytes / read_bw / t, "frac_copy_bw": wbytes / copy_bw / t,

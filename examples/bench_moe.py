@@ -21,6 +21,8 @@ import json
 
 import numpy as np
 
+from kernelgen.core.interop import smem_limit
+
 SHAPES = {"E128": (128, 7168, 2048, 8), "E256": (256, 7168, 2048, 8), "E8": (8, 4096, 14336, 2)}
 DRAWS = 4  # routings rotated per measurement
 
@@ -136,10 +138,11 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
     epi = "swiglu" if act else "none"
     path = {"auto": None, "wgmma": True, "mma": False}[args.path]
     if path is None:
-        plan = select_grouped(info.arch.name, info.sm_count, "bfloat16", e, n, k, m, epi)
+        plan = select_grouped(info.arch.name, info.sm_count, "bfloat16", e, n, k, m, epi, "threshold",
+                              smem_limit(info.index))
     else:
         plan = plan_grouped(info.arch.name, info.sm_count, "bfloat16", e, n, k, m, epi,
-                            wgmma=path)
+                            wgmma=path, smem_limit=smem_limit(info.index))
     tm = _timer(args)
     tt = tm(lambda j: run(j, wgmma=path))
     timing = tm.last
@@ -239,7 +242,7 @@ def _bench_kbit(args, info, bw, name, w13, w2, bits, bf16_rows):
             tmk = _timer(args)
             tt = tmk(run)
             plan = select_kbit(info.arch.name, info.sm_count, "bfloat16", bits, e, n, k, m,
-                               "swiglu" if act else "none")
+                               "swiglu" if act else "none", smem_limit(info.index))
             bf = [r["us"] for r in bf16_rows if r["shape"] == name and r["T"] == t
                   and r["gemm"] == gemm and "bits" not in r]
             row = {"timing": tmk.last, "shape": name, "T": t, "gemm": gemm, "bits": bits, "us": tt * 1e6,

@@ -80,7 +80,8 @@ _smem_limits: dict[int, tuple[int, str]] = {}
 
 
 def smem_limit(device: int) -> int:
-    """Dynamic shared memory a block may use on the device (after opt-in), memoised."""
+    """Shared memory (static + dynamic) a block may use on the device after opt-in
+    (sharedMemPerBlockOptin), memoised; the planners size their stages by it."""
     lim = _smem_limits.get(device)
     if lim is None:
         from ..arch import device_info
@@ -92,10 +93,10 @@ def smem_limit(device: int) -> int:
 
 
 def check_smem(device: int, smem: int, what: str = "a launch") -> None:
-    """DeviceError unless a block of `smem` bytes of shared memory fits the device (the plans
-    size stages for the target's largest part: 8.6 / 8.9 parts allow 99 KB of sm_80's 163 KB).
-    Checked where a kernel is loaded (core/jit.py, before the driver's opt-in) and where one is
-    launched with more than 48 KB."""
+    """DeviceError unless a block of `smem` bytes of shared memory fits the device (the planners
+    size stages by smem_limit, so this catches forced configs and plans: 8.6 / 8.9 parts allow
+    99 KB of sm_80's 163 KB). Checked where a kernel is loaded (core/jit.py, before the driver's
+    opt-in) and where one is launched with more than 48 KB."""
     limit = smem_limit(device)
     if smem > limit:
         from ..errors import DeviceError
