@@ -478,8 +478,12 @@ def test_kbit_experts_on_a_part_with_99_kb(bits, monkeypatch):
                 args = (info.arch.name, info.sm_count, dtype, bits, e, n, k, x.shape[0], epi, tm)
                 full, p = plan_kbit(*args), plan_kbit(*args, smem_limit=lim)
                 ctx = f"kbit {bits=} {act} {kind=} {t=} {e=} {tm=} {p.short()} (full: {full.short()})"
-                assert p.smem <= lim and p.config.stages <= full.config.stages, ctx
-                reduced |= p.config.stages < full.config.stages
+                # within the limit; a warp shape that still fits keeps at most its stages (a
+                # shape that no longer fits gives way to another, with stages of its own)
+                assert p.smem <= lim, ctx
+                if (p.config.warps_p, p.config.warps_k) == (full.config.warps_p, full.config.warps_k):
+                    assert p.config.stages <= full.config.stages, ctx
+                reduced |= p.config != full.config
                 y = grouped_gemm(xd, q, od, activation=act, tile_m=tm, dtype="bfloat16")
                 _check(y, ref, dtype, ctx)
     assert reduced == (SMEM_BUDGET[info.arch.name] > lim), info.arch.name
