@@ -313,29 +313,38 @@ __device__ __forceinline__ void mma_gemm(const uint32_t* __restrict__ packed,
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // sum in split order, the own partial read back like the others (the same fp32 sum whichever
-    // CTA is last); splits outermost, so a split's MT x 2 x NT float2 loads are in flight
-    // together (a rolled loop a fragment waited an L2 round trip for every split)
+    // sum in split order (the same fp32 sum whichever CTA is last: its own partial is the
+    // value it stored); four splits' loads of a fragment in flight before they are added (one
+    // at a time, the rolled loop waited an L2 round trip for every split and fragment)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+      for (int h = 0; h < 2; ++h) {
+        const int m = row0 + 16 * mt + 8 * h;
+        if (m >= M) continue;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const float* src = ws + (size_t)m * N + col0 + 8 * nt;
+          float2 v = make_float2(0.0f, 0.0f);
 #pragma unroll 1
-    for (int y = 0; y < (int)gridDim.y; ++y) {
+          for (int y0 = 0; y0 < (int)gridDim.y; y0 += 4) {
+            float2 p[4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+            for (int y = 0; y < 4; ++y)
+              p[y] = y0 + y == (int)blockIdx.y ? make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1])
+                     : y0 + y < (int)gridDim.y ? __ldcg(reinterpret_cast<const float2*>(src + (size_t)(y0 + y) * M * N))
+                                               : make_float2(0.0f, 0.0f);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int m = row0 + 16 * mt + 8 * h;
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const float2 p = m < M ? __ldcg(reinterpret_cast<const float2*>(ws + (size_t)y * M * N + (size_t)m * N + col0 + 8 * nt))
-                                   : make_float2(0.0f, 0.0f);
-            acc[mt][nt][2 * h] += p.x;
-            acc[mt][nt][2 * h + 1] += p.y;
+            for (int y = 0; y < 4; ++y)
+              if (y0 + y < (int)gridDim.y) {
+                v.x += p[y].x;
+                v.y += p[y].y;
+              }
           }
+          acc[mt][nt][2 * h] = v.x;
+          acc[mt][nt][2 * h + 1] = v.y;
         }
-    }
+      }
     if (threadIdx.x == 0) *cnt = 0u;  // ready for the next launch (stream order)
   }
 #pragma unroll
