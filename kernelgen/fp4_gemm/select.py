@@ -1,7 +1,8 @@
 """Host-side selector of the FP4-weight GEMM, as data plus one pure function.
 
 (arch, M, N, K, fmt, dtype, SM count, the device's shared memory a block) -> Plan: the path
-(bandwidth GEMV for M <= GEMV_MAX_M, tensor-core tiles above), its config and its launch (K
+(bandwidth GEMV for M <= GEMV_MAX_M and, where the tile path has few CTAs, up to
+GEMV_VERY_FEW_CTAS_MAX_M; tensor-core tiles above), its config and its launch (K
 splits, grid, shared memory). No GPU work; memoised and printable (KERNELGEN_PRINT_CONFIGS=1).
 `prewarm_configs` walks the same function over the shapes of a spec and the parts of each
 target (kernelgen.arch.PARTS), so prewarm builds exactly what dispatch can pick.
@@ -32,8 +33,16 @@ from .config import (
 )
 
 # Path threshold: M up to this runs the bandwidth path (one pass of <= 16 tokens reads W once);
-# above it the tile path, whose CTAs reuse each decoded weight for BM tokens.
+# above it the tile path, whose CTAs reuse each decoded weight for BM tokens, unless the tile path
+# has too few 128-row CTAs to fill the GPU without a K split: then the bandwidth path runs
+# ceil(M / 16) passes (grid.z) that stream the same weights at the same time, the later ones
+# mostly from L2. H100, graph-timed, same run (`bench_fp4_gemm.py --sweep`, BENCHMARKS.md), GEMV
+# vs tile, nvfp4 us: 14336x4096 (112 row CTAs) M = 32 26.4 / 33.2, 64 44.7 / 49.5, 128 90.0 /
+# 69.2; 4096x14336 (32) M = 32 27.7 / 43.6, 64 49.5 / 61.2, 128 92.6 / 89.2; 4096x4096 (32) M = 64
+# 16.6 / 29.5, 128 28.1 / 36.4; 28672x4096 (224) M = 32 53.8 / 42.7. mxfp4 alike.
 GEMV_MAX_M = 16
+GEMV_FEW_CTAS_MAX_M = 64  # the GEMV up to here where ceil(N / 128) < SMs
+GEMV_VERY_FEW_CTAS_MAX_M = 128  # and up to here where 4 ceil(N / 128) <= SMs
 # Bandwidth path: tiles of 16 W rows, KW warps a tile along K (KW_CHOICES up to KW_MAX, summed in
 # shared memory: no global split-K epilogue), WARPS / KW tiles a CTA. The largest KW whose CTAs
 # all fit one wave (warps_per_sm / 8 CTAs of 8 warps resident an SM: 2 at <= 128 registers) and
@@ -253,6 +262,15 @@ def _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit):
     return Plan(cfg, split, sps, grid, (cfg.threads, 1, 1), cfg.smem_bytes())
 
 
+def path_for(m: int, n: int, sm_count: int) -> str:
+    """The bandwidth path ("gemv") or the tile path for M tokens (see GEMV_MAX_M)."""
+    ctas = -(-n // TILE_BN)
+    if (m <= GEMV_MAX_M or m <= GEMV_FEW_CTAS_MAX_M and ctas < sm_count
+            or m <= GEMV_VERY_FEW_CTAS_MAX_M and 4 * ctas <= sm_count):
+        return "gemv"
+    return "tile"
+
+
 def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
          path: str | None = None, split: int | None = None, tpw: int | None = None,
          wps: int | None = None, enc: str | None = None, smem_limit: int | None = None) -> Plan:
@@ -270,7 +288,7 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
                          f"tiled 4-bit kbit weights of kernelgen.kbit_gemm)")
     get_arch(arch)
     if path is None:
-        path = "gemv" if m <= GEMV_MAX_M else "tile"
+        path = path_for(m, n, sm_count)
     if tpw is not None and (path != "gemv" or tpw not in TPWS):
         raise ValueError(f"tpw={tpw!r}: expected one of {TPWS}, bandwidth path only (path={path!r})")
     if wps is not None and path != "gemv":
@@ -300,10 +318,10 @@ def _cta_warps(m_tile: int, wps: int) -> list[int]:
     return sorted({GEMV_WARPS, GEMV_CTA_WARPS[m_tile, wps]} | ({16} if KW_MAX[m_tile, wps] >= 16 else set()))
 
 
-# M values that reach every bucket of the tables: each M of the bandwidth path (the depth
-# depends on the split, hence on M) and both ends of every BM bucket.
+# M values that reach every bucket of the tables: each M the bandwidth path can take (its plan
+# depends on the passes, hence on M) and both ends of every BM bucket.
 def _probe_ms() -> list[int]:
-    ms = list(range(1, GEMV_MAX_M + 1))
+    ms = list(range(1, GEMV_VERY_FEW_CTAS_MAX_M + 2))
     lo = GEMV_MAX_M + 1
     for max_m, _ in TILE_BM_TABLE:
         ms += [lo, min(max_m, 1 << 16)]

@@ -26,6 +26,7 @@ from kernelgen.fp4_gemm.select import (
     KW_MAX,
     MIN_STEPS,
     bm_for,
+    path_for,
     plan,
     prewarm_configs,
     select_fp4,
@@ -166,8 +167,20 @@ def test_reference_gemm_alpha_bias():
 
 
 # -- selector ------------------------------------------------------------------------------------
-SHAPES = [(14336, 4096), (4096, 14336), (4096, 4096), (200, 384), (1000, 4224), (16, 128)]
-MS = [1, 2, 3, 5, 8, 15, 16, 17, 33, 64, 127, 256, 1024, 4096]
+SHAPES = [(14336, 4096), (4096, 14336), (4096, 4096), (28672, 4096), (200, 384), (1000, 4224), (16, 128)]
+MS = [1, 2, 3, 5, 8, 15, 16, 17, 33, 64, 65, 127, 128, 129, 256, 1024, 4096]
+
+
+def test_path_rule_at_the_measured_points():
+    """The bandwidth path above 16 tokens where the tile path has few 128-row CTAs (the H100
+    sweep in BENCHMARKS.md / select.py), the tile path where it fills the GPU."""
+    assert path_for(16, 28672, 132) == "gemv" and path_for(17, 28672, 132) == "tile"
+    assert path_for(32, 14336, 132) == "gemv" and path_for(64, 14336, 132) == "gemv"
+    assert path_for(65, 14336, 132) == "tile" and path_for(128, 14336, 132) == "tile"
+    assert path_for(128, 4096, 132) == "gemv" and path_for(129, 4096, 132) == "tile"
+    assert path_for(64, 14336, 112) == "tile"  # as many row CTAs as SMs: the tile path fills them
+    for m in (1, 16, 32, 64, 128, 129):
+        assert select_fp4("sm_90a", m, 4096, 4096, "nvfp4", "float16", 132).path == path_for(m, 4096, 132)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -178,12 +191,15 @@ def test_plans_are_consistent(n, k, fmt):
         for sms in (132, 114, 20):
             p = select_fp4("sm_90a", m, n, k, fmt, "float16", sms)
             ctx = f"{m=} {n=} {k=} {sms=} {p.short()}"
-            assert p.path == ("gemv" if m <= GEMV_MAX_M else "tile"), ctx
+            ctas = -(-n // 128)
+            gemv = m <= GEMV_MAX_M or m <= 64 and ctas < sms or m <= 128 and 4 * ctas <= sms
+            assert p.path == ("gemv" if gemv else "tile"), ctx
             assert (p.split - 1) * p.sps < q <= p.split * p.sps, ctx  # splits cover K, none empty
             assert p.smem <= p.config.smem_bytes(), ctx
             if p.path == "gemv":
                 cfg = p.config
                 assert cfg.m_tile == (8 if m <= 8 else 16), ctx
+                assert p.grid[2] == -(-m // cfg.m_tile), ctx  # passes of m_tile tokens
                 assert p.kw in (1, 2, 4, 8, 16) and p.kw <= KW_MAX[cfg.m_tile, cfg.warps_per_sm] and p.smem == 0, ctx
                 units = -(-n // (16 * cfg.tpw))
                 cta = GEMV_CTA_WARPS[cfg.m_tile, cfg.warps_per_sm]
@@ -257,7 +273,7 @@ def test_two_tiles_a_warp_plan():
     with pytest.raises(ValueError, match="tpw=3: expected one of"):
         plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, tpw=3)
     with pytest.raises(ValueError, match="bandwidth path only"):
-        plan("sm_90a", 40, 4096, 4096, "nvfp4", "float16", 132, tpw=2)
+        plan("sm_90a", 200, 4096, 4096, "nvfp4", "float16", 132, tpw=2)  # the tile path
 
 
 @pytest.mark.parametrize("n,k", [(100, 96), (100, 0), (0, 128), (64, 4160)])
@@ -403,7 +419,7 @@ def test_warps_per_sm_plan_and_rules():
     with pytest.raises(UnsupportedConfigError, match="warps_per_sm=24"):
         Fp4GemvConfig(arch="sm_90a", warps_per_sm=24).check()
     with pytest.raises(ValueError, match="wps=32: bandwidth path only"):
-        plan("sm_90a", 40, 4096, 4096, "nvfp4", "float16", 132, wps=32)
+        plan("sm_90a", 200, 4096, 4096, "nvfp4", "float16", 132, wps=32)  # the tile path
 
 
 # -- weights encoded for the other activation type: not prewarmed, compiled on first use --------

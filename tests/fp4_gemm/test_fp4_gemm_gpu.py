@@ -113,6 +113,28 @@ def test_weight_encoded_for_either_activation_type(fmt, dtype):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
+def test_dispatch_over_m(fmt):
+    """Dispatch at the path rule's edges (select.path_for): N = 1000 has 8 row CTAs, so the
+    bandwidth path runs ceil(M / 16) passes up to M = 128 and the tile path from 129."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.fp4_gemm import fp4_gemm
+    from kernelgen.fp4_gemm.select import path_for
+
+    info = device_info()
+    rng = np.random.default_rng()
+    n, k = 1000, 1024
+    t, w64 = _weight(fmt, n, k)
+    for m in (17, 33, 64, 65, 128, 129):
+        a = _host(rng, (m, k), "float16")
+        out = cupy.full((m, n), np.nan, cupy.float16)
+        fp4_gemm(cupy.asarray(a), t, alpha=0.5, out=out)
+        _check(out, GR.gemm(a, w64, None, 0.5), "float16",
+               f"{fmt=} {m=} path {path_for(m, n, info.sm_count)}")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 3), ("tile", 1), ("tile", 2)])
 def test_forced_paths_and_splits(fmt, path, split):
     """Both paths at M each would not be picked for (multi-pass GEMV, tile at M=1), split on/off
@@ -579,12 +601,15 @@ def test_tile_path_on_a_part_with_99_kb(fmt, monkeypatch):
     lim = 99 * 1024
     n, k = 1000, 4224
     t, w64 = _weight(fmt, n, k)
-    full = {m: plan(info.arch.name, m, n, k, fmt, "float16", info.sm_count) for m in (64, 256)}
+    # (N = 1000 has 8 row CTAs: dispatch takes the GEMV up to M = 128, so M = 64 forces the tile)
+    full = {m: plan(info.arch.name, m, n, k, fmt, "float16", info.sm_count, path="tile") for m in (64, 256)}
     monkeypatch.setitem(interop._smem_limits, info.index, (lim, "test part of 99 KB"))
     assert interop.smem_limit(info.index) == lim
     rng = np.random.default_rng()
     for m in (64, 256):
-        p = select_fp4(info.arch.name, m, n, k, fmt, "float16", info.sm_count, "float16", lim)
+        p = plan(info.arch.name, m, n, k, fmt, "float16", info.sm_count, path="tile", smem_limit=lim)
+        if m == 256:
+            assert select_fp4(info.arch.name, m, n, k, fmt, "float16", info.sm_count, "float16", lim) == p
         ctx = f"{fmt=} {m=} {p.short()} (without the limit: {full[m].short()})"
         assert p.path == "tile" and p.smem <= lim, ctx
         assert p.config.replace(stages=full[m].config.stages) == full[m].config, ctx
@@ -594,5 +619,7 @@ def test_tile_path_on_a_part_with_99_kb(fmt, monkeypatch):
         bias = _host(rng, (n,), "float16")
         want = GR.gemm(a, w64, bias, 0.5)
         _check(fp4_gemm(cupy.asarray(a), t, cupy.asarray(bias), alpha=0.5), want, "float16", ctx)
+        _check(fp4_gemm(cupy.asarray(a), t, cupy.asarray(bias), alpha=0.5, path="tile"), want, "float16",
+               f"{ctx} forced tile")
         d = fp4_gemm(cupy.asarray(a), t, cupy.asarray(bias), alpha=0.5, path="tile", split_k=2)
         _check(d, want, "float16", f"{ctx} forced tile split 2")
