@@ -104,15 +104,30 @@ __device__ __forceinline__ void e2m1_word(uint32_t q, uint32_t (&o)[4]) {
 // T of w * scale).
 constexpr int KBIT4_LUT_BYTES = 256 * 128;
 
+// The table's fill, in two halves: load() reads the codebook values this thread's stores need
+// (call it before the CTA's first weight loads: issued after them, the codebook reads waited
+// behind them and every CTA started its loop ~0.7 us later, H100), fill() writes the table.
+// Thread t stores uint4 i = t + THREADS j (4 copies of entry c = i / 8): with THREADS a multiple
+// of 128, c & 15 = (t / 8) & 15 for every j and c >> 4 = t / 128 + (THREADS / 128) j.
 template <typename T, int THREADS>
-__device__ __forceinline__ void fill_kbit4_lut(uint32_t* lut, const float* __restrict__ cb) {
-#pragma unroll 4
-  for (int i = threadIdx.x; i < KBIT4_LUT_BYTES / 16; i += THREADS) {  // 4 copies of entry i / 8
-    const int c = i >> 3;
-    const uint32_t p = pack2<T>(table_value<T>(__ldg(cb + (c & 15))), table_value<T>(__ldg(cb + (c >> 4))));
-    reinterpret_cast<uint4*>(lut)[i] = make_uint4(p, p, p, p);
+struct Kbit4Fill {
+  static_assert(THREADS % 128 == 0, "the fill needs a multiple of 128 threads");
+  static constexpr int PER = KBIT4_LUT_BYTES / 16 / THREADS;  // uint4 stores a thread
+  float lo, hi[PER];
+  __device__ __forceinline__ void load(const float* __restrict__ cb) {
+    const int t = threadIdx.x;
+    lo = __ldg(cb + ((t >> 3) & 15));
+#pragma unroll
+    for (int j = 0; j < PER; ++j) hi[j] = __ldg(cb + (t >> 7) + (THREADS / 128) * j);
   }
-}
+  __device__ __forceinline__ void fill(uint32_t* lut) const {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const uint32_t p = pack2<T>(table_value<T>(lo), table_value<T>(hi[j]));
+      reinterpret_cast<uint4*>(lut)[threadIdx.x + THREADS * j] = make_uint4(p, p, p, p);
+    }
+  }
+};
 
 // One stored word -> o[p] = (cb[code 2p], cb[code 2p+1]) x TABLE as a T pair, low half first;
 // lane_lut: the shared-memory address of this lane's copy of entry 0 (table + 4 * lane)

@@ -75,6 +75,9 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     wp[i] = W + tl * wt + (size_t)q0 * wq + 64 * g + 16 * t;
     sp[i] = S + tl * st + (size_t)q0 * sq + scale_offset<FMT>(g, t);
   }
+  // KBIT4: the codebook values of this thread's table stores, requested first (Kbit4Fill)
+  [[maybe_unused]] Kbit4Fill<T, WARPS * 32> kfill;
+  if constexpr (FMT == FMT_KBIT4) kfill.load(post);
   uint4 wa[DEPTH][TPW], wb[DEPTH][TPW];
   uint2 sr[DEPTH][TPW];  // rows g (.x) and g+8 (.y), byte j: word j
   const auto load = [&](int d) {
@@ -97,7 +100,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   if constexpr (FMT == FMT_KBIT4) {
     static_assert(!A_RING, "kbit4 keeps its table where the A ring would go");
     extern __shared__ __align__(16) uint32_t lut[];
-    fill_kbit4_lut<T, WARPS * 32>(lut, post);
+    kfill.fill(lut);
     __syncthreads();
     dec.lane_lut = (uint32_t)__cvta_generic_to_shared(lut) + 4u * lane;
   }

@@ -77,6 +77,8 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
     }
   };
 
+  [[maybe_unused]] Kbit4Fill<T, THREADS> kfill;  // KBIT4: its codebook reads go first
+  if constexpr (FMT == FMT_KBIT4) kfill.load(post);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < n_k) stage_load(s, q0 + s);
@@ -86,7 +88,7 @@ __device__ __forceinline__ void tile_gemm(const uint8_t* __restrict__ W, const u
   // publishes it; post is the codebook)
   WordDecoder<T, FMT, ENC> dec;
   if constexpr (FMT == FMT_KBIT4) {
-    fill_kbit4_lut<T, THREADS>(reinterpret_cast<uint32_t*>(smem + STAGES * L::STAGE), post);
+    kfill.fill(reinterpret_cast<uint32_t*>(smem + STAGES * L::STAGE));
     dec.lane_lut = base + (uint32_t)(STAGES * L::STAGE) + 4u * (uint32_t)lane;
   }
 
