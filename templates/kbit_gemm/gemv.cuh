@@ -71,16 +71,24 @@ template <int BITS> struct Lut {
   static constexpr int BYTES = ENTRIES * STRIDE;  // 4K, 16K, 32K, 64K
 };
 
+// Lane l's codebook value cb[l mod 2^BITS] for fill_lut, read before the kernel's first weight
+// loads (read after them, it waited behind them: the tiled 4-bit GEMV entered its loop ~0.7 us
+// later, fp4.cuh Kbit4Fill).
+template <int BITS>
+__device__ __forceinline__ float lane_codebook(const float* __restrict__ codebook) {
+  return __ldg(codebook + (threadIdx.x & ((1 << BITS) - 1)));
+}
+
 // The CTA writes the table with 16-byte stores (4 copies of one entry each), consecutive lanes
-// on consecutive 16 bytes; the codebook sits in registers (lane l holds cb[l mod 2^BITS]) and
-// the trip count is a constant, so the loop unrolls and no shuffle waits on another.
+// on consecutive 16 bytes; the codebook sits in registers (lane l holds cb[l mod 2^BITS],
+// lane_codebook) and the trip count is a constant, so the loop unrolls and no shuffle waits on
+// another.
 template <typename T, int BITS, int THREADS>
-__device__ __forceinline__ void fill_lut(unsigned char* lut, const float* __restrict__ codebook) {
+__device__ __forceinline__ void fill_lut(unsigned char* lut, float lane_cb) {
   using L = Lut<BITS>;
   constexpr int VEC = L::COPIES / 4;          // 16-byte stores per entry
   constexpr int TOTAL = L::ENTRIES * VEC;     // a multiple of 32
-  const int lane = threadIdx.x & 31;
-  const float cb = table_value<T>(__ldg(codebook + (lane & ((1 << BITS) - 1))));
+  const float cb = table_value<T>(lane_cb);
 #pragma unroll 8
   for (int i = threadIdx.x; i < (TOTAL + THREADS - 1) / THREADS * THREADS; i += THREADS) {
     const int c = min(i, TOTAL - 1) / VEC;    // warp-uniform bound: every lane shuffles
@@ -319,6 +327,7 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
   const uint32_t lut_base = (uint32_t)__cvta_generic_to_shared(smem);
   const uint32_t as_base = lut_base + L::BYTES;
 
+  const float lane_cb = lane_codebook<BITS>(codebook);  // first: fill_lut's codebook value
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.z * M_TILE;
@@ -396,7 +405,7 @@ __device__ __forceinline__ void gemv(const uint32_t* __restrict__ packed,
   if constexpr (EARLY_W) start_walk();
 
   stage_a<T>(as_base, A + (size_t)m0 * K + (size_t)g0 * GROUP_K, rows, kr, K);
-  fill_lut<T, BITS, WARPS * 32>(smem, codebook);
+  fill_lut<T, BITS, WARPS * 32>(smem, lane_cb);
   cp_async_wait_all();
   __syncthreads();
 

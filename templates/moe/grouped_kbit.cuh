@@ -81,9 +81,14 @@ struct GroupedKbit {
   static constexpr int SMEM_MAIN = KBIT_LUT_BYTES + SMEM_PIPE;
   static constexpr int SMEM = SMEM_MAIN + 16;  // + the work item
 
-  // Entry c (bit 2b + i = plane b of element i) = (cb[index 0], cb[index 1]) as a T pair.
-  static __device__ __forceinline__ void fill_lut(unsigned char* lut, const float* __restrict__ cb) {
-    constexpr int MASK = (1 << BITS) - 1;
+  // Entry c (bit 2b + i = plane b of element i) = (cb[index 0], cb[index 1]) as a T pair; lane l
+  // holds cb[l mod 2^BITS] (lane_cb, read before the kernel's first loads: read after its
+  // first stages, the fill waited behind them) and the others' values come by shuffle (the trip
+  // count is a constant: every lane shuffles).
+  static_assert(2048 % THREADS == 0, "the table fill needs THREADS dividing 2048");
+  static __device__ __forceinline__ void fill_lut(unsigned char* lut, float lane_cb) {
+    const float cb = table_value<T>(lane_cb);
+#pragma unroll 4
     for (int i = threadIdx.x; i < 256 * 8; i += THREADS) {  // 8 x 16 B = 32 copies an entry
       const int c = i >> 3;
       int i0 = 0, i1 = 0;
@@ -92,8 +97,8 @@ struct GroupedKbit {
         i0 |= ((c >> (2 * b)) & 1) << b;
         i1 |= ((c >> (2 * b + 1)) & 1) << b;
       }
-      const uint32_t v = pack2<T>(table_value<T>(__ldg(cb + (i0 & MASK))),
-                                  table_value<T>(__ldg(cb + (i1 & MASK))));
+      constexpr int MASK = (1 << BITS) - 1;
+      const uint32_t v = pack2<T>(__shfl_sync(0xFFFFFFFFu, cb, i0 & MASK), __shfl_sync(0xFFFFFFFFu, cb, i1 & MASK));
       *reinterpret_cast<uint4*>(lut + c * 128 + (i & 7) * 16) = make_uint4(v, v, v, v);
     }
   }
@@ -105,6 +110,7 @@ struct GroupedKbit {
                                              const int* __restrict__ offsets, T* __restrict__ Y,
                                              int E, int N, int K, int M) {
     extern __shared__ __align__(128) unsigned char smem[];
+    const float lane_cb = __ldg(codebook + (threadIdx.x & ((1 << BITS) - 1)));  // fill_lut's, first
     const int n_tiles = (N + TP - 1) / TP;
     const TileOf tile = find_tile<TQ>(offsets, E, M, n_tiles, blockIdx.x,
                                       reinterpret_cast<int*>(smem + SMEM_MAIN));
@@ -199,7 +205,7 @@ struct GroupedKbit {
       if (s < k_tiles) load_stage(s, pipe + (uint32_t)(s * STAGE_BYTES));
       cp_async_commit();
     }
-    fill_lut(smem, codebook);  // overlaps the first stages' copies; the loop's barrier publishes it
+    fill_lut(smem, lane_cb);  // overlaps the first stages' copies; the loop's barrier publishes it
 
     const int lane = tid & 31, warp = tid >> 5;
     const int wp = warp % WARPS_P, wk = warp / WARPS_P;
