@@ -39,7 +39,8 @@ from .config import (
 # mostly from L2. H100, graph-timed, same run (`bench_fp4_gemm.py --sweep`, BENCHMARKS.md), GEMV
 # vs tile, nvfp4 us: 14336x4096 (112 row CTAs) M = 32 26.4 / 33.2, 64 44.7 / 49.5, 128 90.0 /
 # 69.2; 4096x14336 (32) M = 32 27.7 / 43.6, 64 49.5 / 61.2, 128 92.6 / 89.2; 4096x4096 (32) M = 64
-# 16.6 / 29.5, 128 28.1 / 36.4; 28672x4096 (224) M = 32 53.8 / 42.7. mxfp4 alike.
+# 16.6 / 29.5, 128 28.1 / 36.4; 28672x4096 (224) M = 32 53.8 / 42.7. mxfp4 alike. Measured on
+# the H100 only (50 MB L2: the passes' shared weights stay there); other targets inherit it.
 GEMV_MAX_M = 16
 GEMV_FEW_CTAS_MAX_M = 64  # the GEMV up to here where ceil(N / 128) < SMs
 GEMV_VERY_FEW_CTAS_MAX_M = 128  # and up to here where 4 ceil(N / 128) <= SMs

@@ -119,7 +119,8 @@ def test_dispatch_over_m(fmt):
     import cupy
 
     from kernelgen.arch import device_info
-    from kernelgen.fp4_gemm import fp4_gemm
+    from kernelgen.core.interop import smem_limit
+    from kernelgen.fp4_gemm import fp4_gemm, select_fp4
     from kernelgen.fp4_gemm.select import path_for
 
     info = device_info()
@@ -130,12 +131,17 @@ def test_dispatch_over_m(fmt):
         a = _host(rng, (m, k), "float16")
         out = cupy.full((m, n), np.nan, cupy.float16)
         fp4_gemm(cupy.asarray(a), t, alpha=0.5, out=out)
-        _check(out, GR.gemm(a, w64, None, 0.5), "float16",
-               f"{fmt=} {m=} path {path_for(m, n, info.sm_count)}")
+        path = select_fp4(info.arch.name, m, n, k, fmt, "float16", info.sm_count, "float16",
+                          smem_limit(info.index)).path
+        assert path == path_for(m, n, info.sm_count), m
+        if info.sm_count >= 32:  # 8 row CTAs: at most a quarter of the SMs
+            assert path == ("gemv" if m <= 128 else "tile"), m
+        _check(out, GR.gemm(a, w64, None, 0.5), "float16", f"{fmt=} {m=} {path=}")
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 3), ("tile", 1), ("tile", 2)])
+@pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 3), ("gemv", 5), ("tile", 1), ("tile", 2),
+                                        ("tile", 6)])
 def test_forced_paths_and_splits(fmt, path, split):
     """Both paths at M each would not be picked for (multi-pass GEMV, tile at M=1), split on/off
     (GEMV: split 3 over K slices of KW = 2 warps, split 1 over KW = 8 on K = 4224)."""
