@@ -89,10 +89,12 @@ class Compiled:
 
 _RESOURCE = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_STATIC_SMEM = re.compile(r"(\d+) bytes smem")
 
 
 def resource_summary(log: str) -> dict[str, int | None]:
-    """Registers and spill bytes (max over kernels) from the ptxas -v report.
+    """Registers, spill bytes and static shared memory (max over kernels) from the ptxas -v
+    report.
 
     None when the log holds no report: NVRTC 13.0 was seen to drop it, and "no report" must
     not read as "no spills".
@@ -100,8 +102,9 @@ def resource_summary(log: str) -> dict[str, int | None]:
     regs = [int(m) for m in _RESOURCE.findall(log)]
     spills = [int(a) + int(b) for a, b in _SPILL.findall(log)]
     if not regs:
-        return {"registers": None, "spill_bytes": None}
-    return {"registers": max(regs), "spill_bytes": max(spills, default=0)}
+        return {"registers": None, "spill_bytes": None, "static_smem": None}
+    return {"registers": max(regs), "spill_bytes": max(spills, default=0),
+            "static_smem": max((int(m) for m in _STATIC_SMEM.findall(log)), default=0)}
 
 
 def compile_cubin(config: KernelConfig, rendered: Rendered) -> Compiled:

@@ -145,10 +145,10 @@ def test_resource_summary_parse():
         "ptxas info    : Used 40 registers, used 1 barriers\n"
         "ptxas info    : Function properties for b\n"
         "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
-        "ptxas info    : Used 255 registers, used 0 barriers\n"
+        "ptxas info    : Used 255 registers, used 0 barriers, 4096 bytes smem, 400 bytes cmem[0]\n"
     )
-    assert resource_summary(log) == {"registers": 255, "spill_bytes": 32}
-    assert resource_summary("") == {"registers": None, "spill_bytes": None}
+    assert resource_summary(log) == {"registers": 255, "spill_bytes": 32, "static_smem": 4096}
+    assert resource_summary("") == {"registers": None, "spill_bytes": None, "static_smem": None}
 
 
 def test_cubin_is_whole_elf():

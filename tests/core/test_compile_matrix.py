@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelgen.arch import ALL_ARCHS
+from kernelgen.arch import ALL_ARCHS, smem_limits
 from kernelgen.core.compile import compile_cubin, nvrtc_version, resource_summary
 from kernelgen.core.registry import families
 from kernelgen.core.render import render
@@ -40,6 +40,12 @@ def test_compiles_without_spills(cfg):
     # no report is not "no spills": NVRTC 13.0 was seen to drop the ptxas -v log
     assert res["registers"], f"{cfg}: no ptxas report from NVRTC {nvrtc_version()}\n{out.log}"
     assert res["spill_bytes"] == 0, f"{cfg}: spills {res}\n{out.log}"
+    # the planners size dynamic shared memory by each part's limit (arch.PARTS; 99 KB on 8.6 /
+    # 8.9 parts under sm_80) without the kernel's static shared memory: a config a part can be
+    # given must fit it with both (interop.check_smem refuses it at load otherwise)
+    for lim in smem_limits(cfg.arch):
+        if cfg.smem_bytes() <= lim:
+            assert res["static_smem"] + cfg.smem_bytes() <= lim, f"{cfg}: {res} + {cfg.smem_bytes()} > {lim}"
     assert f"for '{cfg.arch}'" in out.log, f"{cfg}: compiled for another arch\n{out.log}"
     for sym in cfg.symbols():
         assert f"entry function '{sym}'" in out.log, f"{cfg}: {sym} missing\n{out.log}"
