@@ -73,4 +73,16 @@ template <typename T> __device__ __forceinline__ uint32_t scale2(uint32_t w, int
   return __byte_perm(w, 0u, 0x4040u | ((uint32_t)j << 8) | (uint32_t)j) << ScaleBits<T>::SHIFT;
 }
 
+// A pair table's entry c holds the codebook indices of two elements with their BITS plane bits
+// interleaved (bit 2b + i = plane b of element i): i0 / i1 are element 0's / 1's (the kbit
+// GEMV, mma and MoE kbit tables)
+template <int BITS> __device__ __forceinline__ void pair_indices(int c, int& i0, int& i1) {
+  i0 = i1 = 0;
+#pragma unroll
+  for (int b = 0; b < BITS; ++b) {
+    i0 |= ((c >> (2 * b)) & 1) << b;
+    i1 |= ((c >> (2 * b + 1)) & 1) << b;
+  }
+}
+
 }  // namespace kg

@@ -92,12 +92,8 @@ __device__ __forceinline__ void fill_lut(unsigned char* lut, float lane_cb) {
 #pragma unroll 8
   for (int i = threadIdx.x; i < (TOTAL + THREADS - 1) / THREADS * THREADS; i += THREADS) {
     const int c = min(i, TOTAL - 1) / VEC;    // warp-uniform bound: every lane shuffles
-    int i0 = 0, i1 = 0;
-#pragma unroll
-    for (int b = 0; b < BITS; ++b) {
-      i0 |= ((c >> (2 * b)) & 1) << b;
-      i1 |= ((c >> (2 * b + 1)) & 1) << b;
-    }
+    int i0, i1;
+    pair_indices<BITS>(c, i0, i1);
     const uint32_t p = pack2<T>(__shfl_sync(FULL, cb, i0), __shfl_sync(FULL, cb, i1));
     if (i < TOTAL)
       *reinterpret_cast<uint4*>(lut + c * L::STRIDE + (i % VEC) * 16) = make_uint4(p, p, p, p);

@@ -74,12 +74,8 @@ __device__ __forceinline__ void fill_lut(uint32_t lut_base, const float* __restr
   constexpr int VEC = L::COPIES / 4;  // 16-byte stores an entry
   for (int i = threadIdx.x; i < L::ENTRIES * VEC; i += THREADS) {
     const int c = i / VEC;
-    int i0 = 0, i1 = 0;
-#pragma unroll
-    for (int b = 0; b < BITS; ++b) {
-      i0 |= ((c >> (2 * b)) & 1) << b;
-      i1 |= ((c >> (2 * b + 1)) & 1) << b;
-    }
+    int i0, i1;
+    pair_indices<BITS>(c, i0, i1);
     const uint32_t p = pack2<T>(__ldg(codebook + i0), __ldg(codebook + i1));
     asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" :: "r"(lut_base + (uint32_t)i * 16u), "r"(p)
                  : "memory");

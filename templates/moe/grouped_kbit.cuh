@@ -91,12 +91,8 @@ struct GroupedKbit {
 #pragma unroll 4
     for (int i = threadIdx.x; i < 256 * 8; i += THREADS) {  // 8 x 16 B = 32 copies an entry
       const int c = i >> 3;
-      int i0 = 0, i1 = 0;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        i0 |= ((c >> (2 * b)) & 1) << b;
-        i1 |= ((c >> (2 * b + 1)) & 1) << b;
-      }
+      int i0, i1;
+      pair_indices<4>(c, i0, i1);
       constexpr int MASK = (1 << BITS) - 1;
       const uint32_t v = pack2<T>(__shfl_sync(0xFFFFFFFFu, cb, i0 & MASK), __shfl_sync(0xFFFFFFFFu, cb, i1 & MASK));
       *reinterpret_cast<uint4*>(lut + c * 128 + (i & 7) * 16) = make_uint4(v, v, v, v);
