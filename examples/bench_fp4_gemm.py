@@ -8,7 +8,8 @@ read-bandwidth floor and cuBLAS fp16 (cupy.matmul), all measured in the same run
 Per (shape, fmt, M): median microseconds per call from a CUDA graph of back-to-back calls, each
 call on a different weight copy (copies span >= 8 x L2). Floor = bytes the call must read
 (fp4 weights + scales + A) / the streaming read rate of a 16-byte-load kernel. --sweep also times
-forced K splits at M=1 and both paths at M = 16..128 (the selector's crossover); --variants
+forced K splits at M=1, GEMV and tile at M = 16..128 and tile and dequant (+ cuBLAS) at M =
+128..256 (the selector's crossovers); --variants
 (at --variant-ms) launch variants checked against the default plan; the plain-read line is a
 streaming-read kernel over the same bytes in the same kind of graph (launch, ramp and tail).
 --arrangements times each block arrangement of the weight (layout.py; outputs checked bit for bit
@@ -438,7 +439,9 @@ def main() -> None:
                     for m, path, split in ([(1, "gemv", s) for s in (1, 2, 3, 4, 6, 8, 12)]
                                            + [(16, "gemv", s) for s in (2, 4, 7)]
                                            + [(m, pth, None) for m in (16, 32, 64, 128)
-                                              for pth in ("gemv", "tile")]):
+                                              for pth in ("gemv", "tile")]
+                                           + [(m, pth, None) for m in (128, 192, 256)
+                                              for pth in ("tile", "dequant") if (m, pth) != (128, "tile")]):
                         a = activations(rng, m, k, args.dtype)
                         out = cupy.empty((m, n), a.dtype)
                         try:
@@ -452,7 +455,7 @@ def main() -> None:
                         res.setdefault("sweep", []).append({"N": n, "K": k, "fmt": fmt, "dtype": args.dtype,
                                                             "encoding": enc, "M": m, "path": path,
                                                             "split": split, "us": t * 1e6, "frac_read_bw": fr})
-                        print(f"  sweep {fmt} M={m:<3} {path:4} split={split}: {t * 1e6:8.2f} us "
+                        print(f"  sweep {fmt} M={m:<3} {path:7} split={split}: {t * 1e6:8.2f} us "
                               f"{100 * fr:5.1f}% read BW", flush=True)
                 if args.variants:
                     run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng,

@@ -11,8 +11,8 @@ callers, a torch tensor for torch callers (allocated from the graph's private po
 first call is captured, which torch's global capture mode allows and cudaMalloc would not).
 torch's own handle is not used: torch may bundle another libcublas than CuPy's.
 
-Compute is fp32 (CUBLAS_COMPUTE_32F) and the scalars are host values read at the call (baked
-into a captured graph).
+Compute is fp32 (CUBLAS_COMPUTE_32F). The scalars are host values read at the call (baked into
+a captured graph), or a device [alpha, beta] read when the GEMM runs (`scalars_ptr`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ COMPUTE_32F = 68
 GEMM_DEFAULT = -1
 OP_N, OP_T = 0, 1
 POINTER_MODE_HOST = 0
+POINTER_MODE_DEVICE = 1
 WORKSPACE_BYTES = 32 << 20  # what cuBLAS asks for on Hopper; more than enough elsewhere
 
 
@@ -111,17 +112,27 @@ def _handle(ctx: Any) -> int:
 
 def gemm_ex(ctx: Any, transa: int, transb: int, m: int, n: int, k: int, alpha: float,
             a_ptr: int, a_type: str, lda: int, b_ptr: int, b_type: str, ldb: int, beta: float,
-            c_ptr: int, c_type: str, ldc: int) -> None:
-    """Column-major C [m, n] = alpha op(A) op(B) + beta C on ctx.stream, fp32 compute."""
+            c_ptr: int, c_type: str, ldc: int, scalars_ptr: int | None = None) -> None:
+    """Column-major C [m, n] = alpha op(A) op(B) + beta C on ctx.stream, fp32 compute.
+    `scalars_ptr`: the device address of float32 [alpha, beta] (then alpha and beta are not
+    read); the handle goes back to host scalars after the call (CuPy's own calls expect them)."""
     import cupy
 
     lib = _lib()
     one = np.array([alpha], np.float32)
     bet = np.array([beta], np.float32)
+    if scalars_ptr is None:
+        mode, pa, pb = POINTER_MODE_HOST, one.ctypes.data, bet.ctypes.data
+    else:
+        mode, pa, pb = POINTER_MODE_DEVICE, scalars_ptr, scalars_ptr + 4
     with cupy.cuda.Device(ctx.device):  # a handle is used on the device it was made for
         handle = _handle(ctx)
-        _check(lib.cublasSetPointerMode_v2(handle, POINTER_MODE_HOST), "cublasSetPointerMode")
-        _check(lib.cublasGemmEx(handle, transa, transb, m, n, k, one.ctypes.data, a_ptr,
-                                DATA_TYPE[a_type], lda, b_ptr, DATA_TYPE[b_type], ldb,
-                                bet.ctypes.data, c_ptr, DATA_TYPE[c_type], ldc, COMPUTE_32F,
-                                GEMM_DEFAULT), "cublasGemmEx")
+        _check(lib.cublasSetPointerMode_v2(handle, mode), "cublasSetPointerMode")
+        try:
+            _check(lib.cublasGemmEx(handle, transa, transb, m, n, k, pa, a_ptr,
+                                    DATA_TYPE[a_type], lda, b_ptr, DATA_TYPE[b_type], ldb,
+                                    pb, c_ptr, DATA_TYPE[c_type], ldc, COMPUTE_32F,
+                                    GEMM_DEFAULT), "cublasGemmEx")
+        finally:
+            if mode != POINTER_MODE_HOST:
+                _check(lib.cublasSetPointerMode_v2(handle, POINTER_MODE_HOST), "cublasSetPointerMode")

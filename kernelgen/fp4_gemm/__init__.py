@@ -1,23 +1,24 @@
 """fp4_gemm: D = alpha * A . W^T (+ bias) with W in NVFP4 or MXFP4, A / D fp16 or bf16.
 
 Weights are dequantized in registers into mma.sync fragments: a bandwidth (GEMV) path for
-small M, a tensor-core tile path with a cp.async pipeline above (select.py)."""
+small M, a tensor-core tile path with a cp.async pipeline above; at large M the weight is made
+dense in A's dtype for cuBLAS (select.py)."""
 
 from ..core.registry import Family, register_family
-from .config import Fp4GemvConfig, Fp4TileConfig
+from .config import Fp4DequantConfig, Fp4GemvConfig, Fp4TileConfig
 from .select import prewarm_configs
 
 register_family(
     Family(
         name="fp4_gemm",
-        config_classes=(Fp4GemvConfig, Fp4TileConfig),
+        config_classes=(Fp4GemvConfig, Fp4TileConfig, Fp4DequantConfig),
         prewarm_configs=prewarm_configs,
-        description="FP4-weight (NVFP4 / MXFP4) GEMM: bandwidth path for small M, mma tiles above",
+        description="FP4-weight (NVFP4 / MXFP4) GEMM: bandwidth path for small M, mma tiles above, dequantize + cuBLAS at large M",
     )
 )
 
 from .api import Fp4Weight, fp4_gemm, prepare_weight  # noqa: E402
 from .select import Plan, plan, select_fp4  # noqa: E402
 
-__all__ = ["Fp4GemvConfig", "Fp4TileConfig", "Fp4Weight", "Plan", "fp4_gemm", "plan",
+__all__ = ["Fp4DequantConfig", "Fp4GemvConfig", "Fp4TileConfig", "Fp4Weight", "Plan", "fp4_gemm", "plan",
            "prepare_weight", "select_fp4"]

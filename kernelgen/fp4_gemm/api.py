@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
+from ..core.dense import dense_gemm, device_scalars
 from ..core.interop import (
     Ctx,
     context_of,
@@ -267,10 +268,12 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     "nvfp4" / "mxfp4" (prepared for A's dtype on first use and remembered: one prepared copy
     per dtype it is used with) or an Fp4Weight from `prepare_weight` (either A dtype; the one
     it was prepared for is faster); bias [N] and D [..., N] in A's dtype; fp32 accumulation,
-    D rounded to nearest. `out` receives D. `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` /
-    `path` ("gemv" | "tile") override the selector (tests, tuning; `_plan` replaces it, for
-    benchmarks of variants). Runs on the caller's current stream; returns the caller's array
-    kind.
+    D rounded to nearest. Large M (select.DENSE_MIN_M) runs W made dense in A's dtype (exact
+    for NVFP4; MXFP4 values as the format gives them, within the dtype's range) through cuBLAS.
+    `out` receives D. `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` / `path`
+    ("gemv" | "tile" | "dequant") override the selector (tests, tuning; `_plan` replaces it,
+    for benchmarks of variants). Runs on the caller's current stream; returns the caller's
+    array kind.
     """
     if not isinstance(W, Fp4Weight):
         _check_mx_tensor(W)  # W's errors before A's
@@ -315,18 +318,40 @@ def launch_plan(ctx: Ctx, p: Plan, data: Any, scales: Any, post: Any,
                 c: Any, m: int, n: int, k: int) -> None:
     """Launch a plan of the tiled-weight kernels (gemv.cuh / tile.cuh) on ctx's stream: the
     weight's tiled (data, scales), its post array (NVFP4 global scale, MXFP4 row factors, the
-    kbit4 codebook) and block strides (W along tiles / steps, S along tiles / steps)."""
+    kbit4 codebook) and block strides (W along tiles / steps, S along tiles / steps). The
+    dequant path writes W dense into a scratch (its kernel also writes cuBLAS's alpha and beta
+    to device scalars: NVFP4's alpha / gs), then cuBLAS multiplies (core/dense.py)."""
+    wt, wq, st, sq = strides
+    if max(wq, sq) >= 1 << 32:
+        raise ValueError(f"W: a step stride of {max(wq, sq)} bytes; the kernels take < 2**32")
+    if p.path == "dequant":
+        scalars = device_scalars(ctx)
+        dense_gemm(ctx, lambda _w, wv: dequantize_dense(ctx, p, data, scales, post, strides, wv,
+                                                         n, k, alpha, has_bias, scalars),
+                   a, b, has_bias, c, m, n, k, p.config.dtype, scalars=scalars)
+        return
+    fn = get_kernel(p.config, ctx.device, ctx.stream).fn(p.config.symbols()[0])
     if p.split > 1:
         ws, counters = scratch(ctx, "fp4_gemm", p.split * m * n, p.counters)
     else:
         ws = counters = c
-    fn = get_kernel(p.config, ctx.device, ctx.stream).fn(p.config.symbols()[0])
     args = (data, scales, post, a, b, np.int32(has_bias), np.float32(alpha), c, ws,
             counters, np.int32(m), np.int32(n), np.int32(k), np.int32(p.sps))
     if p.path == "gemv":
         args += (np.int32(p.kw.bit_length() - 1),)
-    wt, wq, st, sq = strides
-    if max(wq, sq) >= 1 << 32:
-        raise ValueError(f"W: a step stride of {max(wq, sq)} bytes; the kernels take < 2**32")
     args += (np.int64(wt), np.uint32(wq), np.int64(st), np.uint32(sq))
     ctx.launch(fn, p.grid, p.block, args, smem=p.smem)
+
+
+def dequantize_dense(ctx: Ctx, p: Plan, data: Any, scales: Any, post: Any,
+                     strides: tuple[int, int, int, int], out: Any, n: int, k: int, alpha: float,
+                     has_bias: bool, scalars: Any) -> None:
+    """The dequant path's first kernel (templates/fp4_gemm/dequant.cuh) on ctx's stream: out
+    ([N, K] cupy array of the plan's dtype) = W' and scalars (float32 [2]) = cuBLAS's (alpha,
+    beta): NVFP4 W' = e2m1 e4m3 2^-UNIT_EXP with alpha 2^UNIT_EXP / gs, MXFP4 W' = the format's
+    values with alpha as given."""
+    wt, wq, st, sq = strides
+    fn = get_kernel(p.config, ctx.device, ctx.stream).fn(p.config.symbols()[0])
+    ctx.launch(fn, p.grid, p.block, (data, scales, post, out, np.int32(n), np.int32(k),
+                                     np.int64(wt), np.uint32(wq), np.int64(st), np.uint32(sq),
+                                     np.float32(alpha), np.int32(has_bias), scalars))

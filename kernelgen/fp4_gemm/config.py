@@ -168,3 +168,39 @@ class Fp4TileConfig(KernelConfig):
         """CTAs/SM the launch bounds ask for: 3 of 4-warp CTAs (<= 168 registers a thread);
         larger CTAs need more than 128 registers (8 warps) or get 128 (16 warps), so one."""
         return 3 if self.warps_t == 1 else 1
+
+
+@dataclass(frozen=True)
+class Fp4DequantConfig(KernelConfig):
+    """FP4 weights (tiled layout) -> dense W' in fp16 / bf16 for the large-M path, dequantize +
+    cuBLAS (templates/fp4_gemm/dequant.cuh): NVFP4 W' = e2m1 e4m3 2^-UNIT_EXP with alpha / gs
+    written to device scalars, MXFP4 W' = the format's values in dtype."""
+
+    family: ClassVar[str] = "fp4_gemm"
+    template: ClassVar[str] = "fp4_gemm/dequant.cu.jinja"
+    fmt: str = "nvfp4"
+    dtype: str = "float16"  # A, W' and C
+    enc: str = "float16"  # the activation type the weight words are bit-encoded for (layout.py)
+
+    def check(self) -> None:
+        if self.fmt not in FMTS:
+            raise _bad(self, "fmt", f"expected one of {FMTS} (kbit4 weights have their own: "
+                                    f"kernelgen.kbit_gemm.tiled)")
+        if self.dtype not in DTYPES:
+            raise _bad(self, "dtype", f"expected one of {DTYPES}")
+        if self.enc not in DTYPES:
+            raise _bad(self, "enc", f"expected one of {DTYPES}")
+
+    @property
+    def threads(self) -> int:
+        return DEQUANT_THREADS
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("fp4_dequant",)
+
+    def template_vars(self) -> dict[str, Any]:
+        return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
+                "enc_id": ENC_ID[self.enc]}
+
+
+DEQUANT_THREADS = 256

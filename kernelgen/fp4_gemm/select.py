@@ -2,8 +2,8 @@
 
 (arch, M, N, K, fmt, dtype, SM count, the device's shared memory a block) -> Plan: the path
 (bandwidth GEMV for M <= GEMV_MAX_M and, where the tile path has few CTAs, up to
-GEMV_VERY_FEW_CTAS_MAX_M; tensor-core tiles above), its config and its launch (K
-splits, grid, shared memory). No GPU work; memoised and printable (KERNELGEN_PRINT_CONFIGS=1).
+GEMV_VERY_FEW_CTAS_MAX_M; tensor-core tiles above; from DENSE_MIN_M the weight made dense for
+cuBLAS), its config and its launch (K splits, grid, shared memory). No GPU work; memoised and printable (KERNELGEN_PRINT_CONFIGS=1).
 `prewarm_configs` walks the same function over the shapes of a spec and the parts of each
 target (kernelgen.arch.PARTS), so prewarm builds exactly what dispatch can pick.
 """
@@ -18,6 +18,7 @@ from ..arch import get_arch, parts_of, smem_cap, smem_limits
 from ..core.select import selector, weight_shapes
 from ..errors import UnsupportedConfigError
 from .config import (
+    DEQUANT_THREADS,
     DTYPES,
     FMTS,
     GEMV_FMTS,
@@ -27,6 +28,7 @@ from .config import (
     TILE_BMS,
     TILE_BN,
     TPWS,
+    Fp4DequantConfig,
     Fp4GemvConfig,
     Fp4TileConfig,
     tile_smem,
@@ -122,6 +124,17 @@ KBIT4_TILE_BM_MAX = 64
 # Tile path: BM by M (largest M of the row), split-K until the CTAs make one wave.
 TILE_BM_TABLE: tuple[tuple[int, int], ...] = ((32, 32), (128, 64), (1 << 31, 128))
 TILE_MIN_STEPS = 4
+# From this M on, W is made dense in A's dtype (one kernel, templates/fp4_gemm/dequant.cuh: 2.56
+# bytes of traffic a weight, ~89% of the copy rate) and cuBLAS multiplies (kernelgen/core/
+# dense.py): the mma.sync tile path runs at 0.3-0.45x cuBLAS fp16 from M = 129 on (BM 128), its
+# loop bound by the decode and the m16n8k16 issue rate, not by the weight bytes. Measured on the
+# H100 (session 15, graph-timed, weights rotated past L2, nvfp4 / mxfp4 alike), tile / dequant
+# us: 14336x4096 M = 128 70.0 / 103.2, 192 129.1 / 105.6, 256 128.8 / 109.1, 1024 441.7 /
+# 219.6, 4096 1764 / 761 (cuBLAS fp16 703); 4096x14336 M = 192 163.2 / 107.2; 4096x4096 M = 192
+# 65.8 / 29.8; 28672x4096 M = 128 138.2 / 205.4, 192 267.8 / 210.1. So the tile path keeps M <=
+# 128 (BM <= 64) and dequantize + cuBLAS takes every M above.
+DENSE_MIN_M = 129
+DEQUANT_CTAS_PER_SM = 8  # 256-thread CTAs of the dequantize kernel: a full SM, one chunk a thread
 # stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM (and the
 # device's, where a part allows less: 8.6 / 8.9 under sm_80 take 99 KB a block)
 SMEM_BUDGET = {"sm_80": 160 * 1024, "sm_90a": 220 * 1024, "sm_100a": 220 * 1024, "sm_120a": 99 * 1024}
@@ -133,7 +146,7 @@ class Plan:
     """One launch: config, K splits, quad steps (128 k) per split, grid, block, dynamic smem,
     warps a tile along K (bandwidth path)."""
 
-    config: Fp4GemvConfig | Fp4TileConfig
+    config: Fp4GemvConfig | Fp4TileConfig | Fp4DequantConfig
     split: int
     sps: int
     grid: tuple[int, int, int]
@@ -143,6 +156,8 @@ class Plan:
 
     @property
     def path(self) -> str:
+        if isinstance(self.config, Fp4DequantConfig):
+            return "dequant"
         return "gemv" if isinstance(self.config, Fp4GemvConfig) else "tile"
 
     @property
@@ -153,10 +168,14 @@ class Plan:
     def counters(self) -> int:
         """Split-K tile counters the launch uses (grid.x x the non-split grid dim)."""
         g = self.grid
+        if self.path == "dequant":
+            return 0
         return g[0] * (g[2] if self.path == "gemv" else g[1])
 
     def short(self) -> str:
         kw = f" kw={self.kw}" if self.path == "gemv" else ""
+        if self.path == "dequant":
+            return f"dequant: {self.config.short()} + cuBLAS, grid={self.grid} block={self.block}"
         return (f"{self.path}: {self.config.short()} split={self.split}{kw} k_per_split="
                 f"{self.sps * STEP_K} grid={self.grid} block={self.block} smem={self.smem}")
 
@@ -190,6 +209,10 @@ def bm_for(m: int) -> int:
         if m <= max_m:
             return bm
     raise AssertionError("unreachable")
+
+
+# the BMs dispatch can give the tile path (M in (GEMV_MAX_M, DENSE_MIN_M)); BM 128 is forced only
+TILE_DISPATCH_BMS = tuple(sorted({bm_for(m) for m in range(GEMV_MAX_M + 1, DENSE_MIN_M)}))
 
 
 def _kw(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
@@ -264,18 +287,30 @@ def _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit):
 
 
 def path_for(m: int, n: int, sm_count: int) -> str:
-    """The bandwidth path ("gemv") or the tile path for M tokens (see GEMV_MAX_M)."""
+    """The bandwidth path ("gemv"), the tile path or dequantize + cuBLAS ("dequant") for M
+    tokens (see GEMV_MAX_M, DENSE_MIN_M)."""
     ctas = -(-n // TILE_BN)
     if (m <= GEMV_MAX_M or m <= GEMV_FEW_CTAS_MAX_M and ctas < sm_count
             or m <= GEMV_VERY_FEW_CTAS_MAX_M and 4 * ctas <= sm_count):
         return "gemv"
-    return "tile"
+    return "dequant" if m >= DENSE_MIN_M else "tile"
+
+
+def _dequant(arch: str, n: int, k: int, fmt: str, dtype: str, sm_count: int, enc: str) -> Plan:
+    cfg = Fp4DequantConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc)
+    cfg.check()
+    chunks = -(-n // 16) * (k // STEP_K) * 64  # one 16-byte chunk (32 weights) a thread
+    if chunks >= 1 << 31:
+        raise ValueError(f"W: [N={n}, K={k}] has {n * k} weights; the dequant path takes fewer "
+                         f"than 2**36")
+    grid = (max(1, min(-(-chunks // DEQUANT_THREADS), DEQUANT_CTAS_PER_SM * sm_count)), 1, 1)
+    return Plan(cfg, 1, k // STEP_K, grid, (DEQUANT_THREADS, 1, 1), 0)
 
 
 def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
          path: str | None = None, split: int | None = None, tpw: int | None = None,
          wps: int | None = None, enc: str | None = None, smem_limit: int | None = None) -> Plan:
-    """Pure planner. `path` ("gemv" / "tile"), `split`, `tpw` (tiles a warp of the bandwidth
+    """Pure planner. `path` ("gemv" / "tile" / "dequant"), `split`, `tpw` (tiles a warp of the bandwidth
     path, 1 or 2) and `wps` (its resident warps an SM, 16 or 32; 32 implies TPW 1) force a
     choice (tests, tuning). `enc`: the activation type the weight words are encoded for
     (Fp4Weight.encoding; default dtype). `smem_limit`: the device's shared memory a block
@@ -295,11 +330,17 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
     if wps is not None and path != "gemv":
         raise ValueError(f"wps={wps!r}: bandwidth path only (path={path!r})")
     enc = dtype if enc is None else enc
+    if path == "dequant":
+        if fmt not in FMTS:
+            raise ValueError(f"path='dequant': {fmt} weights have their own (kernelgen.kbit_gemm.tiled)")
+        if split is not None:
+            raise ValueError(f"split_k={split}: the dequant path (dequantize + cuBLAS) has no K split")
+        return _dequant(arch, n, k, fmt, dtype, sm_count, enc)
     if path == "gemv":
         return _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc)
     if path == "tile":
         return _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit)
-    raise ValueError(f"path={path!r}: expected 'gemv', 'tile' or None")
+    raise ValueError(f"path={path!r}: expected 'gemv', 'tile', 'dequant' or None")
 
 
 @selector
@@ -330,7 +371,8 @@ def _probe_ms() -> list[int]:
     return ms
 
 
-def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4GemvConfig | Fp4TileConfig]:
+def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
+                    ) -> Iterator[Fp4GemvConfig | Fp4TileConfig | Fp4DequantConfig]:
     """Configs the selector can return on the parts of each arch (kernelgen.arch.parts_of).
     spec: "fmts" (nvfp4 / mxfp4), "dtypes" (others skipped), "shapes" ([N, K]: every M; [M, N,
     K]: that M), "sm_counts". Without shapes: every config."""
@@ -352,7 +394,8 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Fp4G
                         for warps in _cta_warps(m_tile, 32):
                             yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, m_tile=m_tile,
                                                 warps=warps, depth=GEMV_DEPTH, tpw=1, warps_per_sm=32)
-                    for bm in TILE_BMS:  # the stages of each part's shared memory
+                    yield Fp4DequantConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype)
+                    for bm in TILE_DISPATCH_BMS:  # the stages of each part's shared memory
                         for stages in dict.fromkeys(stages_for(arch, fmt, bm, lim)
                                                     for lim in smem_limits(arch)):
                             yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, bm=bm,

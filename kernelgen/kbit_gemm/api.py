@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core import cublas, interop
-from ..core.interop import Ctx, context_of, device_array, gemm_bias_out, on_stream, scratch
+from ..core import interop
+from ..core.dense import dense_gemm
+from ..core.interop import Ctx, context_of, device_array, gemm_bias_out, scratch
 from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
 from .config import DTYPES, GROUP_K, TILE_ROWS
@@ -256,20 +257,6 @@ def _gemm_mma(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, o
     return out
 
 
-def _dequant_scratch(ctx: Ctx, n: int, k: int, dt: str) -> tuple[Any, Any]:
-    """(native, cupy view) of the [N, K] dequantized-W scratch. While a CuPy stream captures a
-    CUDA graph the scratch comes from core.interop.scratch (never freed: the graph keeps writing
-    to its address at every replay; a pool block freed after the call could be handed to another
-    array). Otherwise a fresh array, returned to the pool after the call (torch captures draw
-    from the graph's private pool, which the graph keeps)."""
-    if ctx.kind == "cupy" and ctx.stream.ptr not in (0, 1) and ctx.stream.is_capturing():
-        ws, _ = scratch(ctx, f"kbit_dequant_w:{dt}", -(-n * k // 2), 1)
-        w = ws[: -(-n * k // 2)].view(np.float16 if dt == "float16" else np.uint16)[: n * k]
-        w = w.reshape(n, k)
-        return w, w
-    return ctx.empty((n, k), dt)
-
-
 def _gemm_dequant(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, out: Any,
                   m: int, n: int, k: int, dt: str) -> Any:
     """Large M: W dequantized into an [N, K] scratch of A's dtype, then cuBLAS (dense_gemm)."""
@@ -277,18 +264,3 @@ def _gemm_dequant(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: An
     return out
 
 
-def dense_gemm(ctx: Ctx, dequantize: Any, a: Any, b: Any, has_bias: bool, c: Any, m: int, n: int,
-               k: int, dt: str) -> None:
-    """C = A . W^T (+ bias) through W dense: `dequantize(w, wv)` writes W into an [N, K] scratch
-    of A's dtype (2*N*K bytes for the call; w as the caller's array kind, wv its cupy view),
-    then cuBLAS (cublasGemmEx, fp32 compute), the bias through beta = 1. Every launch goes to
-    ctx.stream; the caller's current stream is left as it was."""
-    w_native, wv = _dequant_scratch(ctx, n, k, dt)
-    dequantize(w_native, wv)
-    if has_bias:
-        with on_stream(ctx.device, ctx.stream):
-            c.reshape(m, n)[...] = b[None, :]
-    # column-major view: C^T [N, M] = W [N, K] . A^T ([K, M] column-major = A row-major)
-    cublas.gemm_ex(ctx, cublas.OP_T, cublas.OP_N, n, m, k, 1.0, wv.data.ptr, dt, k, a.data.ptr,
-                   dt, k, 1.0 if has_bias else 0.0, c.data.ptr, dt, n)
-    del w_native  # stream-ordered pools (cupy, torch) keep it alive for the queued work

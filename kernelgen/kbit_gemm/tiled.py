@@ -21,6 +21,7 @@ import numpy as np
 
 from ..arch import device_info, get_arch, parts_of, smem_limits
 from ..core.config import KernelConfig
+from ..core.dense import dense_gemm
 from ..core.interop import on_stream, smem_limit
 from ..core.jit import get_kernel
 from ..core.select import selector, weight_shapes
@@ -218,8 +219,6 @@ def gemm_tiled(ctx: Any, W: Kbit4Tiled, a: Any, b: Any, has_bias: bool, c: Any, 
         choice = plan_tiled(info.arch.name, m, n, k, dt, info.sm_count, path,
                             None if split is None else int(split), lim)
     if choice.path == "dequant":
-        from .api import dense_gemm
-
         dense_gemm(ctx, lambda _w, wv: dequantize_tiled(ctx, W, dt, wv), a, b, has_bias, c, m, n, k, dt)
         return
     launch_plan(ctx, choice.plan, W.data, W.scales, W.codebook, W.strides(), a, b, has_bias, 1.0,

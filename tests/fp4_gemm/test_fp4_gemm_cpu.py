@@ -10,7 +10,13 @@ from kernelgen.arch import PARTS, SM_COUNTS
 from kernelgen.core.render import render
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.fp4_gemm import reference as GR
-from kernelgen.fp4_gemm.config import ENC_ID, Fp4GemvConfig, Fp4TileConfig, tile_smem
+from kernelgen.fp4_gemm.config import (
+    ENC_ID,
+    Fp4DequantConfig,
+    Fp4GemvConfig,
+    Fp4TileConfig,
+    tile_smem,
+)
 from kernelgen.fp4_gemm.layout import (
     E2M1_MASK,
     E2M1_MASK_BF16,
@@ -19,6 +25,7 @@ from kernelgen.fp4_gemm.layout import (
     encode_words,
 )
 from kernelgen.fp4_gemm.select import (
+    DENSE_MIN_M,
     GEMV_CTA_WARPS,
     GEMV_DEPTH,
     GEMV_MAX_M,
@@ -177,8 +184,11 @@ def test_path_rule_at_the_measured_points():
     assert path_for(16, 28672, 132) == "gemv" and path_for(17, 28672, 132) == "tile"
     assert path_for(32, 14336, 132) == "gemv" and path_for(64, 14336, 132) == "gemv"
     assert path_for(65, 14336, 132) == "tile" and path_for(128, 14336, 132) == "tile"
-    assert path_for(128, 4096, 132) == "gemv" and path_for(129, 4096, 132) == "tile"
+    assert path_for(128, 4096, 132) == "gemv" and path_for(129, 4096, 132) == "dequant"
+    assert path_for(100, 14336, 132) == "tile" and path_for(129, 14336, 132) == "dequant"
     assert path_for(64, 14336, 112) == "tile"  # as many row CTAs as SMs: the tile path fills them
+    assert path_for(DENSE_MIN_M - 1, 14336, 132) == "tile" and path_for(DENSE_MIN_M, 14336, 132) == "dequant"
+    assert path_for(DENSE_MIN_M, 4096, 132) == "dequant" and path_for(1 << 20, 16, 132) == "dequant"
     for m in (1, 16, 32, 64, 128, 129):
         assert select_fp4("sm_90a", m, 4096, 4096, "nvfp4", "float16", 132).path == path_for(m, 4096, 132)
 
@@ -193,7 +203,13 @@ def test_plans_are_consistent(n, k, fmt):
             ctx = f"{m=} {n=} {k=} {sms=} {p.short()}"
             ctas = -(-n // 128)
             gemv = m <= GEMV_MAX_M or m <= 64 and ctas < sms or m <= 128 and 4 * ctas <= sms
-            assert p.path == ("gemv" if gemv else "tile"), ctx
+            assert p.path == ("gemv" if gemv else "dequant" if m >= DENSE_MIN_M else "tile"), ctx
+            if p.path == "dequant":  # one thread a 16-byte chunk, at most 8 full CTAs an SM
+                chunks = -(-n // 16) * q * 64
+                assert (p.split, p.sps, p.smem, p.block) == (1, q, 0, (256, 1, 1)), ctx
+                assert p.grid == (min(-(-chunks // 256), 8 * sms), 1, 1), ctx
+                assert p.counters == 0 and p.config.fmt == fmt, ctx
+                continue
             assert (p.split - 1) * p.sps < q <= p.split * p.sps, ctx  # splits cover K, none empty
             assert p.smem <= p.config.smem_bytes(), ctx
             if p.path == "gemv":
@@ -299,10 +315,12 @@ def test_prewarm_table_is_modest():
     for arch in SM_COUNTS:
         cfgs = list(prewarm_configs([arch], {}))
         # per (fmt, dtype): 10 GEMV (16 warps an SM: 1 at m_tile 8, 2 TPW x 2 CTA sizes at
-        # m_tile 16; 32 an SM: 2 CTA sizes at m_tile 8, 3 at 16) + 3 tile configs; sm_80 also
-        # the fewer stages of 8.6 / 8.9 parts (99 KB): nvfp4 BM 64 / 128, mxfp4 BM 128
-        assert 0 < len(cfgs) <= (58 if arch == "sm_80" else 52) and len(set(cfgs)) == len(cfgs)
-        assert {type(c) for c in cfgs} == {Fp4GemvConfig, Fp4TileConfig}
+        # m_tile 16; 32 an SM: 2 CTA sizes at m_tile 8, 3 at 16) + 2 tile configs (BM 32, 64:
+        # dispatch sends M > 128 to the dequantize kernel, + 1); sm_80 also the fewer stages of
+        # 8.6 / 8.9 parts (99 KB) at nvfp4 BM 64
+        assert 0 < len(cfgs) <= (54 if arch == "sm_80" else 52) and len(set(cfgs)) == len(cfgs)
+        assert {type(c) for c in cfgs} == {Fp4GemvConfig, Fp4TileConfig, Fp4DequantConfig}
+        assert sum(isinstance(c, Fp4DequantConfig) for c in cfgs) == 4  # 2 formats x 2 dtypes
 
 
 @pytest.mark.parametrize("arch", list(SM_COUNTS))

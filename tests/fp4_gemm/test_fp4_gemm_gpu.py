@@ -600,12 +600,14 @@ def test_tile_path_on_a_part_with_99_kb(fmt, monkeypatch):
     """A device whose blocks get 99 KB (8.6 / 8.9 parts, 101376 B; here the device's limit is
     lowered to it): the tile path at M = 64 (BM 64) and 256 (BM 128) plans the stages that fit
     (BM 128: 2, fewer than the target's), loads and launches (a kernel over the limit raises
-    DeviceError at load) and matches the reference, dispatched and forced with split 2."""
+    DeviceError at load) and matches the reference, forced with and without split 2; dispatch
+    (the GEMV at 64, dequantize + cuBLAS at 256: no shared memory to plan) matches too."""
     import cupy
 
     from kernelgen.arch import device_info
     from kernelgen.core import interop
     from kernelgen.fp4_gemm import fp4_gemm, plan, select_fp4
+    from kernelgen.fp4_gemm.select import DENSE_MIN_M
 
     info = device_info()
     lim = 99 * 1024
@@ -618,8 +620,8 @@ def test_tile_path_on_a_part_with_99_kb(fmt, monkeypatch):
     rng = np.random.default_rng()
     for m in (64, 256):
         p = plan(info.arch.name, m, n, k, fmt, "float16", info.sm_count, path="tile", smem_limit=lim)
-        if m == 256:
-            assert select_fp4(info.arch.name, m, n, k, fmt, "float16", info.sm_count, "float16", lim) == p
+        sel = select_fp4(info.arch.name, m, n, k, fmt, "float16", info.sm_count, "float16", lim)
+        assert sel.path == ("dequant" if m >= DENSE_MIN_M else "gemv"), sel.short()
         ctx = f"{fmt=} {m=} {p.short()} (without the limit: {full[m].short()})"
         assert p.path == "tile" and p.smem <= lim, ctx
         assert p.config.replace(stages=full[m].config.stages) == full[m].config, ctx
@@ -633,3 +635,126 @@ def test_tile_path_on_a_part_with_99_kb(fmt, monkeypatch):
                f"{ctx} forced tile")
         d = fp4_gemm(cupy.asarray(a), t, cupy.asarray(bias), alpha=0.5, path="tile", split_k=2)
         _check(d, want, "float16", f"{ctx} forced tile split 2")
+
+
+@pytest.mark.parametrize("enc", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_dequant_dense_weight(fmt, dtype, enc):
+    """The dequant path's dense W' bit for bit, from every block arrangement and both word
+    encodings: NVFP4 e2m1 e4m3 2^-u (u = 14 fp16, 7 bf16; the reference's dequantize with gs =
+    2^u), device alpha = alpha 2^u / gs; MXFP4 the format's values in dtype, alpha as given;
+    beta = 1 with a bias. The output is poisoned (NaN) first."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.core.dense import device_scalars
+    from kernelgen.core.interop import context_of
+    from kernelgen.fp4_gemm import plan, prepare_weight
+    from kernelgen.fp4_gemm.api import dequantize_dense
+    from kernelgen.fp4_gemm.layout import ARRANGEMENTS
+    from kernelgen.mx import reference as MR
+
+    from ._weights import host_weight
+
+    dev = device_info()
+    u = 14 if dtype == "float16" else 7
+    for n, k in ((200, 384), (1000, 4224)):
+        packed, scales, gs, _ = host_weight(fmt, n, k)
+        if fmt == "nvfp4":
+            want = MR.dequantize_nvfp4(packed, scales, 2.0 ** u, out_dtype=dtype)
+        else:
+            want = MR.dequantize_mx(packed, scales, "mxfp4", out_dtype=dtype)
+        want = want.view(np.uint16)
+        t, _ = _weight(fmt, n, k)
+        p = plan(dev.arch.name, 512, n, k, fmt, dtype, dev.sm_count, path="dequant", enc=enc)
+        assert p.path == "dequant" and p.config.enc == enc
+        for arr in ARRANGEMENTS:
+            W = prepare_weight(t, arr, act_dtype=enc)
+            out = cupy.full((n, k), 0xFFFF, cupy.uint16)
+            ctx = context_of(out, "out")
+            scalars = device_scalars(ctx)
+            for alpha, has_bias in ((0.75, True), (1.5, False)):
+                out.fill(0xFFFF)
+                dequantize_dense(ctx, p, W.data, W.scales, W.post, W.strides(), out, n, k, alpha,
+                                 has_bias, scalars)
+                got = cupy.asnumpy(out)
+                bad = np.nonzero(got != want)
+                assert bad[0].size == 0, (f"{fmt=} {dtype=} {enc=} {arr=} {n}x{k}: {bad[0].size} "
+                                          f"of {got.size} differ, first at {bad[0][0]}, {bad[1][0]}: "
+                                          f"{got[bad][0]:#06x} vs {want[bad][0]:#06x}")
+                sc = cupy.asnumpy(scalars)
+                a_want = np.float32(alpha * 2.0 ** u) / np.float32(gs) if fmt == "nvfp4" else np.float32(alpha)
+                assert sc[0] == a_want and sc[1] == (1.0 if has_bias else 0.0), (fmt, dtype, sc, a_want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_dequant_path(fmt, dtype):
+    """D through dequantize + cuBLAS against the reference: forced at small M (1, 7: one token
+    row of cuBLAS) and where dispatch takes it (select.DENSE_MIN_M and above), bias / alpha / out=,
+    a weight prepared for the other activation type, and a CUDA graph replayed with new A that
+    matches the eager call bit for bit."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.core.interop import smem_limit
+    from kernelgen.fp4_gemm import fp4_gemm, prepare_weight, select_fp4
+    from kernelgen.fp4_gemm.select import DENSE_MIN_M
+
+    info = device_info()
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    st = np.uint16 if dtype == "bfloat16" else np.float16
+    other = "float16" if dtype == "bfloat16" else "bfloat16"
+    for n, k in ((200, 384), (1000, 4224)):
+        t, w64 = _weight(fmt, n, k)
+        for m in (1, 7, DENSE_MIN_M, DENSE_MIN_M + 45):
+            a = _host(rng, (m, k), dtype)
+            bias = _host(rng, (n,), dtype) if m % 2 else None
+            alpha = 0.625 if m % 3 else 1.0
+            path = "dequant" if m < DENSE_MIN_M else None
+            if path is None:
+                assert select_fp4(info.arch.name, m, n, k, fmt, dtype, info.sm_count, dtype,
+                                  smem_limit(info.index)).path == "dequant", m
+            out = cupy.full((m, n), 0xFFFF, cupy.uint16).view(st)
+            d = fp4_gemm(cupy.asarray(a), t, None if bias is None else cupy.asarray(bias),
+                         alpha=alpha, out=out, dtype=hint, path=path)
+            assert d is out
+            _check(d, GR.gemm(a, w64, bias, alpha, dtype), dtype, f"{fmt=} {dtype=} {m=} {n}x{k}")
+        m = DENSE_MIN_M + 3  # the weight's words encoded for the other activation type
+        a = _host(rng, (m, k), dtype)
+        d = fp4_gemm(cupy.asarray(a), prepare_weight(t, act_dtype=other), dtype=hint)
+        _check(d, GR.gemm(a, w64, None, 1.0, dtype), dtype, f"{fmt=} {dtype=} enc={other} {m=}")
+
+    # CUDA graph: scratch W', device scalars and cuBLAS captured; replays with new A
+    n, k = 1000, 4224
+    t, w64 = _weight(fmt, n, k)
+    m = DENSE_MIN_M + 1
+    prev = cupy.cuda.get_current_stream()
+    s = cupy.cuda.Stream(non_blocking=True)
+    s.use()
+    try:
+        a_buf = cupy.empty((m, k), st)
+        b_buf = cupy.asarray(_host(rng, (n,), dtype))
+        c_buf = cupy.empty((m, n), st)
+        a_buf.set(_host(rng, (m, k), dtype), stream=s)
+        fp4_gemm(a_buf, t, b_buf, alpha=1.25, out=c_buf, dtype=hint)  # warm-up outside capture
+        s.begin_capture()
+        try:
+            fp4_gemm(a_buf, t, b_buf, alpha=1.25, out=c_buf, dtype=hint)
+        finally:
+            g = s.end_capture()
+        for _ in range(2):
+            a = _host(rng, (m, k), dtype)
+            a_buf.set(a, stream=s)
+            c_buf.fill(0xFFFF if dtype == "bfloat16" else np.nan)
+            g.launch(s)
+            s.synchronize()
+            got = cupy.asnumpy(c_buf).view(np.uint16)
+            eager = cupy.asnumpy(fp4_gemm(a_buf, t, b_buf, alpha=1.25, dtype=hint)).view(np.uint16)
+            s.synchronize()
+            assert np.array_equal(got, eager), f"{fmt=} {dtype=}: graph replay != eager call"
+            _check(c_buf, GR.gemm(a, w64, cupy.asnumpy(b_buf), 1.25, dtype), dtype, f"graph {fmt=} {dtype=}")
+    finally:
+        prev.use()

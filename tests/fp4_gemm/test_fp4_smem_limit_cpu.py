@@ -9,7 +9,13 @@ import pytest
 from kernelgen.arch import ALL_ARCHS, ARCHS, PARTS
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.fp4_gemm.config import FMTS, Fp4TileConfig, tile_smem
-from kernelgen.fp4_gemm.select import plan, prewarm_configs, select_fp4, stages_for
+from kernelgen.fp4_gemm.select import (
+    TILE_DISPATCH_BMS,
+    plan,
+    prewarm_configs,
+    select_fp4,
+    stages_for,
+)
 
 LIMIT = 99 * 1024  # = 101376, sharedMemPerBlockOptin of compute capability 8.6 / 8.9
 SHAPES = ((14336, 4096), (4096, 14336), (4096, 4096))
@@ -56,8 +62,8 @@ def test_every_plan_fits_a_99_kb_part(fmt):
                                 smem_limit=ARCHS["sm_80"].smem_optin) == full, ctx
                     if path is None:
                         assert select_fp4("sm_80", m, n, k, fmt, "float16", sms, None, LIMIT) == p, ctx
-                    if p.path == "gemv":
-                        assert p == full, ctx
+                    if p.path in ("gemv", "dequant"):  # no shared memory to plan
+                        assert p == full and p.smem == 0 if p.path == "dequant" else p == full, ctx
                         continue
                     st, st_full = p.config.stages, full.config.stages
                     assert p.config.replace(stages=st_full) == full.config, ctx
@@ -87,16 +93,17 @@ def test_a_bm_whose_2_stages_do_not_fit_steps_down():
 def test_prewarm_builds_the_stages_of_99_kb_parts():
     """The default set on sm_80 (`kernelgen prewarm --arch sm_80`) and a spec's shape walk both
     hold the reduced-stage tiles the 8.6 / 8.9 parts pick; the other targets' sets are as before
-    (their parts all have the target's limit)."""
-    want = {(fmt, bm, stages_for("sm_80", fmt, bm, LIMIT)) for fmt in FMTS for bm in (32, 64, 128)}
-    assert ("nvfp4", 64, 3) in want and ("mxfp4", 128, 2) in want
+    (their parts all have the target's limit). BM 128 tiles are never dispatched (M > 128 runs
+    dequantize + cuBLAS), so no set holds them."""
+    want = {(fmt, bm, stages_for("sm_80", fmt, bm, LIMIT)) for fmt in FMTS for bm in TILE_DISPATCH_BMS}
+    assert ("nvfp4", 64, 3) in want and TILE_DISPATCH_BMS == (32, 64)
     default = {(c.fmt, c.bm, c.stages) for c in prewarm_configs(["sm_80"], {})
                if isinstance(c, Fp4TileConfig)}
     assert want <= default
     spec = {"shapes": [list(s) for s in SHAPES], "dtypes": ["float16"]}
     walked = {(c.fmt, c.bm, c.stages) for c in prewarm_configs(["sm_80"], spec)
               if isinstance(c, Fp4TileConfig)}
-    assert {("nvfp4", 64, 3), ("nvfp4", 128, 2), ("mxfp4", 128, 2)} <= walked
+    assert ("nvfp4", 64, 3) in walked and all(bm in TILE_DISPATCH_BMS for _, bm, _ in walked | default)
     # a spec's sm_counts: each count on every shared-memory limit of the target's parts
     counted = {(c.fmt, c.bm, c.stages) for c in prewarm_configs(["sm_80"], {**spec, "sm_counts": [84]})
                if isinstance(c, Fp4TileConfig)}

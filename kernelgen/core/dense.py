@@ -1,0 +1,55 @@
+"""The large-M path of the quantized GEMMs: W made dense in an [N, K] scratch, then cuBLAS.
+
+A family's dequantize kernel writes W (in A's dtype) into the scratch, then cublasGemmEx (fp32
+compute) multiplies; the bias comes in through beta = 1 on C pre-filled with it. The scalars
+are host values, or device ones (`scalars`: a float32 [alpha, beta] the dequantize kernel
+writes, for a factor that lives on the device, like an NVFP4 global scale)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import cublas
+from .interop import Ctx, on_stream, scratch
+
+
+def dense_scratch(ctx: Ctx, n: int, k: int, dt: str) -> tuple[Any, Any]:
+    """(native, cupy view) of the [N, K] dequantized-W scratch. While a CuPy stream captures a
+    CUDA graph the scratch comes from core.interop.scratch (never freed: the graph keeps writing
+    to its address at every replay; a pool block freed after the call could be handed to another
+    array). Otherwise a fresh array, returned to the pool after the call (torch captures draw
+    from the graph's private pool, which the graph keeps)."""
+    if ctx.kind == "cupy" and ctx.stream.ptr not in (0, 1) and ctx.stream.is_capturing():
+        ws, _ = scratch(ctx, f"dense_w:{dt}", -(-n * k // 2), 1)
+        w = ws[: -(-n * k // 2)].view(np.float16 if dt == "float16" else np.uint16)[: n * k]
+        w = w.reshape(n, k)
+        return w, w
+    return ctx.empty((n, k), dt)
+
+
+def device_scalars(ctx: Ctx) -> Any:
+    """A float32 [2] on the call's stream for [alpha, beta] written by a kernel (reused in stream
+    order, never freed: graphs keep its address)."""
+    ws, _ = scratch(ctx, "dense_scalars", 2, 1)
+    return ws[:2]
+
+
+def dense_gemm(ctx: Ctx, dequantize: Any, a: Any, b: Any, has_bias: bool, c: Any, m: int, n: int,
+               k: int, dt: str, alpha: float = 1.0, scalars: Any = None) -> None:
+    """C = alpha A . W^T (+ bias) through W dense: `dequantize(w, wv)` writes W into an [N, K]
+    scratch of A's dtype (2*N*K bytes for the call; w as the caller's array kind, wv its cupy
+    view), then cuBLAS (cublasGemmEx, fp32 compute), the bias through beta = 1. `scalars`: a
+    float32 device array whose [alpha, beta] the dequantize kernel has written (alpha is then
+    not read). Every launch goes to ctx.stream; the caller's current stream is left as it was."""
+    w_native, wv = dense_scratch(ctx, n, k, dt)
+    dequantize(w_native, wv)
+    if has_bias:
+        with on_stream(ctx.device, ctx.stream):
+            c.reshape(m, n)[...] = b[None, :]
+    # column-major view: C^T [N, M] = W [N, K] . A^T ([K, M] column-major = A row-major)
+    cublas.gemm_ex(ctx, cublas.OP_T, cublas.OP_N, n, m, k, alpha, wv.data.ptr, dt, k, a.data.ptr,
+                   dt, k, 1.0 if has_bias else 0.0, c.data.ptr, dt, n,
+                   scalars_ptr=None if scalars is None else int(scalars.data.ptr))
+    del w_native  # stream-ordered pools (cupy, torch) keep it alive for the queued work

@@ -1,0 +1,62 @@
+// FP4 weights in the tiled layout (fp4.cuh) -> dense W' [N, K] in T, for the large-M path:
+// cuBLAS then multiplies A by W' (kernelgen/core/dense.py). W' holds the fragments the GEMV and
+// tile kernels build (RowScale: exact in T), so that
+//   NVFP4: W' = e2m1 * e4m3 * 2^-UNIT_EXP (exact), and the GEMM's alpha is alpha * 2^UNIT_EXP /
+//          gs, which lives on the device: block 0 writes it (and beta) to scalars[0..1] for
+//          cuBLAS's device pointer mode;
+//   MXFP4: W' = T(fragment * 2^UNIT_EXP * post[n]) = T(e2m1 * 2^(s - 127)) (the format's value:
+//          exact where T holds it; a NaN group's row is NaN through post), alpha as given.
+// Block (tile, q) has 64 16-byte chunks; chunk c = 32h + 4g + t is lane (g, t)'s chunk of row
+// 16 * tile + 8h + g, word j holding k = 128q + 32j + 8t .. + 7. A thread takes one chunk: a
+// 16-byte load, one scale word, and four 16-byte stores; a warp's stores cover 8 rows x 64
+// contiguous bytes each.
+#pragma once
+#include "fp4_gemm/fp4.cuh"
+
+namespace kg::fp4 {
+
+template <typename T, int FMT, int ENC>
+__device__ __forceinline__ void dequantize_dense(const uint8_t* __restrict__ W,
+                                                 const uint8_t* __restrict__ S,
+                                                 const float* __restrict__ post,
+                                                 T* __restrict__ out, int N, int K, long long wt,
+                                                 unsigned wq, long long st, unsigned sq,
+                                                 float alpha, int has_bias,
+                                                 float* __restrict__ scalars) {
+  static_assert(FMT == FMT_NVFP4 || FMT == FMT_MXFP4, "kbit4 has its own (kbit_gemm/tiled.cuh)");
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    scalars[0] = FMT == FMT_NVFP4 ? row_factor<T, FMT>(post, alpha, 0) : alpha;
+    scalars[1] = has_bias ? 1.0f : 0.0f;
+  }
+  const unsigned Q = (unsigned)K / STEP_K, blocks = (unsigned)((N + 15) / 16) * Q;
+  const WordDecoder<T, FMT, ENC> dec;
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < blocks * 64u; i += gridDim.x * blockDim.x) {
+    const int c = (int)(i & 63u);
+    const unsigned blk = i >> 6, q = blk % Q, tile = blk / Q;
+    const int h = c >> 5, g = (c >> 2) & 7, t = c & 3;
+    const int row = 16 * (int)tile + 8 * h + g;
+    if (row >= N) continue;  // padding rows of the last tile
+    const uint4 d = ld_nc_v4(W + tile * wt + (size_t)q * wq + 16 * c);
+    const uint32_t sw = ld_nc_u32(S + tile * st + (size_t)q * sq + scale_offset<FMT>(g, t) + 4 * h);
+    const RowScale<T, FMT> rs = row_scales<T, FMT>(sw);
+    float rf = 0.0f;
+    if constexpr (FMT == FMT_MXFP4) rf = row_factor<T, FMT>(post, 1.0f, row);
+    T* o = out + (size_t)row * K + (size_t)q * STEP_K + 8 * t;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t p[4];
+      dec(word_of(d, j), p);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[e] = hmul2<T>(p[e], rs.s[j]);
+        if constexpr (FMT == FMT_MXFP4) {
+          const T* v = reinterpret_cast<const T*>(&p[e]);
+          p[e] = pack2<T>(to_float<T>(v[0]) * rf, to_float<T>(v[1]) * rf);
+        }
+      }
+      st_v4(o + 32 * j, p[0], p[1], p[2], p[3]);
+    }
+  }
+}
+
+}  // namespace kg::fp4
