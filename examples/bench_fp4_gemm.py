@@ -261,7 +261,7 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
         else:
             for bm, wt, st in ((64, 2, 3), (64, 4, 3), (128, 2, 2), (128, 2, 4), (128, 4, 2),
                                (128, 4, 3), (128, 4, 4)):
-                p = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
+                p = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, path="tile")
                 cfg = p.config.replace(bm=bm, stages=st, warps_t=wt)
                 grid = (p.grid[0], -(-m // bm), p.grid[2])
                 yield f"bm={bm} wt={wt} st={st}", dataclasses.replace(

@@ -128,11 +128,11 @@ def gemm_ex(ctx: Any, transa: int, transb: int, m: int, n: int, k: int, alpha: f
     with cupy.cuda.Device(ctx.device):  # a handle is used on the device it was made for
         handle = _handle(ctx)
         _check(lib.cublasSetPointerMode_v2(handle, mode), "cublasSetPointerMode")
-        try:
-            _check(lib.cublasGemmEx(handle, transa, transb, m, n, k, pa, a_ptr,
-                                    DATA_TYPE[a_type], lda, b_ptr, DATA_TYPE[b_type], ldb,
-                                    pb, c_ptr, DATA_TYPE[c_type], ldc, COMPUTE_32F,
-                                    GEMM_DEFAULT), "cublasGemmEx")
-        finally:
-            if mode != POINTER_MODE_HOST:
-                _check(lib.cublasSetPointerMode_v2(handle, POINTER_MODE_HOST), "cublasSetPointerMode")
+        status = lib.cublasGemmEx(handle, transa, transb, m, n, k, pa, a_ptr, DATA_TYPE[a_type],
+                                  lda, b_ptr, DATA_TYPE[b_type], ldb, pb, c_ptr,
+                                  DATA_TYPE[c_type], ldc, COMPUTE_32F, GEMM_DEFAULT)
+        if mode != POINTER_MODE_HOST:  # restored first, so that the GEMM's error is the one raised
+            restored = lib.cublasSetPointerMode_v2(handle, POINTER_MODE_HOST)
+        _check(status, "cublasGemmEx")
+        if mode != POINTER_MODE_HOST:
+            _check(restored, "cublasSetPointerMode")

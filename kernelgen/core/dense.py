@@ -31,7 +31,9 @@ def dense_scratch(ctx: Ctx, n: int, k: int, dt: str) -> tuple[Any, Any]:
 
 def device_scalars(ctx: Ctx) -> Any:
     """A float32 [2] on the call's stream for [alpha, beta] written by a kernel (reused in stream
-    order, never freed: graphs keep its address)."""
+    order, never freed: graphs keep its address). Like the W scratch it is one per stream,
+    shared by every call (kbit and FP4) on it: two graphs captured on one stream must not be
+    replayed concurrently on different streams, as for the split-K scratch."""
     ws, _ = scratch(ctx, "dense_scalars", 2, 1)
     return ws[:2]
 

@@ -174,7 +174,8 @@ class Fp4TileConfig(KernelConfig):
 class Fp4DequantConfig(KernelConfig):
     """FP4 weights (tiled layout) -> dense W' in fp16 / bf16 for the large-M path, dequantize +
     cuBLAS (templates/fp4_gemm/dequant.cuh): NVFP4 W' = e2m1 e4m3 2^-UNIT_EXP with alpha / gs
-    written to device scalars, MXFP4 W' = the format's values in dtype."""
+    written to device scalars, MXFP4 W' = the format's values rounded once to dtype (groups
+    prepare_weight flushed read 0)."""
 
     family: ClassVar[str] = "fp4_gemm"
     template: ClassVar[str] = "fp4_gemm/dequant.cu.jinja"
@@ -200,7 +201,7 @@ class Fp4DequantConfig(KernelConfig):
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
-                "enc_id": ENC_ID[self.enc]}
+                "enc_id": ENC_ID[self.enc], "threads": self.threads}
 
 
 DEQUANT_THREADS = 256

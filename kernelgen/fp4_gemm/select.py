@@ -301,8 +301,8 @@ def _dequant(arch: str, n: int, k: int, fmt: str, dtype: str, sm_count: int, enc
     cfg.check()
     chunks = -(-n // 16) * (k // STEP_K) * 64  # one 16-byte chunk (32 weights) a thread
     if chunks >= 1 << 31:
-        raise ValueError(f"W: [N={n}, K={k}] has {n * k} weights; the dequant path takes fewer "
-                         f"than 2**36")
+        raise ValueError(f"W: [N={n}, K={k}] is {chunks} chunks of 32 weights (rows padded to 16); "
+                         f"the dequant path takes fewer than 2**31")
     grid = (max(1, min(-(-chunks // DEQUANT_THREADS), DEQUANT_CTAS_PER_SM * sm_count)), 1, 1)
     return Plan(cfg, 1, k // STEP_K, grid, (DEQUANT_THREADS, 1, 1), 0)
 
@@ -310,7 +310,8 @@ def _dequant(arch: str, n: int, k: int, fmt: str, dtype: str, sm_count: int, enc
 def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
          path: str | None = None, split: int | None = None, tpw: int | None = None,
          wps: int | None = None, enc: str | None = None, smem_limit: int | None = None) -> Plan:
-    """Pure planner. `path` ("gemv" / "tile" / "dequant"), `split`, `tpw` (tiles a warp of the bandwidth
+    """Pure planner. `path` ("gemv" / "tile" / "dequant"; a `split` without a path where the rule
+    says dequant gives the tile path), `split`, `tpw` (tiles a warp of the bandwidth
     path, 1 or 2) and `wps` (its resident warps an SM, 16 or 32; 32 implies TPW 1) force a
     choice (tests, tuning). `enc`: the activation type the weight words are encoded for
     (Fp4Weight.encoding; default dtype). `smem_limit`: the device's shared memory a block
@@ -325,6 +326,8 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
     get_arch(arch)
     if path is None:
         path = path_for(m, n, sm_count)
+        if path == "dequant" and split is not None:  # a forced K split asks for the tile path
+            path = "tile"
     if tpw is not None and (path != "gemv" or tpw not in TPWS):
         raise ValueError(f"tpw={tpw!r}: expected one of {TPWS}, bandwidth path only (path={path!r})")
     if wps is not None and path != "gemv":

@@ -4,8 +4,10 @@
 //   NVFP4: W' = e2m1 * e4m3 * 2^-UNIT_EXP (exact), and the GEMM's alpha is alpha * 2^UNIT_EXP /
 //          gs, which lives on the device: block 0 writes it (and beta) to scalars[0..1] for
 //          cuBLAS's device pointer mode;
-//   MXFP4: W' = T(fragment * 2^UNIT_EXP * post[n]) = T(e2m1 * 2^(s - 127)) (the format's value:
-//          exact where T holds it; a NaN group's row is NaN through post), alpha as given.
+//   MXFP4: W' = T(e2m1 * 2^(s - 127)), the format's value: exact in fp32 (2^(s' - 127) * post[n],
+//          s' the rebased byte), then one rounding to T (exact where T holds it, subnormals
+//          included); a group prepare_weight flushed (s' = 0: more than 2^127 below its row's
+//          largest) is 0; a NaN group's row is NaN through post. alpha as given.
 // Block (tile, q) has 64 16-byte chunks; chunk c = 32h + 4g + t is lane (g, t)'s chunk of row
 // 16 * tile + 8h + g, word j holding k = 128q + 32j + 8t .. + 7. A thread takes one chunk: a
 // 16-byte load, one scale word, and four 16-byte stores; a warp's stores cover 8 rows x 64
@@ -38,23 +40,35 @@ __device__ __forceinline__ void dequantize_dense(const uint8_t* __restrict__ W,
     if (row >= N) continue;  // padding rows of the last tile
     const uint4 d = ld_nc_v4(W + tile * wt + (size_t)q * wq + 16 * c);
     const uint32_t sw = ld_nc_u32(S + tile * st + (size_t)q * sq + scale_offset<FMT>(g, t) + 4 * h);
-    const RowScale<T, FMT> rs = row_scales<T, FMT>(sw);
-    float rf = 0.0f;
-    if constexpr (FMT == FMT_MXFP4) rf = row_factor<T, FMT>(post, 1.0f, row);
     T* o = out + (size_t)row * K + (size_t)q * STEP_K + 8 * t;
+    if constexpr (FMT == FMT_NVFP4) {
+      const RowScale<T, FMT> rs = row_scales<T, FMT>(sw);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t p[4];
-      dec(word_of(d, j), p);
+      for (int j = 0; j < 4; ++j) {
+        uint32_t p[4];
+        dec(word_of(d, j), p);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[e] = hmul2<T>(p[e], rs.s[j]);
-        if constexpr (FMT == FMT_MXFP4) {
-          const T* v = reinterpret_cast<const T*>(&p[e]);
-          p[e] = pack2<T>(to_float<T>(v[0]) * rf, to_float<T>(v[1]) * rf);
-        }
+        for (int e = 0; e < 4; ++e) p[e] = hmul2<T>(p[e], rs.s[j]);
+        st_v4(o + 32 * j, p[0], p[1], p[2], p[3]);
       }
-      st_v4(o + 32 * j, p[0], p[1], p[2], p[3]);
+    } else {
+      // a raw pair is e2m1 * 2^-EXP: times 2^EXP the exact e2m1 value; 2^(s' - 127) * post[n] =
+      // 2^(s - 127) is exact and finite (0 where s' = 0), so each value rounds once, to T (the
+      // scale is not folded into 2^EXP: that product can overflow where the value does not)
+      constexpr float UNIT = RawUnit<T>::EXP == 14 ? 0x1p14f : 0x1p126f;
+      const float rowf = __ldg(post + row);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float f = __uint_as_float(((sw >> (8 * j)) & 0xFFu) << 23) * rowf;
+        uint32_t p[4];
+        dec(word_of(d, j), p);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const T* v = reinterpret_cast<const T*>(&p[e]);
+          p[e] = pack2<T>(to_float<T>(v[0]) * UNIT * f, to_float<T>(v[1]) * UNIT * f);
+        }
+        st_v4(o + 32 * j, p[0], p[1], p[2], p[3]);
+      }
     }
   }
 }

@@ -302,7 +302,8 @@ __device__ __forceinline__ float row_factor(const float* __restrict__ post, floa
   else return alpha * unit * __ldg(post + n);
 }
 
-// D = RN(RN(sum * factor) + bias): two roundings, never contracted (every path agrees)
+// D = RN(RN(sum * factor) + bias): two roundings, never contracted (the GEMV and tile paths
+// agree; the dequant path's cuBLAS epilogue rounds its own way)
 template <typename T>
 __device__ __forceinline__ T out_value(float v, float fac, int has_bias, float b) {
   float r = __fmul_rn(v, fac);

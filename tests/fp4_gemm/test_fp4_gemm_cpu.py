@@ -460,3 +460,26 @@ def test_cross_encoding_configs_compile_without_spills(cfg):
     out = compile_cubin(cfg, render(cfg))
     res = resource_summary(out.log)
     assert res["registers"] and res["spill_bytes"] == 0, f"{cfg}: {res}\n{out.log}"
+
+
+def test_dequant_path_rules():
+    """M > 128: the dequantize kernel's config for the call's format, dtype and encoding; a K
+    split forced without a path runs the tile path; the dequant path refuses a split, kbit4
+    (its own dequantize: kernelgen.kbit_gemm.tiled) and weights past its 32-bit chunk index."""
+    p = plan("sm_90a", 4096, 4096, 4096, "nvfp4", "float16", 132)
+    assert p.path == "dequant" and p.config == Fp4DequantConfig(arch="sm_90a", fmt="nvfp4",
+                                                                dtype="float16", enc="float16")
+    p = plan("sm_90a", 200, 4096, 4096, "mxfp4", "bfloat16", 132, enc="float16")
+    assert p.path == "dequant" and (p.config.fmt, p.config.dtype, p.config.enc) == ("mxfp4", "bfloat16", "float16")
+    assert "dequant: Fp4DequantConfig(" in p.short() and "cuBLAS" in p.short()
+    p = plan("sm_90a", 4096, 4096, 4096, "mxfp4", "bfloat16", 132, split=2)
+    assert p.path == "tile" and p.split == 2, p.short()
+    with pytest.raises(ValueError, match="has no K split"):
+        plan("sm_90a", 4096, 4096, 4096, "nvfp4", "float16", 132, path="dequant", split=2)
+    with pytest.raises(ValueError, match="kbit4 weights have their own"):
+        plan("sm_90a", 4096, 4096, 4096, "kbit4", "float16", 132, path="dequant")
+    with pytest.raises(ValueError, match=r"fewer than 2\*\*31"):
+        plan("sm_90a", 4096, 1 << 20, 1 << 17, "nvfp4", "float16", 132, path="dequant")
+    for field, bad in (("fmt", "kbit4"), ("dtype", "float32"), ("enc", "int8")):
+        with pytest.raises(UnsupportedConfigError, match=f"{field}="):
+            Fp4DequantConfig(arch="sm_90a", **{field: bad})

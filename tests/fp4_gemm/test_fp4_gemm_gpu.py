@@ -115,7 +115,9 @@ def test_weight_encoded_for_either_activation_type(fmt, dtype):
 @pytest.mark.parametrize("fmt", FMTS)
 def test_dispatch_over_m(fmt):
     """Dispatch at the path rule's edges (select.path_for): N = 1000 has 8 row CTAs, so the
-    bandwidth path runs ceil(M / 16) passes up to M = 128 and the tile path from 129."""
+    bandwidth path runs ceil(M / 16) passes up to M = 128 and dequantize + cuBLAS from 129
+    (the tile path's range, M = 17..128 on weights of many row CTAs, runs in
+    test_tile_path_on_a_part_with_99_kb and test_matches_reference)."""
     import cupy
 
     from kernelgen.arch import device_info
@@ -135,7 +137,7 @@ def test_dispatch_over_m(fmt):
                           smem_limit(info.index)).path
         assert path == path_for(m, n, info.sm_count), m
         if info.sm_count >= 32:  # 8 row CTAs: at most a quarter of the SMs
-            assert path == ("gemv" if m <= 128 else "tile"), m
+            assert path == ("gemv" if m <= 128 else "dequant"), m
         _check(out, GR.gemm(a, w64, None, 0.5), "float16", f"{fmt=} {m=} {path=}")
 
 
@@ -415,15 +417,23 @@ def test_torch_tensors_on_a_side_stream(fmt):
     t, w64 = device_weight(fmt, n, k, xp=lambda x: torch.from_numpy(np.ascontiguousarray(x)).cuda())
     rng = np.random.default_rng()
     s = torch.cuda.Stream()
-    for m in (3, 40):
+    for m in (3, 40, 300):  # gemv, gemv, dequant + cuBLAS (device scalars, torch scratch)
         a = _host(rng, (m, k), "bfloat16")
         a_t = torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
+        want = GR.gemm(a, w64, None, 1.5, "bfloat16")
         with torch.cuda.stream(s):
             d = fp4_gemm(a_t, t, alpha=1.5)
+            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                fp4_gemm(a_t, t, alpha=1.5, out=out)
+            out.fill_(float("nan"))
+            g.replay()
         s.synchronize()
         assert isinstance(d, torch.Tensor) and d.dtype == torch.bfloat16 and d.shape == (m, n)
-        _check(d.view(torch.int16).cpu().numpy().view(np.uint16), GR.gemm(a, w64, None, 1.5, "bfloat16"),
-               "bfloat16", f"torch {fmt=} {m=}")
+        _check(d.view(torch.int16).cpu().numpy().view(np.uint16), want, "bfloat16", f"torch {fmt=} {m=}")
+        _check(out.view(torch.int16).cpu().numpy().view(np.uint16), want, "bfloat16",
+               f"torch graph {fmt=} {m=}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -601,7 +611,8 @@ def test_tile_path_on_a_part_with_99_kb(fmt, monkeypatch):
     lowered to it): the tile path at M = 64 (BM 64) and 256 (BM 128) plans the stages that fit
     (BM 128: 2, fewer than the target's), loads and launches (a kernel over the limit raises
     DeviceError at load) and matches the reference, forced with and without split 2; dispatch
-    (the GEMV at 64, dequantize + cuBLAS at 256: no shared memory to plan) matches too."""
+    (the GEMV at 64, dequantize + cuBLAS at 256: no shared memory to plan) matches too, and
+    dispatch runs a reduced-stage tile itself at M = 100 on 8192 rows."""
     import cupy
 
     from kernelgen.arch import device_info
@@ -635,6 +646,17 @@ def test_tile_path_on_a_part_with_99_kb(fmt, monkeypatch):
                f"{ctx} forced tile")
         d = fp4_gemm(cupy.asarray(a), t, cupy.asarray(bias), alpha=0.5, path="tile", split_k=2)
         _check(d, want, "float16", f"{ctx} forced tile split 2")
+    # dispatch itself takes a reduced-stage tile: M = 100 on 8192 rows (64 row CTAs, more than a
+    # quarter of the SMs: the tile path, BM 64), which at 99 KB keeps fewer stages (nvfp4 3)
+    n, k, m = 8192, 1024, 100
+    t, w64 = _weight(fmt, n, k)
+    p = select_fp4(info.arch.name, m, n, k, fmt, "float16", info.sm_count, "float16", lim)
+    full = plan(info.arch.name, m, n, k, fmt, "float16", info.sm_count)
+    assert p.path == "tile" and p.config.bm == 64 and p.smem <= lim, p.short()
+    assert p.config.stages <= full.config.stages and (fmt == "mxfp4" or p.config.stages < full.config.stages)
+    a = _host(rng, (m, k), "float16")
+    _check(fp4_gemm(cupy.asarray(a), t, alpha=0.5), GR.gemm(a, w64, None, 0.5), "float16",
+           f"{fmt=} dispatched {p.short()}")
 
 
 @pytest.mark.parametrize("enc", DTYPES)
@@ -758,3 +780,59 @@ def test_dequant_path(fmt, dtype):
             _check(c_buf, GR.gemm(a, w64, cupy.asnumpy(b_buf), 1.25, dtype), dtype, f"graph {fmt=} {dtype=}")
     finally:
         prev.use()
+
+
+@pytest.mark.parametrize("enc", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dequant_dense_weight_extreme_mxfp4(dtype, enc):
+    """MXFP4 W' where the scales span 42 binades in a row (fp16: values that overflow to inf,
+    subnormals 2^24 and more below the row's largest, which must not be flushed), the rows of
+    _weights.extreme_mx_weight (groups prepare_weight flushes, s more than 127 below the row's
+    largest: 0 in W'), and a row with a NaN group (0xFF: the whole row NaN). Expected: the
+    reference dequantize in dtype (one rounding of e2m1 * 2^(s - 127)), flushed groups 0."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.core.dense import device_scalars
+    from kernelgen.core.interop import context_of
+    from kernelgen.fp4_gemm import plan, prepare_weight
+    from kernelgen.fp4_gemm.api import dequantize_dense
+    from kernelgen.mx import reference as MR
+
+    from ._weights import extreme_mx_weight, mx_tensor_class
+
+    dev = device_info()
+    n, k = 96, 1024
+    rng = np.random.default_rng(5)
+    packed, scales, _ = extreme_mx_weight(n, k, seed=3)
+    scales = scales.copy()
+    codes = rng.integers(0, 16, (n, k), dtype=np.uint8)
+    wide = np.arange(n) % 3 == 2  # the ordinary rows of extreme_mx_weight get wide scales
+    scales[wide] = rng.integers(100, 142, (int(wide.sum()), k // 32), dtype=np.uint8)
+    full_codes = MR.unpack_fp4(packed)
+    full_codes[wide] = codes[wide]
+    scales[5, 7] = 0xFF  # row 5 (3i+2): a NaN group
+    packed = MR.pack_fp4(full_codes)
+    want = GR.to_float64(MR.dequantize_mx(packed, scales, "mxfp4", out_dtype=dtype), dtype)
+    s = scales.astype(np.int32)
+    rowmax = np.where(s == 0xFF, 0, s).max(axis=1, keepdims=True)
+    flushed = np.repeat((s - rowmax + 127 <= 0) & (s != 0xFF), 32, axis=1)
+    assert flushed.any() and (want[flushed] != 0).any() == (dtype == "bfloat16")  # bf16 holds 2^-126
+    want[flushed] = 0.0
+    want[5] = np.nan
+    if dtype == "float16":  # the case a relative fp16 fragment would flush: subnormal but non-zero
+        tiny = (np.abs(want) < 2.0 ** -14) & (want != 0)
+        assert tiny.sum() > 100 and np.isinf(want).sum() > 10
+    cls = mx_tensor_class()
+    t = cls(fmt="mxfp4", shape=(n, k), data=cupy.asarray(packed), scales=cupy.asarray(scales),
+            scale_layout="row_major", global_scale=None)
+    W = prepare_weight(t, act_dtype=enc)
+    p = plan(dev.arch.name, 512, n, k, "mxfp4", dtype, dev.sm_count, path="dequant", enc=enc)
+    out = cupy.full((n, k), 0x1234, cupy.uint16)
+    ctx = context_of(out, "out")
+    dequantize_dense(ctx, p, W.data, W.scales, W.post, W.strides(), out, n, k, 1.0, False,
+                     device_scalars(ctx))
+    got = GR.to_float64(cupy.asnumpy(out).view(np.float16 if dtype == "float16" else np.uint16), dtype)
+    bad = ~((got == want) | (np.isnan(got) & np.isnan(want)))
+    assert not bad.any(), (f"{dtype=} {enc=}: {int(bad.sum())} differ, first {np.argwhere(bad)[:4].tolist()}: "
+                           f"{got[bad][:4]} vs {want[bad][:4]}")
