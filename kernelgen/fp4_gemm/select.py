@@ -167,15 +167,15 @@ class Plan:
     @property
     def counters(self) -> int:
         """Split-K tile counters the launch uses (grid.x x the non-split grid dim)."""
-        g = self.grid
         if self.path == "dequant":
             return 0
+        g = self.grid
         return g[0] * (g[2] if self.path == "gemv" else g[1])
 
     def short(self) -> str:
-        kw = f" kw={self.kw}" if self.path == "gemv" else ""
         if self.path == "dequant":
             return f"dequant: {self.config.short()} + cuBLAS, grid={self.grid} block={self.block}"
+        kw = f" kw={self.kw}" if self.path == "gemv" else ""
         return (f"{self.path}: {self.config.short()} split={self.split}{kw} k_per_split="
                 f"{self.sps * STEP_K} grid={self.grid} block={self.block} smem={self.smem}")
 
@@ -297,8 +297,7 @@ def path_for(m: int, n: int, sm_count: int) -> str:
 
 
 def _dequant(arch: str, n: int, k: int, fmt: str, dtype: str, sm_count: int, enc: str) -> Plan:
-    cfg = Fp4DequantConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc)
-    cfg.check()
+    cfg = Fp4DequantConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc)  # checked as it is made
     chunks = -(-n // 16) * (k // STEP_K) * 64  # one 16-byte chunk (32 weights) a thread
     if chunks >= 1 << 31:
         raise ValueError(f"W: [N={n}, K={k}] is {chunks} chunks of 32 weights (rows padded to 16); "

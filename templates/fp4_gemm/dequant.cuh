@@ -8,11 +8,10 @@
 //          s' the rebased byte), then one rounding to T (exact where T holds it, subnormals
 //          included); a group prepare_weight flushed (s' = 0: more than 2^127 below its row's
 //          largest) is 0; a NaN group's row is NaN through post. alpha as given.
-// Block (tile, q) has 64 16-byte chunks; chunk c = 32h + 4g + t is lane (g, t)'s chunk of row
-// 16 * tile + 8h + g, word j holding k = 128q + 32j + 8t .. + 7. A thread takes one chunk: a
-// 16-byte load, one scale word, and four 16-byte stores; a warp's stores cover 8 rows x 64
-// contiguous bytes each.
+// A thread takes one chunk (fp4_gemm/chunks.cuh): a 16-byte load, one scale word, and four
+// 16-byte stores; a warp's stores cover 8 rows x 64 contiguous bytes each.
 #pragma once
+#include "fp4_gemm/chunks.cuh"
 #include "fp4_gemm/fp4.cuh"
 
 namespace kg::fp4 {
@@ -33,14 +32,11 @@ __device__ __forceinline__ void dequantize_dense(const uint8_t* __restrict__ W,
   const unsigned Q = (unsigned)K / STEP_K, blocks = (unsigned)((N + 15) / 16) * Q;
   const WordDecoder<T, FMT, ENC> dec;
   for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < blocks * 64u; i += gridDim.x * blockDim.x) {
-    const int c = (int)(i & 63u);
-    const unsigned blk = i >> 6, q = blk % Q, tile = blk / Q;
-    const int h = c >> 5, g = (c >> 2) & 7, t = c & 3;
-    const int row = 16 * (int)tile + 8 * h + g;
-    if (row >= N) continue;  // padding rows of the last tile
-    const uint4 d = ld_nc_v4(W + tile * wt + (size_t)q * wq + 16 * c);
-    const uint32_t sw = ld_nc_u32(S + tile * st + (size_t)q * sq + scale_offset<FMT>(g, t) + 4 * h);
-    T* o = out + (size_t)row * K + (size_t)q * STEP_K + 8 * t;
+    const TiledChunk ch = tiled_chunk(i, Q);
+    if (ch.row >= N) continue;  // padding rows of the last tile
+    const uint4 d = ld_nc_v4(W + ch.tile * wt + (size_t)ch.q * wq + 16 * ch.c);
+    const uint32_t sw = ld_nc_u32(S + ch.tile * st + (size_t)ch.q * sq + scale_offset<FMT>(ch.g, ch.t) + 4 * ch.h);
+    T* o = out + (size_t)ch.row * K + (size_t)ch.q * STEP_K + 8 * ch.t;
     if constexpr (FMT == FMT_NVFP4) {
       const RowScale<T, FMT> rs = row_scales<T, FMT>(sw);
 #pragma unroll
@@ -56,7 +52,7 @@ __device__ __forceinline__ void dequantize_dense(const uint8_t* __restrict__ W,
       // 2^(s - 127) is exact and finite (0 where s' = 0), so each value rounds once, to T (the
       // scale is not folded into 2^EXP: that product can overflow where the value does not)
       constexpr float UNIT = RawUnit<T>::EXP == 14 ? 0x1p14f : 0x1p126f;
-      const float rowf = __ldg(post + row);
+      const float rowf = __ldg(post + ch.row);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float f = __uint_as_float(((sw >> (8 * j)) & 0xFFu) << 23) * rowf;

@@ -12,6 +12,7 @@
 #include "common/dtypes.cuh"
 #include "common/e4m4.cuh"
 #include "common/ptx.cuh"
+#include "fp4_gemm/chunks.cuh"
 
 namespace kg::kbit_gemm {
 
@@ -28,15 +29,11 @@ __device__ __forceinline__ void dequantize_tiled(const uint8_t* __restrict__ W,
   const long long chunks = (long long)tiles * Q * 64;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < chunks;
        i += (long long)gridDim.x * blockDim.x) {
-    const int c = (int)(i & 63);
-    const long long blk = i >> 6;
-    const int q = (int)(blk % Q), tile = (int)(blk / Q);
-    const int h = c >> 5, g = (c >> 2) & 7, t = c & 3;
-    const int row = 16 * tile + 8 * h + g;
-    if (row >= N) continue;  // padding rows of the last tile
-    const uint4 d = ld_nc_v4(W + tile * wt + (size_t)q * wq + 16 * c);
-    const uint32_t sw = __ldg(reinterpret_cast<const uint32_t*>(S + tile * st + (size_t)q * sq + 8 * g + 4 * h));
-    T* o = out + (size_t)row * K + (size_t)q * 128 + 8 * t;
+    const fp4::TiledChunk ch = fp4::tiled_chunk(i, (long long)Q);
+    if (ch.row >= N) continue;  // padding rows of the last tile
+    const uint4 d = ld_nc_v4(W + ch.tile * wt + (size_t)ch.q * wq + 16 * ch.c);
+    const uint32_t sw = __ldg(reinterpret_cast<const uint32_t*>(S + ch.tile * st + (size_t)ch.q * sq + 8 * ch.g + 4 * ch.h));
+    T* o = out + (size_t)ch.row * K + (size_t)ch.q * 128 + 8 * ch.t;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t w = j == 0 ? d.x : j == 1 ? d.y : j == 2 ? d.z : d.w;
