@@ -9,7 +9,7 @@ Per (shape, fmt, M): median microseconds per call from a CUDA graph of back-to-b
 call on a different weight copy (copies span >= 8 x L2). Floor = bytes the call must read
 (fp4 weights + scales + A) / the streaming read rate of a 16-byte-load kernel. --sweep also times
 forced K splits at M=1, GEMV and tile at M = 16..128 and tile and dequant (+ cuBLAS) at M =
-128..256 (the selector's crossovers); --variants
+128..256 (the selector's crossovers), and on sm_90a the wgmma path at M = 16..4096; --variants
 (at --variant-ms) launch variants checked against the default plan; the plain-read line is a
 streaming-read kernel over the same bytes in the same kind of graph (launch, ramp and tail).
 --arrangements times each block arrangement of the weight (layout.py; outputs checked bit for bit
@@ -441,7 +441,10 @@ def main() -> None:
                                            + [(m, pth, None) for m in (16, 32, 64, 128)
                                               for pth in ("gemv", "tile")]
                                            + [(m, pth, None) for m in (128, 192, 256)
-                                              for pth in ("tile", "dequant") if (m, pth) != (128, "tile")]):
+                                              for pth in ("tile", "dequant") if (m, pth) != (128, "tile")]
+                                           + [(m, "wgmma", None) for m in (16, 32, 64, 128, 192, 256, 512,
+                                                                          1024, 4096)
+                                              if dev.arch.name == "sm_90a"]):
                         a = activations(rng, m, k, args.dtype)
                         out = cupy.empty((m, n), a.dtype)
                         try:

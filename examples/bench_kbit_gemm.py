@@ -197,7 +197,7 @@ def main() -> None:
                            "tflops": flops / t / 1e12, "vs_cublas": t_cub / t,
                            "read_bw_frac": wbytes / t / read_bw}
                     rows.append(row)
-                    print(f"  {bits}b {layout:>5} {name:>10}: {t * 1e6:9.1f} us {row['tflops']:6.1f} TFLOP/s "
+                    print(f"  {bits}b {layout:>5} {name:>10}: {t * 1e6:9.2f} us {row['tflops']:6.1f} TFLOP/s "
                           f"x{row['vs_cublas']:.2f} cuBLAS, {row['read_bw_frac']:.0%} read BW {mode}"
                           + (f"  [{choice.short()}]" if name == "auto" else ""), flush=True)
         dense = lins = None  # free before the next shape
@@ -210,7 +210,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r.get("variant") == "auto" and "us" in r:
-            print(f"| {r['n']}x{r['k']} | {r['bits']} | {r['layout']} | {r['m']} | {r['path']} | {r['us']:.1f} | "
+            print(f"| {r['n']}x{r['k']} | {r['bits']} | {r['layout']} | {r['m']} | {r['path']} | {r['us']:.2f} | "
                   f"{r['tflops']:.0f} | {r['vs_cublas']:.2f} | {r['read_bw_frac']:.0%} |")
 
 

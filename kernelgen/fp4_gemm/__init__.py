@@ -2,17 +2,19 @@
 
 Weights are dequantized in registers into mma.sync fragments: a bandwidth (GEMV) path for
 small M, a tensor-core tile path with a cp.async pipeline above; at large M the weight is made
-dense in A's dtype for cuBLAS (select.py)."""
+dense in A's dtype for cuBLAS (select.py). On sm_90a path="wgmma" (forced only, not yet
+measured) decodes each step's weights into shared memory for warpgroup MMA."""
 
 from ..core.registry import Family, register_family
-from .config import Fp4DequantConfig, Fp4GemvConfig, Fp4TileConfig
+from .config import Fp4DequantConfig, Fp4GemvConfig, Fp4TileConfig, Fp4WgmmaConfig
 from .select import prewarm_configs
 
 register_family(
     Family(
         name="fp4_gemm",
-        config_classes=(Fp4GemvConfig, Fp4TileConfig, Fp4DequantConfig),
+        config_classes=(Fp4GemvConfig, Fp4TileConfig, Fp4DequantConfig, Fp4WgmmaConfig),
         prewarm_configs=prewarm_configs,
+        matrix_spec={"wgmma": True},  # the compile matrix also builds the forced-only wgmma path
         description="FP4-weight (NVFP4 / MXFP4) GEMM: bandwidth path for small M, mma tiles above, dequantize + cuBLAS at large M",
     )
 )
@@ -20,5 +22,5 @@ register_family(
 from .api import Fp4Weight, fp4_gemm, prepare_weight  # noqa: E402
 from .select import Plan, plan, select_fp4  # noqa: E402
 
-__all__ = ["Fp4DequantConfig", "Fp4GemvConfig", "Fp4TileConfig", "Fp4Weight", "Plan", "fp4_gemm", "plan",
+__all__ = ["Fp4DequantConfig", "Fp4GemvConfig", "Fp4TileConfig", "Fp4WgmmaConfig", "Fp4Weight", "Plan", "fp4_gemm", "plan",
            "prepare_weight", "select_fp4"]

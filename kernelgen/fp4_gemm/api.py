@@ -271,7 +271,8 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     D rounded to nearest. Large M (select.DENSE_MIN_M) runs W made dense in A's dtype (exact
     for NVFP4; MXFP4 values as the format gives them, within the dtype's range) through cuBLAS.
     `out` receives D. `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` / `path`
-    ("gemv" | "tile" | "dequant") override the selector (tests, tuning; a `split_k` alone where
+    ("gemv" | "tile" | "dequant" | "wgmma": sm_90a, the weights of each step decoded into shared
+    memory for warpgroup MMA, forced only) override the selector (tests, tuning; a `split_k` alone where
     the selector would dequantize runs the tile path; `_plan` replaces both, for benchmarks of
     variants). Runs on the caller's current stream; returns the caller's
     array kind.
@@ -317,7 +318,7 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
 def launch_plan(ctx: Ctx, p: Plan, data: Any, scales: Any, post: Any,
                 strides: tuple[int, int, int, int], a: Any, b: Any, has_bias: bool, alpha: float,
                 c: Any, m: int, n: int, k: int) -> None:
-    """Launch a plan of the tiled-weight kernels (gemv.cuh / tile.cuh) on ctx's stream: the
+    """Launch a plan of the tiled-weight kernels (gemv.cuh / tile.cuh / wgmma.cuh) on ctx's stream: the
     weight's tiled (data, scales), its post array (NVFP4 global scale, MXFP4 row factors, the
     kbit4 codebook) and block strides (W along tiles / steps, S along tiles / steps). The
     dequant path writes W dense into a scratch (its kernel also writes cuBLAS's alpha and beta

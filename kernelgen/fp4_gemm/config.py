@@ -170,6 +170,66 @@ class Fp4TileConfig(KernelConfig):
         return 3 if self.warps_t == 1 else 1
 
 
+WGMMA_ARCHS = ("sm_90a",)  # wgmma.mma_async: Hopper only
+WGMMA_BMS = (64, 128, 256)  # tokens a CTA: the wgmma's n
+WGMMA_THREADS = 256  # two warpgroups of 64 W rows
+WGMMA_SMEM_MAX = 227 * KB  # sm_90a's shared memory a block
+
+
+def wgmma_smem(bm: int, stages: int) -> int:
+    """templates/fp4_gemm/wgmma.cuh WgSmem: two dense weight steps (128 rows x 128 k), `stages`
+    A slots (BM rows x 128 k) and 1024 bytes of alignment slack."""
+    return 2 * TILE_BN * STEP_K * 2 + stages * bm * STEP_K * 2 + KB
+
+
+@dataclass(frozen=True)
+class Fp4WgmmaConfig(KernelConfig):
+    """The tile path on warpgroup MMA (sm_90a; templates/fp4_gemm/wgmma.cuh): each step's weights
+    decoded into shared memory in A's dtype, wgmma m64 x BM x k16 with the tokens as n."""
+
+    family: ClassVar[str] = "fp4_gemm"
+    template: ClassVar[str] = "fp4_gemm/wgmma.cu.jinja"
+    fmt: str = "nvfp4"
+    dtype: str = "float16"
+    enc: str = "float16"  # the activation type the weight words are bit-encoded for (layout.py)
+    bm: int = 128
+    stages: int = 4  # A slots (cp.async)
+    ring: int = 2  # weight steps in flight a warp (registers)
+
+    def check(self) -> None:
+        if self.arch not in WGMMA_ARCHS:
+            raise _bad(self, "arch", f"wgmma needs one of {WGMMA_ARCHS}")
+        if self.fmt not in FMTS:
+            raise _bad(self, "fmt", f"expected one of {FMTS}")
+        if self.dtype not in DTYPES:
+            raise _bad(self, "dtype", f"expected one of {DTYPES}")
+        if self.enc not in DTYPES:
+            raise _bad(self, "enc", f"expected one of {DTYPES}")
+        if self.bm not in WGMMA_BMS:
+            raise _bad(self, "bm", f"expected one of {WGMMA_BMS}")
+        if self.stages not in STAGES:
+            raise _bad(self, "stages", f"expected one of {STAGES}")
+        if self.ring not in (1, 2, 3):
+            raise _bad(self, "ring", "expected 1, 2 or 3")
+        if self.smem_bytes() > WGMMA_SMEM_MAX:
+            raise _bad(self, "stages", f"BM={self.bm} x {self.stages} stages need "
+                                       f"{self.smem_bytes()} B of shared memory, > {WGMMA_SMEM_MAX}")
+
+    @property
+    def threads(self) -> int:
+        return WGMMA_THREADS
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("fp4_wgmma",)
+
+    def smem_bytes(self) -> int:
+        return wgmma_smem(self.bm, self.stages)
+
+    def template_vars(self) -> dict[str, Any]:
+        return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
+                "enc_id": ENC_ID[self.enc]}
+
+
 @dataclass(frozen=True)
 class Fp4DequantConfig(KernelConfig):
     """FP4 weights (tiled layout) -> dense W' in fp16 / bf16 for the large-M path, dequantize +

@@ -28,10 +28,15 @@ from .config import (
     TILE_BMS,
     TILE_BN,
     TPWS,
+    WGMMA_ARCHS,
+    WGMMA_BMS,
+    WGMMA_SMEM_MAX,
     Fp4DequantConfig,
     Fp4GemvConfig,
     Fp4TileConfig,
+    Fp4WgmmaConfig,
     tile_smem,
+    wgmma_smem,
 )
 
 # Path threshold: M up to this runs the bandwidth path (one pass of <= 16 tokens reads W once);
@@ -146,7 +151,7 @@ class Plan:
     """One launch: config, K splits, quad steps (128 k) per split, grid, block, dynamic smem,
     warps a tile along K (bandwidth path)."""
 
-    config: Fp4GemvConfig | Fp4TileConfig | Fp4DequantConfig
+    config: Fp4GemvConfig | Fp4TileConfig | Fp4DequantConfig | Fp4WgmmaConfig
     split: int
     sps: int
     grid: tuple[int, int, int]
@@ -158,6 +163,8 @@ class Plan:
     def path(self) -> str:
         if isinstance(self.config, Fp4DequantConfig):
             return "dequant"
+        if isinstance(self.config, Fp4WgmmaConfig):
+            return "wgmma"
         return "gemv" if isinstance(self.config, Fp4GemvConfig) else "tile"
 
     @property
@@ -286,6 +293,31 @@ def _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit):
     return Plan(cfg, split, sps, grid, (cfg.threads, 1, 1), cfg.smem_bytes())
 
 
+def wgmma_bm(m: int) -> int:
+    """Tokens a CTA of the wgmma path: the smallest WGMMA_BMS entry covering M, else the largest."""
+    return next((b for b in WGMMA_BMS if m <= b), WGMMA_BMS[-1])
+
+
+def _wgmma(arch, m, n, k, fmt, dtype, sm_count, split, enc):
+    if arch not in WGMMA_ARCHS:
+        raise ValueError(f"path='wgmma': needs one of {WGMMA_ARCHS}, not {arch}")
+    if fmt not in FMTS:
+        raise ValueError(f"path='wgmma': {fmt} weights are not on this path (use 'tile')")
+    bm = wgmma_bm(m)
+    stages = next(s for s in range(MAX_STAGES, 1, -1) if wgmma_smem(bm, s) <= WGMMA_SMEM_MAX)
+    cfg = Fp4WgmmaConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, bm=bm, stages=stages)
+    q = k // STEP_K
+    ctas = -(-n // TILE_BN) * -(-m // bm)
+    if split is None:  # one CTA an SM: split K until the CTAs fill the SMs
+        split = max(1, min(sm_count // ctas, q // TILE_MIN_STEPS))
+    elif not 1 <= split <= q:
+        raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
+    sps = -(-q // split)
+    split = -(-q // sps)
+    grid = (-(-n // TILE_BN), -(-m // bm), split)
+    return Plan(cfg, split, sps, grid, (cfg.threads, 1, 1), cfg.smem_bytes())
+
+
 def path_for(m: int, n: int, sm_count: int) -> str:
     """The bandwidth path ("gemv"), the tile path or dequantize + cuBLAS ("dequant") for M
     tokens (see GEMV_MAX_M, DENSE_MIN_M)."""
@@ -342,7 +374,9 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
         return _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc)
     if path == "tile":
         return _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit)
-    raise ValueError(f"path={path!r}: expected 'gemv', 'tile', 'dequant' or None")
+    if path == "wgmma":
+        return _wgmma(arch, m, n, k, fmt, dtype, sm_count, split, enc)
+    raise ValueError(f"path={path!r}: expected 'gemv', 'tile', 'wgmma', 'dequant' or None")
 
 
 @selector
@@ -374,10 +408,11 @@ def _probe_ms() -> list[int]:
 
 
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
-                    ) -> Iterator[Fp4GemvConfig | Fp4TileConfig | Fp4DequantConfig]:
+                    ) -> Iterator[Fp4GemvConfig | Fp4TileConfig | Fp4DequantConfig | Fp4WgmmaConfig]:
     """Configs the selector can return on the parts of each arch (kernelgen.arch.parts_of).
     spec: "fmts" (nvfp4 / mxfp4), "dtypes" (others skipped), "shapes" ([N, K]: every M; [M, N,
-    K]: that M), "sm_counts". Without shapes: every config."""
+    K]: that M), "sm_counts". Without shapes: every config; with "wgmma": true also those of
+    path="wgmma" on its archs (forced only; the family's matrix_spec: the CI compile matrix)."""
     fmts = tuple(f for f in (spec.get("fmts") or FMTS) if f in FMTS)
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)
@@ -402,6 +437,9 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
                                                     for lim in smem_limits(arch)):
                             yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, bm=bm,
                                                 stages=stages, warps_t=TILE_BMS[bm])
+                    if spec.get("wgmma") and arch in WGMMA_ARCHS:
+                        for bm in WGMMA_BMS:
+                            yield plan(arch, bm, 4096, 4096, fmt, dtype, 132, path="wgmma").config
                     continue
                 for sms, lim in parts_of(arch, spec.get("sm_counts")):
                     for m, n, k in shapes:

@@ -15,7 +15,9 @@ from kernelgen.fp4_gemm.config import (
     Fp4DequantConfig,
     Fp4GemvConfig,
     Fp4TileConfig,
+    Fp4WgmmaConfig,
     tile_smem,
+    wgmma_smem,
 )
 from kernelgen.fp4_gemm.layout import (
     E2M1_MASK,
@@ -262,8 +264,8 @@ def test_forced_path_and_split():
     p = plan("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132, path="gemv", split=1)
     # K split inside the CTAs: KW 16 (16-warp CTAs) at m_tile 16
     assert p.split == 1 and (p.kw, p.config.warps, p.grid) == (16, 16, (256, 1, 1)), p.short()
-    with pytest.raises(ValueError, match="path='wgmma'"):
-        plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, path="wgmma")
+    with pytest.raises(ValueError, match="path='wmma': expected 'gemv', 'tile', 'wgmma', 'dequant'"):
+        plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, path="wmma")
 
 
 def test_two_tiles_a_warp_plan():
@@ -483,3 +485,84 @@ def test_dequant_path_rules():
     for field, bad in (("fmt", "kbit4"), ("dtype", "float32"), ("enc", "int8")):
         with pytest.raises(UnsupportedConfigError, match=f"{field}="):
             Fp4DequantConfig(arch="sm_90a", **{field: bad})
+
+
+# -- the wgmma tile path (sm_90a, templates/fp4_gemm/wgmma.cuh; forced only, path="wgmma") -----
+def test_wgmma_plan_rules():
+    """BM: the smallest of 64 / 128 / 256 covering M (256 and more token tiles above), the most
+    A stages that fit 227 KB with the two dense weight steps; K split until the 128-row CTAs
+    cover the SMs (at least TILE_MIN_STEPS steps a split); refused off sm_90a, for kbit4, with
+    BW-path knobs. Dispatch never picks it (not yet measured)."""
+    cases = {  # (m, n, k) -> (bm, stages, split, grid)
+        (1, 14336, 4096): (64, 4, 1, (112, 1, 1)),
+        (64, 14336, 4096): (64, 4, 1, (112, 1, 1)),
+        (65, 4096, 4096): (128, 4, 4, (32, 1, 4)),
+        (128, 4096, 14336): (128, 4, 4, (32, 1, 4)),
+        (129, 14336, 4096): (256, 2, 1, (112, 1, 1)),
+        (1000, 4096, 4096): (256, 2, 1, (32, 4, 1)),
+        (300, 200, 384): (256, 2, 1, (2, 2, 1)),  # 3 steps: no split below TILE_MIN_STEPS
+    }
+    for (m, n, k), (bm, stages, split, grid) in cases.items():
+        p = plan("sm_90a", m, n, k, "nvfp4", "float16", 132, path="wgmma")
+        got = (p.config.bm, p.config.stages, p.split, p.grid)
+        assert p.path == "wgmma" and got == (bm, stages, split, grid), (m, n, k, p.short())
+        assert p.smem == wgmma_smem(bm, stages) <= 227 * 1024 and p.block == (256, 1, 1)
+        assert p.counters == grid[0] * grid[1] and p.short().startswith("wgmma: Fp4WgmmaConfig(")
+        assert select_fp4("sm_90a", m, n, k, "nvfp4", "float16", 132).path != "wgmma"
+    p = plan("sm_90a", 200, 4096, 4096, "mxfp4", "bfloat16", 132, path="wgmma", split=5, enc="float16")
+    assert (p.split, p.sps, p.grid) == (5, 7, (32, 1, 5)) and p.config.enc == "float16", p.short()
+    for arch in ("sm_80", "sm_100a", "sm_120a"):
+        with pytest.raises(ValueError, match=r"path='wgmma': needs one of \('sm_90a',\)"):
+            plan(arch, 256, 4096, 4096, "nvfp4", "float16", 132, path="wgmma")
+    with pytest.raises(ValueError, match="path='wgmma': kbit4 weights are not on this path"):
+        plan("sm_90a", 256, 4096, 4096, "kbit4", "float16", 132, path="wgmma")
+    with pytest.raises(ValueError, match=r"split_k=33: must be in 1\.\.32"):
+        plan("sm_90a", 256, 4096, 4096, "nvfp4", "float16", 132, path="wgmma", split=33)
+    with pytest.raises(ValueError, match="tpw=2"):
+        plan("sm_90a", 256, 4096, 4096, "nvfp4", "float16", 132, path="wgmma", tpw=2)
+    with pytest.raises(ValueError, match="wps=32"):
+        plan("sm_90a", 256, 4096, 4096, "nvfp4", "float16", 132, path="wgmma", wps=32)
+
+
+@pytest.mark.parametrize("field,value", [("arch", "sm_80"), ("arch", "sm_100a"), ("fmt", "kbit4"),
+                                         ("dtype", "float32"), ("enc", "int8"), ("bm", 32),
+                                         ("stages", 5), ("ring", 4)])
+def test_wgmma_config_check_names_field(field, value):
+    with pytest.raises(UnsupportedConfigError, match=f"{field}="):
+        Fp4WgmmaConfig(**{"arch": "sm_90a", field: value})
+    with pytest.raises(UnsupportedConfigError, match=r"stages=3; BM=256 x 3 stages need \d+ B"):
+        Fp4WgmmaConfig(arch="sm_90a", bm=256, stages=3)
+
+
+def _wgmma_configs():
+    return list(dict.fromkeys(
+        plan("sm_90a", m, 4096, 4096, fmt, dt, 132, path="wgmma",
+             enc="float16" if dt == "bfloat16" else "bfloat16").config
+        for fmt in ("nvfp4", "mxfp4") for dt in ("float16", "bfloat16") for m in (64, 128, 256)))
+
+
+def test_wgmma_configs_in_the_compile_matrix():
+    """The family's matrix_spec adds every (fmt, dtype, BM) of path="wgmma" on sm_90a (words
+    encoded for the activation type); prewarm without it does not build them."""
+    from kernelgen.core.registry import families
+
+    fam = families()["fp4_gemm"]
+    got = {c for c in fam.prewarm_configs(["sm_90a"], fam.matrix_spec) if isinstance(c, Fp4WgmmaConfig)}
+    assert len(got) == 12 and all(c.enc == c.dtype for c in got)
+    assert {c.bm for c in got} == {64, 128, 256}
+    assert not any(isinstance(c, Fp4WgmmaConfig) for c in prewarm_configs(["sm_90a"], {}))
+    assert not any(isinstance(c, Fp4WgmmaConfig) for a in ("sm_80", "sm_100a", "sm_120a")
+                   for c in fam.prewarm_configs([a], fam.matrix_spec))
+
+
+@pytest.mark.parametrize("cfg", _wgmma_configs(), ids=lambda c: c.short())
+def test_wgmma_cross_encoding_configs_compile_without_spills(cfg):
+    """path="wgmma" with words encoded for the other activation type (the matrix has the
+    matching encodings)."""
+    from kernelgen.core.compile import compile_cubin, resource_summary
+
+    out = compile_cubin(cfg, render(cfg))
+    res = resource_summary(out.log)
+    assert res["registers"] and res["spill_bytes"] == 0, f"{cfg}: {res}\n{out.log}"
+    assert res["static_smem"] + cfg.smem_bytes() <= 227 * 1024, res
+    assert "entry function 'fp4_wgmma'" in out.log and "for 'sm_90a'" in out.log, out.log

@@ -39,6 +39,15 @@ def _weight(fmt, n, k, layout="row_major"):
     return device_weight(fmt, n, k, layout)
 
 
+def _skip_unless_wgmma(path):
+    """The wgmma path runs on sm_90a only (Fp4WgmmaConfig)."""
+    from kernelgen.arch import device_info
+    from kernelgen.fp4_gemm.config import WGMMA_ARCHS
+
+    if path == "wgmma" and device_info().arch.name not in WGMMA_ARCHS:
+        pytest.skip(f"path='wgmma' needs one of {WGMMA_ARCHS}")
+
+
 def _check(d_dev, d_ref, dtype, ctx):
     import cupy
 
@@ -139,6 +148,49 @@ def test_dispatch_over_m(fmt):
         if info.sm_count >= 32:  # 8 row CTAs: at most a quarter of the SMs
             assert path == ("gemv" if m <= 128 else "dequant"), m
         _check(out, GR.gemm(a, w64, None, 0.5), "float16", f"{fmt=} {m=} {path=}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_wgmma_path(fmt, dtype):
+    """The warpgroup-MMA tile path (sm_90a, templates/fp4_gemm/wgmma.cuh), forced: M across its
+    token tiles (BM 64 / 128 / 256, partial and several), N with partial 16-row and 128-row
+    tiles, K of 3 / 8 / 33 steps, K splits (none, 2, and 5: the finish's second round of 4 with
+    a tail), bias and alpha, weights encoded for either activation type (their results equal
+    bit for bit); outputs pre-filled with NaN."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.fp4_gemm import fp4_gemm, plan, prepare_weight
+
+    _skip_unless_wgmma("wgmma")
+    info = device_info()
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for n, k in SHAPES:
+        t, w64 = _weight(fmt, n, k)
+        ws = [prepare_weight(t, act_dtype=enc) for enc in DTYPES]
+        for m in (1, 17, 64, 65, 128, 129, 256, 300):
+            if m >= 256 and n * k > 10**6:
+                continue  # reference time
+            for split in (None, 2, 5):
+                if split is not None and split > k // 128:
+                    continue
+                p = plan(info.arch.name, m, n, k, fmt, dtype, info.sm_count, path="wgmma", split=split)
+                assert p.path == "wgmma" and p.config.bm >= min(m, 256), p.short()
+                a = _host(rng, (m, k), dtype)
+                bias = _host(rng, (n,), dtype) if m % 2 else None
+                alpha = 0.75 if m % 3 else 1.0
+                want = GR.gemm(a, w64, bias, alpha, dtype)
+                outs = []
+                for w in ws:
+                    out = cupy.full((m, n), 0xFFFF, cupy.uint16) if hint else cupy.full((m, n), np.nan, cupy.float16)
+                    fp4_gemm(cupy.asarray(a), w, None if bias is None else cupy.asarray(bias), alpha=alpha,
+                             out=out, dtype=hint, path="wgmma", split_k=split)
+                    _check(out, want, dtype, f"wgmma {fmt=} {dtype=} enc={w.encoding} {m=} {n=} {k=} {split=} "
+                                             f"[{p.short()}]")
+                    outs.append(out.view(cupy.uint16))
+                assert bool((outs[0] == outs[1]).all()), f"wgmma {fmt=} {dtype=} {m=} {n=} {k=} {split=}"
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -437,7 +489,8 @@ def test_torch_tensors_on_a_side_stream(fmt):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 2), ("tile", 1), ("tile", 2)])
+@pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 2), ("tile", 1), ("tile", 2), ("wgmma", 1),
+                                        ("wgmma", 2)])
 def test_mxfp4_extreme_row_scales(dtype, path, split):
     """Review B1: an all-zero group (scale 0x00) beside one of scale 128, and a within-row scale
     spread of 129 (0x01 beside 130): no NaN / wrapped scale, the result matches float64."""
@@ -447,6 +500,7 @@ def test_mxfp4_extreme_row_scales(dtype, path, split):
 
     from ._weights import extreme_mx_weight, mx_tensor_class
 
+    _skip_unless_wgmma(path)
     rng = np.random.default_rng()
     n, k = 200, 1024
     packed, scales, w64 = extreme_mx_weight(n, k)
@@ -461,7 +515,7 @@ def test_mxfp4_extreme_row_scales(dtype, path, split):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 2), ("tile", 1)])
+@pytest.mark.parametrize("path,split", [("gemv", 1), ("gemv", 2), ("tile", 1), ("wgmma", 1)])
 def test_nan_scale_groups(fmt, path, split, dtype):
     """A NaN scale byte (NVFP4 e4m3 0x7F, MXFP4 E8M0 0xFF) in one group of some rows: every
     output of those rows is NaN (MXFP4 through the row factor), the other rows match float64."""
@@ -471,6 +525,7 @@ def test_nan_scale_groups(fmt, path, split, dtype):
 
     from ._weights import host_weight, mx_tensor_class
 
+    _skip_unless_wgmma(path)
     n, k = 72, 1024
     packed, scales, gs, _ = host_weight(fmt, n, k)
     scales = scales.copy()

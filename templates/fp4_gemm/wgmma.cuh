@@ -1,0 +1,192 @@
+// FP4-weight GEMM on warpgroup MMA (sm_90a): the tile path's contract (tile.cuh) for larger M,
+//   C[M, N] = alpha * A[M, K] . dequant(W)[N, K]^T (+ bias[N])
+//
+// CTA tile: 128 W rows (two warpgroups of 64, weights on the wgmma's M side) x BM tokens (the
+// wgmma's N: 64, 128 or 256), one 128-k step of the tiled layout an iteration; grid (ceil(N /
+// 128), ceil(M / BM), split), blockIdx.z a K range (split-K as tile.cuh).
+//
+// Warp w decodes tile w of the CTA (16 rows: its 1 KB block and 8-byte scale word of a step,
+// loaded from global into a register ring RING steps deep with the bandwidth path's loads) into
+// a dense copy of the step in shared memory (DQ, two buffers), in A's type and in the K-major
+// 128-byte-swizzle layout of common/wgmma.cuh: lane (g, t) stores word j of rows g and g+8 as one
+// 16-byte chunk each (k 8 (t + 4j) .. +7 of the tiled layout's k order). The token rows of A are
+// the wgmma's B operand (cp.async, STAGES slots, zero-filled past M, same layout and k order).
+// Each warpgroup decodes and reads only its own 64 rows of DQ.
+//
+// Iteration kt (one CTA barrier):
+//   decode step kt (ring slot) into DQ[kt % 2] (its last reader, this warpgroup's group kt - 2,
+//     completed at the wait of iteration kt - 1); load step kt + RING into the ring slot;
+//   wait for this warpgroup's group kt - 1 and this thread's copies of step kt; fence both
+//     (st.shared, cp.async) into the async proxy; __syncthreads (every group kt - 1 done, A of
+//     step kt and DQ[kt % 2] complete);
+//   issue the 8 k16 wgmmas of step kt and commit; copy A of step kt + STAGES - 1 into the slot
+//   of step kt - 1 (read by groups kt - 1: done); the wgmmas run while step kt + 1 decodes.
+#pragma once
+#include "common/wgmma.cuh"
+#include "fp4_gemm/fp4.cuh"
+
+namespace kg::fp4 {
+
+constexpr int WG_BN = 128;  // W rows a CTA
+constexpr int WG_DQ_BYTES = WG_BN * STEP_K * 2;  // one dense step: 2 k-blocks of 64 x 128 rows
+
+template <int BM, int STAGES>
+struct WgSmem {
+  static constexpr int A_BYTES = BM * STEP_K * 2;  // a stage: 2 k-blocks of 64 x BM rows
+  // + slack to align the tiles to 1024 bytes (the swizzle is taken from address bits)
+  static constexpr int TOTAL = 2 * WG_DQ_BYTES + STAGES * A_BYTES + 1024;
+};
+
+__device__ __forceinline__ void sts128(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d)
+               : "memory");
+}
+
+template <typename T, int FMT, int BM, int STAGES, int RING, int ENC = ENC_F16>
+__device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
+                                           const float* __restrict__ post, const T* __restrict__ A,
+                                           const T* __restrict__ bias, int has_bias, float alpha,
+                                           T* __restrict__ C, float* __restrict__ ws,
+                                           unsigned* __restrict__ counters, int M, int N, int K,
+                                           int sps, long long w_t, unsigned w_q, long long s_t,
+                                           unsigned s_q) {
+  static_assert(FMT != FMT_KBIT4, "kbit4 weights decode through a code table: not on this path");
+  static_assert(BM == 64 || BM == 128 || BM == 256, "the wgmma n of common/wgmma.cuh");
+  static_assert(STAGES >= 2 && RING >= 1, "pipeline depths");
+  constexpr int THREADS = 256;
+  using L = WgSmem<BM, STAGES>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
+  const uint32_t dq0 = base, sa0 = base + 2 * WG_DQ_BYTES;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * WG_BN, m0 = blockIdx.y * BM;
+  const int Q = K / STEP_K;
+  const int q0 = blockIdx.z * sps;
+  const int n_k = min(Q, q0 + sps) - q0;
+  const int n_tiles = (N + 15) >> 4;
+
+  // A of step kq into slot: chunk c (8 k) of token row r at k-block c / 8, 16-byte position
+  // (c % 8) ^ (r % 8) of the row's 128 bytes (rows past M zero). Thread x copies chunk x % 16 of
+  // rows x / 16 + 16 u: one shared offset and one row pointer, moved 16 rows a copy.
+  constexpr int A_COPIES = BM * 16 / THREADS;
+  const int a_r = threadIdx.x >> 4, a_c = threadIdx.x & 15;
+  const uint32_t a_dst = (uint32_t)((a_c >> 3) * (BM * 128) + a_r * 128 + (((a_c & 7) ^ (a_r & 7)) << 4));
+  const T* a_src = A + (size_t)(m0 + a_r) * K + (size_t)q0 * STEP_K + 8 * a_c;
+  const auto stage_load = [&](int slot, int kq) {
+    const uint32_t sa = sa0 + (uint32_t)(slot * L::A_BYTES) + a_dst;
+#pragma unroll
+    for (int u = 0; u < A_COPIES; ++u) {
+      const bool ok = m0 + a_r + 16 * u < M;
+      cp_async16_zfill(sa + (uint32_t)(u * 16 * 128), ok ? a_src + (size_t)(16 * u) * K + kq * STEP_K : A, ok);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < n_k) stage_load(s, s);
+    cp_async_commit();
+  }
+
+  // this warp's tile (past the last: re-read it, nothing is stored for its rows) and ring
+  const long long tl = min(n0 / 16 + warp, n_tiles - 1);
+  const uint8_t* wp = W + tl * w_t + (size_t)q0 * w_q + 64 * g + 16 * t;
+  const uint8_t* sp = S + tl * s_t + (size_t)q0 * s_q + scale_offset<FMT>(g, t);
+  uint4 wa[RING], wb[RING];
+  uint2 sr[RING];
+  const auto load = [&](int d) {
+    wa[d] = ld_stream_v4<true>(wp);
+    wb[d] = ld_stream_v4<true>(wp + 512);
+    sr[d] = ld_nc_v2(sp);
+    wp += w_q;
+    sp += s_q;
+  };
+  // Lanes of odd g handle their words in the order 1, 0, 3, 2 (words and scale bytes swapped
+  // in pairs before the decode): the 8 lanes of a quarter warp (rows g, g + 1) then store chunks
+  // t + 4 (j % 2) and t + 4 (1 - j % 2), distinct 16-byte bank groups of the swizzled rows
+  // (without the swap both rows fill the same half of the banks: 2-way conflicts).
+  const uint32_t odd = (uint32_t)(g & 1);
+  const auto swap_pairs = [&](uint4& u) {
+    const uint32_t x = u.x, z = u.z;
+    u.x = odd ? u.y : x;
+    u.y = odd ? x : u.y;
+    u.z = odd ? u.w : z;
+    u.w = odd ? z : u.w;
+  };
+  const uint32_t byte_order = odd ? 0x2301u : 0x3210u;
+#pragma unroll
+  for (int d = 0; d < RING; ++d)
+    if (d < n_k) load(d);
+
+  WordDecoder<T, FMT, ENC> dec;
+  float acc[BM / 8][4];
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  // rows g, g+8 of this warp's tile in DQ: byte R * 128 of each k-block (R % 8 = g)
+  const uint32_t row_g = (uint32_t)((16 * warp + g) * 128);
+#pragma unroll 1
+  for (int kt0 = 0; kt0 < n_k; kt0 += RING) {
+#pragma unroll
+    for (int d = 0; d < RING; ++d) {
+      const int kt = kt0 + d;
+      if (kt < n_k) {  // CTA-uniform
+        const uint32_t dq = dq0 + (uint32_t)((kt & 1) * WG_DQ_BYTES);
+        {
+          swap_pairs(wa[d]);
+          swap_pairs(wb[d]);
+          const RowScale<T, FMT> s0 = row_scales<T, FMT>(__byte_perm(sr[d].x, 0u, byte_order));
+          const RowScale<T, FMT> s1 = row_scales<T, FMT>(__byte_perm(sr[d].y, 0u, byte_order));
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {  // slot j holds word j ^ odd
+            uint32_t f[8];
+            frags_of_word(dec, word_of(wa[d], j), word_of(wb[d], j), s0, s1, j, f);
+            const uint32_t at = dq + (uint32_t)((j >> 1) * (WG_BN * 128)) + row_g +
+                                ((((uint32_t)t + 4u * ((uint32_t)(j & 1) ^ odd)) ^ (uint32_t)g) << 4);
+            sts128(at, f[0], f[2], f[4], f[6]);         // row g: k 8c .. 8c+7 in order
+            sts128(at + 1024u, f[1], f[3], f[5], f[7]);  // row g+8
+          }
+        }
+        if (kt + RING < n_k) load(d);
+        wgmma_wait<0>();  // this warpgroup's group kt - 1
+        cp_async_wait<STAGES - 2>();  // this thread's copies of step kt
+        fence_proxy_async_smem();
+        __syncthreads();
+        const uint32_t sa = sa0 + (uint32_t)((kt % STAGES) * L::A_BYTES);
+        const uint32_t da = dq + (uint32_t)(wg * 64 * 128);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          const uint32_t kb = (uint32_t)(s >> 2), ks = (uint32_t)(s & 3) * 32u;
+          Wgmma<T, BM>::run(acc, wgmma_desc_k128(da + kb * (WG_BN * 128) + ks),
+                            wgmma_desc_k128(sa + kb * (BM * 128) + ks));
+        }
+        wgmma_commit();
+        // the copies go out while the tensor cores run
+        if (kt + STAGES - 1 < n_k) stage_load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        cp_async_commit();
+      }
+    }
+  }
+  wgmma_wait<0>();
+  cp_async_wait<0>();
+
+  // acc[j][e] = C[m0 + 8j + 2t + e % 2, n0 + 16 warp + g + 8 (e / 2)]
+  const bool split = gridDim.z > 1;
+  float* wsz = ws + (size_t)blockIdx.z * M * N;
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = m0 + 8 * j + 2 * t + (e & 1);
+      const int n = n0 + 16 * warp + g + 8 * (e >> 1);
+      if (m >= M || n >= N) continue;
+      if (split) __stcg(wsz + (size_t)m * N + n, acc[j][e]);
+      else store_out<T, FMT>(C, bias, has_bias, post, alpha, m, n, N, acc[j][e]);
+    }
+  if (split)
+    split_finish<T, FMT>(ws, counters + (size_t)blockIdx.y * gridDim.x + blockIdx.x, gridDim.z, C,
+                         bias, has_bias, post, alpha, m0, BM, n0, WG_BN, M, N);
+}
+
+}  // namespace kg::fp4
