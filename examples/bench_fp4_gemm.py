@@ -199,6 +199,7 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
     import cupy
 
     from kernelgen.fp4_gemm import fp4_gemm, plan
+    from kernelgen.fp4_gemm.config import WGMMA_ARCHS, WGMMA_BMS, WGMMA_SMEM_MAX, wgmma_smem
 
     def variants(m):
         base = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
@@ -266,6 +267,22 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                 grid = (p.grid[0], -(-m // bm), p.grid[2])
                 yield f"bm={bm} wt={wt} st={st}", dataclasses.replace(
                     p, config=cfg, grid=grid, block=(cfg.threads, 1, 1), smem=cfg.smem_bytes())
+        if dev.arch.name in WGMMA_ARCHS:  # the wgmma path (forced only): A stages x weight ring,
+            wg = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, path="wgmma")  # BMs, splits
+            cands = [(wg.config.bm, st, r) for st in (2, 3, 4) for r in (1, 2, 3)]
+            cands += [(bm, None, wg.config.ring) for bm in WGMMA_BMS if bm != wg.config.bm]
+            for bm, st, r in cands:
+                st = st or max(s for s in (2, 3, 4) if wgmma_smem(bm, s) <= WGMMA_SMEM_MAX)
+                if wgmma_smem(bm, st) > WGMMA_SMEM_MAX:
+                    continue
+                cfg = wg.config.replace(bm=bm, stages=st, ring=r)
+                grid = (wg.grid[0], -(-m // bm), wg.grid[2])
+                yield f"wgmma bm={bm} st={st} ring={r}", dataclasses.replace(
+                    wg, config=cfg, grid=grid, smem=cfg.smem_bytes())
+            for s in (1, 2, 4, 8):
+                if s != wg.split and s <= k // 128:
+                    p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, path="wgmma", split=s)
+                    yield f"wgmma split={s}", p2
 
     for m in variant_ms:
         a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))

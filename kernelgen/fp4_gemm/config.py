@@ -194,7 +194,9 @@ class Fp4WgmmaConfig(KernelConfig):
     enc: str = "float16"  # the activation type the weight words are bit-encoded for (layout.py)
     bm: int = 128
     stages: int = 4  # A slots (cp.async)
-    ring: int = 2  # weight steps in flight a warp (registers)
+    # weight steps in flight a warp (registers): 3 x 1152 bytes x 8 warps = 27 KB an SM, what
+    # ~3 TB/s over 112-132 SMs needs at ~1 us of latency (an estimate; bench --variants sweeps it)
+    ring: int = 3
 
     def check(self) -> None:
         if self.arch not in WGMMA_ARCHS:
