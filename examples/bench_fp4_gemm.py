@@ -200,6 +200,7 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
 
     from kernelgen.fp4_gemm import fp4_gemm, plan
     from kernelgen.fp4_gemm.config import WGMMA_ARCHS, WGMMA_BMS, WGMMA_SMEM_MAX, wgmma_smem
+    from kernelgen.fp4_gemm.select import wgmma_pipeline
 
     def variants(m):
         base = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
@@ -267,17 +268,17 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                 grid = (p.grid[0], -(-m // bm), p.grid[2])
                 yield f"bm={bm} wt={wt} st={st}", dataclasses.replace(
                     p, config=cfg, grid=grid, block=(cfg.threads, 1, 1), smem=cfg.smem_bytes())
-        if dev.arch.name in WGMMA_ARCHS:  # the wgmma path (forced only): A stages x weight ring,
-            wg = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, path="wgmma")  # BMs, splits
-            cands = [(wg.config.bm, st, r) for st in (2, 3, 4) for r in (1, 2, 3)]
-            cands += [(bm, None, wg.config.ring) for bm in WGMMA_BMS if bm != wg.config.bm]
-            for bm, st, r in cands:
-                st = st or max(s for s in (2, 3, 4) if wgmma_smem(bm, s) <= WGMMA_SMEM_MAX)
-                if wgmma_smem(bm, st) > WGMMA_SMEM_MAX:
+        if dev.arch.name in WGMMA_ARCHS:  # the wgmma path (forced only): A stages x groups in
+            wg = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, path="wgmma")  # flight
+            c0 = wg.config  # x weight ring at its BM; the other BMs; K splits
+            cands = [(c0.bm, st, inf, r) for st in (2, 3, 4) for inf in (0, 1) for r in (1, 2, 3)]
+            cands += [(bm, *wgmma_pipeline(bm, WGMMA_SMEM_MAX), c0.ring) for bm in WGMMA_BMS if bm != c0.bm]
+            for bm, st, inf, r in cands:
+                if st - 1 - inf < 1 or wgmma_smem(bm, st, inf) > WGMMA_SMEM_MAX:
                     continue
-                cfg = wg.config.replace(bm=bm, stages=st, ring=r)
+                cfg = c0.replace(bm=bm, stages=st, inflight=inf, ring=r)
                 grid = (wg.grid[0], -(-m // bm), wg.grid[2])
-                yield f"wgmma bm={bm} st={st} ring={r}", dataclasses.replace(
+                yield f"wgmma bm={bm} st={st} inflight={inf} ring={r}", dataclasses.replace(
                     wg, config=cfg, grid=grid, smem=cfg.smem_bytes())
             for s in (1, 2, 4, 8):
                 if s != wg.split and s <= k // 128:

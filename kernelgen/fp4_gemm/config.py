@@ -176,10 +176,10 @@ WGMMA_THREADS = 256  # two warpgroups of 64 W rows
 WGMMA_SMEM_MAX = 227 * KB  # sm_90a's shared memory a block
 
 
-def wgmma_smem(bm: int, stages: int) -> int:
-    """templates/fp4_gemm/wgmma.cuh WgSmem: two dense weight steps (128 rows x 128 k), `stages`
-    A slots (BM rows x 128 k) and 1024 bytes of alignment slack."""
-    return 2 * TILE_BN * STEP_K * 2 + stages * bm * STEP_K * 2 + KB
+def wgmma_smem(bm: int, stages: int, inflight: int) -> int:
+    """templates/fp4_gemm/wgmma.cuh WgSmem: 2 + inflight dense weight steps (128 rows x 128 k),
+    `stages` A slots (BM rows x 128 k) and 1024 bytes of alignment slack."""
+    return (2 + inflight) * TILE_BN * STEP_K * 2 + stages * bm * STEP_K * 2 + KB
 
 
 @dataclass(frozen=True)
@@ -197,6 +197,8 @@ class Fp4WgmmaConfig(KernelConfig):
     # weight steps in flight a warp (registers): 3 x 1152 bytes x 8 warps = 27 KB an SM, what
     # ~3 TB/s over 112-132 SMs needs at ~1 us of latency (an estimate; bench --variants sweeps it)
     ring: int = 3
+    # wgmma groups left pending across the step's barrier (a third dense buffer; needs stages >= 3)
+    inflight: int = 1
 
     def check(self) -> None:
         if self.arch not in WGMMA_ARCHS:
@@ -213,9 +215,13 @@ class Fp4WgmmaConfig(KernelConfig):
             raise _bad(self, "stages", f"expected one of {STAGES}")
         if self.ring not in (1, 2, 3):
             raise _bad(self, "ring", "expected 1, 2 or 3")
+        if self.inflight not in (0, 1) or self.stages - 1 - self.inflight < 1:
+            raise _bad(self, "inflight", f"expected 0 or 1, leaving one A step copied ahead of "
+                                         f"{self.stages} stages")
         if self.smem_bytes() > WGMMA_SMEM_MAX:
-            raise _bad(self, "stages", f"BM={self.bm} x {self.stages} stages need "
-                                       f"{self.smem_bytes()} B of shared memory, > {WGMMA_SMEM_MAX}")
+            raise _bad(self, "stages", f"BM={self.bm} x {self.stages} stages (inflight "
+                                       f"{self.inflight}) need {self.smem_bytes()} B of shared "
+                                       f"memory, > {WGMMA_SMEM_MAX}")
 
     @property
     def threads(self) -> int:
@@ -225,7 +231,7 @@ class Fp4WgmmaConfig(KernelConfig):
         return ("fp4_wgmma",)
 
     def smem_bytes(self) -> int:
-        return wgmma_smem(self.bm, self.stages)
+        return wgmma_smem(self.bm, self.stages, self.inflight)
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],

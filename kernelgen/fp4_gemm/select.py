@@ -298,14 +298,27 @@ def wgmma_bm(m: int) -> int:
     return next((b for b in WGMMA_BMS if m <= b), WGMMA_BMS[-1])
 
 
-def _wgmma(arch, m, n, k, fmt, dtype, sm_count, split, enc):
+def wgmma_pipeline(bm: int, cap: int) -> tuple[int, int]:
+    """(stages, inflight) of the wgmma path at BM within `cap` bytes of shared memory: one wgmma
+    group kept in flight across the barrier (a third dense weight buffer) with the deepest A
+    pipeline of >= 3 stages that fits, else none with the deepest that fits."""
+    for inflight in (1, 0):
+        for stages in range(MAX_STAGES, 1 + inflight, -1):
+            if wgmma_smem(bm, stages, inflight) <= cap:
+                return stages, inflight
+    raise UnsupportedConfigError(f"fp4 wgmma BM={bm}: 2 stages need {wgmma_smem(bm, 2, 0)} B of "
+                                 f"shared memory a block, the device allows {cap} B")
+
+
+def _wgmma(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit):
     if arch not in WGMMA_ARCHS:
         raise ValueError(f"path='wgmma': needs one of {WGMMA_ARCHS}, not {arch}")
     if fmt not in FMTS:
         raise ValueError(f"path='wgmma': {fmt} weights are not on this path (use 'tile')")
     bm = wgmma_bm(m)
-    stages = next(s for s in range(MAX_STAGES, 1, -1) if wgmma_smem(bm, s) <= WGMMA_SMEM_MAX)
-    cfg = Fp4WgmmaConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, bm=bm, stages=stages)
+    stages, inflight = wgmma_pipeline(bm, min(WGMMA_SMEM_MAX, smem_cap(arch, smem_limit)))
+    cfg = Fp4WgmmaConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, bm=bm, stages=stages,
+                         inflight=inflight)
     q = k // STEP_K
     ctas = -(-n // TILE_BN) * -(-m // bm)
     if split is None:  # one CTA an SM: split K until the CTAs fill the SMs
@@ -341,13 +354,13 @@ def _dequant(arch: str, n: int, k: int, fmt: str, dtype: str, sm_count: int, enc
 def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
          path: str | None = None, split: int | None = None, tpw: int | None = None,
          wps: int | None = None, enc: str | None = None, smem_limit: int | None = None) -> Plan:
-    """Pure planner. `path` ("gemv" / "tile" / "dequant"; a `split` without a path where the rule
-    says dequant gives the tile path), `split`, `tpw` (tiles a warp of the bandwidth
-    path, 1 or 2) and `wps` (its resident warps an SM, 16 or 32; 32 implies TPW 1) force a
-    choice (tests, tuning). `enc`: the activation type the weight words are encoded for
-    (Fp4Weight.encoding; default dtype). `smem_limit`: the device's shared memory a block
-    (kernelgen.core.interop.smem_limit; None: the target's): the tile path keeps the stages
-    (and BM) that fit it."""
+    """Pure planner. `path` ("gemv" / "tile" / "dequant" / "wgmma": sm_90a, forced only; a
+    `split` without a path where the rule says dequant gives the tile path), `split`, `tpw`
+    (tiles a warp of the bandwidth path, 1 or 2) and `wps` (its resident warps an SM, 16 or 32;
+    32 implies TPW 1) force a choice (tests, tuning). `enc`: the activation type the weight
+    words are encoded for (Fp4Weight.encoding; default dtype). `smem_limit`: the device's
+    shared memory a block (kernelgen.core.interop.smem_limit; None: the target's): the tile and
+    wgmma paths keep the stages (and the tile path the BM) that fit it."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the FP4 GEMM needs M >= 1")
@@ -375,7 +388,7 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
     if path == "tile":
         return _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit)
     if path == "wgmma":
-        return _wgmma(arch, m, n, k, fmt, dtype, sm_count, split, enc)
+        return _wgmma(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit)
     raise ValueError(f"path={path!r}: expected 'gemv', 'tile', 'wgmma', 'dequant' or None")
 
 
@@ -411,8 +424,8 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
                     ) -> Iterator[Fp4GemvConfig | Fp4TileConfig | Fp4DequantConfig | Fp4WgmmaConfig]:
     """Configs the selector can return on the parts of each arch (kernelgen.arch.parts_of).
     spec: "fmts" (nvfp4 / mxfp4), "dtypes" (others skipped), "shapes" ([N, K]: every M; [M, N,
-    K]: that M), "sm_counts". Without shapes: every config; with "wgmma": true also those of
-    path="wgmma" on its archs (forced only; the family's matrix_spec: the CI compile matrix)."""
+    K]: that M), "sm_counts". Without shapes: every config, and with "wgmma": true (the family's
+    matrix_spec: the CI compile matrix) those of the forced-only path="wgmma" on its archs."""
     fmts = tuple(f for f in (spec.get("fmts") or FMTS) if f in FMTS)
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)

@@ -6,21 +6,23 @@
 // 128), ceil(M / BM), split), blockIdx.z a K range (split-K as tile.cuh).
 //
 // Warp w decodes tile w of the CTA (16 rows: its 1 KB block and 8-byte scale word of a step,
-// loaded from global into a register ring RING steps deep with the bandwidth path's loads) into
-// a dense copy of the step in shared memory (DQ, two buffers), in A's type and in the K-major
+// loaded from global into a register ring RING steps deep, lanes as in the bandwidth path) into
+// a dense copy of the step in shared memory (DQ, 2 + INFLIGHT buffers), in A's type and in the K-major
 // 128-byte-swizzle layout of common/wgmma.cuh: lane (g, t) stores word j of rows g and g+8 as one
 // 16-byte chunk each (k 8 (t + 4j) .. +7 of the tiled layout's k order). The token rows of A are
 // the wgmma's B operand (cp.async, STAGES slots, zero-filled past M, same layout and k order).
 // Each warpgroup decodes and reads only its own 64 rows of DQ.
 //
-// Iteration kt (one CTA barrier):
-//   decode step kt (ring slot) into DQ[kt % 2] (its last reader, this warpgroup's group kt - 2,
-//     completed at the wait of iteration kt - 1); load step kt + RING into the ring slot;
-//   wait for this warpgroup's group kt - 1 and this thread's copies of step kt; fence both
-//     (st.shared, cp.async) into the async proxy; __syncthreads (every group kt - 1 done, A of
-//     step kt and DQ[kt % 2] complete);
-//   issue the 8 k16 wgmmas of step kt and commit; copy A of step kt + STAGES - 1 into the slot
-//   of step kt - 1 (read by groups kt - 1: done); the wgmmas run while step kt + 1 decodes.
+// Iteration kt (one CTA barrier; INFLIGHT = wgmma groups left pending across it, 0 or 1):
+//   decode step kt (ring slot) into DQ[kt % (2 + INFLIGHT)] (its last reader, this warpgroup's
+//     group kt - 2 - INFLIGHT, completed at the wait of iteration kt - 1); load step kt + RING
+//     into the ring slot;
+//   wait until INFLIGHT of this warpgroup's groups are pending (kt - 1 - INFLIGHT done) and for
+//     this thread's copies of step kt; fence both (st.shared, cp.async) into the async proxy;
+//     __syncthreads (every group kt - 1 - INFLIGHT done, A of step kt and the DQ buffer complete);
+//   issue the 8 k16 wgmmas of step kt and commit; copy A of step kt + D (D = STAGES - 1 -
+//     INFLIGHT) into the slot of step kt - 1 - INFLIGHT. The wgmmas run while the next step
+//     decodes; with INFLIGHT 1 the tensor cores also keep group kt - 1 across the barrier.
 #pragma once
 #include "common/wgmma.cuh"
 #include "fp4_gemm/fp4.cuh"
@@ -30,19 +32,33 @@ namespace kg::fp4 {
 constexpr int WG_BN = 128;  // W rows a CTA
 constexpr int WG_DQ_BYTES = WG_BN * STEP_K * 2;  // one dense step: 2 k-blocks of 64 x 128 rows
 
-template <int BM, int STAGES>
+template <int BM, int STAGES, int INFLIGHT>
 struct WgSmem {
   static constexpr int A_BYTES = BM * STEP_K * 2;  // a stage: 2 k-blocks of 64 x BM rows
+  static constexpr int DQ = 2 + INFLIGHT;  // dense weight buffers
   // + slack to align the tiles to 1024 bytes (the swizzle is taken from address bits)
-  static constexpr int TOTAL = 2 * WG_DQ_BYTES + STAGES * A_BYTES + 1024;
+  static constexpr int TOTAL = DQ * WG_DQ_BYTES + STAGES * A_BYTES + 1024;
 };
 
 __device__ __forceinline__ void sts128(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d)
                : "memory");
 }
+// Weight loads of the ring: not .nc, so that they stay where the loop issues them (ptxas moved
+// the .nc form past the barrier and the wgmma issue, a step later than asked).
+__device__ __forceinline__ uint4 ld_ring_v4(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint2 ld_ring_v2(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
 
-template <typename T, int FMT, int BM, int STAGES, int RING, int ENC = ENC_F16>
+template <typename T, int FMT, int BM, int STAGES, int RING, int INFLIGHT, int ENC = ENC_F16>
 __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                            const float* __restrict__ post, const T* __restrict__ A,
                                            const T* __restrict__ bias, int has_bias, float alpha,
@@ -52,20 +68,41 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
                                            unsigned s_q) {
   static_assert(FMT != FMT_KBIT4, "kbit4 weights decode through a code table: not on this path");
   static_assert(BM == 64 || BM == 128 || BM == 256, "the wgmma n of common/wgmma.cuh");
-  static_assert(STAGES >= 2 && RING >= 1, "pipeline depths");
+  static_assert(INFLIGHT == 0 || INFLIGHT == 1, "wgmma groups pending across the barrier");
+  static_assert(RING >= 1 && STAGES - 1 - INFLIGHT >= 1, "pipeline depths: one A step in flight");
   constexpr int THREADS = 256;
-  using L = WgSmem<BM, STAGES>;
+  constexpr int D = STAGES - 1 - INFLIGHT;  // A steps copied ahead
+  using L = WgSmem<BM, STAGES, INFLIGHT>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
-  const uint32_t dq0 = base, sa0 = base + 2 * WG_DQ_BYTES;
+  const uint32_t dq0 = base, sa0 = base + L::DQ * WG_DQ_BYTES;
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wg = __shfl_sync(~0u, warp >> 2, 0);  // warp-uniform: the descriptors stay scalar
   const int g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * WG_BN, m0 = blockIdx.y * BM;
   const int Q = K / STEP_K;
   const int q0 = blockIdx.z * sps;
   const int n_k = min(Q, q0 + sps) - q0;
   const int n_tiles = (N + 15) >> 4;
+
+  // this warp's tile (past the last: re-read it, nothing is stored for its rows) and ring; the
+  // first RING steps are requested before anything else (A is mostly L2 hits, W is not)
+  const long long tl = min(n0 / 16 + warp, n_tiles - 1);
+  const uint8_t* wp = W + tl * w_t + (size_t)q0 * w_q + 64 * g + 16 * t;
+  const uint8_t* sp = S + tl * s_t + (size_t)q0 * s_q + scale_offset<FMT>(g, t);
+  uint4 wa[RING], wb[RING];
+  uint2 sr[RING];
+  const auto load = [&](int d) {
+    wa[d] = ld_ring_v4(wp);
+    wb[d] = ld_ring_v4(wp + 512);
+    sr[d] = ld_ring_v2(sp);
+    wp += w_q;
+    sp += s_q;
+  };
+#pragma unroll
+  for (int d = 0; d < RING; ++d)
+    if (d < n_k) load(d);
 
   // A of step kq into slot: chunk c (8 k) of token row r at k-block c / 8, 16-byte position
   // (c % 8) ^ (r % 8) of the row's 128 bytes (rows past M zero). Thread x copies chunk x % 16 of
@@ -83,24 +120,11 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
     }
   };
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+  for (int s = 0; s < D; ++s) {
     if (s < n_k) stage_load(s, s);
     cp_async_commit();
   }
 
-  // this warp's tile (past the last: re-read it, nothing is stored for its rows) and ring
-  const long long tl = min(n0 / 16 + warp, n_tiles - 1);
-  const uint8_t* wp = W + tl * w_t + (size_t)q0 * w_q + 64 * g + 16 * t;
-  const uint8_t* sp = S + tl * s_t + (size_t)q0 * s_q + scale_offset<FMT>(g, t);
-  uint4 wa[RING], wb[RING];
-  uint2 sr[RING];
-  const auto load = [&](int d) {
-    wa[d] = ld_stream_v4<true>(wp);
-    wb[d] = ld_stream_v4<true>(wp + 512);
-    sr[d] = ld_nc_v2(sp);
-    wp += w_q;
-    sp += s_q;
-  };
   // Lanes of odd g handle their words in the order 1, 0, 3, 2 (words and scale bytes swapped
   // in pairs before the decode): the 8 lanes of a quarter warp (rows g, g + 1) then store chunks
   // t + 4 (j % 2) and t + 4 (1 - j % 2), distinct 16-byte bank groups of the swizzled rows
@@ -114,9 +138,6 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
     u.w = odd ? z : u.w;
   };
   const uint32_t byte_order = odd ? 0x2301u : 0x3210u;
-#pragma unroll
-  for (int d = 0; d < RING; ++d)
-    if (d < n_k) load(d);
 
   WordDecoder<T, FMT, ENC> dec;
   float acc[BM / 8][4];
@@ -125,13 +146,17 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
 
   // rows g, g+8 of this warp's tile in DQ: byte R * 128 of each k-block (R % 8 = g)
   const uint32_t row_g = (uint32_t)((16 * warp + g) * 128);
+  // descriptors of k16 step 0 of a buffer / slot; step s adds its byte offset >> 4
+  const uint64_t da0 = wgmma_desc_k128(dq0 + (uint32_t)(wg * 64 * 128));
+  const uint64_t db0 = wgmma_desc_k128(sa0);
 #pragma unroll 1
   for (int kt0 = 0; kt0 < n_k; kt0 += RING) {
 #pragma unroll
     for (int d = 0; d < RING; ++d) {
       const int kt = kt0 + d;
       if (kt < n_k) {  // CTA-uniform
-        const uint32_t dq = dq0 + (uint32_t)((kt & 1) * WG_DQ_BYTES);
+        const int buf = kt % L::DQ;
+        const uint32_t dq = dq0 + (uint32_t)(buf * WG_DQ_BYTES);
         {
           swap_pairs(wa[d]);
           swap_pairs(wb[d]);
@@ -148,22 +173,23 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
           }
         }
         if (kt + RING < n_k) load(d);
-        wgmma_wait<0>();  // this warpgroup's group kt - 1
-        cp_async_wait<STAGES - 2>();  // this thread's copies of step kt
+        wgmma_wait<INFLIGHT>();  // this warpgroup's group kt - 1 - INFLIGHT
+        cp_async_wait<D - 1>();  // this thread's copies of step kt
         fence_proxy_async_smem();
         __syncthreads();
-        const uint32_t sa = sa0 + (uint32_t)((kt % STAGES) * L::A_BYTES);
-        const uint32_t da = dq + (uint32_t)(wg * 64 * 128);
+        const int slot = kt % STAGES;
+        const uint64_t da = da0 + (uint64_t)((buf * WG_DQ_BYTES) >> 4);
+        const uint64_t db = db0 + (uint64_t)((slot * L::A_BYTES) >> 4);
         wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < 8; ++s) {
-          const uint32_t kb = (uint32_t)(s >> 2), ks = (uint32_t)(s & 3) * 32u;
-          Wgmma<T, BM>::run(acc, wgmma_desc_k128(da + kb * (WG_BN * 128) + ks),
-                            wgmma_desc_k128(sa + kb * (BM * 128) + ks));
+        for (int s = 0; s < 8; ++s) {  // k-block s / 4, k16 step s % 4 (32 bytes) of its rows
+          const uint32_t ka = (uint32_t)((s >> 2) * (WG_BN * 128) + (s & 3) * 32) >> 4;
+          const uint32_t kb = (uint32_t)((s >> 2) * (BM * 128) + (s & 3) * 32) >> 4;
+          Wgmma<T, BM>::run(acc, da + ka, db + kb);
         }
         wgmma_commit();
-        // the copies go out while the tensor cores run
-        if (kt + STAGES - 1 < n_k) stage_load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        // the copies go out while the tensor cores run, into the slot of step kt - 1 - INFLIGHT
+        if (kt + D < n_k) stage_load((kt + D) % STAGES, kt + D);
         cp_async_commit();
       }
     }

@@ -489,24 +489,25 @@ def test_dequant_path_rules():
 
 # -- the wgmma tile path (sm_90a, templates/fp4_gemm/wgmma.cuh; forced only, path="wgmma") -----
 def test_wgmma_plan_rules():
-    """BM: the smallest of 64 / 128 / 256 covering M (256 and more token tiles above), the most
-    A stages that fit 227 KB with the two dense weight steps; K split until the 128-row CTAs
-    cover the SMs (at least TILE_MIN_STEPS steps a split); refused off sm_90a, for kbit4, with
+    """BM: the smallest of 64 / 128 / 256 covering M (256 and more token tiles above); one wgmma
+    group in flight across the barrier (a third dense weight buffer) with the most A stages
+    (>= 3) that fit 227 KB, else none (BM 256: 2 stages); K split until the 128-row CTAs cover
+    the SMs (at least TILE_MIN_STEPS steps a split); refused off sm_90a, for kbit4, with
     BW-path knobs. Dispatch never picks it (not yet measured)."""
-    cases = {  # (m, n, k) -> (bm, stages, split, grid)
-        (1, 14336, 4096): (64, 4, 1, (112, 1, 1)),
-        (64, 14336, 4096): (64, 4, 1, (112, 1, 1)),
-        (65, 4096, 4096): (128, 4, 4, (32, 1, 4)),
-        (128, 4096, 14336): (128, 4, 4, (32, 1, 4)),
-        (129, 14336, 4096): (256, 2, 1, (112, 1, 1)),
-        (1000, 4096, 4096): (256, 2, 1, (32, 4, 1)),
-        (300, 200, 384): (256, 2, 1, (2, 2, 1)),  # 3 steps: no split below TILE_MIN_STEPS
+    cases = {  # (m, n, k) -> (bm, stages, inflight, split, grid)
+        (1, 14336, 4096): (64, 4, 1, 1, (112, 1, 1)),
+        (64, 14336, 4096): (64, 4, 1, 1, (112, 1, 1)),
+        (65, 4096, 4096): (128, 4, 1, 4, (32, 1, 4)),
+        (128, 4096, 14336): (128, 4, 1, 4, (32, 1, 4)),
+        (129, 14336, 4096): (256, 2, 0, 1, (112, 1, 1)),
+        (1000, 4096, 4096): (256, 2, 0, 1, (32, 4, 1)),
+        (300, 200, 384): (256, 2, 0, 1, (2, 2, 1)),  # 3 steps: no split below TILE_MIN_STEPS
     }
-    for (m, n, k), (bm, stages, split, grid) in cases.items():
+    for (m, n, k), (bm, stages, inflight, split, grid) in cases.items():
         p = plan("sm_90a", m, n, k, "nvfp4", "float16", 132, path="wgmma")
-        got = (p.config.bm, p.config.stages, p.split, p.grid)
-        assert p.path == "wgmma" and got == (bm, stages, split, grid), (m, n, k, p.short())
-        assert p.smem == wgmma_smem(bm, stages) <= 227 * 1024 and p.block == (256, 1, 1)
+        got = (p.config.bm, p.config.stages, p.config.inflight, p.split, p.grid)
+        assert p.path == "wgmma" and got == (bm, stages, inflight, split, grid), (m, n, k, p.short())
+        assert p.smem == wgmma_smem(bm, stages, inflight) <= 227 * 1024 and p.block == (256, 1, 1)
         assert p.counters == grid[0] * grid[1] and p.short().startswith("wgmma: Fp4WgmmaConfig(")
         assert select_fp4("sm_90a", m, n, k, "nvfp4", "float16", 132).path != "wgmma"
     p = plan("sm_90a", 200, 4096, 4096, "mxfp4", "bfloat16", 132, path="wgmma", split=5, enc="float16")
@@ -522,16 +523,27 @@ def test_wgmma_plan_rules():
         plan("sm_90a", 256, 4096, 4096, "nvfp4", "float16", 132, path="wgmma", tpw=2)
     with pytest.raises(ValueError, match="wps=32"):
         plan("sm_90a", 256, 4096, 4096, "nvfp4", "float16", 132, path="wgmma", wps=32)
+    # a part with less shared memory a block keeps what fits (BM 128: 3 stages, no group in flight)
+    p = plan("sm_90a", 128, 4096, 4096, "nvfp4", "float16", 132, path="wgmma", smem_limit=140 * 1024)
+    assert (p.config.stages, p.config.inflight, p.smem) == (2, 0, wgmma_smem(128, 2, 0)), p.short()
+    with pytest.raises(UnsupportedConfigError, match="BM=256: 2 stages need"):
+        plan("sm_90a", 256, 4096, 4096, "nvfp4", "float16", 132, path="wgmma", smem_limit=99 * 1024)
 
 
 @pytest.mark.parametrize("field,value", [("arch", "sm_80"), ("arch", "sm_100a"), ("fmt", "kbit4"),
                                          ("dtype", "float32"), ("enc", "int8"), ("bm", 32),
-                                         ("stages", 5), ("ring", 4)])
+                                         ("stages", 5), ("ring", 4), ("inflight", 2)])
 def test_wgmma_config_check_names_field(field, value):
     with pytest.raises(UnsupportedConfigError, match=f"{field}="):
         Fp4WgmmaConfig(**{"arch": "sm_90a", field: value})
-    with pytest.raises(UnsupportedConfigError, match=r"stages=3; BM=256 x 3 stages need \d+ B"):
-        Fp4WgmmaConfig(arch="sm_90a", bm=256, stages=3)
+
+
+def test_wgmma_config_pipeline_rules():
+    with pytest.raises(UnsupportedConfigError, match=r"stages=3; BM=256 x 3 stages \(inflight 0\) need \d+ B"):
+        Fp4WgmmaConfig(arch="sm_90a", bm=256, stages=3, inflight=0)
+    with pytest.raises(UnsupportedConfigError, match="inflight=1; expected 0 or 1, leaving one A step"):
+        Fp4WgmmaConfig(arch="sm_90a", bm=64, stages=2, inflight=1)
+    assert Fp4WgmmaConfig(arch="sm_90a", bm=128, stages=4, inflight=1).smem_bytes() == 3 * 32768 + 4 * 32768 + 1024
 
 
 def _wgmma_configs():
@@ -566,3 +578,4 @@ def test_wgmma_cross_encoding_configs_compile_without_spills(cfg):
     assert res["registers"] and res["spill_bytes"] == 0, f"{cfg}: {res}\n{out.log}"
     assert res["static_smem"] + cfg.smem_bytes() <= 227 * 1024, res
     assert "entry function 'fp4_wgmma'" in out.log and "for 'sm_90a'" in out.log, out.log
+    assert "serializ" not in out.log, out.log  # ptxas: wgmma serialized (register pressure)

@@ -155,9 +155,9 @@ def test_dispatch_over_m(fmt):
 def test_wgmma_path(fmt, dtype):
     """The warpgroup-MMA tile path (sm_90a, templates/fp4_gemm/wgmma.cuh), forced: M across its
     token tiles (BM 64 / 128 / 256, partial and several), N with partial 16-row and 128-row
-    tiles, K of 3 / 8 / 33 steps, K splits (none, 2, and 5: the finish's second round of 4 with
-    a tail), bias and alpha, weights encoded for either activation type (their results equal
-    bit for bit); outputs pre-filled with NaN."""
+    tiles, K of 3 / 8 / 33 steps, K splits (the planner's, 1, 2, and 5: the finish's second
+    round of 4 with a tail), bias and alpha, weights encoded for either activation type (their
+    results equal bit for bit); outputs pre-filled with NaN."""
     import cupy
 
     from kernelgen.arch import device_info
@@ -173,7 +173,7 @@ def test_wgmma_path(fmt, dtype):
         for m in (1, 17, 64, 65, 128, 129, 256, 300):
             if m >= 256 and n * k > 10**6:
                 continue  # reference time
-            for split in (None, 2, 5):
+            for split in (None, 1, 2, 5):
                 if split is not None and split > k // 128:
                     continue
                 p = plan(info.arch.name, m, n, k, fmt, dtype, info.sm_count, path="wgmma", split=split)
@@ -191,6 +191,37 @@ def test_wgmma_path(fmt, dtype):
                                              f"[{p.short()}]")
                     outs.append(out.view(cupy.uint16))
                 assert bool((outs[0] == outs[1]).all()), f"wgmma {fmt=} {dtype=} {m=} {n=} {k=} {split=}"
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("stages,inflight", [(2, 0), (3, 0), (3, 1), (4, 0), (4, 1)])
+def test_wgmma_pipeline_variants(fmt, stages, inflight):
+    """Every A-stage count x wgmma groups in flight x weight ring depth the config allows, at BM
+    64 and 128, on K = 33 steps (splits 1 and 2: 33 / 17 steps a CTA, a multiple of no ring
+    depth, more steps than any pipeline), through fp4_gemm's _plan."""
+    import dataclasses
+
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.fp4_gemm import fp4_gemm, plan
+
+    _skip_unless_wgmma("wgmma")
+    info = device_info()
+    rng = np.random.default_rng()
+    n, k = 1000, 4224
+    t, w64 = _weight(fmt, n, k)
+    for m in (40, 100):
+        a = _host(rng, (m, k), "float16")
+        want = GR.gemm(a, w64, None, 1.0)
+        for split in (1, 2):
+            p = plan(info.arch.name, m, n, k, fmt, "float16", info.sm_count, path="wgmma", split=split)
+            for ring in (1, 2, 3):
+                cfg = p.config.replace(stages=stages, inflight=inflight, ring=ring)
+                q = dataclasses.replace(p, config=cfg, smem=cfg.smem_bytes())
+                out = cupy.full((m, n), np.nan, cupy.float16)
+                fp4_gemm(cupy.asarray(a), t, out=out, _plan=q)
+                _check(out, want, "float16", f"wgmma {fmt=} {m=} {split=} [{q.short()}]")
 
 
 @pytest.mark.parametrize("fmt", FMTS)
