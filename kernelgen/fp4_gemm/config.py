@@ -174,6 +174,7 @@ WGMMA_ARCHS = ("sm_90a",)  # wgmma.mma_async: Hopper only
 WGMMA_BMS = (64, 128, 256)  # tokens a CTA: the wgmma's n
 WGMMA_THREADS = 256  # two warpgroups of 64 W rows
 WGMMA_SMEM_MAX = 227 * KB  # sm_90a's shared memory a block
+WGMMA_SMEM_SM = 228 * KB  # and an SM
 
 
 def wgmma_smem(bm: int, stages: int, inflight: int) -> int:
@@ -199,6 +200,9 @@ class Fp4WgmmaConfig(KernelConfig):
     ring: int = 3
     # wgmma groups left pending across the step's barrier (a third dense buffer; needs stages >= 3)
     inflight: int = 1
+    # CTAs an SM the launch bounds ask for: 2 (<= 128 registers) overlaps one CTA's barrier and
+    # decode with the other's wgmmas where both fit the SM's 228 KB (BM 64, 2 stages, inflight 0)
+    ctas_per_sm: int = 1
 
     def check(self) -> None:
         if self.arch not in WGMMA_ARCHS:
@@ -222,6 +226,10 @@ class Fp4WgmmaConfig(KernelConfig):
             raise _bad(self, "stages", f"BM={self.bm} x {self.stages} stages (inflight "
                                        f"{self.inflight}) need {self.smem_bytes()} B of shared "
                                        f"memory, > {WGMMA_SMEM_MAX}")
+        # each CTA also holds 1 KB the driver reserves and a little static shared memory
+        if self.ctas_per_sm not in (1, 2) or self.ctas_per_sm * (self.smem_bytes() + KB + 64) > WGMMA_SMEM_SM:
+            raise _bad(self, "ctas_per_sm", f"expected 1, or 2 where two CTAs of "
+                                            f"{self.smem_bytes()} B fit {WGMMA_SMEM_SM} B an SM")
 
     @property
     def threads(self) -> int:

@@ -532,7 +532,8 @@ def test_wgmma_plan_rules():
 
 @pytest.mark.parametrize("field,value", [("arch", "sm_80"), ("arch", "sm_100a"), ("fmt", "kbit4"),
                                          ("dtype", "float32"), ("enc", "int8"), ("bm", 32),
-                                         ("stages", 5), ("ring", 4), ("inflight", 2)])
+                                         ("stages", 5), ("ring", 4), ("inflight", 2),
+                                         ("ctas_per_sm", 3)])
 def test_wgmma_config_check_names_field(field, value):
     with pytest.raises(UnsupportedConfigError, match=f"{field}="):
         Fp4WgmmaConfig(**{"arch": "sm_90a", field: value})
@@ -544,6 +545,11 @@ def test_wgmma_config_pipeline_rules():
     with pytest.raises(UnsupportedConfigError, match="inflight=1; expected 0 or 1, leaving one A step"):
         Fp4WgmmaConfig(arch="sm_90a", bm=64, stages=2, inflight=1)
     assert Fp4WgmmaConfig(arch="sm_90a", bm=128, stages=4, inflight=1).smem_bytes() == 3 * 32768 + 4 * 32768 + 1024
+    two = Fp4WgmmaConfig(arch="sm_90a", bm=64, stages=2, inflight=0, ctas_per_sm=2)
+    assert "__launch_bounds__(256, 2)" in render(two).source
+    for kw in ({"bm": 64, "stages": 3, "inflight": 0}, {"bm": 128, "stages": 2, "inflight": 0}, {"bm": 64}):
+        with pytest.raises(UnsupportedConfigError, match="ctas_per_sm=2; expected 1, or 2 where two CTAs"):
+            Fp4WgmmaConfig(arch="sm_90a", ctas_per_sm=2, **kw)
 
 
 def _wgmma_configs():

@@ -197,8 +197,9 @@ def test_wgmma_path(fmt, dtype):
 @pytest.mark.parametrize("stages,inflight", [(2, 0), (3, 0), (3, 1), (4, 0), (4, 1)])
 def test_wgmma_pipeline_variants(fmt, stages, inflight):
     """Every A-stage count x wgmma groups in flight x weight ring depth the config allows, at BM
-    64 and 128, on K = 33 steps (splits 1 and 2: 33 / 17 steps a CTA, a multiple of no ring
-    depth, more steps than any pipeline), through fp4_gemm's _plan."""
+    64 and 128 (BM 64, 2 stages: also two CTAs an SM), on K = 33 steps (splits 1 and 2: 33 / 17
+    steps a CTA, a multiple of no ring depth, more steps than any pipeline), through fp4_gemm's
+    _plan."""
     import dataclasses
 
     import cupy
@@ -216,8 +217,9 @@ def test_wgmma_pipeline_variants(fmt, stages, inflight):
         want = GR.gemm(a, w64, None, 1.0)
         for split in (1, 2):
             p = plan(info.arch.name, m, n, k, fmt, "float16", info.sm_count, path="wgmma", split=split)
-            for ring in (1, 2, 3):
-                cfg = p.config.replace(stages=stages, inflight=inflight, ring=ring)
+            two = (stages, inflight) == (2, 0) and p.config.bm == 64  # also 2 CTAs an SM
+            for ring, ctas in [(r, 1) for r in (1, 2, 3)] + ([(3, 2)] if two else []):
+                cfg = p.config.replace(stages=stages, inflight=inflight, ring=ring, ctas_per_sm=ctas)
                 q = dataclasses.replace(p, config=cfg, smem=cfg.smem_bytes())
                 out = cupy.full((m, n), np.nan, cupy.float16)
                 fp4_gemm(cupy.asarray(a), t, out=out, _plan=q)
