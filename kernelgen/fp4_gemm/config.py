@@ -177,16 +177,18 @@ WGMMA_SMEM_MAX = 227 * KB  # sm_90a's shared memory a block
 WGMMA_SMEM_SM = 228 * KB  # and an SM
 
 
-def wgmma_smem(bm: int, stages: int, inflight: int) -> int:
+def wgmma_smem(bm: int, stages: int, inflight: int, fmt: str = "nvfp4") -> int:
     """templates/fp4_gemm/wgmma.cuh WgSmem: 2 + inflight dense weight steps (128 rows x 128 k),
-    `stages` A slots (BM rows x 128 k) and 1024 bytes of alignment slack."""
-    return (2 + inflight) * TILE_BN * STEP_K * 2 + stages * bm * STEP_K * 2 + KB
+    `stages` A slots (BM rows x 128 k), kbit4's code table and 1024 bytes of alignment slack."""
+    lut = KBIT4_LUT_BYTES if fmt == "kbit4" else 0
+    return (2 + inflight) * TILE_BN * STEP_K * 2 + stages * bm * STEP_K * 2 + lut + KB
 
 
 @dataclass(frozen=True)
 class Fp4WgmmaConfig(KernelConfig):
     """The tile path on warpgroup MMA (sm_90a; templates/fp4_gemm/wgmma.cuh): each step's weights
-    decoded into shared memory in A's dtype, wgmma m64 x BM x k16 with the tokens as n."""
+    (NVFP4, MXFP4, or tiled 4-bit kbit through its code table) decoded into shared memory in A's
+    dtype, wgmma m64 x BM x k16 with the tokens as n."""
 
     family: ClassVar[str] = "fp4_gemm"
     template: ClassVar[str] = "fp4_gemm/wgmma.cu.jinja"
@@ -207,12 +209,15 @@ class Fp4WgmmaConfig(KernelConfig):
     def check(self) -> None:
         if self.arch not in WGMMA_ARCHS:
             raise _bad(self, "arch", f"wgmma needs one of {WGMMA_ARCHS}")
-        if self.fmt not in FMTS:
-            raise _bad(self, "fmt", f"expected one of {FMTS}")
+        if self.fmt not in GEMV_FMTS:
+            raise _bad(self, "fmt", f"expected one of {GEMV_FMTS}")
         if self.dtype not in DTYPES:
             raise _bad(self, "dtype", f"expected one of {DTYPES}")
         if self.enc not in DTYPES:
             raise _bad(self, "enc", f"expected one of {DTYPES}")
+        if self.fmt == "kbit4" and self.enc != self.dtype:
+            raise _bad(self, "enc", "kbit4 words decode through a table of the activation type: "
+                                    "enc must equal dtype")
         if self.bm not in WGMMA_BMS:
             raise _bad(self, "bm", f"expected one of {WGMMA_BMS}")
         if self.stages not in STAGES:
@@ -239,7 +244,7 @@ class Fp4WgmmaConfig(KernelConfig):
         return ("fp4_wgmma",)
 
     def smem_bytes(self) -> int:
-        return wgmma_smem(self.bm, self.stages, self.inflight)
+        return wgmma_smem(self.bm, self.stages, self.inflight, self.fmt)
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],

@@ -298,25 +298,24 @@ def wgmma_bm(m: int) -> int:
     return next((b for b in WGMMA_BMS if m <= b), WGMMA_BMS[-1])
 
 
-def wgmma_pipeline(bm: int, cap: int) -> tuple[int, int]:
+def wgmma_pipeline(bm: int, cap: int, fmt: str = "nvfp4") -> tuple[int, int]:
     """(stages, inflight) of the wgmma path at BM within `cap` bytes of shared memory: one wgmma
     group kept in flight across the barrier (a third dense weight buffer) with the deepest A
     pipeline of >= 3 stages that fits, else none with the deepest that fits."""
     for inflight in (1, 0):
         for stages in range(MAX_STAGES, 1 + inflight, -1):
-            if wgmma_smem(bm, stages, inflight) <= cap:
+            if wgmma_smem(bm, stages, inflight, fmt) <= cap:
                 return stages, inflight
-    raise UnsupportedConfigError(f"fp4 wgmma BM={bm}: 2 stages need {wgmma_smem(bm, 2, 0)} B of "
-                                 f"shared memory a block, the device allows {cap} B")
+    raise UnsupportedConfigError(f"fp4 wgmma BM={bm} ({fmt}): 2 stages need "
+                                 f"{wgmma_smem(bm, 2, 0, fmt)} B of shared memory a block, the "
+                                 f"device allows {cap} B")
 
 
 def _wgmma(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit):
     if arch not in WGMMA_ARCHS:
         raise ValueError(f"path='wgmma': needs one of {WGMMA_ARCHS}, not {arch}")
-    if fmt not in FMTS:
-        raise ValueError(f"path='wgmma': {fmt} weights are not on this path (use 'tile')")
     bm = wgmma_bm(m)
-    stages, inflight = wgmma_pipeline(bm, min(WGMMA_SMEM_MAX, smem_cap(arch, smem_limit)))
+    stages, inflight = wgmma_pipeline(bm, min(WGMMA_SMEM_MAX, smem_cap(arch, smem_limit)), fmt)
     cfg = Fp4WgmmaConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, bm=bm, stages=stages,
                          inflight=inflight)
     q = k // STEP_K
@@ -450,9 +449,10 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
                                                     for lim in smem_limits(arch)):
                             yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, bm=bm,
                                                 stages=stages, warps_t=TILE_BMS[bm])
-                    if spec.get("wgmma") and arch in WGMMA_ARCHS:
-                        for bm in WGMMA_BMS:
-                            yield plan(arch, bm, 4096, 4096, fmt, dtype, 132, path="wgmma").config
+                    if spec.get("wgmma") and arch in WGMMA_ARCHS:  # and tiled kbit4's
+                        for f in (fmt, "kbit4") if fmt == fmts[0] else (fmt,):
+                            for bm in WGMMA_BMS:
+                                yield plan(arch, bm, 4096, 4096, f, dtype, 132, path="wgmma").config
                     continue
                 for sms, lim in parts_of(arch, spec.get("sm_counts")):
                     for m, n, k in shapes:

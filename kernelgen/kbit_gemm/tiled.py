@@ -8,6 +8,8 @@ shared-memory table of the codebook instead of bit arithmetic. Three paths read 
   gemv     the FP4 bandwidth kernel (M in passes of 8 / 16 tokens)
   tile     the FP4 tensor-core tile kernel (mma.sync, 128 W rows x 32 or 64 tokens a CTA)
   dequant  W dequantized to A's dtype by kbit_dequant_tiled, then cuBLAS
+and, forced only (sm_90a, not yet measured), wgmma: the FP4 warpgroup-MMA kernel
+(templates/fp4_gemm/wgmma.cuh, each step's weights decoded into shared memory).
 `plan_tiled` picks one from host-side numbers; `prewarm_tiled_configs` walks the same rule.
 """
 
@@ -34,7 +36,7 @@ from ..fp4_gemm.select import plan as fp4_plan
 from .config import DTYPES, KbitTiledDequantConfig
 
 ARRANGEMENT = "step_major"  # as MXFP4's (fp4_gemm.api.ARRANGEMENT): the same bytes a block
-TILED_PATHS = ("gemv", "tile", "dequant")
+TILED_PATHS = ("gemv", "tile", "dequant", "wgmma")  # wgmma: forced only (path_tiled never picks it)
 
 # -- path rule (H100, session 13, examples/bench_kbit_gemm.py --bits 4, graph-timed, weights
 # rotated past L2, fp16, every path forced; us, gemv / tile / dequant) ---------------------------

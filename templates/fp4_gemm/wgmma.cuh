@@ -32,12 +32,13 @@ namespace kg::fp4 {
 constexpr int WG_BN = 128;  // W rows a CTA
 constexpr int WG_DQ_BYTES = WG_BN * STEP_K * 2;  // one dense step: 2 k-blocks of 64 x 128 rows
 
-template <int BM, int STAGES, int INFLIGHT>
+template <int FMT, int BM, int STAGES, int INFLIGHT>
 struct WgSmem {
   static constexpr int A_BYTES = BM * STEP_K * 2;  // a stage: 2 k-blocks of 64 x BM rows
   static constexpr int DQ = 2 + INFLIGHT;  // dense weight buffers
+  static constexpr int LUT_BYTES = FMT == FMT_KBIT4 ? KBIT4_LUT_BYTES : 0;  // after the stages
   // + slack to align the tiles to 1024 bytes (the swizzle is taken from address bits)
-  static constexpr int TOTAL = DQ * WG_DQ_BYTES + STAGES * A_BYTES + 1024;
+  static constexpr int TOTAL = DQ * WG_DQ_BYTES + STAGES * A_BYTES + LUT_BYTES + 1024;
 };
 
 __device__ __forceinline__ void sts128(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
@@ -66,15 +67,18 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
                                            unsigned* __restrict__ counters, int M, int N, int K,
                                            int sps, long long w_t, unsigned w_q, long long s_t,
                                            unsigned s_q) {
-  static_assert(FMT != FMT_KBIT4, "kbit4 weights decode through a code table: not on this path");
   static_assert(BM == 64 || BM == 128 || BM == 256, "the wgmma n of common/wgmma.cuh");
   static_assert(INFLIGHT == 0 || INFLIGHT == 1, "wgmma groups pending across the barrier");
   static_assert(RING >= 1 && STAGES - 1 - INFLIGHT >= 1, "pipeline depths: one A step in flight");
   constexpr int THREADS = 256;
   constexpr int D = STAGES - 1 - INFLIGHT;  // A steps copied ahead
-  using L = WgSmem<BM, STAGES, INFLIGHT>;
+  using L = WgSmem<FMT, BM, STAGES, INFLIGHT>;
+  // KBIT4: the codebook values of this thread's table stores, requested first (Kbit4Fill)
+  [[maybe_unused]] Kbit4Fill<T, THREADS> kfill;
+  if constexpr (FMT == FMT_KBIT4) kfill.load(post);
   extern __shared__ __align__(16) unsigned char smem[];
-  const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
+  const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
+  const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t dq0 = base, sa0 = base + L::DQ * WG_DQ_BYTES;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -139,7 +143,15 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
   };
   const uint32_t byte_order = odd ? 0x2301u : 0x3210u;
 
+  // KBIT4: the code table after the A slots, filled while the first steps load and published
+  // before the first decode (post is the codebook)
   WordDecoder<T, FMT, ENC> dec;
+  if constexpr (FMT == FMT_KBIT4) {
+    const uint32_t lut = sa0 + (uint32_t)(STAGES * L::A_BYTES);
+    kfill.fill(reinterpret_cast<uint32_t*>(smem + (lut - raw)));
+    __syncthreads();
+    dec.lane_lut = lut + 4u * (uint32_t)lane;
+  }
   float acc[BM / 8][4];
 #pragma unroll
   for (int j = 0; j < BM / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;

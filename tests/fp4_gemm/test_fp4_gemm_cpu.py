@@ -515,8 +515,10 @@ def test_wgmma_plan_rules():
     for arch in ("sm_80", "sm_100a", "sm_120a"):
         with pytest.raises(ValueError, match=r"path='wgmma': needs one of \('sm_90a',\)"):
             plan(arch, 256, 4096, 4096, "nvfp4", "float16", 132, path="wgmma")
-    with pytest.raises(ValueError, match="path='wgmma': kbit4 weights are not on this path"):
-        plan("sm_90a", 256, 4096, 4096, "kbit4", "float16", 132, path="wgmma")
+    # tiled kbit4 weights: their 32 KB code table after the A slots (BM 128: 3 stages)
+    p = plan("sm_90a", 128, 4096, 4096, "kbit4", "bfloat16", 132, path="wgmma")
+    assert (p.config.fmt, p.config.stages, p.config.inflight) == ("kbit4", 3, 1), p.short()
+    assert p.smem == wgmma_smem(128, 3, 1, "kbit4") == wgmma_smem(128, 3, 1) + 32 * 1024
     with pytest.raises(ValueError, match=r"split_k=33: must be in 1\.\.32"):
         plan("sm_90a", 256, 4096, 4096, "nvfp4", "float16", 132, path="wgmma", split=33)
     with pytest.raises(ValueError, match="tpw=2"):
@@ -526,11 +528,11 @@ def test_wgmma_plan_rules():
     # a part with less shared memory a block keeps what fits (BM 128: 3 stages, no group in flight)
     p = plan("sm_90a", 128, 4096, 4096, "nvfp4", "float16", 132, path="wgmma", smem_limit=140 * 1024)
     assert (p.config.stages, p.config.inflight, p.smem) == (2, 0, wgmma_smem(128, 2, 0)), p.short()
-    with pytest.raises(UnsupportedConfigError, match="BM=256: 2 stages need"):
+    with pytest.raises(UnsupportedConfigError, match=r"BM=256 \(nvfp4\): 2 stages need"):
         plan("sm_90a", 256, 4096, 4096, "nvfp4", "float16", 132, path="wgmma", smem_limit=99 * 1024)
 
 
-@pytest.mark.parametrize("field,value", [("arch", "sm_80"), ("arch", "sm_100a"), ("fmt", "kbit4"),
+@pytest.mark.parametrize("field,value", [("arch", "sm_80"), ("arch", "sm_100a"), ("fmt", "mxfp8_e4m3"),
                                          ("dtype", "float32"), ("enc", "int8"), ("bm", 32),
                                          ("stages", 5), ("ring", 4), ("inflight", 2),
                                          ("ctas_per_sm", 3)])
@@ -545,6 +547,8 @@ def test_wgmma_config_pipeline_rules():
     with pytest.raises(UnsupportedConfigError, match="inflight=1; expected 0 or 1, leaving one A step"):
         Fp4WgmmaConfig(arch="sm_90a", bm=64, stages=2, inflight=1)
     assert Fp4WgmmaConfig(arch="sm_90a", bm=128, stages=4, inflight=1).smem_bytes() == 3 * 32768 + 4 * 32768 + 1024
+    with pytest.raises(UnsupportedConfigError, match="enc='float16'; kbit4 words decode through a table"):
+        Fp4WgmmaConfig(arch="sm_90a", fmt="kbit4", dtype="bfloat16", enc="float16")
     two = Fp4WgmmaConfig(arch="sm_90a", bm=64, stages=2, inflight=0, ctas_per_sm=2)
     assert "__launch_bounds__(256, 2)" in render(two).source
     for kw in ({"bm": 64, "stages": 3, "inflight": 0}, {"bm": 128, "stages": 2, "inflight": 0}, {"bm": 64}):
@@ -560,13 +564,15 @@ def _wgmma_configs():
 
 
 def test_wgmma_configs_in_the_compile_matrix():
-    """The family's matrix_spec adds every (fmt, dtype, BM) of path="wgmma" on sm_90a (words
-    encoded for the activation type); prewarm without it does not build them."""
+    """The family's matrix_spec adds every (fmt, dtype, BM) of path="wgmma" on sm_90a, tiled
+    kbit4 included (words encoded for the activation type); prewarm without it does not build
+    them."""
     from kernelgen.core.registry import families
 
     fam = families()["fp4_gemm"]
     got = {c for c in fam.prewarm_configs(["sm_90a"], fam.matrix_spec) if isinstance(c, Fp4WgmmaConfig)}
-    assert len(got) == 12 and all(c.enc == c.dtype for c in got)
+    assert len(got) == 18 and all(c.enc == c.dtype for c in got)
+    assert {c.fmt for c in got} == {"nvfp4", "mxfp4", "kbit4"}
     assert {c.bm for c in got} == {64, 128, 256}
     assert not any(isinstance(c, Fp4WgmmaConfig) for c in prewarm_configs(["sm_90a"], {}))
     assert not any(isinstance(c, Fp4WgmmaConfig) for a in ("sm_80", "sm_100a", "sm_120a")
