@@ -40,6 +40,19 @@ def _bad(cfg: KernelConfig, field: str, rule: str) -> UnsupportedConfigError:
     return UnsupportedConfigError(f"{cfg.short()}: {field}={getattr(cfg, field)!r}; {rule}")
 
 
+def _check_operands(cfg: Any) -> None:
+    """fmt, dtype and enc of the kernels that read the tiled layout (GEMV, tile, wgmma)."""
+    if cfg.fmt not in GEMV_FMTS:
+        raise _bad(cfg, "fmt", f"expected one of {GEMV_FMTS}")
+    if cfg.dtype not in DTYPES:
+        raise _bad(cfg, "dtype", f"expected one of {DTYPES}")
+    if cfg.enc not in DTYPES:
+        raise _bad(cfg, "enc", f"expected one of {DTYPES}")
+    if cfg.fmt == "kbit4" and cfg.enc != cfg.dtype:
+        raise _bad(cfg, "enc", "kbit4 words decode through a table of the activation type: "
+                               "enc must equal dtype")
+
+
 @dataclass(frozen=True)
 class Fp4GemvConfig(KernelConfig):
     family: ClassVar[str] = "fp4_gemm"
@@ -59,15 +72,7 @@ class Fp4GemvConfig(KernelConfig):
     a_ring: bool = False
 
     def check(self) -> None:
-        if self.fmt not in GEMV_FMTS:
-            raise _bad(self, "fmt", f"expected one of {GEMV_FMTS}")
-        if self.dtype not in DTYPES:
-            raise _bad(self, "dtype", f"expected one of {DTYPES}")
-        if self.enc not in DTYPES:
-            raise _bad(self, "enc", f"expected one of {DTYPES}")
-        if self.fmt == "kbit4" and self.enc != self.dtype:
-            raise _bad(self, "enc", "kbit4 words decode through a table of the activation type: "
-                                    "enc must equal dtype")
+        _check_operands(self)
         if self.fmt == "kbit4" and (self.warps < 8 or self.a_ring):
             raise _bad(self, "warps", "kbit4 CTAs hold a 32 KB code table: 8 or 16 warps, no a_ring")
         if self.m_tile not in M_TILES:
@@ -133,15 +138,7 @@ class Fp4TileConfig(KernelConfig):
     warps_t: int = 2  # warps along tokens (x 4 along W rows)
 
     def check(self) -> None:
-        if self.fmt not in GEMV_FMTS:
-            raise _bad(self, "fmt", f"expected one of {GEMV_FMTS}")
-        if self.dtype not in DTYPES:
-            raise _bad(self, "dtype", f"expected one of {DTYPES}")
-        if self.enc not in DTYPES:
-            raise _bad(self, "enc", f"expected one of {DTYPES}")
-        if self.fmt == "kbit4" and self.enc != self.dtype:
-            raise _bad(self, "enc", "kbit4 words decode through a table of the activation type: "
-                                    "enc must equal dtype")
+        _check_operands(self)
         if self.bm not in TILE_BMS:
             raise _bad(self, "bm", f"expected one of {tuple(TILE_BMS)}")
         if self.stages not in STAGES:
@@ -209,15 +206,7 @@ class Fp4WgmmaConfig(KernelConfig):
     def check(self) -> None:
         if self.arch not in WGMMA_ARCHS:
             raise _bad(self, "arch", f"wgmma needs one of {WGMMA_ARCHS}")
-        if self.fmt not in GEMV_FMTS:
-            raise _bad(self, "fmt", f"expected one of {GEMV_FMTS}")
-        if self.dtype not in DTYPES:
-            raise _bad(self, "dtype", f"expected one of {DTYPES}")
-        if self.enc not in DTYPES:
-            raise _bad(self, "enc", f"expected one of {DTYPES}")
-        if self.fmt == "kbit4" and self.enc != self.dtype:
-            raise _bad(self, "enc", "kbit4 words decode through a table of the activation type: "
-                                    "enc must equal dtype")
+        _check_operands(self)
         if self.bm not in WGMMA_BMS:
             raise _bad(self, "bm", f"expected one of {WGMMA_BMS}")
         if self.stages not in STAGES:

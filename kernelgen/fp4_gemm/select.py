@@ -10,7 +10,7 @@ target (kernelgen.arch.PARTS), so prewarm builds exactly what dispatch can pick.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,15 +281,22 @@ def _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit):
     bm = next((b for b in sorted(TILE_BMS, reverse=True) if b <= bm and tile_smem(fmt, b, 2) <= cap), bm)
     cfg = Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, bm=bm,
                         stages=stages_for(arch, fmt, bm, smem_limit), warps_t=TILE_BMS[bm])
+    return _tile_plan(cfg, m, n, k, split, lambda ctas: -(-sm_count // ctas))
+
+
+def _tile_plan(cfg: Fp4TileConfig | Fp4WgmmaConfig, m: int, n: int, k: int, split: int | None,
+               splits_to_fill: Callable[[int], int]) -> Plan:
+    """A tile kernel's launch: 128 W rows x BM tokens a CTA, K split `split` times, or (None)
+    splits_to_fill(CTAs) times but keeping TILE_MIN_STEPS steps a split."""
     q = k // STEP_K
-    ctas = -(-n // TILE_BN) * -(-m // bm)
+    ctas = -(-n // TILE_BN) * -(-m // cfg.bm)
     if split is None:
-        split = max(1, min(-(-sm_count // ctas), q // TILE_MIN_STEPS))
+        split = max(1, min(splits_to_fill(ctas), q // TILE_MIN_STEPS))
     elif not 1 <= split <= q:
         raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
     sps = -(-q // split)
     split = -(-q // sps)
-    grid = (-(-n // TILE_BN), -(-m // bm), split)
+    grid = (-(-n // TILE_BN), -(-m // cfg.bm), split)
     return Plan(cfg, split, sps, grid, (cfg.threads, 1, 1), cfg.smem_bytes())
 
 
@@ -318,16 +325,8 @@ def _wgmma(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit):
     stages, inflight = wgmma_pipeline(bm, min(WGMMA_SMEM_MAX, smem_cap(arch, smem_limit)), fmt)
     cfg = Fp4WgmmaConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, bm=bm, stages=stages,
                          inflight=inflight)
-    q = k // STEP_K
-    ctas = -(-n // TILE_BN) * -(-m // bm)
-    if split is None:  # one CTA an SM: split K until the CTAs fill the SMs
-        split = max(1, min(sm_count // ctas, q // TILE_MIN_STEPS))
-    elif not 1 <= split <= q:
-        raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
-    sps = -(-q // split)
-    split = -(-q // sps)
-    grid = (-(-n // TILE_BN), -(-m // bm), split)
-    return Plan(cfg, split, sps, grid, (cfg.threads, 1, 1), cfg.smem_bytes())
+    # one CTA an SM: split K while the CTAs of every split still fit the SMs
+    return _tile_plan(cfg, m, n, k, split, lambda ctas: sm_count // ctas)
 
 
 def path_for(m: int, n: int, sm_count: int) -> str:
