@@ -6,7 +6,8 @@ tensor-core mma, dequantize + cuBLAS), the mma tiles forced one by one, against 
         [--layouts tiled,flat] [--dtype float16|bfloat16] [--json out.json]
 
 4-bit weights run in each of --layouts ("tiled": the FP4 kernels' layout, kbit_gemm/tiled.py,
-paths gemv / tile / dequant; "flat": gemv / mma / dequant); other bit-widths are flat only.
+paths gemv / tile / dequant, and wgmma forced at M >= 16 on sm_90a; "flat": gemv / mma /
+dequant); other bit-widths are flat only.
 
 Per (shape, bits, M): median microseconds per call; the weights (kbit and fp16) are rotated
 past L2 (each call reads a different copy, >= 8 x L2 in all); every path is replayed from a CUDA
@@ -174,6 +175,8 @@ def main() -> None:
                     variants.append(("gemv", {"path": "gemv"}))
                 if layout == "tiled" and m <= 1024:
                     variants.append(("tile", {"path": "tile"}))
+                if layout == "tiled" and m >= 16 and info.arch.name == "sm_90a":  # forced only
+                    variants.append(("wgmma", {"path": "wgmma"}))
                 if layout == "flat" and n % 128 == 0 and m <= 8192:
                     variants.append(("mma", {"path": "mma"}))
                     if args.tiles and bits == 4:
