@@ -284,10 +284,13 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                 if s != wg.split and s <= k // 128:
                     p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, path="wgmma", split=s)
                     yield f"wgmma split={s}", p2
-            if c0.bm == 64:  # two CTAs an SM (the one pipeline that fits twice)
+            if c0.bm == 64:  # two CTAs an SM (the one pipeline that fits twice), K split for them
+                ctas = wg.grid[0] * wg.grid[1]
+                s2 = max(1, min(2 * dev.sm_count // ctas, k // 128 // 4))  # select.TILE_MIN_STEPS
+                p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, path="wgmma", split=s2)
                 cfg = c0.replace(stages=2, inflight=0, ctas_per_sm=2)
-                yield "wgmma bm=64 st=2 inflight=0 2 CTAs an SM", dataclasses.replace(
-                    wg, config=cfg, smem=cfg.smem_bytes())
+                yield f"wgmma bm=64 st=2 inflight=0 2 CTAs an SM split={p2.split}", dataclasses.replace(
+                    p2, config=cfg, smem=cfg.smem_bytes())
 
     for m in variant_ms:
         a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))

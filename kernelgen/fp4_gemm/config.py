@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..arch import SMEM_PER_SM
 from ..core.config import KernelConfig
 from ..errors import UnsupportedConfigError
 
@@ -171,7 +172,6 @@ WGMMA_ARCHS = ("sm_90a",)  # wgmma.mma_async: Hopper only
 WGMMA_BMS = (64, 128, 256)  # tokens a CTA: the wgmma's n
 WGMMA_THREADS = 256  # two warpgroups of 64 W rows
 WGMMA_SMEM_MAX = 227 * KB  # sm_90a's shared memory a block
-WGMMA_SMEM_SM = 228 * KB  # and an SM
 
 
 def wgmma_smem(bm: int, stages: int, inflight: int, fmt: str = "nvfp4") -> int:
@@ -221,9 +221,10 @@ class Fp4WgmmaConfig(KernelConfig):
                                        f"{self.inflight}) need {self.smem_bytes()} B of shared "
                                        f"memory, > {WGMMA_SMEM_MAX}")
         # each CTA also holds 1 KB the driver reserves and a little static shared memory
-        if self.ctas_per_sm not in (1, 2) or self.ctas_per_sm * (self.smem_bytes() + KB + 64) > WGMMA_SMEM_SM:
+        per_sm = SMEM_PER_SM[self.arch]
+        if self.ctas_per_sm not in (1, 2) or self.ctas_per_sm * (self.smem_bytes() + KB + 64) > per_sm:
             raise _bad(self, "ctas_per_sm", f"expected 1, or 2 where two CTAs of "
-                                            f"{self.smem_bytes()} B fit {WGMMA_SMEM_SM} B an SM")
+                                            f"{self.smem_bytes()} B fit {per_sm} B an SM")
 
     @property
     def threads(self) -> int:

@@ -73,7 +73,8 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
   constexpr int THREADS = 256;
   constexpr int D = STAGES - 1 - INFLIGHT;  // A steps copied ahead
   using L = WgSmem<FMT, BM, STAGES, INFLIGHT>;
-  // KBIT4: the codebook values of this thread's table stores, requested first (Kbit4Fill)
+  // KBIT4: the codebook values of this thread's table stores (Kbit4Fill); first in the source,
+  // as the weight ring below is before the A copies (ptxas still issues the A copies first)
   [[maybe_unused]] Kbit4Fill<T, THREADS> kfill;
   if constexpr (FMT == FMT_KBIT4) kfill.load(post);
   extern __shared__ __align__(16) unsigned char smem[];
@@ -90,8 +91,7 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
   const int n_k = min(Q, q0 + sps) - q0;
   const int n_tiles = (N + 15) >> 4;
 
-  // this warp's tile (past the last: re-read it, nothing is stored for its rows) and ring; the
-  // first RING steps are requested before anything else (A is mostly L2 hits, W is not)
+  // this warp's tile (past the last: re-read it, nothing is stored for its rows) and ring
   const long long tl = min(n0 / 16 + warp, n_tiles - 1);
   const uint8_t* wp = W + tl * w_t + (size_t)q0 * w_q + 64 * g + 16 * t;
   const uint8_t* sp = S + tl * s_t + (size_t)q0 * s_q + scale_offset<FMT>(g, t);

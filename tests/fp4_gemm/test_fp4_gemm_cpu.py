@@ -492,8 +492,8 @@ def test_wgmma_plan_rules():
     """BM: the smallest of 64 / 128 / 256 covering M (256 and more token tiles above); one wgmma
     group in flight across the barrier (a third dense weight buffer) with the most A stages
     (>= 3) that fit 227 KB, else none (BM 256: 2 stages); K split until the 128-row CTAs cover
-    the SMs (at least TILE_MIN_STEPS steps a split); refused off sm_90a, for kbit4, with
-    BW-path knobs. Dispatch never picks it (not yet measured)."""
+    the SMs (at least TILE_MIN_STEPS steps a split); kbit4 with its code table; refused off
+    sm_90a and with BW-path knobs. Dispatch never picks it (not yet measured)."""
     cases = {  # (m, n, k) -> (bm, stages, inflight, split, grid)
         (1, 14336, 4096): (64, 4, 1, 1, (112, 1, 1)),
         (64, 14336, 4096): (64, 4, 1, 1, (112, 1, 1)),
@@ -591,3 +591,15 @@ def test_wgmma_cross_encoding_configs_compile_without_spills(cfg):
     assert res["static_smem"] + cfg.smem_bytes() <= 227 * 1024, res
     assert "entry function 'fp4_wgmma'" in out.log and "for 'sm_90a'" in out.log, out.log
     assert "serializ" not in out.log, out.log  # ptxas: wgmma serialized (register pressure)
+
+
+@pytest.mark.parametrize("cfg", [Fp4WgmmaConfig(arch="sm_90a", fmt=f, dtype=d, enc=d, bm=64, stages=2, inflight=0,
+                                                ring=r, ctas_per_sm=2)
+                                 for f in ("nvfp4", "mxfp4") for d in ("float16", "bfloat16") for r in (1, 2, 3)],
+                         ids=lambda c: c.short())
+def test_wgmma_two_ctas_an_sm_compile_within_128_registers(cfg):
+    """__launch_bounds__(256, 2): at most 128 registers a thread, and no spills to get there."""
+    from kernelgen.core.compile import compile_cubin, resource_summary
+
+    res = resource_summary(compile_cubin(cfg, render(cfg)).log)
+    assert 0 < res["registers"] <= 128 and res["spill_bytes"] == 0, (cfg.short(), res)

@@ -224,6 +224,12 @@ def test_wgmma_pipeline_variants(fmt, stages, inflight):
                 out = cupy.full((m, n), np.nan, cupy.float16)
                 fp4_gemm(cupy.asarray(a), t, out=out, _plan=q)
                 _check(out, want, "float16", f"wgmma {fmt=} {m=} {split=} [{q.short()}]")
+                if ctas == 2:  # the driver really fits two CTAs an SM (registers, shared memory)
+                    from kernelgen.core.jit import get_kernel
+
+                    fn = get_kernel(cfg, info.index).fn("fp4_wgmma")
+                    drv = cupy.cuda.driver
+                    assert drv.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, 256, cfg.smem_bytes()) == 2
 
 
 @pytest.mark.parametrize("fmt", FMTS)
