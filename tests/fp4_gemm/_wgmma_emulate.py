@@ -26,6 +26,16 @@ the e2m1 / scale bit decodes are not emulated: a packed byte of the tiled layout
 weight values (low nibble first) and a scale byte for one group scale value, and the test
 weights are integers, so every sum is exact and the check is equality.
 
+KBIT4 (4-bit kbit codes, fp4.cuh FMT_KBIT4: MXFP4's scale bytes, one a group of 32) adds the
+kernel's code table to the same shared-memory image: KBIT4_LUT_BYTES right after the A slots
+(lut = sa0 + STAGES * A_BYTES, inside WgSmem::TOTAL), written by the mirror of Kbit4Fill's
+load / fill with the codebook's values (TABLE and the E4M4 bits not emulated: a nibble is a code
+0..15, a scale byte a value) and checked against the table as fp4.cuh defines it (entry c =
+(cb[c & 15], cb[c >> 4]) at c * 128 + 4 * copy). The decode reads its pairs from that image at
+kbit4_word's addresses (lane_lut + (byte << 7)). No DQ store, A copy or wgmma operand read may
+touch the table's bytes, and the table must stay as filled at every decode and at the end
+(OverlapError): a table laid over a slot or buffer fails on the CPU, not only on the GPU.
+
 The tiled arrays are layout.py's own (tile_data / tile_scales / arrange on the byte indices),
 so the mirror also checks that the kernel reads the layout the way layout.py writes it.
 
@@ -54,7 +64,8 @@ STEP_K = 128
 WG_BN = 128
 WG_DQ_BYTES = WG_BN * STEP_K * 2
 THREADS = 256
-SB = {"nvfp4": 8, "mxfp4": 4}  # scale bytes a row a step (Fmt<FMT>::SB)
+SB = {"nvfp4": 8, "mxfp4": 4, "kbit4": 4}  # scale bytes a row a step (Fmt<FMT>::SB)
+KBIT4_LUT_BYTES = 256 * 128  # fp4.cuh: the kbit4 code table (256 pair entries x 32 lane copies)
 MASK64 = (1 << 64) - 1
 
 # Deliberate breakages of the mirror (the negative controls of the tests); None = the kernel.
@@ -67,12 +78,19 @@ BUGS = (
     "copy_too_far",  # A copied STAGES - INFLIGHT steps ahead (the slot of a pending group)
     "cp_wait_short",  # cp_async_wait<D> (step kt's copies may still be in flight at the issue)
     "base_unaligned",  # the tiles at the window's start, not rounded up to 1024 bytes
+    "lut_one_slot_early",  # kbit4 table at sa0 + (STAGES - 1) A_BYTES: over the last A slot
+    "lut_over_dq",  # kbit4 table at sa0 - KBIT4_LUT_BYTES: over the last DQ buffer
 )
 
 
 class HazardError(AssertionError):
     """A wgmma read shared memory that a pending cp.async had not filled, or shared memory under
     a pending wgmma group changed before the wait that completes it."""
+
+
+class OverlapError(AssertionError):
+    """A DQ store, an A copy or a wgmma operand read touched the kbit4 code table's bytes, or the
+    table changed after its fill."""
 
 
 # -- the tiled layout as values ------------------------------------------------------------------
@@ -146,22 +164,26 @@ def descriptor_fields(desc: int) -> dict[str, int]:
     }
 
 
-def operand_k16(smem: np.ndarray, desc: int, rows: int) -> np.ndarray:
-    """The rows x 16 operand (f16-sized elements, K-major, 128-byte swizzle) a descriptor points
-    to, read from `smem` (one value per 2-byte slot of the shared window, slot = address / 2).
-    Row i, 16-byte chunk h of the row's 32-byte k16 slice: address S + (i // 8) SBO + (i % 8) 128
-    + 16 h before the swizzle, which XORs address bits [4, 7) with bits [7, 10); element e of the
-    chunk is k = 8 h + e."""
+def operand_chunks(desc: int, rows: int) -> np.ndarray:
+    """The shared addresses [rows, 2] of the 16-byte chunks of the rows x 16 operand (f16-sized
+    elements, K-major, 128-byte swizzle) a descriptor points to. Row i, 16-byte chunk h of the
+    row's 32-byte k16 slice: address S + (i // 8) SBO + (i % 8) 128 + 16 h before the swizzle,
+    which XORs address bits [4, 7) with bits [7, 10)."""
     f = descriptor_fields(desc)
     assert f["swizzle"] == SWIZZLE_128B, f
     # the pattern repeats every 1024 bytes; a start inside a repeat needs the base offset field
     assert f["base_offset"] == 0 and (f["start"] >> 7) & 7 == 0, f
-    i = np.arange(rows)[:, None, None]
-    h = np.arange(2)[None, :, None]
-    e = np.arange(8)[None, None, :]
+    i = np.arange(rows)[:, None]
+    h = np.arange(2)[None, :]
     addr = f["start"] + (i // 8) * f["sbo"] + (i % 8) * 128 + 16 * h
-    phys = addr ^ (((addr >> 7) & 7) << 4)
-    return smem[phys // 2 + e].reshape(rows, 16)
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def operand_k16(smem: np.ndarray, desc: int, rows: int) -> np.ndarray:
+    """The operand of operand_chunks read from `smem` (one value per 2-byte slot of the shared
+    window, slot = address / 2): element e of chunk h of row i is k = 8 h + e."""
+    phys = operand_chunks(desc, rows)
+    return smem[(phys // 2)[..., None] + np.arange(8)].reshape(rows, 16)
 
 
 def accumulator_fragments(d: np.ndarray) -> np.ndarray:
@@ -193,7 +215,7 @@ def wgmma_desc_k128(addr: int) -> int:
 
 
 def scale_offset(fmt: str, g, t):
-    """fp4.cuh scale_offset<FMT>."""
+    """fp4.cuh scale_offset<FMT> (KBIT4: as MXFP4)."""
     return 16 * g + 8 * (t >> 1) if fmt == "nvfp4" else 8 * g
 
 
@@ -217,6 +239,9 @@ class Stats:
     wgmmas: int = 0
     ctas: int = 0
     hazards_checked: int = 0
+    table_checks: int = 0  # kbit4: times the code table was found as filled
+    table_reads: int = 0  # kbit4: table entries the decode read
+    table_read_ways: int = 0  # kbit4: worst bank conflict of the decode's table reads (_word_ways)
     sizes: dict = field(default_factory=dict)
 
 
@@ -232,6 +257,17 @@ def _phase_ways(addr: np.ndarray) -> int:
     return int((same_bank & first[:, None, :]).sum(axis=2).max())
 
 
+def _word_ways(addr: np.ndarray) -> int:
+    """Worst bank conflict (ways) of one 4-byte shared access per lane, addr [..., 32 lanes]:
+    the distinct addresses on one 4-byte bank ((addr >> 2) % 32) are serialized."""
+    a = np.asarray(addr).reshape(-1, 32)
+    bank = (a >> 2) & 31
+    same_bank = bank[:, :, None] == bank[:, None, :]
+    same_addr = a[:, :, None] == a[:, None, :]
+    first = ~np.tril(same_addr, k=-1).any(axis=2)
+    return int((same_bank & first[:, None, :]).sum(axis=2).max())
+
+
 class _Cta:
     """One CTA of wgmma_gemm<T, FMT, BM, STAGES, RING, INFLIGHT> (names as in wgmma.cuh)."""
 
@@ -243,12 +279,24 @@ class _Cta:
             self.D = self.STAGES - self.INFLIGHT
         self.NDQ = 2 if e.bug == "dq_two_buffers" else 2 + self.INFLIGHT  # WgSmem::DQ
         self.A_BYTES = self.BM * STEP_K * 2
-        self.TOTAL = self.NDQ * WG_DQ_BYTES + self.STAGES * self.A_BYTES + 1024
+        self.LUT_BYTES = KBIT4_LUT_BYTES if e.fmt == "kbit4" else 0  # after the stages
+        self.TOTAL = self.NDQ * WG_DQ_BYTES + self.STAGES * self.A_BYTES + self.LUT_BYTES + 1024
         self.smem_start = e.smem_start  # the dynamic window's start (static `last` before it)
         self.base = (self.smem_start + 1023) & ~1023
         if e.bug == "base_unaligned":
             self.base = self.smem_start
         self.dq0, self.sa0 = self.base, self.base + self.NDQ * WG_DQ_BYTES
+        # KBIT4: lut = sa0 + STAGES * A_BYTES (the table's bytes [lut, lut + LUT_BYTES))
+        self.lut = self.sa0 + self.STAGES * self.A_BYTES
+        if e.bug == "lut_one_slot_early":
+            self.lut -= self.A_BYTES
+        elif e.bug == "lut_over_dq":
+            self.lut = self.sa0 - KBIT4_LUT_BYTES
+        # bytes the tiles and the table take from the window's start (slack included): in TOTAL
+        self.used = max(self.sa0 + self.STAGES * self.A_BYTES, self.lut + self.LUT_BYTES)
+        self.used -= self.smem_start
+        assert self.used <= self.TOTAL, (self.used, self.TOTAL)
+        self.lut_image = None  # the table as filled (kbit4, from fill_table on)
         self.smem = np.full((self.smem_start + self.TOTAL) // 2, np.nan)
         self.pending = np.zeros(self.smem.size, np.int64)  # cp.async group + 1 until it lands
         self.n0, self.m0 = bx * WG_BN, by * self.BM
@@ -270,14 +318,75 @@ class _Cta:
         self.RING = e.ring
         self.wa, self.wb, self.sr = [None] * e.ring, [None] * e.ring, [None] * e.ring
 
-    # shared-memory stores, 16 bytes each (addresses checked against the window)
-    def _store(self, addr: np.ndarray, vals: np.ndarray, pending: int = 0) -> None:
+    def _access(self, addr: np.ndarray, what: str, table: bool = False) -> None:
+        """16-byte accesses at addr: inside the window, and (table False) off the kbit4 table's
+        bytes, whether it is filled yet or not (a copy issued before the fill may land after)."""
         addr = np.asarray(addr)
-        assert (addr % 16 == 0).all()
-        assert addr.min() >= self.smem_start and addr.max() + 16 <= self.smem_start + self.TOTAL
+        assert (addr % 16 == 0).all(), what
+        assert addr.min() >= self.smem_start and addr.max() + 16 <= self.smem_start + self.TOTAL, what
+        if self.LUT_BYTES and not table and self.em.access_checks:
+            hit = (addr < self.lut + self.LUT_BYTES) & (addr + 16 > self.lut)
+            if hit.any():
+                raise OverlapError(f"{what} at {int(addr[hit].min())}.. touches the kbit4 table "
+                                   f"[{self.lut}, {self.lut + self.LUT_BYTES})")
+
+    # shared-memory stores, 16 bytes each
+    def _store(self, addr: np.ndarray, vals: np.ndarray, what: str, pending: int = 0,
+               table: bool = False) -> None:
+        addr = np.asarray(addr)
+        self._access(addr, what, table)
         slots = (addr // 2)[..., None] + np.arange(8)
         self.smem[slots] = vals
         self.pending[slots] = pending
+
+    def fill_table(self) -> None:
+        """KBIT4: Kbit4Fill<T, THREADS>::load(post) and fill(smem + (lut - raw)) (then
+        __syncthreads): thread x stores uint4 x + THREADS j (j < PER) of the table, every
+        2-byte half of its four words the pair (lo, hi[j]) of codebook values."""
+        cb = self.em.codebook
+        per = KBIT4_LUT_BYTES // 16 // THREADS
+        x = np.arange(THREADS)[:, None]
+        j = np.arange(per)[None, :]
+        lo = cb[(x >> 3) & 15]  # load(): lo, hi[j]
+        hi = cb[(x >> 7) + (THREADS // 128) * j]
+        at = self.lut + 16 * (x + THREADS * j)
+        pair = np.stack(np.broadcast_arrays(lo, hi), axis=-1)  # [THREADS, PER, 2]
+        self._store(at, np.tile(pair, 4), "table fill", table=True)
+        # the table as fp4.cuh defines it: entry c = (cb[c & 15], cb[c >> 4]) at c * 128 +
+        # 4 * copy, 32 copies; the fill must write exactly that, over exactly the table's bytes
+        assert np.array_equal(np.sort(at.ravel()), self.lut + 16 * np.arange(per * THREADS))
+        c = np.arange(256)[:, None]
+        want = np.stack(np.broadcast_arrays(cb[c & 15], cb[c >> 4]), axis=-1)  # [c, 1, 2]
+        want = np.broadcast_to(want, (256, 32, 2)).reshape(-1)
+        got = self.smem[self.lut // 2:(self.lut + KBIT4_LUT_BYTES) // 2]
+        assert np.array_equal(got, want), "the table fill does not write fp4.cuh's table"
+        self.lut_image = want.copy()
+        self.check_table("its fill")
+
+    def check_table(self, when: str) -> None:
+        """KBIT4: the table's bytes as the fill left them."""
+        if not self.LUT_BYTES:
+            return
+        got = self.smem[self.lut // 2:(self.lut + KBIT4_LUT_BYTES) // 2]
+        if not np.array_equal(got, self.lut_image, equal_nan=True):
+            raise OverlapError(f"the kbit4 table changed after its fill (at {when})")
+        self.em.stats.table_checks += 1
+
+    def kbit4_word(self, w: np.ndarray) -> np.ndarray:
+        """kbit4_word(q, dec.lane_lut, o) for every warp and lane, w [8, 32, 8 codes] (word q:
+        code i in nibble i): o[p] = the table entry at lane_lut + (byte p << 7), lane_lut = lut
+        + 4 lane -> the 8 values [8, 32, 8] (o[p]'s low half first)."""
+        code = w.astype(np.int64)
+        assert np.array_equal(code, w) and code.min() >= 0 and code.max() < 16, "kbit4 codes"
+        byte = code[..., 0::2] | (code[..., 1::2] << 4)  # __byte_perm(q, 0, 0x4440 + p)
+        lane_lut = self.lut + 4 * np.arange(32)[None, :, None]
+        at = lane_lut + (byte << 7)  # [8, 32, 4]
+        assert at.min() >= self.lut and at.max() + 4 <= self.lut + self.LUT_BYTES
+        st = self.em.stats
+        st.table_reads += at.size
+        ways = _word_ways(np.moveaxis(at, 1, -1))  # one ld.shared.b32 a warp and pair p
+        st.table_read_ways = max(st.table_read_ways, ways)
+        return self.smem[(at // 2)[..., None] + np.arange(2)].reshape(w.shape)
 
     def load(self, d: int) -> None:
         """The lambda `load(d)`: this warp's 1 KB block and scale word of the next step into
@@ -295,6 +404,7 @@ class _Cta:
         """Every warp's decode of ring slot d into DQ[buf] (the block `{ swap_pairs .. sts128 }`):
         word j of a 16-byte chunk = bytes 4j .. 4j + 3, element 2i + nibble of byte i."""
         e, bug = self.em, self.em.bug
+        self.check_table(f"a decode into DQ[{buf}]")  # the decode reads it (kbit4)
         warp = np.arange(8)[:, None]
         lane = np.arange(32)[None, :]
         g, t = lane >> 2, lane & 3
@@ -316,6 +426,8 @@ class _Cta:
         row_g = (16 * warp + g) * 128
         for j in range(4):  # slot j holds word j ^ odd
             wa_j, wb_j = wa[:, :, j], wb[:, :, j]
+            if e.fmt == "kbit4":  # WordDecoder: through the table (else the values as they are)
+                wa_j, wb_j = self.kbit4_word(wa_j), self.kbit4_word(wb_j)
             f = [None] * 8  # raw_frags_of_word: f[2p] = pair p of row g, f[2p + 1] of row g + 8
             for p in range(4):
                 f[2 * p] = wa_j[..., 2 * p:2 * p + 2]
@@ -324,8 +436,8 @@ class _Cta:
                 f[p] = f[p] * (s1 if p & 1 else s0)[..., j:j + 1]
             half = (j & 1) if bug == "dq_no_odd_swap" else ((j & 1) ^ odd)
             at = dq + (j >> 1) * (WG_BN * 128) + row_g + (((t + 4 * half) ^ g) << 4)
-            self._store(at, np.concatenate([f[0], f[2], f[4], f[6]], axis=-1))
-            self._store(at + 1024, np.concatenate([f[1], f[3], f[5], f[7]], axis=-1))
+            self._store(at, np.concatenate([f[0], f[2], f[4], f[6]], axis=-1), "a DQ store")
+            self._store(at + 1024, np.concatenate([f[1], f[3], f[5], f[7]], axis=-1), "a DQ store")
             ways = max(_phase_ways(at), _phase_ways(at + 1024))
             e.stats.dq_store_ways = max(e.stats.dq_store_ways, ways)
 
@@ -344,7 +456,7 @@ class _Cta:
             src = np.where(ok, a_src + 16 * u * e.K + kq * STEP_K, 0)[:, None] + np.arange(8)
             vals = np.where(ok[:, None], xf[src], 0.0)  # zero-filled past M
             dst = sa + u * 16 * 128
-            self._store(dst, vals, pending=self.committed + 1)
+            self._store(dst, vals, "an A copy", pending=self.committed + 1)
 
     def cp_async_commit(self) -> None:
         self.committed += 1
@@ -359,7 +471,9 @@ class _Cta:
 
     def wgmma_issue(self, wg: int, da: int, db: int) -> None:
         """Wgmma<T, BM>::run(acc, da, db) of warpgroup wg: the model's operands must not lie
-        under a pending copy; they are kept to compare at the wait."""
+        under a pending copy nor touch the kbit4 table; they are kept to compare at the wait."""
+        for desc, rows in ((da, 64), (db, self.BM)):
+            self._access(operand_chunks(desc, rows), "a wgmma operand read")
         pend = self.pending.astype(np.float64)
         if operand_k16(pend, da, 64).any() or operand_k16(pend, db, self.BM).any():
             raise HazardError(f"wgmma of warpgroup {wg} reads an A slot still being copied")
@@ -415,6 +529,8 @@ class _Cta:
             if s < n_k:
                 self.stage_load(s, s)
             self.cp_async_commit()
+        if self.LUT_BYTES:
+            self.fill_table()
         da0 = [wgmma_desc_k128(self.dq0 + wg * 64 * 128) for wg in (0, 1)]
         db0 = wgmma_desc_k128(self.sa0)
         cp_wait = D if self.em.bug == "cp_wait_short" else D - 1
@@ -426,6 +542,7 @@ class _Cta:
         for wg in (0, 1):
             self.wgmma_wait(wg, 0)
         self.cp_async_wait(0)
+        self.check_table("the end")
         return self.acc
 
 
@@ -447,28 +564,39 @@ class _Launch:
     bug: str | None
     smem_start: int
     stats: Stats
+    codebook: np.ndarray | None  # kbit4: post, the codebook [16]
+    access_checks: bool  # kbit4: accesses checked off the table (False: only its contents)
 
 
 def emulate(wq: np.ndarray, scales: np.ndarray, x: np.ndarray, fmt: str = "nvfp4", bm: int = 128,
             stages: int = 4, inflight: int = 1, ring: int = 3, split: int = 1,
-            arrangement: str = "tile_major", bug: str | None = None,
-            smem_start: int = 16) -> tuple[np.ndarray, Stats]:
+            arrangement: str = "tile_major", bug: str | None = None, smem_start: int = 16,
+            codebook: np.ndarray | None = None,
+            access_checks: bool = True) -> tuple[np.ndarray, Stats]:
     """C [M, N] = the kernel's fp32 sums (float64 here, before row factor, alpha and bias) of
     X [M, K] . (wq * group scales)^T, and what the mirror saw (Stats).
 
-    wq [N, K]: the decoded weight values (as e2m1 codes decode: any float64 values here);
-    scales [N, K * SB / 128]: one value per group of 128 / SB (NVFP4: 16, MXFP4: 32) k. The grid
-    is the plan's: (ceil(N / 128), ceil(M / BM), ceil(Q / sps)) with sps = ceil(Q / split)."""
+    wq [N, K]: the decoded weight values (as e2m1 codes decode: any float64 values here); for
+    kbit4 the codes 0..15, each standing for codebook[code] (codebook [16]: the kernel's post);
+    scales [N, K * SB / 128]: one value per group of 128 / SB (NVFP4: 16, MXFP4, KBIT4: 32) k.
+    The grid is the plan's: (ceil(N / 128), ceil(M / BM), ceil(Q / sps)) with sps = ceil(Q /
+    split). access_checks False leaves out the checks that no access touches the kbit4 table
+    (its contents are still checked: the negative controls of both)."""
     assert bug is None or bug in BUGS, bug
+    assert (bug or "").startswith("lut_") <= (fmt == "kbit4"), (bug, fmt)
     n, k = wq.shape
     m = x.shape[0]
     assert k % STEP_K == 0 and x.shape[1] == k and scales.shape == (n, k * SB[fmt] // STEP_K)
+    if fmt == "kbit4":
+        codebook = np.asarray(codebook, np.float64)
+        assert codebook.shape == (16,) and np.isfinite(codebook).all(), codebook
     q = k // STEP_K
     sps = -(-q // split)
     splits = -(-q // sps)
     stats = Stats()
     em = _Launch(np.asarray(x, np.float64), tiled_values(wq, scales, fmt, arrangement),
-                 fmt, m, n, k, bm, stages, inflight, ring, sps, bug, smem_start, stats)
+                 fmt, m, n, k, bm, stages, inflight, ring, sps, bug, smem_start, stats, codebook,
+                 access_checks)
     ws = np.full((splits, m, n), np.nan)  # the split-K workspace (or C itself, one split)
     written = np.zeros((splits, m, n), np.int64)
     lane = np.arange(32)[None, :, None, None]
@@ -480,7 +608,8 @@ def emulate(wq: np.ndarray, scales: np.ndarray, x: np.ndarray, fmt: str = "nvfp4
         for by in range(-(-m // bm)):
             for bx in range(-(-n // WG_BN)):
                 cta = _Cta(em, bx, by, bz)
-                stats.sizes = {"TOTAL": cta.TOTAL, "DQ": cta.NDQ}
+                stats.sizes = {"TOTAL": cta.TOTAL, "DQ": cta.NDQ, "used": cta.used,
+                               "lut": cta.lut - cta.smem_start if cta.LUT_BYTES else None}
                 acc = cta.run()
                 stats.ctas += 1
                 # epilogue: acc[j][e] = C[m0 + 8j + 2t + e % 2, n0 + 16 warp + g + 8 (e / 2)]
