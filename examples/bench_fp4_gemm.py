@@ -200,7 +200,7 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
 
     from kernelgen.fp4_gemm import fp4_gemm, plan
     from kernelgen.fp4_gemm.config import WGMMA_ARCHS, WGMMA_BMS, WGMMA_SMEM_MAX, wgmma_smem
-    from kernelgen.fp4_gemm.select import wgmma_pipeline
+    from kernelgen.fp4_gemm.select import TILE_MIN_STEPS, wgmma_pipeline
 
     def variants(m):
         base = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
@@ -286,7 +286,7 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                     yield f"wgmma split={s}", p2
             if c0.bm == 64:  # two CTAs an SM (the one pipeline that fits twice), K split for them
                 ctas = wg.grid[0] * wg.grid[1]
-                s2 = max(1, min(2 * dev.sm_count // ctas, k // 128 // 4))  # select.TILE_MIN_STEPS
+                s2 = max(1, min(2 * dev.sm_count // ctas, k // 128 // TILE_MIN_STEPS))
                 p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, path="wgmma", split=s2)
                 cfg = c0.replace(stages=2, inflight=0, ctas_per_sm=2)
                 yield f"wgmma bm=64 st=2 inflight=0 2 CTAs an SM split={p2.split}", dataclasses.replace(

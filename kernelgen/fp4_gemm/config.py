@@ -54,6 +54,11 @@ def _check_operands(cfg: Any) -> None:
                                "enc must equal dtype")
 
 
+def _operand_vars(cfg: Any) -> dict[str, Any]:
+    """Template variables of those kernels' operands: A's C++ type, fp4.cuh's FMT and ENC ids."""
+    return {"ctype": CTYPE[cfg.dtype], "fmt_id": FMT_ID[cfg.fmt], "enc_id": ENC_ID[cfg.enc]}
+
+
 @dataclass(frozen=True)
 class Fp4GemvConfig(KernelConfig):
     family: ClassVar[str] = "fp4_gemm"
@@ -114,8 +119,7 @@ class Fp4GemvConfig(KernelConfig):
     def template_vars(self) -> dict[str, Any]:
         # CTAs an SM for warps_per_sm; at 32 (<= 64 registers) the epilogue's factors are not
         # held through the loop
-        return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
-                "enc_id": ENC_ID[self.enc],
+        return {**super().template_vars(), **_operand_vars(self),
                 "min_blocks": self.warps_per_sm // self.warps,
                 "early": self.m_tile == 8 and self.warps_per_sm == 16,
                 "lean": self.warps_per_sm == 32, "a_by_word": self.a_by_word,
@@ -158,8 +162,7 @@ class Fp4TileConfig(KernelConfig):
         return tile_smem(self.fmt, self.bm, self.stages)
 
     def template_vars(self) -> dict[str, Any]:
-        return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
-                "enc_id": ENC_ID[self.enc], "min_blocks": self.min_blocks}
+        return {**super().template_vars(), **_operand_vars(self), "min_blocks": self.min_blocks}
 
     @property
     def min_blocks(self) -> int:
@@ -237,8 +240,7 @@ class Fp4WgmmaConfig(KernelConfig):
         return wgmma_smem(self.bm, self.stages, self.inflight, self.fmt)
 
     def template_vars(self) -> dict[str, Any]:
-        return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
-                "enc_id": ENC_ID[self.enc]}
+        return {**super().template_vars(), **_operand_vars(self)}
 
 
 @dataclass(frozen=True)
@@ -271,8 +273,7 @@ class Fp4DequantConfig(KernelConfig):
         return ("fp4_dequant",)
 
     def template_vars(self) -> dict[str, Any]:
-        return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID[self.fmt],
-                "enc_id": ENC_ID[self.enc], "threads": self.threads}
+        return {**super().template_vars(), **_operand_vars(self), "threads": self.threads}
 
 
 DEQUANT_THREADS = 256

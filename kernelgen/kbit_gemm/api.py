@@ -35,8 +35,7 @@ class KbitLinear:
            planes), which the flat GEMV, mma and dequant kernels read; any bit-width
     tiled  `tiled`: 4 bits only, the codes repacked into the tiled layout of the FP4 kernels
            (kernelgen/kbit_gemm/tiled.py), read by its gemv, tile, dequant (and forced wgmma)
-           paths; `q` is None
-           (no second copy of the weight)
+           paths; `q` is None (no second copy of the weight)
     Exactly one of q / tiled is set.
 
     Call it like a layer: `lin(A, bias=None, out=None)` is `gemm(A, lin, bias, out=out)`.
@@ -146,8 +145,7 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     scratch + cuBLAS); `tile` ((tile_m, tile_n) of the mma path) and `kw` (warps of a GEMV CTA
     sharing one tile's K range: 1, 2, 4; implies the gemv path) force its plans. A tiled 4-bit
     weight (KbitLinear.layout): "gemv", "tile", "dequant", or "wgmma" (sm_90a, forced only)
-    (kbit_gemm/tiled.py). `path` and
-    `split_k` (number of K splits) force either.
+    (kbit_gemm/tiled.py). `path` and `split_k` (number of K splits) force either.
     Runs on the caller's current stream; results come back as the caller's array kind.
     """
     return _gemm(A, W, bias, out, dtype, split_k, path, tile, kw, None)
