@@ -268,7 +268,7 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
                 grid = (p.grid[0], -(-m // bm), p.grid[2])
                 yield f"bm={bm} wt={wt} st={st}", dataclasses.replace(
                     p, config=cfg, grid=grid, block=(cfg.threads, 1, 1), smem=cfg.smem_bytes())
-        if dev.arch.name in WGMMA_ARCHS:  # the wgmma path (forced only): A stages x groups in
+        if dev.arch.name in WGMMA_ARCHS:  # the wgmma path: A stages x groups in
             wg = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, path="wgmma")  # flight
             c0 = wg.config  # x weight ring at its BM; the other BMs; K splits
             cands = [(c0.bm, st, inf, r) for st in (2, 3, 4) for inf in (0, 1) for r in (1, 2, 3)]
@@ -368,6 +368,8 @@ def main() -> None:
                     help="only call the GEMM 3 times per shape / fmt / M (default plan), for ncu")
     ap.add_argument("--profile-wps", type=int, default=None,
                     help="--profile: force the bandwidth path's resident warps an SM (16 / 32)")
+    ap.add_argument("--profile-path", default=None, choices=("gemv", "tile", "dequant", "wgmma"),
+                    help="--profile: force this path (default: the planner's)")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
                     help="activations / output of the timed rows (cuBLAS stays fp16)")
     ap.add_argument("--encoding", default=None, choices=("float16", "bfloat16"),
@@ -400,7 +402,8 @@ def main() -> None:
                 w = weight_copies(fmt, n, k, 0, args.arrangements.split(",")[0])[0][0]
                 for m in ms:
                     a = cupy.asarray(rng.standard_normal((m, k)).astype(np.float16))
-                    p = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, wps=args.profile_wps)
+                    p = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, wps=args.profile_wps,
+                             path=args.profile_path)
                     for _ in range(3):
                         fp4_gemm(a, w, _plan=p)
                     print(f"profiled {n}x{k} {fmt} M={m}: {p.short()}", flush=True)

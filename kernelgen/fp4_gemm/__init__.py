@@ -2,8 +2,8 @@
 
 Weights are dequantized in registers into mma.sync fragments: a bandwidth (GEMV) path for
 small M, a tensor-core tile path with a cp.async pipeline above; at large M the weight is made
-dense in A's dtype for cuBLAS (select.py). On sm_90a path="wgmma" (forced only, not yet
-measured) decodes each step's weights into shared memory for warpgroup MMA."""
+dense in A's dtype for cuBLAS (select.py). On sm_90a the wgmma path (mid M, long enough K)
+decodes each step's weights into shared memory for warpgroup MMA."""
 
 from ..core.registry import Family, register_family
 from .config import Fp4DequantConfig, Fp4GemvConfig, Fp4TileConfig, Fp4WgmmaConfig
@@ -14,8 +14,7 @@ register_family(
         name="fp4_gemm",
         config_classes=(Fp4GemvConfig, Fp4TileConfig, Fp4DequantConfig, Fp4WgmmaConfig),
         prewarm_configs=prewarm_configs,
-        matrix_spec={"wgmma": True},  # the compile matrix also builds the forced-only wgmma path
-        description="FP4-weight (NVFP4 / MXFP4) GEMM: bandwidth path for small M, mma tiles above, dequantize + cuBLAS at large M",
+        description="FP4-weight (NVFP4 / MXFP4) GEMM: bandwidth path for small M, mma tiles above (wgmma on sm_90a), dequantize + cuBLAS at large M",
     )
 )
 

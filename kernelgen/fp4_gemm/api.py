@@ -268,11 +268,12 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     "nvfp4" / "mxfp4" (prepared for A's dtype on first use and remembered: one prepared copy
     per dtype it is used with) or an Fp4Weight from `prepare_weight` (either A dtype; the one
     it was prepared for is faster); bias [N] and D [..., N] in A's dtype; fp32 accumulation,
-    D rounded to nearest. Large M (select.DENSE_MIN_M) runs W made dense in A's dtype (exact
-    for NVFP4; MXFP4 values as the format gives them, within the dtype's range) through cuBLAS.
-    `out` receives D. `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` / `path`
-    ("gemv" | "tile" | "dequant" | "wgmma": sm_90a, the weights of each step decoded into
-    shared memory for warpgroup MMA, forced only) override the selector (tests, tuning; a
+    D rounded to nearest. On sm_90a mid M (select.wgmma_takes) runs the wgmma path (the weights
+    of each step decoded into shared memory for warpgroup MMA); otherwise large M
+    (select.DENSE_MIN_M) runs W made dense in A's dtype (exact for NVFP4; MXFP4 values as the
+    format gives them, within the dtype's range) through cuBLAS. `out` receives D.
+    `dtype="bfloat16"` marks CuPy uint16 data as bf16. `split_k` / `path` ("gemv" | "tile" |
+    "dequant" | "wgmma": sm_90a) override the selector (tests, tuning; a
     `split_k` alone where the selector would dequantize runs the tile path; `_plan` replaces
     both, for benchmarks of variants). Runs on the caller's current stream; returns the caller's
     array kind.

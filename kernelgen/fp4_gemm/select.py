@@ -3,7 +3,9 @@
 (arch, M, N, K, fmt, dtype, SM count, the device's shared memory a block) -> Plan: the path
 (bandwidth GEMV for M <= GEMV_MAX_M and, where the tile path has few CTAs, up to
 GEMV_VERY_FEW_CTAS_MAX_M; tensor-core tiles above; from DENSE_MIN_M the weight made dense for
-cuBLAS), its config and its launch (K splits, grid, shared memory). No GPU work; memoised and printable (KERNELGEN_PRINT_CONFIGS=1).
+cuBLAS; on sm_90a the wgmma kernel for mid M ahead of these, see WGMMA_MIN_M), its config and
+its launch (K splits, grid, shared memory). No GPU work; memoised and printable
+(KERNELGEN_PRINT_CONFIGS=1).
 `prewarm_configs` walks the same function over the shapes of a spec and the parts of each
 target (kernelgen.arch.PARTS), so prewarm builds exactly what dispatch can pick.
 """
@@ -139,6 +141,20 @@ TILE_MIN_STEPS = 4
 # 65.8 / 29.8; 28672x4096 M = 128 138.2 / 205.4, 192 267.8 / 210.1. So the tile path keeps M <=
 # 128 (BM <= 64) and dequantize + cuBLAS takes every M above.
 DENSE_MIN_M = 129
+# The wgmma path (sm_90a: each step's weights decoded into shared memory, wgmma m64nBMk16) takes
+# WGMMA_MIN_M..WGMMA_MAX_M tokens where every K split keeps >= WGMMA_MIN_STEPS 128-k steps (its
+# prologue, drain and split-K epilogue amortised). Measured on the H100 (session 17, graph-timed,
+# weights rotated past L2), wgmma / what the rule gave before, us: nvfp4 14336x4096 (112 row
+# CTAs, 32 steps) M = 32 28.7 / 26.7 (gemv), 64 29.9 / 44.7 (gemv), 128 40.9 / 69.4 (tile), 192
+# 66.0 / 105.1 (dequant), 256 69.6 / 109.4, 1024 290 / ~237; tiled kbit4 14336x4096 M = 64 30.6
+# / 51.8, 128 41.6 / 91.7, 256 67.2 / 110.8, 1024 284.7 / 237.4; 4096x14336 (32 row CTAs, split
+# 4: 28 steps) M = 16 30.1 / 18.8, 64 37.7 / 51.8, 128 55.6 / 89.9, 256 93.9 / 116.9; 4096x4096
+# (split 4: 8 steps) M = 64 21.3 / 16.7 (nvfp4) and 20.2 / 18.3 (kbit4), 128 34.4 / 25.3, 256
+# 63.0 / 32.2: too few steps a split. Its loop is bound by the decode's issue latency (ncu, M =
+# 64: 304 instructions a warp a step, 2 warps a scheduler, tensor pipe 31% busy; BENCHMARKS.md).
+WGMMA_MIN_M = 33
+WGMMA_MAX_M = 256
+WGMMA_MIN_STEPS = 16
 DEQUANT_CTAS_PER_SM = 8  # 256-thread CTAs of the dequantize kernel: a full SM, one chunk a thread
 # stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM (and the
 # device's, where a part allows less: 8.6 / 8.9 under sm_80 take 99 KB a block)
@@ -289,15 +305,38 @@ def _tile_plan(cfg: Fp4TileConfig | Fp4WgmmaConfig, m: int, n: int, k: int, spli
     """A tile kernel's launch: 128 W rows x BM tokens a CTA, K split `split` times, or (None)
     splits_to_fill(CTAs) times but keeping TILE_MIN_STEPS steps a split."""
     q = k // STEP_K
-    ctas = -(-n // TILE_BN) * -(-m // cfg.bm)
     if split is None:
-        split = max(1, min(splits_to_fill(ctas), q // TILE_MIN_STEPS))
+        split = _auto_split(q, -(-n // TILE_BN) * -(-m // cfg.bm), splits_to_fill)
     elif not 1 <= split <= q:
         raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
     sps = -(-q // split)
     split = -(-q // sps)
     grid = (-(-n // TILE_BN), -(-m // cfg.bm), split)
     return Plan(cfg, split, sps, grid, (cfg.threads, 1, 1), cfg.smem_bytes())
+
+
+def _auto_split(q: int, ctas: int, splits_to_fill: Callable[[int], int]) -> int:
+    """K splits of a tile kernel with `ctas` CTAs a split over q steps: splits_to_fill(ctas),
+    keeping TILE_MIN_STEPS steps a split."""
+    return max(1, min(splits_to_fill(ctas), q // TILE_MIN_STEPS))
+
+
+def _wgmma_fill(sm_count: int) -> Callable[[int], int]:
+    """One CTA an SM: split K while the CTAs of every split still fit the SMs."""
+    return lambda ctas: sm_count // ctas
+
+
+def wgmma_takes(arch: str, m: int, n: int, k: int, sm_count: int, fmt: str = "nvfp4",
+                smem_limit: int | None = None) -> bool:
+    """Whether dispatch runs the wgmma path (see WGMMA_MIN_M): also not where the device's
+    shared memory a block (`smem_limit`) holds no pipeline of its BM."""
+    if arch not in WGMMA_ARCHS or not WGMMA_MIN_M <= m <= WGMMA_MAX_M:
+        return False
+    bm, q = wgmma_bm(m), k // STEP_K
+    if wgmma_smem(bm, 2, 0, fmt) > min(WGMMA_SMEM_MAX, smem_cap(arch, smem_limit)):
+        return False
+    split = _auto_split(q, -(-n // TILE_BN) * -(-m // bm), _wgmma_fill(sm_count))
+    return -(-q // split) >= WGMMA_MIN_STEPS
 
 
 def wgmma_bm(m: int) -> int:
@@ -325,8 +364,7 @@ def _wgmma(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit):
     stages, inflight = wgmma_pipeline(bm, min(WGMMA_SMEM_MAX, smem_cap(arch, smem_limit)), fmt)
     cfg = Fp4WgmmaConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, bm=bm, stages=stages,
                          inflight=inflight)
-    # one CTA an SM: split K while the CTAs of every split still fit the SMs
-    return _tile_plan(cfg, m, n, k, split, lambda ctas: sm_count // ctas)
+    return _tile_plan(cfg, m, n, k, split, _wgmma_fill(sm_count))
 
 
 def path_for(m: int, n: int, sm_count: int) -> str:
@@ -352,7 +390,7 @@ def _dequant(arch: str, n: int, k: int, fmt: str, dtype: str, sm_count: int, enc
 def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
          path: str | None = None, split: int | None = None, tpw: int | None = None,
          wps: int | None = None, enc: str | None = None, smem_limit: int | None = None) -> Plan:
-    """Pure planner. `path` ("gemv" / "tile" / "dequant" / "wgmma": sm_90a, forced only; a
+    """Pure planner. `path` ("gemv" / "tile" / "dequant" / "wgmma": sm_90a; a
     `split` without a path where the rule says dequant gives the tile path), `split`, `tpw`
     (tiles a warp of the bandwidth path, 1 or 2) and `wps` (its resident warps an SM, 16 or 32;
     32 implies TPW 1) force a choice (tests, tuning). `enc`: the activation type the weight
@@ -367,7 +405,8 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
                          f"tiled 4-bit kbit weights of kernelgen.kbit_gemm)")
     get_arch(arch)
     if path is None:
-        path = path_for(m, n, sm_count)
+        takes = wgmma_takes(arch, m, n, k, sm_count, fmt, smem_limit)
+        path = "wgmma" if takes else path_for(m, n, sm_count)
         if path == "dequant" and split is not None:  # a forced K split asks for the tile path
             path = "tile"
     if tpw is not None and (path != "gemv" or tpw not in TPWS):
@@ -415,6 +454,16 @@ def _probe_ms() -> list[int]:
     for max_m, _ in TILE_BM_TABLE:
         ms += [lo, min(max_m, 1 << 16)]
         lo = max_m + 1
+    return ms + wgmma_probe_ms()
+
+
+def wgmma_probe_ms() -> list[int]:
+    """Both ends of every BM bucket of the wgmma path's M range."""
+    lo, ms = WGMMA_MIN_M, []
+    for bm in WGMMA_BMS:
+        if bm >= lo:
+            ms += [lo, min(bm, WGMMA_MAX_M)]
+            lo = bm + 1
     return ms
 
 
@@ -422,8 +471,7 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
                     ) -> Iterator[Fp4GemvConfig | Fp4TileConfig | Fp4DequantConfig | Fp4WgmmaConfig]:
     """Configs the selector can return on the parts of each arch (kernelgen.arch.parts_of).
     spec: "fmts" (nvfp4 / mxfp4), "dtypes" (others skipped), "shapes" ([N, K]: every M; [M, N,
-    K]: that M), "sm_counts". Without shapes: every config, and with "wgmma": true (the family's
-    matrix_spec: the CI compile matrix) those of the forced-only path="wgmma" on its archs."""
+    K]: that M), "sm_counts". Without shapes: every config dispatch can pick."""
     fmts = tuple(f for f in (spec.get("fmts") or FMTS) if f in FMTS)
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)
@@ -448,10 +496,9 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
                                                     for lim in smem_limits(arch)):
                             yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, bm=bm,
                                                 stages=stages, warps_t=TILE_BMS[bm])
-                    if spec.get("wgmma") and arch in WGMMA_ARCHS:  # and tiled kbit4's
-                        for f in (fmt, "kbit4") if fmt == fmts[0] else (fmt,):
-                            for bm in WGMMA_BMS:
-                                yield plan(arch, bm, 4096, 4096, f, dtype, 132, path="wgmma").config
+                    if arch in WGMMA_ARCHS:  # each BM's pipeline (sm_90a: one part)
+                        for bm in WGMMA_BMS:
+                            yield plan(arch, bm, 4096, 4096, fmt, dtype, 132, path="wgmma").config
                     continue
                 for sms, lim in parts_of(arch, spec.get("sm_counts")):
                     for m, n, k in shapes:

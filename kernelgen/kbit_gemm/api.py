@@ -144,7 +144,7 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     (bandwidth kernel), "mma" (tensor-core kernel, N % 128 == 0), "dequant" (W dequantized to a
     scratch + cuBLAS); `tile` ((tile_m, tile_n) of the mma path) and `kw` (warps of a GEMV CTA
     sharing one tile's K range: 1, 2, 4; implies the gemv path) force its plans. A tiled 4-bit
-    weight (KbitLinear.layout): "gemv", "tile", "dequant", or "wgmma" (sm_90a, forced only)
+    weight (KbitLinear.layout): "gemv", "tile", "dequant", or "wgmma" (sm_90a: mid M)
     (kbit_gemm/tiled.py). `path` and `split_k` (number of K splits) force either.
     Runs on the caller's current stream; results come back as the caller's array kind.
     """

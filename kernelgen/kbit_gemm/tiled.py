@@ -8,8 +8,8 @@ shared-memory table of the codebook instead of bit arithmetic. Three paths read 
   gemv     the FP4 bandwidth kernel (M in passes of 8 / 16 tokens)
   tile     the FP4 tensor-core tile kernel (mma.sync, 128 W rows x 32 or 64 tokens a CTA)
   dequant  W dequantized to A's dtype by kbit_dequant_tiled, then cuBLAS
-and, forced only (sm_90a, not yet measured), wgmma: the FP4 warpgroup-MMA kernel
-(templates/fp4_gemm/wgmma.cuh, each step's weights decoded into shared memory).
+  wgmma    sm_90a: the FP4 warpgroup-MMA kernel (templates/fp4_gemm/wgmma.cuh, each step's
+           weights decoded into shared memory), for mid M where fp4_gemm.select.wgmma_takes.
 `plan_tiled` picks one from host-side numbers; `prewarm_tiled_configs` walks the same rule.
 """
 
@@ -31,12 +31,14 @@ from ..errors import UnsupportedConfigError
 from ..fp4_gemm.api import launch_plan
 from ..fp4_gemm.config import GEMV_WARPS, M_TILES, TILE_BMS, TILE_BN, Fp4GemvConfig, Fp4TileConfig
 from ..fp4_gemm.layout import arrange, arranged_shapes, block_strides, tile_data, tile_scales
-from ..fp4_gemm.select import GEMV_DEPTH, GEMV_TPW, KBIT4_WPS, Plan, bm_for, stages_for
+from ..fp4_gemm.select import (GEMV_DEPTH, GEMV_TPW, KBIT4_WPS, WGMMA_MAX_M, Plan, bm_for, stages_for,
+                                wgmma_probe_ms, wgmma_takes)
+from ..fp4_gemm.config import WGMMA_ARCHS, WGMMA_BMS
 from ..fp4_gemm.select import plan as fp4_plan
 from .config import DTYPES, KbitTiledDequantConfig
 
 ARRANGEMENT = "step_major"  # as MXFP4's (fp4_gemm.api.ARRANGEMENT): the same bytes a block
-TILED_PATHS = ("gemv", "tile", "dequant", "wgmma")  # wgmma: forced only (path_tiled never picks it)
+TILED_PATHS = ("gemv", "tile", "dequant", "wgmma")
 
 # -- path rule (H100, session 13, examples/bench_kbit_gemm.py --bits 4, graph-timed, weights
 # rotated past L2, fp16, every path forced; us, gemv / tile / dequant) ---------------------------
@@ -182,7 +184,9 @@ def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: expected one of {DTYPES}")
     forced = path
-    path = path_tiled(m, n, k, sm_count) if path is None else path
+    if path is None:
+        takes = wgmma_takes(arch, m, n, k, sm_count, "kbit4", smem_limit)
+        path = "wgmma" if takes else path_tiled(m, n, k, sm_count)
     if path not in TILED_PATHS:
         raise ValueError(f"path={path!r}: a tiled 4-bit weight runs on {TILED_PATHS} (the mma "
                          f"path reads the flat layout: quantize_weight(..., layout='flat'))")
@@ -244,8 +248,8 @@ def dequantize_tiled(ctx: Any, W: Kbit4Tiled, dt: str, out: Any) -> None:
 # -- prewarm ------------------------------------------------------------------------------------
 def _probe_ms() -> list[int]:
     """M values that reach every plan of the tiled paths: every M up to MID_MAX_M (the GEMV's
-    plans change with its passes) and one past it."""
-    return list(range(1, MID_MAX_M + 2))
+    plans change with its passes), one past it, and the wgmma path's BM buckets."""
+    return sorted(set(range(1, MID_MAX_M + 2)) | set(wgmma_probe_ms()))
 
 
 def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:
@@ -277,6 +281,9 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
                         yield Fp4TileConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype, bm=bm,
                                             stages=stages, warps_t=TILE_BMS[bm])
                 yield KbitTiledDequantConfig(arch=arch, dtype=dtype)
+                if arch in WGMMA_ARCHS:
+                    for bm in WGMMA_BMS:
+                        yield fp4_plan(arch, bm, 4096, 4096, "kbit4", dtype, 132, path="wgmma").config
                 continue
             for sms, lim in parts_of(arch, spec.get("sm_counts")):
                 for m, n, k in shapes:

@@ -40,6 +40,7 @@ from kernelgen.fp4_gemm.select import (
     prewarm_configs,
     select_fp4,
     stages_for,
+    wgmma_takes,
 )
 from kernelgen.mx import reference as MR
 
@@ -205,7 +206,15 @@ def test_plans_are_consistent(n, k, fmt):
             ctx = f"{m=} {n=} {k=} {sms=} {p.short()}"
             ctas = -(-n // 128)
             gemv = m <= GEMV_MAX_M or m <= 64 and ctas < sms or m <= 128 and 4 * ctas <= sms
-            assert p.path == ("gemv" if gemv else "dequant" if m >= DENSE_MIN_M else "tile"), ctx
+            # wgmma: 33..256 tokens, one CTA an SM, >= 16 steps a K split
+            wg_bm = 64 if m <= 64 else 128 if m <= 128 else 256
+            wg_split = max(1, min(sms // (ctas * -(-m // wg_bm)), q // 4))
+            wg = 33 <= m <= 256 and -(-q // wg_split) >= 16
+            want = "wgmma" if wg else "gemv" if gemv else "dequant" if m >= DENSE_MIN_M else "tile"
+            assert p.path == want, ctx
+            if wg:
+                assert p.config.bm == wg_bm and p.split == -(-q // -(-q // wg_split)), ctx
+                assert p.grid == (ctas, -(-m // wg_bm), p.split), ctx
             if p.path == "dequant":  # one thread a 16-byte chunk, at most 8 full CTAs an SM
                 chunks = -(-n // 16) * q * 64
                 assert (p.split, p.sps, p.smem, p.block) == (1, q, 0, (256, 1, 1)), ctx
@@ -231,7 +240,7 @@ def test_plans_are_consistent(n, k, fmt):
                 if p.split > 1:  # split only past the largest KW
                     kw_max = KW_MAX[cfg.m_tile, cfg.warps_per_sm]
                     assert p.kw == kw_max and p.sps >= kw_max * MIN_STEPS, ctx
-            else:
+            elif p.path == "tile":
                 assert p.config.bm == bm_for(m), ctx
                 assert p.grid == (-(-n // 128), -(-m // p.config.bm), p.split), ctx
 
@@ -319,9 +328,11 @@ def test_prewarm_table_is_modest():
         # per (fmt, dtype): 10 GEMV (16 warps an SM: 1 at m_tile 8, 2 TPW x 2 CTA sizes at
         # m_tile 16; 32 an SM: 2 CTA sizes at m_tile 8, 3 at 16) + 2 tile configs (BM 32, 64:
         # dispatch sends M > 128 to the dequantize kernel, + 1); sm_80 also the fewer stages of
-        # 8.6 / 8.9 parts (99 KB) at nvfp4 BM 64
-        assert 0 < len(cfgs) <= (54 if arch == "sm_80" else 52) and len(set(cfgs)) == len(cfgs)
-        assert {type(c) for c in cfgs} == {Fp4GemvConfig, Fp4TileConfig, Fp4DequantConfig}
+        # 8.6 / 8.9 parts (99 KB) at nvfp4 BM 64; sm_90a also 3 wgmma configs (BM 64 / 128 / 256)
+        bound = {"sm_80": 54, "sm_90a": 64}.get(arch, 52)
+        assert 0 < len(cfgs) <= bound and len(set(cfgs)) == len(cfgs)
+        wg = {Fp4WgmmaConfig} if arch == "sm_90a" else set()
+        assert {type(c) for c in cfgs} == {Fp4GemvConfig, Fp4TileConfig, Fp4DequantConfig} | wg
         assert sum(isinstance(c, Fp4DequantConfig) for c in cfgs) == 4  # 2 formats x 2 dtypes
 
 
@@ -487,13 +498,14 @@ def test_dequant_path_rules():
             Fp4DequantConfig(arch="sm_90a", **{field: bad})
 
 
-# -- the wgmma tile path (sm_90a, templates/fp4_gemm/wgmma.cuh; forced only, path="wgmma") -----
+# -- the wgmma tile path (sm_90a, templates/fp4_gemm/wgmma.cuh) ---------------------------------
 def test_wgmma_plan_rules():
     """BM: the smallest of 64 / 128 / 256 covering M (256 and more token tiles above); one wgmma
     group in flight across the barrier (a third dense weight buffer) with the most A stages
     (>= 3) that fit 227 KB, else none (BM 256: 2 stages); K split until the 128-row CTAs cover
     the SMs (at least TILE_MIN_STEPS steps a split); kbit4 with its code table; refused off
-    sm_90a and with BW-path knobs. Dispatch never picks it (not yet measured)."""
+    sm_90a and with BW-path knobs. Dispatch picks it for 33..256 tokens with >= 16 steps a
+    K split (wgmma_takes; the H100 sweep in select.py)."""
     cases = {  # (m, n, k) -> (bm, stages, inflight, split, grid)
         (1, 14336, 4096): (64, 4, 1, 1, (112, 1, 1)),
         (64, 14336, 4096): (64, 4, 1, 1, (112, 1, 1)),
@@ -509,7 +521,23 @@ def test_wgmma_plan_rules():
         assert p.path == "wgmma" and got == (bm, stages, inflight, split, grid), (m, n, k, p.short())
         assert p.smem == wgmma_smem(bm, stages, inflight) <= 227 * 1024 and p.block == (256, 1, 1)
         assert p.counters == grid[0] * grid[1] and p.short().startswith("wgmma: Fp4WgmmaConfig(")
-        assert select_fp4("sm_90a", m, n, k, "nvfp4", "float16", 132).path != "wgmma"
+        takes = 33 <= m <= 256 and p.sps >= 16
+        assert wgmma_takes("sm_90a", m, n, k, 132) == takes, (m, n, k)
+        assert (select_fp4("sm_90a", m, n, k, "nvfp4", "float16", 132).path == "wgmma") == takes
+    # the measured points: 14336x4096 (32 steps) and 4096x14336 (split 4: 28) take it from M = 33
+    # to 256, 4096x4096 (split 4: 8 steps) never; nor any M outside 33..256, nor other archs
+    for n, k in ((14336, 4096), (4096, 14336), (28672, 4096)):
+        assert [wgmma_takes("sm_90a", m, n, k, 132) for m in (32, 33, 64, 65, 128, 129, 256, 257)] \
+            == [False] + [True] * 6 + [False], (n, k)
+    assert not any(wgmma_takes("sm_90a", m, 4096, 4096, 132) for m in range(1, 1025, 7))
+    assert not any(wgmma_takes(a, 128, 14336, 4096, 132) for a in ("sm_80", "sm_100a", "sm_120a"))
+    assert select_fp4("sm_90a", 100, 14336, 4096, "mxfp4", "bfloat16", 132).path == "wgmma"
+    # a block of less shared memory than 2 stages of the BM need: the rule without it
+    assert wgmma_takes("sm_90a", 64, 14336, 4096, 132, "nvfp4", 99 * 1024)  # BM 64: 2 x 32 + 2 x 16 KB
+    for m, fmt in ((128, "nvfp4"), (256, "mxfp4"), (64, "kbit4")):
+        assert not wgmma_takes("sm_90a", m, 14336, 4096, 132, fmt, 99 * 1024), (m, fmt)
+    p = select_fp4("sm_90a", 128, 14336, 4096, "nvfp4", "float16", 132, "float16", 99 * 1024)
+    assert p.path == "tile" and p.smem <= 99 * 1024, p.short()
     p = plan("sm_90a", 200, 4096, 4096, "mxfp4", "bfloat16", 132, path="wgmma", split=5, enc="float16")
     assert (p.split, p.sps, p.grid) == (5, 7, (32, 1, 5)) and p.config.enc == "float16", p.short()
     for arch in ("sm_80", "sm_100a", "sm_120a"):
@@ -563,20 +591,22 @@ def _wgmma_configs():
         for fmt in ("nvfp4", "mxfp4") for dt in ("float16", "bfloat16") for m in (64, 128, 256)))
 
 
-def test_wgmma_configs_in_the_compile_matrix():
-    """The family's matrix_spec adds every (fmt, dtype, BM) of path="wgmma" on sm_90a, tiled
-    kbit4 included (words encoded for the activation type); prewarm without it does not build
-    them."""
+def test_wgmma_configs_in_prewarm():
+    """Dispatch picks the wgmma path on sm_90a (wgmma_takes), so prewarm builds every (fmt,
+    dtype, BM) of it there: fp4_gemm's nvfp4 / mxfp4, kbit_gemm's tiled kbit4 (words encoded
+    for the activation type); no other arch gets one."""
     from kernelgen.core.registry import families
 
-    fam = families()["fp4_gemm"]
-    got = {c for c in fam.prewarm_configs(["sm_90a"], fam.matrix_spec) if isinstance(c, Fp4WgmmaConfig)}
-    assert len(got) == 18 and all(c.enc == c.dtype for c in got)
-    assert {c.fmt for c in got} == {"nvfp4", "mxfp4", "kbit4"}
-    assert {c.bm for c in got} == {64, 128, 256}
-    assert not any(isinstance(c, Fp4WgmmaConfig) for c in prewarm_configs(["sm_90a"], {}))
-    assert not any(isinstance(c, Fp4WgmmaConfig) for a in ("sm_80", "sm_100a", "sm_120a")
-                   for c in fam.prewarm_configs([a], fam.matrix_spec))
+    def wg(name, archs):
+        fam = families()[name]
+        return {c for c in fam.prewarm_configs(archs, fam.matrix_spec or {}) if isinstance(c, Fp4WgmmaConfig)}
+
+    fp4, kbit = wg("fp4_gemm", ["sm_90a"]), wg("kbit_gemm", ["sm_90a"])
+    assert len(fp4) == 12 and {c.fmt for c in fp4} == {"nvfp4", "mxfp4"}
+    assert len(kbit) == 6 and {c.fmt for c in kbit} == {"kbit4"}
+    assert all(c.enc == c.dtype for c in fp4 | kbit) and {c.bm for c in fp4 | kbit} == {64, 128, 256}
+    assert fp4 == {c for c in prewarm_configs(["sm_90a"], {}) if isinstance(c, Fp4WgmmaConfig)}
+    assert not wg("fp4_gemm", ["sm_80", "sm_100a", "sm_120a"]) | wg("kbit_gemm", ["sm_80", "sm_100a", "sm_120a"])
 
 
 @pytest.mark.parametrize("cfg", _wgmma_configs(), ids=lambda c: c.short())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kernelgen.errors import UnsupportedConfigError
-from kernelgen.fp4_gemm.config import KBIT4_LUT_BYTES, Fp4GemvConfig, Fp4TileConfig
+from kernelgen.fp4_gemm.config import KBIT4_LUT_BYTES, Fp4GemvConfig, Fp4TileConfig, Fp4WgmmaConfig
 from kernelgen.fp4_gemm.layout import ARRANGEMENTS, canonical
 from kernelgen.kbit import reference as R
 from kernelgen.kbit_gemm import prewarm_all
@@ -67,6 +67,12 @@ def test_path_rule_and_forced_paths():
     assert TL.path_tiled(TL.MID_MAX_M, big_n, k_big, sms) == "tile"
     assert TL.path_tiled(TL.MID_MAX_M, 4096, 14336, sms) == "gemv"  # 32 tile CTAs
     assert TL.path_tiled(TL.MID_MAX_M + 1, big_n, k_big, sms) == "dequant"
+    # sm_90a: the wgmma path for 33..256 tokens where a K split keeps >= 16 steps (the H100
+    # sweep in fp4_gemm/select.py), ahead of the rule above; other archs keep the rule
+    for m, n, k, want in ((32, 14336, 4096, "gemv"), (33, 14336, 4096, "wgmma"), (256, 14336, 4096, "wgmma"),
+                          (257, 14336, 4096, "dequant"), (128, 4096, 14336, "wgmma"), (64, 4096, 4096, "gemv")):
+        assert TL.plan_tiled("sm_90a", m, n, k, "float16", sms).path == want, (m, n, k)
+        assert TL.plan_tiled("sm_80", m, n, k, "float16", sms).path == TL.path_tiled(m, n, k, sms)
     for path in TL.TILED_PATHS:
         ch = TL.plan_tiled("sm_90a", 40, 1152, 4224, "float16", sms, path=path)
         assert ch.path == path and (ch.plan is None) == (path == "dequant")
@@ -106,9 +112,10 @@ ARCHS = ("sm_80", "sm_90a", "sm_100a", "sm_120a")
 
 def test_prewarm_layouts():
     kinds = {type(c).__name__ for c in prewarm_all(ARCHS, {"bits": [4]})}
-    assert kinds == {"Fp4GemvConfig", "Fp4TileConfig", "KbitTiledDequantConfig"}
+    assert kinds == {"Fp4GemvConfig", "Fp4TileConfig", "Fp4WgmmaConfig", "KbitTiledDequantConfig"}
     assert all(c.fmt == "kbit4" for c in prewarm_all(ARCHS, {"bits": [4]})
-               if isinstance(c, (Fp4GemvConfig, Fp4TileConfig)))
+               if isinstance(c, (Fp4GemvConfig, Fp4TileConfig, Fp4WgmmaConfig)))
+    assert all(c.arch == "sm_90a" for c in prewarm_all(ARCHS, {"bits": [4]}) if isinstance(c, Fp4WgmmaConfig))
     flat4 = {type(c).__name__ for c in prewarm_all(ARCHS, {"bits": [4], "layouts": ["flat"]})}
     assert flat4 == {"KbitGemvConfig", "KbitMmaConfig", "KbitDequantizeConfig"}
     assert not any(isinstance(c, Fp4GemvConfig) for c in prewarm_all(ARCHS, {"bits": [2, 3, 5]}))
