@@ -6,7 +6,7 @@ tensor-core mma, dequantize + cuBLAS), the mma tiles forced one by one, against 
         [--layouts tiled,flat] [--dtype float16|bfloat16] [--json out.json]
 
 4-bit weights run in each of --layouts ("tiled": the FP4 kernels' layout, kbit_gemm/tiled.py,
-paths gemv / tile / dequant, and wgmma forced at M >= 16 on sm_90a; "flat": gemv / mma /
+paths gemv / tile / dequant, and on sm_90a wgmma (forced too at M >= 16); "flat": gemv / mma /
 dequant); other bit-widths are flat only.
 
 Per (shape, bits, M): median microseconds per call; the weights (kbit and fp16) are rotated
@@ -175,7 +175,7 @@ def main() -> None:
                     variants.append(("gemv", {"path": "gemv"}))
                 if layout == "tiled" and m <= 1024:
                     variants.append(("tile", {"path": "tile"}))
-                if layout == "tiled" and m >= 16 and info.arch.name == "sm_90a":  # forced only
+                if layout == "tiled" and m >= 16 and info.arch.name == "sm_90a":
                     variants.append(("wgmma", {"path": "wgmma"}))
                 if layout == "flat" and n % 128 == 0 and m <= 8192:
                     variants.append(("mma", {"path": "mma"}))

@@ -391,7 +391,8 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
          path: str | None = None, split: int | None = None, tpw: int | None = None,
          wps: int | None = None, enc: str | None = None, smem_limit: int | None = None) -> Plan:
     """Pure planner. `path` ("gemv" / "tile" / "dequant" / "wgmma": sm_90a; a
-    `split` without a path where the rule says dequant gives the tile path), `split`, `tpw`
+    `split` without a path never gives wgmma, and where the rule says dequant gives the tile
+    path), `split`, `tpw`
     (tiles a warp of the bandwidth path, 1 or 2) and `wps` (its resident warps an SM, 16 or 32;
     32 implies TPW 1) force a choice (tests, tuning). `enc`: the activation type the weight
     words are encoded for (Fp4Weight.encoding; default dtype). `smem_limit`: the device's
@@ -405,7 +406,8 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
                          f"tiled 4-bit kbit weights of kernelgen.kbit_gemm)")
     get_arch(arch)
     if path is None:
-        takes = wgmma_takes(arch, m, n, k, sm_count, fmt, smem_limit)
+        # a forced K split keeps the rule's path (the wgmma rule is about its own splits)
+        takes = split is None and wgmma_takes(arch, m, n, k, sm_count, fmt, smem_limit)
         path = "wgmma" if takes else path_for(m, n, sm_count)
         if path == "dequant" and split is not None:  # a forced K split asks for the tile path
             path = "tile"
@@ -496,7 +498,7 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
                                                     for lim in smem_limits(arch)):
                             yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, bm=bm,
                                                 stages=stages, warps_t=TILE_BMS[bm])
-                    if arch in WGMMA_ARCHS:  # each BM's pipeline (sm_90a: one part)
+                    if arch in WGMMA_ARCHS:  # each BM's pipeline (sm_90a's parts: one limit)
                         for bm in WGMMA_BMS:
                             yield plan(arch, bm, 4096, 4096, fmt, dtype, 132, path="wgmma").config
                     continue

@@ -34,7 +34,7 @@ class KbitLinear:
     flat   `q`: the KbitTensor as quantize_kbit makes it (row n = K/32 consecutive blocks of bit
            planes), which the flat GEMV, mma and dequant kernels read; any bit-width
     tiled  `tiled`: 4 bits only, the codes repacked into the tiled layout of the FP4 kernels
-           (kernelgen/kbit_gemm/tiled.py), read by its gemv, tile, dequant (and forced wgmma)
+           (kernelgen/kbit_gemm/tiled.py), read by its gemv, tile, dequant (and on sm_90a wgmma)
            paths; `q` is None (no second copy of the weight)
     Exactly one of q / tiled is set.
 

@@ -29,11 +29,28 @@ from ..core.jit import get_kernel
 from ..core.select import selector, weight_shapes
 from ..errors import UnsupportedConfigError
 from ..fp4_gemm.api import launch_plan
-from ..fp4_gemm.config import GEMV_WARPS, M_TILES, TILE_BMS, TILE_BN, Fp4GemvConfig, Fp4TileConfig
+from ..fp4_gemm.config import (
+    GEMV_WARPS,
+    M_TILES,
+    TILE_BMS,
+    TILE_BN,
+    WGMMA_ARCHS,
+    WGMMA_BMS,
+    Fp4GemvConfig,
+    Fp4TileConfig,
+)
 from ..fp4_gemm.layout import arrange, arranged_shapes, block_strides, tile_data, tile_scales
-from ..fp4_gemm.select import (GEMV_DEPTH, GEMV_TPW, KBIT4_WPS, WGMMA_MAX_M, Plan, bm_for, stages_for,
-                                wgmma_probe_ms, wgmma_takes)
-from ..fp4_gemm.config import WGMMA_ARCHS, WGMMA_BMS
+from ..fp4_gemm.select import (
+    GEMV_DEPTH,
+    GEMV_TPW,
+    KBIT4_WPS,
+    WGMMA_MAX_M,
+    Plan,
+    bm_for,
+    stages_for,
+    wgmma_probe_ms,
+    wgmma_takes,
+)
 from ..fp4_gemm.select import plan as fp4_plan
 from .config import DTYPES, KbitTiledDequantConfig
 
@@ -185,7 +202,8 @@ def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
         raise ValueError(f"dtype={dtype!r}: expected one of {DTYPES}")
     forced = path
     if path is None:
-        takes = wgmma_takes(arch, m, n, k, sm_count, "kbit4", smem_limit)
+        # a forced K split keeps the rule's path (the wgmma rule is about its own splits)
+        takes = split is None and wgmma_takes(arch, m, n, k, sm_count, "kbit4", smem_limit)
         path = "wgmma" if takes else path_tiled(m, n, k, sm_count)
     if path not in TILED_PATHS:
         raise ValueError(f"path={path!r}: a tiled 4-bit weight runs on {TILED_PATHS} (the mma "
@@ -248,8 +266,8 @@ def dequantize_tiled(ctx: Any, W: Kbit4Tiled, dt: str, out: Any) -> None:
 # -- prewarm ------------------------------------------------------------------------------------
 def _probe_ms() -> list[int]:
     """M values that reach every plan of the tiled paths: every M up to MID_MAX_M (the GEMV's
-    plans change with its passes), one past it, and the wgmma path's BM buckets."""
-    return sorted(set(range(1, MID_MAX_M + 2)) | set(wgmma_probe_ms()))
+    plans change with its passes), the wgmma path's BM buckets, and one past both."""
+    return sorted(set(range(1, MID_MAX_M + 2)) | set(wgmma_probe_ms()) | {max(MID_MAX_M, WGMMA_MAX_M) + 1})
 
 
 def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:

@@ -538,6 +538,9 @@ def test_wgmma_plan_rules():
         assert not wgmma_takes("sm_90a", m, 14336, 4096, 132, fmt, 99 * 1024), (m, fmt)
     p = select_fp4("sm_90a", 128, 14336, 4096, "nvfp4", "float16", 132, "float16", 99 * 1024)
     assert p.path == "tile" and p.smem <= 99 * 1024, p.short()
+    # a forced K split without a path keeps the rule's path (never wgmma)
+    assert plan("sm_90a", 64, 14336, 4096, "nvfp4", "float16", 132, split=2).path == "gemv"
+    assert plan("sm_90a", 200, 14336, 4096, "nvfp4", "float16", 132, split=32).path == "tile"
     p = plan("sm_90a", 200, 4096, 4096, "mxfp4", "bfloat16", 132, path="wgmma", split=5, enc="float16")
     assert (p.split, p.sps, p.grid) == (5, 7, (32, 1, 5)) and p.config.enc == "float16", p.short()
     for arch in ("sm_80", "sm_100a", "sm_120a"):

@@ -73,6 +73,11 @@ def test_path_rule_and_forced_paths():
                           (257, 14336, 4096, "dequant"), (128, 4096, 14336, "wgmma"), (64, 4096, 4096, "gemv")):
         assert TL.plan_tiled("sm_90a", m, n, k, "float16", sms).path == want, (m, n, k)
         assert TL.plan_tiled("sm_80", m, n, k, "float16", sms).path == TL.path_tiled(m, n, k, sms)
+        if want == "wgmma" and TL.path_tiled(m, n, k, sms) != "dequant":  # a forced K split
+            ch = TL.plan_tiled("sm_90a", m, n, k, "float16", sms, split=2)  # keeps the rule's path
+            assert ch.path == TL.path_tiled(m, n, k, sms) and ch.plan.split == 2, ch.short()
+    with pytest.raises(ValueError, match="no K split"):  # M = 129..256: the rule says dequant
+        TL.plan_tiled("sm_90a", 200, 14336, 4096, "float16", sms, split=2)
     for path in TL.TILED_PATHS:
         ch = TL.plan_tiled("sm_90a", 40, 1152, 4224, "float16", sms, path=path)
         assert ch.path == path and (ch.plan is None) == (path == "dequant")
@@ -169,12 +174,11 @@ def test_prewarm_covers_every_plan():
     from kernelgen.arch import PARTS
 
     full = set(prewarm_all(ARCHS, {"bits": [4]}))
-    spec = {"bits": [4], "shapes": [list(s) for s in SHAPES]}
-    walked = set(prewarm_all(ARCHS, spec))
-    assert walked <= full
-    for arch in ARCHS:
-        for sms, lim in PARTS[arch]:
-            for n, k in SHAPES:
+    for n, k in SHAPES:  # each shape's walk on its own (another shape's plans hide no gap)
+        walked = set(prewarm_all(ARCHS, {"bits": [4], "shapes": [[n, k]]}))
+        assert walked <= full
+        for arch in ARCHS:
+            for sms, lim in PARTS[arch]:
                 for m in range(1, 4098):
                     for dtype in ("float16", "bfloat16"):
                         ch = TL.plan_tiled(arch, m, n, k, dtype, sms, smem_limit=lim)

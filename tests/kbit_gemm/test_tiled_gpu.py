@@ -1,5 +1,5 @@
 """4-bit kbit weights in the tiled layout (kernelgen/kbit_gemm/tiled.py) on the GPU: every path
-(gemv, tile, dequant; wgmma forced on sm_90a) against the NumPy reference of the same quantized weight (dequantize with
+(gemv, tile, dequant; wgmma on sm_90a) against the NumPy reference of the same quantized weight (dequantize with
 the E4M4 scales, matmul in float64), both dtypes, M from 1 to 4097, several (N, K) (N not a
 multiple of 16 or 128 included), K splits off / auto / forced, bias, out=, torch, graphs; the
 tiled dequantize against the flat one bit for bit.
@@ -86,7 +86,7 @@ def test_every_path_matches_reference(shape, dtype):
         paths = ["gemv"] if m <= 128 else []
         paths += ["tile"] if m <= 1024 else []
         paths += ["dequant"] if m >= 16 else []
-        paths += ["wgmma"] if info.arch.name == "sm_90a" and m <= 1024 else []  # forced only
+        paths += ["wgmma"] if info.arch.name == "sm_90a" and m <= 1024 else []
         for path in [None, *paths]:
             for split in SPLITS if path in ("gemv", "tile", "wgmma") else (None,):
                 ctx = f"{dtype=} {m=} {n=} {k=} path={path or auto} {split=}"
