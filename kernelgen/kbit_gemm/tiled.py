@@ -4,7 +4,7 @@ The FP4 GEMV streams 16 W rows x 128 k a warp step as 1 KB of 4-bit words plus 6
 4-bit kbit weights have the same bytes per element (a code a nibble, an E4M4 byte a block of
 32 = MXFP4's group), so they take the same layout and kernels (fmt "kbit4", fp4.cuh
 FMT_KBIT4): the codes are left plain (code i of a word in bits 4i..4i+3) and decode through a
-shared-memory table of the codebook instead of bit arithmetic. Three paths read the layout:
+shared-memory table of the codebook instead of bit arithmetic. Four paths read the layout:
   gemv     the FP4 bandwidth kernel (M in passes of 8 / 16 tokens)
   tile     the FP4 tensor-core tile kernel (mma.sync, 128 W rows x 32 or 64 tokens a CTA)
   dequant  W dequantized to A's dtype by kbit_dequant_tiled, then cuBLAS
@@ -274,9 +274,10 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
     """Configs the tiled paths can launch for 4-bit weights (spec as kbit_gemm.select's:
     "dtypes", "shapes", "sm_counts"). Without shapes: every GEMV config the FP4 planner can
     give kbit4 (both m_tiles, each TPW, KBIT4_WPS warps an SM), every tile config M in
-    [TILE_MIN_M, MID_MAX_M] reaches (at the stages of each part's shared memory), and the
-    dequantize kernel ("float32" among the dtypes: also its fp32 output, for
-    KbitLinear.dequantize). With shapes: every part's plans (kernelgen.arch.parts_of)."""
+    [TILE_MIN_M, MID_MAX_M] reaches (at the stages of each part's shared memory), the wgmma
+    config of each BM (sm_90a), and the dequantize kernel ("float32" among the dtypes: also its
+    fp32 output, for KbitLinear.dequantize). With shapes: every part's plans
+    (kernelgen.arch.parts_of)."""
     from .select import check_shape
 
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
