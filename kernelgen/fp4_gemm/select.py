@@ -469,6 +469,14 @@ def wgmma_probe_ms() -> list[int]:
     return ms
 
 
+def wgmma_configs(arch: str, fmt: str, dtype: str) -> list[Fp4WgmmaConfig]:
+    """The wgmma configs dispatch can pick for (arch, fmt, dtype): each BM's pipeline (the
+    shape does not enter the config; sm_90a's parts share one shared-memory limit)."""
+    if arch not in WGMMA_ARCHS:
+        return []
+    return [plan(arch, bm, 4096, 4096, fmt, dtype, 132, path="wgmma").config for bm in WGMMA_BMS]
+
+
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
                     ) -> Iterator[Fp4GemvConfig | Fp4TileConfig | Fp4DequantConfig | Fp4WgmmaConfig]:
     """Configs the selector can return on the parts of each arch (kernelgen.arch.parts_of).
@@ -498,9 +506,7 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
                                                     for lim in smem_limits(arch)):
                             yield Fp4TileConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, bm=bm,
                                                 stages=stages, warps_t=TILE_BMS[bm])
-                    if arch in WGMMA_ARCHS:  # each BM's pipeline (sm_90a's parts: one limit)
-                        for bm in WGMMA_BMS:
-                            yield plan(arch, bm, 4096, 4096, fmt, dtype, 132, path="wgmma").config
+                    yield from wgmma_configs(arch, fmt, dtype)
                     continue
                 for sms, lim in parts_of(arch, spec.get("sm_counts")):
                     for m, n, k in shapes:

@@ -34,8 +34,6 @@ from ..fp4_gemm.config import (
     M_TILES,
     TILE_BMS,
     TILE_BN,
-    WGMMA_ARCHS,
-    WGMMA_BMS,
     Fp4GemvConfig,
     Fp4TileConfig,
 )
@@ -48,6 +46,7 @@ from ..fp4_gemm.select import (
     Plan,
     bm_for,
     stages_for,
+    wgmma_configs,
     wgmma_probe_ms,
     wgmma_takes,
 )
@@ -300,9 +299,7 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
                         yield Fp4TileConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype, bm=bm,
                                             stages=stages, warps_t=TILE_BMS[bm])
                 yield KbitTiledDequantConfig(arch=arch, dtype=dtype)
-                if arch in WGMMA_ARCHS:
-                    for bm in WGMMA_BMS:
-                        yield fp4_plan(arch, bm, 4096, 4096, "kbit4", dtype, 132, path="wgmma").config
+                yield from wgmma_configs(arch, "kbit4", dtype)
                 continue
             for sms, lim in parts_of(arch, spec.get("sm_counts")):
                 for m, n, k in shapes:
