@@ -214,16 +214,30 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
 
 
 def _bench_kbit(args, info, bw, name, w13, w2, bits, bf16_rows):
-    """kbit experts at decode: us, floor of the kbit bytes touched, speed-up over bf16."""
+    """kbit experts at decode, each layout: us, floor of the kbit bytes touched, speed-up over bf16."""
+    from kernelgen.moe import quantize_experts, tile_experts
+
+    rows = []
+    flat = quantize_experts(w13, bits, layout="flat"), quantize_experts(w2, bits, layout="flat")
+    for layout in args.kbit_layouts.split(","):
+        if layout == "tiled" and bits != 4:
+            continue
+        # the same codes in either layout (tile_experts repacks them)
+        q13, q2 = flat if layout == "flat" else (tile_experts(flat[0]), tile_experts(flat[1]))
+        rows += _bench_kbit_layout(args, info, bw, name, q13, q2, bits, bf16_rows, layout)
+        del q13, q2
+    return rows
+
+
+def _bench_kbit_layout(args, info, bw, name, q13, q2, bits, bf16_rows, layout):
     import torch
 
     from kernelgen.bench import time_gpu
-    from kernelgen.moe import grouped_gemm, quantize_experts, select_kbit
+    from kernelgen.moe import grouped_gemm, select_kbit, select_kbit_gemv
 
     e, h, i, top_k = SHAPES[name]
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(1)  # the same routings for every layout
     rows = []
-    q13, q2 = quantize_experts(w13, bits), quantize_experts(w2, bits)
     for t in (int(s) for s in args.kbit_ts.split(",")):
         m = t * top_k
         draws = [_routing(rng, t, e, top_k) for _ in range(DRAWS)]
@@ -241,14 +255,31 @@ def _bench_kbit(args, info, bw, name, w13, w2, bits, bf16_rows):
 
             tmk = _timer(args)
             tt = tmk(run)
-            plan = select_kbit(info.arch.name, info.sm_count, "bfloat16", bits, e, n, k, m,
-                               "swiglu" if act else "none", smem_limit(info.index))
+            epi = "swiglu" if act else "none"
+            if layout == "tiled":
+                plan = select_kbit_gemv(info.arch.name, info.sm_count, "bfloat16", e, n, k, m, epi)
+            else:
+                plan = select_kbit(info.arch.name, info.sm_count, "bfloat16", bits, e, n, k, m, epi,
+                                   smem_limit(info.index))
             bf = [r["us"] for r in bf16_rows if r["shape"] == name and r["T"] == t
                   and r["gemm"] == gemm and "bits" not in r]
-            row = {"timing": tmk.last, "shape": name, "T": t, "gemm": gemm, "bits": bits, "us": tt * 1e6,
+            row = {"timing": tmk.last, "shape": name, "T": t, "gemm": gemm, "bits": bits,
+                   "layout": layout, "us": tt * 1e6,
                    "floor_us": floor * 1e6, "floor_frac": floor / tt, "plan": plan.short(),
                    "speedup_vs_bf16": (bf[0] / (tt * 1e6)) if bf else None}
-            if args.forced:
+            if args.forced and layout == "tiled":
+                from kernelgen.moe import plan_kbit_gemv
+
+                forced = {}
+                for tm in (8, 16):
+                    for kw in (1, 2, 4, 8):
+                        p = plan_kbit_gemv(info.arch.name, info.sm_count, "bfloat16", e, n, k, m,
+                                           epi, tm, kw)
+                        forced[f"{tm}_kw{kw}"] = time_gpu(
+                            lambda j, p=p: run(j, config=p), iters=max(3, args.iters // 2),
+                            repeats=3) * 1e6
+                row["forced_us"] = forced
+            elif args.forced:
                 from kernelgen.moe import plan_kbit
                 from kernelgen.moe.config import KBIT_WARPS
 
@@ -266,13 +297,12 @@ def _bench_kbit(args, info, bw, name, w13, w2, bits, bf16_rows):
                 row["forced_us"] = forced
             rows.append(row)
             sp = f" {row['speedup_vs_bf16']:.2f}x bf16" if bf else ""
-            print(f"{name:5s} T={t:5d} {gemm:11s} kbit{bits} {row['us']:9.1f} us floor "
+            print(f"{name:5s} T={t:5d} {gemm:11s} kbit{bits} {layout:5s} {row['us']:9.1f} us floor "
                   f"{row['floor_us']:8.1f} ({row['floor_frac']:.2f}){sp} {plan.short()} [{row['timing']}]",
                   flush=True)
             if "forced_us" in row:
                 print("      forced: " + " ".join(f"{kk}={v:.1f}" for kk, v in row["forced_us"].items()),
                       flush=True)
-    del q13, q2
     return rows
 
 
@@ -289,6 +319,8 @@ def main() -> None:
                     help="main loop of the selector's row: its choice, or forced (wgmma: sm_90a)")
     ap.add_argument("--kbit", default="4", help="bits of the kbit-expert runs ('' = none)")
     ap.add_argument("--kbit-ts", default="1,2,4,8,16")
+    ap.add_argument("--kbit-layouts", default="flat,tiled",
+                    help="expert layouts of the kbit runs (tiled: 4 bits only; the same codes)")
     ap.add_argument("--decode-sweep", action="store_true", help="--sweep at T=1 too")
     ap.add_argument("--graph", action="store_true",
                     help="time the main rows (ours, torch._grouped_mm, kbit) as CUDA-graph replays")

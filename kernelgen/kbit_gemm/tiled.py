@@ -153,12 +153,12 @@ def tile_kbit4(xp: Any, packed: Any, absmax: Any, n: int, k: int,
                    tile_scales(xp, absmax.reshape(n, k // 32), n, k, 4), arrangement)
 
 
-def tile_weight(q: Any, ctx: Any) -> Kbit4Tiled:
-    """The tiled copy of a 4-bit KbitTensor [N, K] (flat layout) on ctx's device and stream."""
+def tile_weight(q: Any, ctx: Any, rows: int | None = None) -> Kbit4Tiled:
+    """The tiled copy of a 4-bit KbitTensor [N, K] (flat layout) on ctx's device and stream;
+    `rows`: N for a tensor of more dimensions (the experts' [E, N, K] as [E * N, K])."""
     import cupy
 
-
-    n, k = (int(s) for s in q.shape)
+    n, k = (int(s) for s in q.shape) if rows is None else (rows, int(q.shape[-1]))
     packed, absmax, cb = q._views(ctx)
     with on_stream(ctx.device, ctx.stream):
         data, scales = tile_kbit4(cupy, packed, absmax, n, k)

@@ -11,8 +11,17 @@ from ..arch import device_info
 from ..core.interop import context_of, device_array, smem_limit
 from ..core.jit import get_kernel
 from ..moe_routing import MoeLayout, moe_combine, moe_dispatch, moe_layout
-from .config import DTYPES, MoeGemmConfig, MoeKbitConfig
-from .kbit import KbitExperts, forced_kbit_plan, plan_kbit, select_kbit
+from .config import DTYPES, MoeGemmConfig, MoeKbitConfig, MoeKbitGemvConfig
+from .kbit import (
+    KbitExperts,
+    KbitGemvPlan,
+    forced_kbit_gemv_plan,
+    forced_kbit_plan,
+    plan_kbit,
+    plan_kbit_gemv,
+    select_kbit,
+    select_kbit_gemv,
+)
 from .select import GroupedPlan, check_shape, plan_grouped, select_grouped
 
 
@@ -20,12 +29,14 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
                  rows: int | None = None, tile_m: int | None = None, swap_ab: bool | None = None,
                  tile_n: int | None = None, policy: str = "threshold",
                  dtype: str | None = None, wgmma: bool | None = None,
-                 config: MoeGemmConfig | MoeKbitConfig | None = None) -> Any:
+                 config: MoeGemmConfig | MoeKbitConfig | MoeKbitGemvConfig | KbitGemvPlan | None = None
+                 ) -> Any:
     """Y[rows of e] = X[rows of e] . W[e]^T for every expert e, one launch.
 
     x [M, K] and w [E, N, K] fp16 / bf16 (same dtype, contiguous, 16-byte aligned; CuPy bf16:
     uint16 with dtype="bfloat16"), or w a KbitExperts from quantize_experts (2-4 bits,
-    dequantized in registers; tile_m 8 / 16 / 32, always swap_ab). offsets [E + 1] int32 on
+    dequantized in registers; flat layout: tile_m 8 / 16 / 32, always swap_ab; tiled 4-bit
+    layout: tile_m 8 / 16 tokens a pass). offsets [E + 1] int32 on
     the device: expert e owns rows [offsets[e], offsets[e+1]) (any segment sizes, padded or
     not; never read on the host), or the MoeLayout of moe_layout (its offsets; checked against
     x's rows once an exact dispatch or total() has read offsets[E] on the host). offsets[E]
@@ -37,7 +48,9 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     is a capacity-sized buffer). tile_m / swap_ab / tile_n force a table row; policy "threshold"
     (default) or "waste" picks TILE_M (kernelgen.moe.select); wgmma True / False forces the
     main loop (True: warpgroup MMA, sm_90a only; None: the selector's); `config` forces a whole
-    MoeGemmConfig / MoeKbitConfig (tuning; dtype, epilogue and bits must match the call).
+    MoeGemmConfig / MoeKbitConfig / MoeKbitGemvConfig (tuning; dtype, epilogue and bits must
+    match the call; the last with one warp a tile along K, or a whole KbitGemvPlan of
+    plan_kbit_gemv with its kw).
     """
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
@@ -85,6 +98,9 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
             raise ValueError("swap_ab=False: kbit experts always run swap_ab (decode kernel)")
         if wgmma:
             raise ValueError("wgmma=True: kbit experts run their own decode kernel (mma.sync)")
+        if w.layout == "tiled":
+            launch_tiled(ctx, xa, w, off, ya, dt, epilogue, m, r, tile_m, config)
+            return out
         if config is not None:
             kplan = forced_kbit_plan(config, dt, epilogue, w.bits, e, n, k)
         elif tile_m is None:
@@ -116,6 +132,31 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     ctx.launch(fn, plan.grid(m), plan.block,
                (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem)
     return out
+
+
+def launch_tiled(ctx: Any, xa: Any, w: KbitExperts, off: Any, ya: Any, dt: str, epilogue: str,
+                 m: int, rows: int, tile_m: int | None,
+                 config: MoeKbitGemvConfig | KbitGemvPlan | None) -> None:
+    """Tiled kbit4 experts: the FP4 bandwidth kernel over find_tile's work items."""
+    e, n, k = w.shape
+    info = device_info(ctx.device)
+    if isinstance(config, KbitGemvPlan):  # a whole plan (kw too): tests, benchmarks
+        plan = forced_kbit_gemv_plan(config.config, dt, epilogue, e, n, k, config.kw)
+    elif config is not None:
+        plan = forced_kbit_gemv_plan(config, dt, epilogue, e, n, k)
+    elif tile_m is None:
+        plan = select_kbit_gemv(info.arch.name, info.sm_count, dt, e, n, k, rows, epilogue)
+    else:
+        plan = plan_kbit_gemv(info.arch.name, info.sm_count, dt, e, n, k, rows, epilogue, tile_m)
+    t = w.tiled
+    if t.device != ctx.device:
+        raise ValueError(f"w: tiled experts on device {t.device}, x on device {ctx.device}")
+    wt, wq, st, sq = t.strides()
+    fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_gemv")
+    ctx.launch(fn, plan.grid(m), plan.block,
+               (t.data, t.scales, t.codebook, xa, off, ya, np.int32(e), np.int32(n), np.int32(k),
+                np.int32(m), np.int32(plan.kw.bit_length() - 1), np.int64(wt), np.uint32(wq),
+                np.int64(st), np.uint32(sq)), smem=plan.smem)
 
 
 def check_rows(m: int, rows: int | None, known_total: int | None = None) -> None:
@@ -174,9 +215,9 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
     x_perm = moe_dispatch(x, layout, exact=not graph_safe, dtype=dt)
     rows = t * top_k
 
-    def forced(wt: Any) -> dict[str, Any]:  # kbit experts take tile_m 8..32, always swap_ab
+    def forced(wt: Any) -> dict[str, Any]:  # kbit experts: tile_m 8..32 (tiled 8 / 16), swap_ab
         if isinstance(wt, KbitExperts):
-            return dict(tile_m=None if tile_m is None else min(tile_m, 32))
+            return dict(tile_m=None if tile_m is None else min(tile_m, 16 if wt.layout == "tiled" else 32))
         return dict(tile_m=tile_m, swap_ab=swap_ab)
 
     kw = dict(rows=rows, policy=policy, dtype=dt)

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from ..arch import smem_cap
 from ..core.config import KernelConfig
 from ..errors import UnsupportedConfigError
+from ..fp4_gemm.config import ENC_ID, FMT_ID, KBIT4_LUT_BYTES
 
 DTYPES = ("float16", "bfloat16")
 CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16"}
@@ -303,3 +304,59 @@ class MoeKbitConfig(KernelConfig):
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype], "smem": self.smem_bytes()}
+
+
+# 4-bit kbit experts in the tiled layout: the FP4 bandwidth kernel over find_tile's work items
+GEMV_M_TILES = (8, 16)  # tokens a pass (mma n8 x 1 or 2)
+GEMV_CTA_WARPS = (8, 16)  # a CTA holds the 32 KB code table: 8 or 16 warps, 16 warps an SM
+
+
+@dataclass(frozen=True)
+class MoeKbitGemvConfig(KernelConfig):
+    """Grouped GEMM over 4-bit kbit experts in the tiled layout (templates/moe/grouped_gemv.cu.jinja:
+    templates/fp4_gemm/gemv.cuh on each work item). tpw is 2 with swiglu (a warp's gate and up
+    tiles), else 1; warps along K (kw) are a launch argument."""
+
+    family: ClassVar[str] = "moe"
+    template: ClassVar[str] = "moe/grouped_gemv.cu.jinja"
+    dtype: str = "bfloat16"
+    m_tile: int = 8
+    warps: int = 8
+    depth: int = 2
+    epilogue: str = "none"
+
+    @property
+    def tpw(self) -> int:
+        return 2 if self.epilogue == "swiglu" else 1
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def check(self) -> None:
+        def bad(field: str, rule: str) -> UnsupportedConfigError:
+            return UnsupportedConfigError(f"{self.short()}: {field}={getattr(self, field)!r}; {rule}")
+
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"expected one of {DTYPES}")
+        if self.m_tile not in GEMV_M_TILES:
+            raise bad("m_tile", f"expected one of {GEMV_M_TILES}")
+        if self.warps not in GEMV_CTA_WARPS:
+            raise bad("warps", f"expected one of {GEMV_CTA_WARPS} (a 32 KB table a CTA)")
+        if self.depth not in (2, 3):
+            raise bad("depth", "expected 2 or 3 steps in flight a warp")
+        if self.epilogue not in EPILOGUES:
+            raise bad("epilogue", f"expected one of {EPILOGUES}")
+
+    def symbols(self) -> tuple[str, ...]:
+        return ("moe_grouped_gemv",)
+
+    def smem_bytes(self) -> int:
+        return KBIT4_LUT_BYTES + 16  # the code table, then the work item (find_tile)
+
+    def template_vars(self) -> dict[str, Any]:
+        # kbit4 codes decode through a table of A's type (enc = dtype); 16 warps an SM (<= 128
+        # registers); m_tile 8 holds the epilogue factors through the loop, as the dense GEMV
+        return {**super().template_vars(), "ctype": CTYPE[self.dtype], "fmt_id": FMT_ID["kbit4"],
+                "enc_id": ENC_ID[self.dtype], "tpw": self.tpw, "min_blocks": 16 // self.warps,
+                "early": self.m_tile == 8, "lut_bytes": KBIT4_LUT_BYTES}

@@ -16,17 +16,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arch import smem_cap
+from ..core.interop import context_of
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
 from ..kbit.api import KbitTensor, check_bits, quantize_kbit
+from ..kbit_gemm.api import check_layout
+from ..kbit_gemm.tiled import Kbit4Tiled, tile_weight
 from .config import (
     DTYPES,
     EPILOGUES,
+    GEMV_M_TILES,
     KBIT_BITS,
     KBIT_LUT_BYTES,
     KBIT_TILE_MS,
     KBIT_WARPS,
     MoeKbitConfig,
+    MoeKbitGemvConfig,
     kbit_stage_bytes,
 )
 
@@ -39,47 +44,92 @@ MAX_STAGES = 8
 SMEM_BUDGET: dict[str, int] = {"sm_80": 80 * 1024, "sm_90a": 110 * 1024, "sm_100a": 110 * 1024,
                                "sm_120a": 96 * 1024}
 K_STEP = 128  # K granularity: 4 blocks of 32 per lane group
+# tiled kbit4 experts: warps along K a tile unit (largest first), and the fewest 128-k steps each
+GEMV_KWS = (8, 4, 2)
+MIN_KW_STEPS = 4
 
 
 @dataclass(frozen=True)
 class KbitExperts:
-    """Expert weights W [E, N, K] in the flat kbit layout (row e*N + n, K/32 blocks a row)."""
+    """Expert weights W [E, N, K], 2-4 bits, in one of two layouts (exactly one of q / tiled set):
 
-    q: KbitTensor
+    flat   `q`: the KbitTensor of quantize_kbit (row e*N + n, K/32 blocks a row, bit planes),
+           read by templates/moe/grouped_kbit.cuh (TILE_M 8 / 16 / 32)
+    tiled  `tiled`: 4 bits only, the experts' rows stacked as one [E * N, K] weight in the tiled
+           layout of the FP4 kernels (kernelgen/kbit_gemm/tiled.py; N a multiple of 16, so no
+           16-row tile straddles two experts), read by the FP4 bandwidth kernel over work items
+           (templates/moe/grouped_gemv.cu.jinja; 8 or 16 tokens a pass)
+    """
+
+    q: KbitTensor | None
     experts: int
     n: int
     k: int
+    tiled: Kbit4Tiled | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.q, KbitTensor) or tuple(self.q.shape) != (self.experts, self.n, self.k):
-            raise ValueError(f"KbitExperts: q must be a KbitTensor of shape "
-                             f"({self.experts}, {self.n}, {self.k}); use quantize_experts(w)")
-        check_kbit_shape(self.experts, self.n, self.k, self.q.bits)
+        e, n, k = self.experts, self.n, self.k
+        if (self.q is None) == (self.tiled is None):
+            raise ValueError("KbitExperts: exactly one of q (flat layout) and tiled (tiled "
+                             "layout) must be set; use quantize_experts(w)")
+        if self.tiled is None:
+            if not isinstance(self.q, KbitTensor) or tuple(self.q.shape) != (e, n, k):
+                raise ValueError(f"KbitExperts: q must be a KbitTensor of shape ({e}, {n}, {k}); "
+                                 f"use quantize_experts(w)")
+        elif not isinstance(self.tiled, Kbit4Tiled) or (self.tiled.n, self.tiled.k) != (e * n, k):
+            raise ValueError(f"KbitExperts: tiled must be a Kbit4Tiled of shape ({e * n}, {k}) "
+                             f"(the experts' rows stacked); use quantize_experts(w)")
+        check_kbit_shape(e, n, k, self.bits, layout=self.layout)
 
     @property
     def bits(self) -> int:
-        return self.q.bits
+        return 4 if self.tiled is not None else self.q.bits
+
+    @property
+    def layout(self) -> str:
+        return "tiled" if self.tiled is not None else "flat"
 
     @property
     def shape(self) -> tuple[int, int, int]:
         return (self.experts, self.n, self.k)
 
 
-def check_kbit_shape(e: int, n: int, k: int, bits: int, name: str = "w") -> None:
+def check_kbit_shape(e: int, n: int, k: int, bits: int, name: str = "w", layout: str = "flat") -> None:
     if bits not in KBIT_BITS:
         raise ValueError(f"{name}: bits={bits}; kbit experts support bits in {KBIT_BITS}")
-    if e < 1 or n < 8 or n % 8 or k < K_STEP or k % K_STEP:
-        raise ValueError(f"{name}: shape [E={e}, N={n}, K={k}]; kbit experts need E >= 1, N a "
-                         f"positive multiple of 8 and K a positive multiple of {K_STEP}")
+    row = 16 if layout == "tiled" else 8
+    if e < 1 or n < row or n % row or k < K_STEP or k % K_STEP:
+        raise ValueError(f"{name}: shape [E={e}, N={n}, K={k}]; kbit experts ({layout} layout) "
+                         f"need E >= 1, N a positive multiple of {row} and K a positive multiple "
+                         f"of {K_STEP}")
 
 
-def check_kbit_epilogue(n: int, epilogue: str) -> None:
-    """The epilogue rule: swiglu splits the N = 2I rows into gate / up halves of whole
-    8-row blocks, so N must be a multiple of 16."""
+def check_kbit_epilogue(n: int, epilogue: str, layout: str = "flat") -> None:
+    """The epilogue rule: swiglu splits the N = 2I rows into gate / up halves of whole row
+    blocks (8 rows flat, 16-row tiles tiled), so N must be a multiple of 16 (32 tiled)."""
     if epilogue not in EPILOGUES:
         raise ValueError(f"activation: {epilogue!r}; expected None or 'swiglu'")
-    if epilogue == "swiglu" and n % 16:
-        raise ValueError(f"w: N={n}; swiglu needs 2I (gate + up rows) a multiple of 16")
+    mult = 32 if layout == "tiled" else 16
+    if epilogue == "swiglu" and n % mult:
+        raise ValueError(f"w: N={n}; swiglu needs 2I (gate + up rows) a multiple of {mult} "
+                         f"({layout} layout)")
+
+
+def forced_kbit_gemv_plan(config: MoeKbitGemvConfig, dtype: str, epilogue: str, e: int, n: int,
+                          k: int, kw: int = 1) -> KbitGemvPlan:
+    """The plan of a forced MoeKbitGemvConfig (tiled experts; grouped_gemm(config=...))."""
+    if not isinstance(config, MoeKbitGemvConfig):
+        raise ValueError(f"config: {type(config).__name__}; tiled kbit experts take a "
+                         f"MoeKbitGemvConfig")
+    if config.dtype != dtype or config.epilogue != epilogue:
+        raise ValueError(f"config: {config.short()} does not match dtype={dtype}, "
+                         f"epilogue={epilogue}")
+    check_kbit_shape(e, n, k, 4, layout="tiled")
+    check_kbit_epilogue(n, epilogue, "tiled")
+    if kw not in GEMV_KWS + (1,) or kw > config.warps:
+        raise ValueError(f"kw={kw}: expected one of {sorted(GEMV_KWS + (1,))}, at most the "
+                         f"config's {config.warps} warps")
+    return KbitGemvPlan(config, e, n, kw)
 
 
 def forced_kbit_plan(config: MoeKbitConfig, dtype: str, epilogue: str, bits: int, e: int,
@@ -96,16 +146,31 @@ def forced_kbit_plan(config: MoeKbitConfig, dtype: str, epilogue: str, bits: int
     return KbitPlan(config, e, -(-n // config.tile_n))
 
 
-def quantize_experts(w: Any, bits: int = 4, *, codebook: Any = None,
-                     dtype: str | None = None) -> KbitExperts:
+def quantize_experts(w: Any, bits: int = 4, *, codebook: Any = None, dtype: str | None = None,
+                     layout: str | None = None) -> KbitExperts:
     """Quantize expert weights W [E, N, K] (fp16 / bf16 / fp32, CuPy or torch) for grouped_gemm
-    and fused_moe. K must be a multiple of 128; bits 2, 3 or 4."""
+    and fused_moe. K must be a multiple of 128; bits 2, 3 or 4. `layout` "flat" or "tiled"
+    (4 bits only, N a multiple of 16; default: "tiled" for 4 bits, else "flat"; see
+    KbitExperts)."""
     bits = check_bits(bits)
+    layout = check_layout(layout, bits)
     shape = tuple(int(s) for s in getattr(w, "shape", ()))
     if len(shape) != 3:
         raise ValueError(f"w: expected expert weights [E, N, K], got shape {shape}")
-    check_kbit_shape(*shape, bits)
-    return KbitExperts(quantize_kbit(w, bits, codebook=codebook, dtype=dtype), *shape)
+    check_kbit_shape(*shape, bits, layout=layout)
+    flat = KbitExperts(quantize_kbit(w, bits, codebook=codebook, dtype=dtype), *shape)
+    return flat if layout == "flat" else tile_experts(flat)
+
+
+def tile_experts(x: KbitExperts) -> KbitExperts:
+    """The tiled copy of 4-bit flat experts (a new weight on q's device and current stream;
+    the bit-identical codes and scales, read by the grouped bandwidth kernel)."""
+    if not isinstance(x, KbitExperts) or x.layout != "flat" or x.bits != 4:
+        raise ValueError("tile_experts: expects 4-bit KbitExperts in the flat layout")
+    e, n, k = x.shape
+    check_kbit_shape(e, n, k, 4, layout="tiled")
+    ctx = context_of(x.q.codebook, "w.q.codebook")
+    return KbitExperts(None, e, n, k, tiled=tile_weight(x.q, ctx, rows=e * n))
 
 
 def kbit_tile_m(rows: int, experts: int) -> int:
@@ -180,6 +245,80 @@ def plan_kbit(arch: str, sm_count: int, dtype: str, bits: int, e: int, n: int, k
     return KbitPlan(cfg, e, -(-n // (16 * wp)))
 
 
+@dataclass(frozen=True)
+class KbitGemvPlan:
+    """Tiled kbit4 experts: the config, and the warps along K (kw, a launch argument)."""
+
+    config: MoeKbitGemvConfig
+    experts: int
+    n: int
+    kw: int
+
+    @property
+    def n_ctas(self) -> int:
+        """CTAs an expert pass: the kernel's own count (grouped_gemv.cu.jinja)."""
+        c = self.config  # a unit: a 16-row tile (a gate tile and its up tile with swiglu)
+        units = (self.n // 2 if c.epilogue == "swiglu" else self.n) // 16
+        return -(-units // (c.warps // self.kw))
+
+    def grid(self, m: int) -> tuple[int, int, int]:
+        slots = -(-m // self.config.m_tile) + min(self.experts, m)
+        return (slots * self.n_ctas, 1, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.config.threads, 1, 1)
+
+    @property
+    def smem(self) -> int:
+        return self.config.smem_bytes()
+
+    def short(self) -> str:
+        c = self.config
+        return (f"MoeKbitGemv(m_tile={c.m_tile}, warps={c.warps}, kw={self.kw}, depth={c.depth}, "
+                f"epilogue={c.epilogue}, {c.dtype}) ctas/pass={self.n_ctas}")
+
+
+def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, rows: int,
+                   epilogue: str = "none", m_tile: int | None = None,
+                   kw: int | None = None) -> KbitGemvPlan:
+    """Pure planner of tiled kbit4 experts; m_tile / kw force a choice (tests, benchmarks).
+    m_tile 8 where the touched experts average <= 8 rows, else 16 (passes of 16 past that).
+    kw: the largest of GEMV_KWS whose CTAs, counting one pass an expert touched (at least
+    rows / m_tile passes), stay within one wave of 2 CTAs an SM, and whose warps keep
+    MIN_KW_STEPS steps of 128 k (the dense GEMV's rule, kernelgen/fp4_gemm/select.py _kw)."""
+    check_kbit_shape(e, n, k, 4, layout="tiled")
+    check_kbit_epilogue(n, epilogue, "tiled")
+    if rows < 1:
+        raise ValueError(f"rows={rows}: a launch needs at least one row")
+    touched = min(e, rows)
+    if m_tile is None:
+        m_tile = 8 if rows <= 8 * touched else 16
+    if m_tile not in GEMV_M_TILES:
+        raise ValueError(f"tile_m={m_tile}: tiled kbit experts take 8 or 16 tokens a pass")
+    passes = max(touched, -(-rows // m_tile))
+    cfg = MoeKbitGemvConfig(arch=arch, dtype=dtype, m_tile=m_tile, warps=8, epilogue=epilogue)
+    if kw is None:
+        one_wave = 2 * sm_count
+        kw = 1
+        for c in GEMV_KWS:
+            p = KbitGemvPlan(cfg, e, n, c)
+            if passes * p.n_ctas <= one_wave and -(-k // K_STEP) // c >= MIN_KW_STEPS:
+                kw = c
+                break
+    elif kw not in GEMV_KWS + (1,):
+        raise ValueError(f"kw={kw}: expected one of {sorted(GEMV_KWS + (1,))}")
+    return KbitGemvPlan(cfg, e, n, kw)
+
+
+@selector
+def select_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, rows: int,
+                     epilogue: str = "none") -> KbitGemvPlan:
+    """The dispatch choice for tiled kbit4 experts (memoised; printed with
+    KERNELGEN_PRINT_CONFIGS=1)."""
+    return plan_kbit_gemv(arch, sm_count, dtype, e, n, k, rows, epilogue)
+
+
 @selector
 def select_kbit(arch: str, sm_count: int, dtype: str, bits: int, e: int, n: int, k: int, rows: int,
                 epilogue: str = "none", smem_limit: int | None = None) -> KbitPlan:
@@ -192,13 +331,20 @@ def kbit_prewarm(arch: str, dtypes: Iterable[str], bits_list: Iterable[int],
                  rows_list: Iterable[int]) -> Iterator[MoeKbitConfig]:
     """Configs select_kbit can return: for a layer shape (E, H, I, top_k) over the rows and
     parts ((SM count, shared memory a block), kernelgen.arch.parts_of) given; without a shape,
-    a decode set (TILE_M 8, the widest and narrowest CTA) for each part's shared memory."""
+    a decode set (TILE_M 8, the widest and narrowest CTA) for each part's shared memory. At
+    4 bits also the tiled layout's configs (select_kbit_gemv: m_tile 8 / 16 x both epilogues;
+    kw is a launch argument)."""
     for dtype in dtypes:
         if dtype not in DTYPES:
             continue
         for bits in bits_list:
             if bits not in KBIT_BITS:
                 continue
+            if bits == 4:
+                for m_tile in GEMV_M_TILES:
+                    for epi in EPILOGUES:
+                        yield MoeKbitGemvConfig(arch=arch, dtype=dtype, m_tile=m_tile, warps=8,
+                                                epilogue=epi)
             if shape is None:  # decode: TILE_M 8, the widest and the narrowest CTA
                 for sms, lim in parts:
                     for wp, wk in (KBIT_WARPS[0], KBIT_WARPS[-1]):

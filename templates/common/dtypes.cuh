@@ -24,6 +24,8 @@ template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat
   return __bfloat162float(v);
 }
 
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ half from_float<half>(float v) { return __float2half_rn(v); }

@@ -48,8 +48,6 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
   return (uint32_t)(r * ROW_BYTES + ((c ^ (r & 7)) << 4));
 }
 
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
-
 // This CTA's work item: (expert, first row, rows, N tile), or e = -1 past the last item.
 // Items are ordered expert-major, then N tile, then M tile fastest: CTAs that run together
 // share an expert's W tile (its M tiles are adjacent) and its few X tiles (reused across the N

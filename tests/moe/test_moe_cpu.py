@@ -8,7 +8,7 @@ import pytest
 
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.moe import reference as MR
-from kernelgen.moe.config import TILES, WG_TILES, MoeGemmConfig
+from kernelgen.moe.config import TILES, WG_TILES, MoeGemmConfig, MoeKbitGemvConfig
 from kernelgen.moe.select import (
     SWAP_AB,
     TILE_M_TABLE,
@@ -197,7 +197,8 @@ def test_forced_rows_and_errors():
 def test_prewarm_default_set_is_modest_and_valid():
     for arch in ("sm_80", "sm_90a", "sm_100a", "sm_120a"):
         cfgs = list(prewarm_configs([arch], {}))
-        assert 0 < len(cfgs) <= 40 and len(set(cfgs)) == len(cfgs)
+        assert 0 < len(cfgs) <= 48 and len(set(cfgs)) == len(cfgs)  # 8 of them tiled kbit4
+        assert len([c for c in cfgs if isinstance(c, MoeKbitGemvConfig)]) == 8
         assert {c.epilogue for c in cfgs} == {"none", "swiglu"}
         assert {c.tile_m for c in cfgs if isinstance(c, MoeGemmConfig)} == {8, 16, 32, 64, 128}
         wg = {(c.tile_m, c.tile_n) for c in cfgs if isinstance(c, MoeGemmConfig) and c.wgmma}
@@ -539,3 +540,54 @@ def test_kbit_scale_bits_model():
     bf16 = ((raw << 3) << 16).astype(np.uint32).view(np.float32).astype(np.float64)
     np.testing.assert_array_equal(f16 * 2.0**4, want)
     np.testing.assert_array_equal(bf16 * 2.0**116, want)
+
+
+def test_tiled_kbit_plan_rule():
+    """Tiled kbit4 experts: m_tile 8 while the touched experts average <= 8 rows; the largest
+    kw whose CTAs (a pass an expert touched) fit one wave of 2 CTAs an SM with >= 4 steps a
+    warp; the grid is the kernel's item bound (passes + touched) x CTAs a pass."""
+    from kernelgen.moe import plan_kbit_gemv, select_kbit_gemv
+
+    cases = [  # (E, N, K, rows, epilogue) -> (m_tile, kw, CTAs a pass)
+        ((128, 4096, 7168, 8, "swiglu"), (8, 2, 32)),   # E128 W13, T = 1: 8 x 32 = 256 CTAs
+        ((128, 7168, 2048, 8, "none"), (8, 1, 56)),     # E128 W2: 448 CTAs at kw 1 already
+        ((8, 28672, 4096, 2, "swiglu"), (8, 1, 112)),   # E8 W13, T = 1
+        ((8, 4096, 14336, 2, "none"), (8, 4, 128)),     # E8 W2: 2 x 128 = 256 CTAs
+        ((8, 4096, 14336, 32, "none"), (8, 1, 32)),     # E8 W2, T = 16: 8 passes
+        ((8, 4096, 512, 2, "none"), (8, 1, 32)),        # 4 steps: kw 2 would leave 2 a warp
+        ((4, 256, 1024, 64, "none"), (16, 2, 4)),       # 16 rows an expert: m_tile 16
+    ]
+    for (e, n, k, rows, epi), (mt, kw, ctas) in cases:
+        p = plan_kbit_gemv("sm_90a", 132, "bfloat16", e, n, k, rows, epi)
+        assert (p.config.m_tile, p.kw, p.n_ctas) == (mt, kw, ctas), (e, n, k, rows, epi, p.short())
+        assert p.grid(rows) == ((-(-rows // mt) + min(e, rows)) * ctas, 1, 1)
+        assert p.config.tpw == (2 if epi == "swiglu" else 1)
+        assert select_kbit_gemv("sm_90a", 132, "bfloat16", e, n, k, rows, epi) == p
+    with pytest.raises(ValueError, match="tile_m=32: tiled kbit experts take 8 or 16"):
+        plan_kbit_gemv("sm_90a", 132, "bfloat16", 8, 256, 256, 8, "none", 32)
+    with pytest.raises(ValueError, match="kw=3"):
+        plan_kbit_gemv("sm_90a", 132, "bfloat16", 8, 256, 256, 8, "none", 8, 3)
+    with pytest.raises(ValueError, match="N a positive multiple of 16"):
+        plan_kbit_gemv("sm_90a", 132, "bfloat16", 8, 200, 256, 8, "none")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        plan_kbit_gemv("sm_90a", 132, "bfloat16", 8, 240, 256, 8, "swiglu")
+    with pytest.raises(ValueError, match="rows=0"):
+        plan_kbit_gemv("sm_90a", 132, "bfloat16", 8, 256, 256, 0)
+
+
+def test_tiled_kbit_prewarm_covers_dispatch():
+    from kernelgen.moe import select_kbit_gemv
+
+    spec = {"E": 128, "H": 7168, "I": 2048, "top_k": 8, "dtypes": ["bfloat16"], "bits": [4],
+            "sm_counts": [132]}
+    cfgs = set(prewarm_configs(["sm_90a"], spec))
+    for rows in (1, 8, 64, 128, 1024, 32768):
+        for n, k, epi in ((4096, 7168, "swiglu"), (7168, 2048, "none")):
+            assert select_kbit_gemv("sm_90a", 132, "bfloat16", 128, n, k, rows, epi).config in cfgs
+
+
+def test_kbit_experts_take_exactly_one_layout():
+    from kernelgen.moe import KbitExperts
+
+    with pytest.raises(ValueError, match="exactly one of q"):
+        KbitExperts(None, 2, 16, 128)

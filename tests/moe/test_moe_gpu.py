@@ -297,16 +297,19 @@ KBIT_CASES = [("uniform", 5, 8, 2), ("hot80", 40, 8, 4), ("dup", 17, 16, 4), ("z
               ("uniform", 1, 4, 2)]
 
 
-def _kbit_weight(rng, e, n, k, bits, dtype):
+def _kbit_weight(rng, e, n, k, bits, dtype, layout="flat"):
+    """Experts quantized in the flat layout (the reference dequantizes its planes), then
+    repacked when `layout` is "tiled" (bit-identical codes and scales)."""
     import cupy
 
-    from kernelgen.moe import quantize_experts
+    from kernelgen.moe import quantize_experts, tile_experts
 
     w = _host(rng, (e, n, k), dtype, scale=1.0 / np.sqrt(k))
-    q = quantize_experts(cupy.asarray(w), bits, dtype="bfloat16" if dtype == "bfloat16" else None)
+    q = quantize_experts(cupy.asarray(w), bits, dtype="bfloat16" if dtype == "bfloat16" else None,
+                         layout="flat")
     w64 = MR.dequantize_experts(cupy.asnumpy(q.q.packed), cupy.asnumpy(q.q.absmax),
                                 cupy.asnumpy(q.q.codebook), bits, (e, n, k))
-    return q, w64
+    return (tile_experts(q) if layout == "tiled" else q), w64
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -347,17 +350,54 @@ def test_kbit_experts_match_reference(bits, dtype):
                                           f"{warps=}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiled_kbit_experts_match_reference(dtype):
+    """4-bit experts in the tiled layout (the FP4 bandwidth kernel over work items): every
+    m_tile and warps-along-K count, both epilogues, partial tile units a CTA, K of 3 / 5 steps
+    (kw 4 and 8 leave some warps no step), the routing cases of the flat test."""
+    import cupy
+
+    from kernelgen.moe import grouped_gemm, plan_kbit_gemv
+
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for act in (None, "swiglu"):
+        n, k = (224, 384) if act else (208, 640)  # 7 / 13 tile units: the last CTA partial
+        epi = "swiglu" if act else "none"
+        for kind, t, e, top_k in KBIT_CASES:
+            q, w64 = _kbit_weight(rng, e, n, k, 4, dtype, "tiled")
+            ids = routing(kind, t, e, top_k, rng)
+            off, _ = MR.layout(ids, e)
+            off = (off + 2).astype(np.int32)  # 2 unowned rows before and after
+            x = _host(rng, (int(off[-1]) + 2, k), dtype)
+            ref = MR.grouped_gemm(MR.to_float64(x, dtype), w64, off, act)
+            xd, od = cupy.asarray(x), cupy.asarray(off)
+            y = grouped_gemm(xd, q, od, activation=act, dtype=hint)
+            _check(y, ref, dtype, f"tiled kbit {dtype} {act} {kind=} {t=} {e=} selector")
+            for tm in (8, 16):
+                y = grouped_gemm(xd, q, od, activation=act, tile_m=tm, dtype=hint)
+                _check(y, ref, dtype, f"tiled kbit {dtype} {act} {kind=} {t=} {e=} {tm=}")
+                for kw in (1, 2, 4, 8):
+                    plan = plan_kbit_gemv("sm_90a", 132, dtype, e, n, k, x.shape[0], epi, tm, kw)
+                    y = cupy.full((x.shape[0], n // 2 if act else n), np.nan, dtype=xd.dtype)
+                    grouped_gemm(xd, q, od, activation=act, config=plan, dtype=hint, out=y)
+                    _check(y[2:-2], ref[2:-2], dtype, f"tiled kbit {dtype} {act} {kind=} {t=} "
+                                                      f"{e=} {tm=} {kw=}")
+                    yh = cupy.asnumpy(y)
+                    assert np.isnan(yh[:2]).all() and np.isnan(yh[-2:]).all(), "unowned rows written"
+
+
 def test_fused_moe_kbit_experts():
     import cupy
 
-    from kernelgen.moe import fused_moe, quantize_experts
+    from kernelgen.moe import fused_moe, quantize_experts, tile_experts
 
     rng = np.random.default_rng()
     dtype = "bfloat16"
     t, e, h, i, top_k = 24, 8, 256, 128, 2
     x, ids, wts, w13, w2 = _layer_inputs(rng, t, e, h, i, top_k, dtype, "dup")
-    q13 = quantize_experts(cupy.asarray(w13), 4, dtype="bfloat16")
-    q2 = quantize_experts(cupy.asarray(w2), 4, dtype="bfloat16")
+    q13 = quantize_experts(cupy.asarray(w13), 4, dtype="bfloat16", layout="flat")
+    q2 = quantize_experts(cupy.asarray(w2), 4, dtype="bfloat16", layout="flat")
 
     def deq(q):
         return MR.dequantize_experts(cupy.asnumpy(q.q.packed), cupy.asnumpy(q.q.absmax),
@@ -365,7 +405,10 @@ def test_fused_moe_kbit_experts():
 
     ref = MR.fused_moe(MR.to_float64(x, dtype), ids, wts, deq(q13), deq(q2), dtype=dtype)
     args = [cupy.asarray(a) for a in (x, ids, wts)]
-    for w13_, w2_ in ((q13, q2), (q13, cupy.asarray(w2)), (cupy.asarray(w13), q2)):
+    t13, t2 = tile_experts(q13), tile_experts(q2)  # the same codes, tiled
+    assert (t13.layout, t2.layout) == ("tiled", "tiled")
+    for w13_, w2_ in ((q13, q2), (t13, t2), (t13, q2), (q13, cupy.asarray(w2)),
+                      (cupy.asarray(w13), t2)):
         if not isinstance(w2_, type(q2)):  # mixed: the bf16 side uses the exact weights
             ref_m = MR.fused_moe(MR.to_float64(x, dtype), ids, wts, deq(q13),
                                  MR.to_float64(w2, dtype), dtype=dtype)
@@ -376,25 +419,38 @@ def test_fused_moe_kbit_experts():
             ref_m = ref
         for tm in (None, 8, 64):
             out = fused_moe(*args, w13_, w2_, tile_m=tm, dtype="bfloat16")
-            _check(out, ref_m, dtype, f"kbit layer {tm=} {type(w13_).__name__}/{type(w2_).__name__}",
-                   MR.LAYER_REL_ERROR_BOUND[dtype])
+            names = "/".join(getattr(w, "layout", "bf16") for w in (w13_, w2_))
+            _check(out, ref_m, dtype, f"kbit layer {tm=} {names}", MR.LAYER_REL_ERROR_BOUND[dtype])
 
 
 def test_kbit_bad_inputs():
     import cupy
 
-    from kernelgen.moe import grouped_gemm, quantize_experts
+    from kernelgen.moe import MoeKbitConfig, grouped_gemm, quantize_experts
 
     with pytest.raises(ValueError, match="K a positive multiple of 128"):
         quantize_experts(cupy.ones((2, 16, 96), cupy.float16), 4)
     with pytest.raises(ValueError, match="bits=5; kbit experts support bits in"):
         quantize_experts(cupy.ones((2, 16, 128), cupy.float16), 5)
-    q = quantize_experts(cupy.ones((2, 16, 128), cupy.float16), 4)
+    q = quantize_experts(cupy.ones((2, 16, 128), cupy.float16), 4, layout="flat")
     off = cupy.asarray(np.array([0, 1, 2], np.int32))
     with pytest.raises(ValueError, match="swap_ab=False"):
         grouped_gemm(cupy.ones((2, 128), cupy.float16), q, off, swap_ab=False)
     with pytest.raises(ValueError, match="tile_m=64: kbit experts take tile_m"):
         grouped_gemm(cupy.ones((2, 128), cupy.float16), q, off, tile_m=64)
+    with pytest.raises(ValueError, match="layout='tiled': 4-bit weights only"):
+        quantize_experts(cupy.ones((2, 16, 128), cupy.float16), 3, layout="tiled")
+    with pytest.raises(ValueError, match="N a positive multiple of 16"):
+        quantize_experts(cupy.ones((2, 24, 128), cupy.float16), 4, layout="tiled")
+    qt = quantize_experts(cupy.ones((2, 16, 128), cupy.float16), 4, layout="tiled")
+    assert qt.layout == "tiled" and qt.bits == 4
+    with pytest.raises(ValueError, match="tile_m=32: tiled kbit experts take 8 or 16"):
+        grouped_gemm(cupy.ones((2, 128), cupy.float16), qt, off, tile_m=32)
+    with pytest.raises(ValueError, match="swiglu needs 2I .* multiple of 32"):
+        grouped_gemm(cupy.ones((2, 128), cupy.float16), qt, off, activation="swiglu")
+    with pytest.raises(ValueError, match="tiled kbit experts take a MoeKbitGemvConfig"):
+        grouped_gemm(cupy.ones((2, 128), cupy.float16), qt, off,
+                     config=MoeKbitConfig(arch="sm_90a", dtype="float16"))
 
 
 # rows that lose stages at 99 KB (tile_m, tile_n, wgmma=False: mma.sync) and the selector's
