@@ -140,10 +140,11 @@ def launch_tiled(ctx: Any, xa: Any, w: KbitExperts, off: Any, ya: Any, dt: str, 
     """Tiled kbit4 experts: the FP4 bandwidth kernel over find_tile's work items."""
     e, n, k = w.shape
     info = device_info(ctx.device)
+    arch = info.arch.name
     if isinstance(config, KbitGemvPlan):  # a whole plan (kw too): tests, benchmarks
-        plan = forced_kbit_gemv_plan(config.config, dt, epilogue, e, n, k, config.kw)
+        plan = forced_kbit_gemv_plan(config.config, arch, dt, epilogue, e, n, k, config.kw)
     elif config is not None:
-        plan = forced_kbit_gemv_plan(config, dt, epilogue, e, n, k)
+        plan = forced_kbit_gemv_plan(config, arch, dt, epilogue, e, n, k)
     elif tile_m is None:
         plan = select_kbit_gemv(info.arch.name, info.sm_count, dt, e, n, k, rows, epilogue)
     else:
@@ -155,7 +156,7 @@ def launch_tiled(ctx: Any, xa: Any, w: KbitExperts, off: Any, ya: Any, dt: str, 
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_gemv")
     ctx.launch(fn, plan.grid(m), plan.block,
                (t.data, t.scales, t.codebook, xa, off, ya, np.int32(e), np.int32(n), np.int32(k),
-                np.int32(m), np.int32(plan.kw.bit_length() - 1), np.int64(wt), np.uint32(wq),
+                np.int32(m), np.int32(plan.kw.bit_length() - 1), np.int32(plan.n_ctas), np.int64(wt), np.uint32(wq),
                 np.int64(st), np.uint32(sq)), smem=plan.smem)
 
 

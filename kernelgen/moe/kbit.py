@@ -1,6 +1,9 @@
 """kbit experts for the MoE grouped GEMM: quantize W [E, N, K] once (the kbit format of
-kernelgen.kbit, blocks of 32 along K), then the grouped GEMM dequantizes in registers
-(templates/moe/grouped_kbit.cuh, decode-oriented, always swap_ab).
+kernelgen.kbit, blocks of 32 along K), then the grouped GEMM dequantizes in registers. Two
+layouts (KbitExperts): 4-bit "tiled" experts (the default) run the FP4 bandwidth kernel over the
+MoE work items (templates/moe/grouped_gemv.cu.jinja; plan_kbit_gemv / select_kbit_gemv below);
+"flat" experts (2-4 bits) run templates/moe/grouped_kbit.cuh (decode-oriented, always swap_ab),
+whose selector follows.
 
 Selector (host numbers only, memoised and printable): TILE_M from the average rows per expert
 (KBIT_TILE_M_TABLE); the CTA shape from the CTAs the experts touched (at most min(E, M)) give:
@@ -112,18 +115,19 @@ def check_kbit_epilogue(n: int, epilogue: str, layout: str = "flat") -> None:
     mult = 32 if layout == "tiled" else 16
     if epilogue == "swiglu" and n % mult:
         raise ValueError(f"w: N={n}; swiglu needs 2I (gate + up rows) a multiple of {mult} "
-                         f"({layout} layout)")
+                         f"({layout} layout" + ("; quantize_experts(w13, layout='flat') takes "
+                                                "multiples of 16)" if layout == "tiled" else ")"))
 
 
-def forced_kbit_gemv_plan(config: MoeKbitGemvConfig, dtype: str, epilogue: str, e: int, n: int,
-                          k: int, kw: int = 1) -> KbitGemvPlan:
+def forced_kbit_gemv_plan(config: MoeKbitGemvConfig, arch: str, dtype: str, epilogue: str, e: int,
+                          n: int, k: int, kw: int = 1) -> KbitGemvPlan:
     """The plan of a forced MoeKbitGemvConfig (tiled experts; grouped_gemm(config=...))."""
     if not isinstance(config, MoeKbitGemvConfig):
         raise ValueError(f"config: {type(config).__name__}; tiled kbit experts take a "
                          f"MoeKbitGemvConfig")
-    if config.dtype != dtype or config.epilogue != epilogue:
+    if config.dtype != dtype or config.epilogue != epilogue or config.arch != arch:
         raise ValueError(f"config: {config.short()} does not match dtype={dtype}, "
-                         f"epilogue={epilogue}")
+                         f"epilogue={epilogue}, arch={arch} (this device)")
     check_kbit_shape(e, n, k, 4, layout="tiled")
     check_kbit_epilogue(n, epilogue, "tiled")
     if kw not in GEMV_KWS + (1,) or kw > config.warps:

@@ -23,36 +23,49 @@
 
 namespace kg::fp4 {
 
-// Where a CTA works: the dense launch's grid (GemvPlace::grid()), or a work item of the MoE
-// grouped launch (templates/moe/grouped_gemv.cu.jinja: one expert's rows, one CTA of its units).
-struct GemvPlace {
-  int x, y, z;    // unit block, K split, M pass (the dense grid's blockIdx)
-  int splits;     // K splits (gridDim.y; > 1 only in the dense launch)
-  int nx;         // unit blocks (gridDim.x: the split-K counters' row)
-  int tile_base;  // W tile of this weight's row 0 (an expert's first tile)
-  int up;         // GLU: tiles from a gate tile to its up tile
-  static __device__ __forceinline__ GemvPlace grid() {
-    return GemvPlace{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, (int)gridDim.y,
-                     (int)gridDim.x, 0, 0};
-  }
+// Where a CTA works. GridPlace: the dense launch (blockIdx.x: unit block, .y: K split, .z: M pass;
+// read where used, as before the MoE launch shared this kernel). ItemPlace: a work item of the
+// MoE grouped launch (templates/moe/grouped_gemv.cu.jinja: one pass of an expert's rows, one
+// block of its units; never split along K, so the split code compiles out).
+struct GridPlace {
+  static constexpr bool ITEM = false;
+  __device__ __forceinline__ int x() const { return blockIdx.x; }
+  __device__ __forceinline__ int y() const { return blockIdx.y; }
+  __device__ __forceinline__ int z() const { return blockIdx.z; }
+  __device__ __forceinline__ int splits() const { return gridDim.y; }
+  __device__ __forceinline__ int nx() const { return gridDim.x; }
+  __device__ __forceinline__ int tile_base() const { return 0; }
+  __device__ __forceinline__ int up() const { return 0; }
+};
+struct ItemPlace {
+  static constexpr bool ITEM = true;
+  int unit_block, base, up_tiles;  // unit block, W tile of the weight's row 0, gate -> up tiles
+  __device__ __forceinline__ int x() const { return unit_block; }
+  __device__ __forceinline__ int y() const { return 0; }
+  __device__ __forceinline__ int z() const { return 0; }
+  __device__ __forceinline__ int splits() const { return 1; }
+  __device__ __forceinline__ int nx() const { return 1; }
+  __device__ __forceinline__ int tile_base() const { return base; }
+  __device__ __forceinline__ int up() const { return up_tiles; }
 };
 
-// GLU (TPW 2): a warp's two tiles are gate tile u and up tile u + place.up of a weight whose rows
-// are [gate; up] (W13); N is the output width (the gate rows) and C gets silu(gate) * up, both
-// sums in fp32 with their row factors, rounded once. No K split.
+// GLU (TPW 2, ItemPlace): a warp's two tiles are gate tile u and up tile u + place.up() of a
+// weight whose rows are [gate; up] (W13); N is the output width (the gate rows) and C gets
+// silu(gate) * up, both sums in fp32 times their row factors, rounded once. No bias, no K split.
 template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool HINT, bool EARLY,
           bool LEAN = false, bool A_BY_WORD = false, bool A_RING = false, int ENC = ENC_F16,
-          bool GLU = false>
+          bool GLU = false, typename Place = GridPlace>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
                                      T* __restrict__ C, float* __restrict__ ws,
                                      unsigned* __restrict__ counters, int M, int N, int K, int sps,
                                      int kw_log, long long wt, unsigned wq, long long st,
-                                     unsigned sq, const GemvPlace place) {
+                                     unsigned sq, const Place place) {
   static_assert(M_TILE == 8 || M_TILE == 16, "m_tile is 8 or 16 tokens");
   static_assert(TPW == 1 || TPW == 2, "a warp owns 1 or 2 tiles");
-  static_assert(!GLU || TPW == 2, "GLU pairs a gate and an up tile in one warp");
+  static_assert(!GLU || (TPW == 2 && Place::ITEM),
+                "GLU pairs a gate and an up tile in one warp, in the MoE launch (no K split)");
   constexpr int NT = M_TILE / 8;
   constexpr int SB = Fmt<FMT>::SB;
   // LEAN (m_tile 16 at <= 64 registers): one accumulator chain per token half (the two n8
@@ -72,10 +85,10 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   const int g = lane >> 2, t = lane & 3;
   const int kw = 1 << kw_log, ks = warp & (kw - 1);
   const int tiles = (N + 15) >> 4;
-  const int tile0 = (place.x * (WARPS >> kw_log) + (warp >> kw_log)) * (GLU ? 1 : TPW);
+  const int tile0 = (place.x() * (WARPS >> kw_log) + (warp >> kw_log)) * (GLU ? 1 : TPW);
   const bool active = tile0 < tiles;
   const int Q = K / STEP_K;
-  const int q_cta = place.y * sps;
+  const int q_cta = place.y() * sps;
   const int n_cta = min(Q, q_cta + sps) - q_cta;  // >= 1: the host ensures it
   const int per = (n_cta + kw - 1) >> kw_log;
   const int q0 = q_cta + ks * per;
@@ -90,7 +103,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   const uint8_t* sp[TPW];
 #pragma unroll
   for (int i = 0; i < TPW; ++i) {
-    const long long tl = place.tile_base + (GLU ? min(tile0, tiles - 1) + i * place.up : min(tile0 + i, tiles - 1));
+    const long long tl = place.tile_base() + (GLU ? min(tile0, tiles - 1) + i * place.up() : min(tile0 + i, tiles - 1));
     wp[i] = W + tl * wt + (size_t)q0 * wq + 64 * g + 16 * t;
     sp[i] = S + tl * st + (size_t)q0 * sq + scale_offset<FMT>(g, t);
   }
@@ -126,14 +139,14 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 
   // the epilogue's row factors and bias: EARLY (m_tile 8 at <= 128 registers) loaded now (their
   // latency hides behind the loop), else in the stores (registers)
-  const bool pre = ks == 0 && place.splits == 1;  // this warp stores C
+  const bool pre = ks == 0 && place.splits() == 1;  // this warp stores C
   float fac[TPW][2], bia[TPW][2];
   if (EARLY || GLU) {
 #pragma unroll
     for (int i = 0; i < TPW; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int n = GLU ? min(tile0 * 16 + g + 8 * h, N - 1) + 16 * i * place.up
+        const int n = GLU ? min(tile0 * 16 + g + 8 * h, N - 1) + 16 * i * place.up()
                           : min((tile0 + i) * 16 + g + 8 * h, N - 1);
         fac[i][h] = pre ? row_factor<T, FMT>(post, alpha, n) : 0.0f;
         bia[i][h] = pre && has_bias ? to_float(bias[n]) : 0.0f;
@@ -141,7 +154,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   }
 
   // token rows g (+8) of this pass; rows past M re-read row M-1 (their columns are never stored)
-  const int m0 = place.z * M_TILE;
+  const int m0 = place.z() * M_TILE;
   const int rows = min(M_TILE, M - m0);
   const T* ap[NT];
 #pragma unroll
@@ -295,8 +308,8 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 
   // fragment (i, nt, 2h + e) = C[m0 + 8nt + 2t + e, 16*(tile0 + i) + g + 8h]; a tile past N has
   // n >= N
-  const bool split = place.splits > 1;
-  float* wsy = ws + (size_t)place.y * M * N;
+  const bool split = place.splits() > 1;
+  float* wsy = ws + (size_t)place.y() * M * N;
   if (GLU && active && ks == 0) {  // fragment (0 / 1, nt, 2h + e): gate / up of C[m, n]
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -322,9 +335,9 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   }
   constexpr int CTA_ROWS = 16 * TPW;  // W rows a (warp group of KW) covers
   if (split)
-    split_finish<T, FMT>(ws, counters + (size_t)place.z * place.nx + place.x, place.splits, C,
+    split_finish<T, FMT>(ws, counters + (size_t)place.z() * place.nx() + place.x(), place.splits(), C,
                          bias, has_bias, post, alpha, m0, M_TILE,
-                         place.x * (WARPS >> kw_log) * CTA_ROWS, (WARPS >> kw_log) * CTA_ROWS, M, N);
+                         place.x() * (WARPS >> kw_log) * CTA_ROWS, (WARPS >> kw_log) * CTA_ROWS, M, N);
 }
 
 }  // namespace kg::fp4

@@ -53,8 +53,8 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
 // share an expert's W tile (its M tiles are adjacent) and its few X tiles (reused across the N
 // tiles from L2). Warp 0 walks the experts 32 at a time: lane l of a step owns expert base + l,
 // a warp prefix sum of the item counts (M tiles x n_tiles) says whose range holds `item`.
-// `s_tile`: 4 ints of shared memory (in the dynamic allocation: no static shared memory, so
-// the launch's opt-in covers the whole CTA).
+// `s_tile`: 4 ints of shared memory in the dynamic allocation (grouped_gemv.cu.jinja: after its
+// code table; its kernel adds static shared memory, which jit.py's opt-in counts).
 struct TileOf { int e, row0, rows, n_tile; };
 
 template <int TILE_M>

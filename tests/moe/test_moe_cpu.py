@@ -576,6 +576,8 @@ def test_tiled_kbit_plan_rule():
 
 
 def test_tiled_kbit_prewarm_covers_dispatch():
+    """A layer spec with 4 bits builds what select_kbit_gemv picks over the walked rows; one
+    without 4 bits builds no tiled config."""
     from kernelgen.moe import select_kbit_gemv
 
     spec = {"E": 128, "H": 7168, "I": 2048, "top_k": 8, "dtypes": ["bfloat16"], "bits": [4],
@@ -584,6 +586,25 @@ def test_tiled_kbit_prewarm_covers_dispatch():
     for rows in (1, 8, 64, 128, 1024, 32768):
         for n, k, epi in ((4096, 7168, "swiglu"), (7168, 2048, "none")):
             assert select_kbit_gemv("sm_90a", 132, "bfloat16", 128, n, k, rows, epi).config in cfgs
+    spec["bits"] = [2, 3]
+    assert not [c for c in prewarm_configs(["sm_90a"], spec) if isinstance(c, MoeKbitGemvConfig)]
+
+
+def test_forced_tiled_kbit_plan_is_checked():
+    from kernelgen.moe.kbit import forced_kbit_gemv_plan
+
+    cfg = MoeKbitGemvConfig(arch="sm_90a", dtype="bfloat16", m_tile=8, warps=8, epilogue="none")
+    p = forced_kbit_gemv_plan(cfg, "sm_90a", "bfloat16", "none", 8, 256, 512, 4)
+    assert (p.kw, p.n_ctas) == (4, 8)
+    for args, msg in ((("sm_80", "bfloat16", "none"), "arch=sm_80"),
+                      (("sm_90a", "float16", "none"), "dtype=float16"),
+                      (("sm_90a", "bfloat16", "swiglu"), "epilogue=swiglu")):
+        with pytest.raises(ValueError, match=msg):
+            forced_kbit_gemv_plan(cfg, *args, 8, 256, 512)
+    with pytest.raises(ValueError, match="kw=3"):
+        forced_kbit_gemv_plan(cfg, "sm_90a", "bfloat16", "none", 8, 256, 512, 3)
+    with pytest.raises(ValueError, match="kbit experts take a MoeKbitGemvConfig"):
+        forced_kbit_gemv_plan(object(), "sm_90a", "bfloat16", "none", 8, 256, 512)
 
 
 def test_kbit_experts_take_exactly_one_layout():

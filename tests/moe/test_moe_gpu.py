@@ -357,8 +357,10 @@ def test_tiled_kbit_experts_match_reference(dtype):
     (kw 4 and 8 leave some warps no step), the routing cases of the flat test."""
     import cupy
 
+    from kernelgen.arch import device_info
     from kernelgen.moe import grouped_gemm, plan_kbit_gemv
 
+    info = device_info(cupy.cuda.Device().id)
     rng = np.random.default_rng()
     hint = "bfloat16" if dtype == "bfloat16" else None
     for act in (None, "swiglu"):
@@ -378,7 +380,8 @@ def test_tiled_kbit_experts_match_reference(dtype):
                 y = grouped_gemm(xd, q, od, activation=act, tile_m=tm, dtype=hint)
                 _check(y, ref, dtype, f"tiled kbit {dtype} {act} {kind=} {t=} {e=} {tm=}")
                 for kw in (1, 2, 4, 8):
-                    plan = plan_kbit_gemv("sm_90a", 132, dtype, e, n, k, x.shape[0], epi, tm, kw)
+                    plan = plan_kbit_gemv(info.arch.name, info.sm_count, dtype, e, n, k,
+                                          x.shape[0], epi, tm, kw)
                     y = grouped_gemm(xd, q, od, activation=act, config=plan, dtype=hint)
                     _check(y, ref, dtype, f"tiled kbit {dtype} {act} {kind=} {t=} {e=} {tm=} {kw=}")
 
