@@ -267,19 +267,24 @@ def _bench_kbit_layout(args, info, bw, name, q13, q2, bits, bf16_rows, layout):
                    "layout": layout, "us": tt * 1e6,
                    "floor_us": floor * 1e6, "floor_frac": floor / tt, "plan": plan.short(),
                    "speedup_vs_bf16": (bf[0] / (tt * 1e6)) if bf else None}
-            if args.forced and layout == "tiled":
+            if (args.forced or args.kbit_forced) and layout == "tiled":
+                from dataclasses import replace
+
                 from kernelgen.moe import plan_kbit_gemv
+                from kernelgen.moe.kbit import KbitGemvPlan
 
                 forced = {}
                 for tm in (8, 16):
-                    for kw in (1, 2, 4, 8):
-                        p = plan_kbit_gemv(info.arch.name, info.sm_count, "bfloat16", e, n, k, m,
-                                           epi, tm, kw)
-                        forced[f"{tm}_kw{kw}"] = time_gpu(
-                            lambda j, p=p: run(j, config=p), iters=max(3, args.iters // 2),
-                            repeats=3) * 1e6
+                    for tpw in ((2,) if act else (1, 2)):
+                        for kw in (1, 2, 4, 8):
+                            p = plan_kbit_gemv(info.arch.name, info.sm_count, "bfloat16", e, n, k,
+                                               m, epi, tm, kw)
+                            p = KbitGemvPlan(replace(p.config, tpw=tpw), e, n, kw)
+                            tmf = _timer(args)  # graph replays with --graph, as the main rows
+                            forced[f"{tm}_t{tpw}_kw{kw}"] = tmf(
+                                lambda j, p=p: run(j, config=p)) * 1e6
                 row["forced_us"] = forced
-            elif args.forced:
+            elif args.forced or args.kbit_forced:
                 from kernelgen.moe import plan_kbit
                 from kernelgen.moe.config import KBIT_WARPS
 
@@ -319,6 +324,8 @@ def main() -> None:
                     help="main loop of the selector's row: its choice, or forced (wgmma: sm_90a)")
     ap.add_argument("--kbit", default="4", help="bits of the kbit-expert runs ('' = none)")
     ap.add_argument("--kbit-ts", default="1,2,4,8,16")
+    ap.add_argument("--kbit-forced", action="store_true",
+                    help="--forced for the kbit rows only (tiled: every m_tile, tpw and kw)")
     ap.add_argument("--kbit-layouts", default="flat,tiled",
                     help="expert layouts of the kbit runs (tiled: 4 bits only; the same codes)")
     ap.add_argument("--decode-sweep", action="store_true", help="--sweep at T=1 too")

@@ -314,8 +314,9 @@ GEMV_CTA_WARPS = (8, 16)  # a CTA holds the 32 KB code table: 8 or 16 warps, 16 
 @dataclass(frozen=True)
 class MoeKbitGemvConfig(KernelConfig):
     """Grouped GEMM over 4-bit kbit experts in the tiled layout (templates/moe/grouped_gemv.cu.jinja:
-    templates/fp4_gemm/gemv.cuh on each work item). tpw is 2 with swiglu (a warp's gate and up
-    tiles), else 1; warps along K (kw) are a launch argument."""
+    templates/fp4_gemm/gemv.cuh on each work item). tpw: 16-row tiles a warp at the same k (2
+    with swiglu: a warp's gate and up tiles; 1 or 2 without); warps along K (kw) are a launch
+    argument."""
 
     family: ClassVar[str] = "moe"
     template: ClassVar[str] = "moe/grouped_gemv.cu.jinja"
@@ -324,10 +325,12 @@ class MoeKbitGemvConfig(KernelConfig):
     warps: int = 8
     depth: int = 2
     epilogue: str = "none"
+    tpw: int = 1
 
     @property
-    def tpw(self) -> int:
-        return 2 if self.epilogue == "swiglu" else 1
+    def unit_tiles(self) -> int:
+        """Output tiles a warp unit covers (swiglu: its gate / up pair is one output tile)."""
+        return 1 if self.epilogue == "swiglu" else self.tpw
 
     @property
     def threads(self) -> int:
@@ -347,6 +350,8 @@ class MoeKbitGemvConfig(KernelConfig):
             raise bad("depth", "expected 2 or 3 steps in flight a warp")
         if self.epilogue not in EPILOGUES:
             raise bad("epilogue", f"expected one of {EPILOGUES}")
+        if self.tpw not in (1, 2) or (self.epilogue == "swiglu" and self.tpw != 2):
+            raise bad("tpw", "expected 1 or 2 (2 with swiglu: the gate and up tiles of a warp)")
 
     def symbols(self) -> tuple[str, ...]:
         return ("moe_grouped_gemv",)

@@ -261,8 +261,8 @@ class KbitGemvPlan:
     @property
     def n_ctas(self) -> int:
         """CTAs an expert pass: the kernel's own count (grouped_gemv.cu.jinja)."""
-        c = self.config  # a unit: a 16-row tile (a gate tile and its up tile with swiglu)
-        units = (self.n // 2 if c.epilogue == "swiglu" else self.n) // 16
+        c = self.config  # a unit: tpw 16-row tiles (a gate tile and its up tile with swiglu)
+        units = -(-(self.n // 2 if c.epilogue == "swiglu" else self.n) // (16 * c.unit_tiles))
         return -(-units // (c.warps // self.kw))
 
     def grid(self, m: int) -> tuple[int, int, int]:
@@ -301,7 +301,8 @@ def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int,
     if m_tile not in GEMV_M_TILES:
         raise ValueError(f"tile_m={m_tile}: tiled kbit experts take 8 or 16 tokens a pass")
     passes = max(touched, -(-rows // m_tile))
-    cfg = MoeKbitGemvConfig(arch=arch, dtype=dtype, m_tile=m_tile, warps=8, epilogue=epilogue)
+    cfg = MoeKbitGemvConfig(arch=arch, dtype=dtype, m_tile=m_tile, warps=8, epilogue=epilogue,
+                            tpw=2 if epilogue == "swiglu" else 1)
     if kw is None:
         one_wave = 2 * sm_count
         kw = 1
@@ -348,7 +349,7 @@ def kbit_prewarm(arch: str, dtypes: Iterable[str], bits_list: Iterable[int],
                 for m_tile in GEMV_M_TILES:
                     for epi in EPILOGUES:
                         yield MoeKbitGemvConfig(arch=arch, dtype=dtype, m_tile=m_tile, warps=8,
-                                                epilogue=epi)
+                                                epilogue=epi, tpw=2 if epi == "swiglu" else 1)
             if shape is None:  # decode: TILE_M 8, the widest and the narrowest CTA
                 for sms, lim in parts:
                     for wp, wk in (KBIT_WARPS[0], KBIT_WARPS[-1]):

@@ -8,6 +8,9 @@ Outputs are poisoned (KERNELGEN_POISON=1: NaN bit patterns) so a row the kernel 
 fails the bound; rows outside every expert segment must stay poisoned.
 """
 
+import itertools
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -359,6 +362,7 @@ def test_tiled_kbit_experts_match_reference(dtype):
 
     from kernelgen.arch import device_info
     from kernelgen.moe import grouped_gemm, plan_kbit_gemv
+    from kernelgen.moe.kbit import KbitGemvPlan
 
     info = device_info(cupy.cuda.Device().id)
     rng = np.random.default_rng()
@@ -379,11 +383,13 @@ def test_tiled_kbit_experts_match_reference(dtype):
             for tm in (8, 16):
                 y = grouped_gemm(xd, q, od, activation=act, tile_m=tm, dtype=hint)
                 _check(y, ref, dtype, f"tiled kbit {dtype} {act} {kind=} {t=} {e=} {tm=}")
-                for kw in (1, 2, 4, 8):
+                for kw, tpw in itertools.product((1, 2, 4, 8), (2,) if act else (1, 2)):
                     plan = plan_kbit_gemv(info.arch.name, info.sm_count, dtype, e, n, k,
                                           x.shape[0], epi, tm, kw)
+                    plan = KbitGemvPlan(replace(plan.config, tpw=tpw), e, n, kw)
                     y = grouped_gemm(xd, q, od, activation=act, config=plan, dtype=hint)
-                    _check(y, ref, dtype, f"tiled kbit {dtype} {act} {kind=} {t=} {e=} {tm=} {kw=}")
+                    _check(y, ref, dtype, f"tiled kbit {dtype} {act} {kind=} {t=} {e=} {tm=} "
+                                          f"{kw=} {tpw=}")
 
 
 def test_fused_moe_kbit_experts():
