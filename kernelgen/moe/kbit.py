@@ -50,6 +50,10 @@ K_STEP = 128  # K granularity: 4 blocks of 32 per lane group
 # tiled kbit4 experts: warps along K a tile unit (largest first), and the fewest 128-k steps each
 GEMV_KWS = (8, 4, 2)
 MIN_KW_STEPS = 4
+# tiles a warp: 2 (swiglu needs its gate / up pair; W2 measured, H100, graph replays, m_tile 8,
+# kw 1, tpw 1 -> 2: E128 T = 1 / 4 / 16 27.7 -> 25.5 / 96.3 -> 92.5 / 270.1 -> 239.3 us; E8 T = 16
+# at kw 2 89.2 -> 83.6; E8 T = 1 at the same CTA count (kw 4 -> 8) 25.2 -> 25.3)
+GEMV_TPW = 2
 
 
 @dataclass(frozen=True)
@@ -287,7 +291,8 @@ def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int,
                    epilogue: str = "none", m_tile: int | None = None,
                    kw: int | None = None) -> KbitGemvPlan:
     """Pure planner of tiled kbit4 experts; m_tile / kw force a choice (tests, benchmarks).
-    m_tile 8 where the touched experts average <= 8 rows, else 16 (passes of 16 past that).
+    m_tile 8 where the touched experts average <= 8 rows, else 16 (passes of 16 past that);
+    two 16-row tiles a warp (GEMV_TPW).
     kw: the largest of GEMV_KWS whose CTAs, counting one pass an expert touched (at least
     rows / m_tile passes), stay within one wave of 2 CTAs an SM, and whose warps keep
     MIN_KW_STEPS steps of 128 k (the dense GEMV's rule, kernelgen/fp4_gemm/select.py _kw)."""
@@ -302,7 +307,7 @@ def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int,
         raise ValueError(f"tile_m={m_tile}: tiled kbit experts take 8 or 16 tokens a pass")
     passes = max(touched, -(-rows // m_tile))
     cfg = MoeKbitGemvConfig(arch=arch, dtype=dtype, m_tile=m_tile, warps=8, epilogue=epilogue,
-                            tpw=2 if epilogue == "swiglu" else 1)
+                            tpw=GEMV_TPW)
     if kw is None:
         one_wave = 2 * sm_count
         kw = 1
@@ -349,7 +354,7 @@ def kbit_prewarm(arch: str, dtypes: Iterable[str], bits_list: Iterable[int],
                 for m_tile in GEMV_M_TILES:
                     for epi in EPILOGUES:
                         yield MoeKbitGemvConfig(arch=arch, dtype=dtype, m_tile=m_tile, warps=8,
-                                                epilogue=epi, tpw=2 if epi == "swiglu" else 1)
+                                                epilogue=epi, tpw=GEMV_TPW)
             if shape is None:  # decode: TILE_M 8, the widest and the narrowest CTA
                 for sms, lim in parts:
                     for wp, wk in (KBIT_WARPS[0], KBIT_WARPS[-1]):

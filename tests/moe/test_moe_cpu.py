@@ -2,6 +2,7 @@
 swap_ab, tile_n, grid bound), prewarm sets, the NumPy references, shape errors."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -550,18 +551,18 @@ def test_tiled_kbit_plan_rule():
 
     cases = [  # (E, N, K, rows, epilogue) -> (m_tile, kw, CTAs a pass)
         ((128, 4096, 7168, 8, "swiglu"), (8, 2, 32)),   # E128 W13, T = 1: 8 x 32 = 256 CTAs
-        ((128, 7168, 2048, 8, "none"), (8, 1, 56)),     # E128 W2: 448 CTAs at kw 1 already
+        ((128, 7168, 2048, 8, "none"), (8, 1, 28)),     # E128 W2: 224 CTAs at kw 1
         ((8, 28672, 4096, 2, "swiglu"), (8, 1, 112)),   # E8 W13, T = 1
-        ((8, 4096, 14336, 2, "none"), (8, 4, 128)),     # E8 W2: 2 x 128 = 256 CTAs
-        ((8, 4096, 14336, 32, "none"), (8, 1, 32)),     # E8 W2, T = 16: 8 passes
-        ((8, 4096, 512, 2, "none"), (8, 1, 32)),        # 4 steps: kw 2 would leave 2 a warp
-        ((4, 256, 1024, 64, "none"), (16, 2, 4)),       # 16 rows an expert: m_tile 16
+        ((8, 4096, 14336, 2, "none"), (8, 8, 128)),     # E8 W2: 2 x 128 = 256 CTAs
+        ((8, 4096, 14336, 32, "none"), (8, 2, 32)),     # E8 W2, T = 16: 8 passes
+        ((8, 4096, 512, 2, "none"), (8, 1, 16)),        # 4 steps: kw 2 would leave 2 a warp
+        ((4, 256, 1024, 64, "none"), (16, 2, 2)),       # 16 rows an expert: m_tile 16
     ]
     for (e, n, k, rows, epi), (mt, kw, ctas) in cases:
         p = plan_kbit_gemv("sm_90a", 132, "bfloat16", e, n, k, rows, epi)
         assert (p.config.m_tile, p.kw, p.n_ctas) == (mt, kw, ctas), (e, n, k, rows, epi, p.short())
         assert p.grid(rows) == ((-(-rows // mt) + min(e, rows)) * ctas, 1, 1)
-        assert p.config.tpw == (2 if epi == "swiglu" else 1)
+        assert p.config.tpw == 2
         assert select_kbit_gemv("sm_90a", 132, "bfloat16", e, n, k, rows, epi) == p
     with pytest.raises(ValueError, match="tile_m=32: tiled kbit experts take 8 or 16"):
         plan_kbit_gemv("sm_90a", 132, "bfloat16", 8, 256, 256, 8, "none", 32)
@@ -595,7 +596,9 @@ def test_forced_tiled_kbit_plan_is_checked():
 
     cfg = MoeKbitGemvConfig(arch="sm_90a", dtype="bfloat16", m_tile=8, warps=8, epilogue="none")
     p = forced_kbit_gemv_plan(cfg, "sm_90a", "bfloat16", "none", 8, 256, 512, 4)
-    assert (p.kw, p.n_ctas) == (4, 8)
+    assert (p.kw, p.n_ctas) == (4, 8)  # tpw 1: 16 units, 2 a CTA
+    p = forced_kbit_gemv_plan(replace(cfg, tpw=2), "sm_90a", "bfloat16", "none", 8, 256, 512, 4)
+    assert (p.kw, p.n_ctas) == (4, 4)
     for args, msg in ((("sm_80", "bfloat16", "none"), "arch=sm_80"),
                       (("sm_90a", "float16", "none"), "dtype=float16"),
                       (("sm_90a", "bfloat16", "swiglu"), "epilogue=swiglu")):
