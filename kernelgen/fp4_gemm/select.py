@@ -238,9 +238,10 @@ def bm_for(m: int) -> int:
 TILE_DISPATCH_BMS = tuple(sorted({bm_for(m) for m in range(GEMV_MAX_M + 1, DENSE_MIN_M)}))
 
 
-def _kw(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
+def kw_for(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
     """Warps a tile unit along K: the largest up to kw_max whose CTAs (counted in CTAs of
-    GEMV_WARPS) fit ctas_cap and whose warps get MIN_STEPS."""
+    GEMV_WARPS) fit ctas_cap and whose warps get MIN_STEPS (also the MoE experts' rule,
+    kernelgen/moe/kbit.py plan_kbit_gemv)."""
     for kw in KW_CHOICES:
         if kw == 1 or (kw <= kw_max and -(-units * kw // GEMV_WARPS) <= ctas_cap and
                        -(-steps // kw) >= MIN_STEPS):
@@ -273,14 +274,14 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
     q = k // STEP_K
     one_wave = wps // GEMV_WARPS * sm_count  # CTAs of 8 warps
     if split is None:
-        kw = _kw(units, q, max(1, one_wave // m_tiles), KW_MAX[m_tile, wps])
+        kw = kw_for(units, q, max(1, one_wave // m_tiles), KW_MAX[m_tile, wps])
         ctas = -(-units * kw // GEMV_WARPS) * m_tiles
         split = max(1, min(one_wave // ctas, q // (kw * MIN_STEPS)))
     elif not 1 <= split <= q:
         raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
     sps = -(-q // split)
     split = -(-q // sps)
-    kw = _kw(units, sps, max(1, one_wave // (m_tiles * split)), KW_MAX[m_tile, wps])
+    kw = kw_for(units, sps, max(1, one_wave // (m_tiles * split)), KW_MAX[m_tile, wps])
     cta_warps = GEMV_CTA_WARPS[m_tile, wps] if fmt in FMTS else GEMV_WARPS  # kbit4: 32 KB table a CTA
     warps = cta_warps if kw <= cta_warps else max(GEMV_WARPS, kw)  # KW 16: 16-warp CTAs
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, m_tile=m_tile, warps=warps,

@@ -22,6 +22,7 @@ from ..arch import smem_cap
 from ..core.interop import context_of
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
+from ..fp4_gemm.select import kw_for
 from ..kbit.api import KbitTensor, check_bits, quantize_kbit
 from ..kbit_gemm.api import check_layout
 from ..kbit_gemm.tiled import Kbit4Tiled, tile_weight
@@ -47,9 +48,8 @@ MAX_STAGES = 8
 SMEM_BUDGET: dict[str, int] = {"sm_80": 80 * 1024, "sm_90a": 110 * 1024, "sm_100a": 110 * 1024,
                                "sm_120a": 96 * 1024}
 K_STEP = 128  # K granularity: 4 blocks of 32 per lane group
-# tiled kbit4 experts: warps along K a tile unit (largest first), and the fewest 128-k steps each
-GEMV_KWS = (8, 4, 2)
-MIN_KW_STEPS = 4
+# tiled kbit4 experts: warps along K a tile unit (the planner's rule: fp4_gemm.select.kw_for)
+GEMV_KWS = (1, 2, 4, 8)
 # tiles a warp: 2 (swiglu needs its gate / up pair; W2 measured, H100, graph replays, m_tile 8,
 # kw 1, tpw 1 -> 2: E128 T = 1 / 4 / 16 27.7 -> 25.5 / 96.3 -> 92.5 / 270.1 -> 239.3 us; E8 T = 16
 # at kw 2 89.2 -> 83.6; E8 T = 1 at the same CTA count (kw 4 -> 8) 25.2 -> 25.3)
@@ -134,9 +134,9 @@ def forced_kbit_gemv_plan(config: MoeKbitGemvConfig, arch: str, dtype: str, epil
                          f"epilogue={epilogue}, arch={arch} (this device)")
     check_kbit_shape(e, n, k, 4, layout="tiled")
     check_kbit_epilogue(n, epilogue, "tiled")
-    if kw not in GEMV_KWS + (1,) or kw > config.warps:
-        raise ValueError(f"kw={kw}: expected one of {sorted(GEMV_KWS + (1,))}, at most the "
-                         f"config's {config.warps} warps")
+    if kw not in GEMV_KWS or kw > config.warps:
+        raise ValueError(f"kw={kw}: expected one of {GEMV_KWS}, at most the config's "
+                         f"{config.warps} warps")
     return KbitGemvPlan(config, e, n, kw)
 
 
@@ -293,9 +293,9 @@ def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int,
     """Pure planner of tiled kbit4 experts; m_tile / kw force a choice (tests, benchmarks).
     m_tile 8 where the touched experts average <= 8 rows, else 16 (passes of 16 past that);
     two 16-row tiles a warp (GEMV_TPW).
-    kw: the largest of GEMV_KWS whose CTAs, counting one pass an expert touched (at least
-    rows / m_tile passes), stay within one wave of 2 CTAs an SM, and whose warps keep
-    MIN_KW_STEPS steps of 128 k (the dense GEMV's rule, kernelgen/fp4_gemm/select.py _kw)."""
+    kw: the dense GEMV's rule (fp4_gemm.select.kw_for): the largest whose CTAs, counting one
+    pass an expert touched (at least rows / m_tile passes), stay within one wave of 2 CTAs an
+    SM, and whose warps keep MIN_STEPS steps of 128 k."""
     check_kbit_shape(e, n, k, 4, layout="tiled")
     check_kbit_epilogue(n, epilogue, "tiled")
     if rows < 1:
@@ -308,16 +308,11 @@ def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int,
     passes = max(touched, -(-rows // m_tile))
     cfg = MoeKbitGemvConfig(arch=arch, dtype=dtype, m_tile=m_tile, warps=8, epilogue=epilogue,
                             tpw=GEMV_TPW)
-    if kw is None:
-        one_wave = 2 * sm_count
-        kw = 1
-        for c in GEMV_KWS:
-            p = KbitGemvPlan(cfg, e, n, c)
-            if passes * p.n_ctas <= one_wave and -(-k // K_STEP) // c >= MIN_KW_STEPS:
-                kw = c
-                break
-    elif kw not in GEMV_KWS + (1,):
-        raise ValueError(f"kw={kw}: expected one of {sorted(GEMV_KWS + (1,))}")
+    if kw is None:  # one wave: 2 CTAs of 8 warps an SM (16 warps an SM, <= 128 registers)
+        units = -(-(n // 2 if epilogue == "swiglu" else n) // (16 * cfg.unit_tiles))
+        kw = kw_for(units, k // K_STEP, max(1, 2 * sm_count // passes), cfg.warps)
+    elif kw not in GEMV_KWS:
+        raise ValueError(f"kw={kw}: expected one of {sorted(GEMV_KWS)}")
     return KbitGemvPlan(cfg, e, n, kw)
 
 
