@@ -199,7 +199,7 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
     import cupy
 
     from kernelgen.fp4_gemm import fp4_gemm, plan
-    from kernelgen.fp4_gemm.config import WGMMA_ARCHS, WGMMA_BMS, WGMMA_SMEM_MAX, wgmma_smem
+    from kernelgen.fp4_gemm.config import PFS, WGMMA_ARCHS, WGMMA_BMS, WGMMA_SMEM_MAX, wgmma_smem
     from kernelgen.fp4_gemm.select import TILE_MIN_STEPS, wgmma_pipeline
 
     def variants(m):
@@ -207,6 +207,9 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
         if base.path == "gemv":
             cfg = base.config
             yield "hint=off", dataclasses.replace(base, config=cfg.replace(hint=False))
+            for pf in PFS:  # steps prefetched into L2 before the PDL wait, next grid released
+                if pf != cfg.pf:
+                    yield f"pf={pf}", dataclasses.replace(base, config=cfg.replace(pf=pf))
             for tpw in (1, 2):  # tiles a warp (the planner re-picks KW / grid / split for them)
                 if tpw != cfg.tpw:
                     p2 = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count, tpw=tpw)

@@ -29,6 +29,7 @@ GEMV_WARPS = 8
 GEMV_WARPS_PER_SM = (16, 32)  # warps an SM the launch bounds ask for: <= 128 / <= 64 registers
 DEPTHS = (2, 3, 4)  # quad steps in flight per warp
 TPWS = (1, 2)  # tiles a warp
+PFS = (0, 1, 2, 4)  # steps a warp prefetches into L2 before its PDL wait
 # tile path
 TILE_BN = 128
 TILE_BMS = {32: 1, 64: 2, 128: 2}  # BM tokens -> default warps along tokens (4 along W each)
@@ -76,9 +77,14 @@ class Fp4GemvConfig(KernelConfig):
     # A staged DEPTH steps ahead by cp.async in a shared-memory ring a warp; not a default (see
     # select.py: with L2-only copies it measured 2.5-13x slower; the L1-allocating one is unmeasured)
     a_ring: bool = False
+    # steps of weights each warp prefetches into L2 before it waits for the grid before it, then
+    # releases the next grid (PDL); 0: wait first (select.py PF_MAX_STEPS)
+    pf: int = 0
 
     def check(self) -> None:
         _check_operands(self)
+        if self.pf not in PFS:
+            raise _bad(self, "pf", f"expected one of {PFS}")
         if self.fmt == "kbit4" and (self.warps < 8 or self.a_ring):
             raise _bad(self, "warps", "kbit4 CTAs hold a 32 KB code table: 8 or 16 warps, no a_ring")
         if self.m_tile not in M_TILES:
@@ -123,7 +129,7 @@ class Fp4GemvConfig(KernelConfig):
                 "min_blocks": self.warps_per_sm // self.warps,
                 "early": self.m_tile == 8 and self.warps_per_sm == 16,
                 "lean": self.warps_per_sm == 32, "a_by_word": self.a_by_word,
-                "a_ring": self.a_ring}
+                "a_ring": self.a_ring, "pf": self.pf}
 
 
 def tile_smem(fmt: str, bm: int, stages: int) -> int:

@@ -238,6 +238,26 @@ def bm_for(m: int) -> int:
 TILE_DISPATCH_BMS = tuple(sorted({bm_for(m) for m in range(GEMV_MAX_M + 1, DENSE_MIN_M)}))
 
 
+# PDL early release (gemv.cuh PF): for small weights (N * K <= PF_MAX_ELEMS) at M <= PF_MAX_M on
+# the archs that launch with PDL, each warp prefetches its first PF_STEPS steps into L2 before it
+# waits for the grid before it, then releases the next grid: the ramp of a short grid overlaps
+# the tail of the one before. Measured on H100 (session 18, graph replays of back-to-back calls,
+# weights rotated past L2), us, pf 0 -> 1: 4096x4096 M = 1 nvfp4 5.89 -> 5.49, mxfp4 5.66 ->
+# 5.17, kbit4 6.09 -> 5.62 (M = 16 8.45 -> 7.89); 1024x4096 kbit4 4.34 -> 4.14, 2048x4096 4.75
+# -> 4.62. Larger weights lose: 6144x4096 nvfp4 M = 1 7.68 -> 8.16, 14336x4096 mxfp4 13.45 ->
+# 13.79, kbit4 M = 16 18.73 -> 20.21 (pf 2 / 4 slower than 1 on 4096x4096). sm_80 has no PDL:
+# a prefetch there would only add latency.
+PF_STEPS = 1
+PF_MAX_ELEMS = 1 << 24
+PF_MAX_M = 16
+PF_ARCHS = ("sm_90a", "sm_100a", "sm_120a")
+
+
+def pf_for(arch: str, m: int, n: int, k: int) -> int:
+    """Steps each GEMV warp prefetches into L2 before its PDL wait (0: wait first)."""
+    return PF_STEPS if arch in PF_ARCHS and m <= PF_MAX_M and n * k <= PF_MAX_ELEMS else 0
+
+
 def kw_for(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
     """Warps a tile unit along K: the largest up to kw_max whose CTAs (counted in CTAs of
     GEMV_WARPS) fit ctas_cap and whose warps get MIN_STEPS (also the MoE experts' rule,
@@ -285,7 +305,7 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
     cta_warps = GEMV_CTA_WARPS[m_tile, wps] if fmt in FMTS else GEMV_WARPS  # kbit4: 32 KB table a CTA
     warps = cta_warps if kw <= cta_warps else max(GEMV_WARPS, kw)  # KW 16: 16-warp CTAs
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, m_tile=m_tile, warps=warps,
-                        depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps)
+                        depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps, pf=pf_for(arch, m, n, k))
     cfg.check()
     grid = (-(-units * kw // warps), split, m_tiles)
     return Plan(cfg, split, sps, grid, (warps * 32, 1, 1), cfg.smem_bytes(), kw)
@@ -440,6 +460,11 @@ def select_fp4(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count
     return plan(arch, m, n, k, fmt, dtype, sm_count, enc=enc, smem_limit=smem_limit)
 
 
+def pfs_of(arch: str) -> tuple[int, ...]:
+    """The PF values dispatch can give a GEMV config on arch (pf_for)."""
+    return (0, PF_STEPS) if arch in PF_ARCHS else (0,)
+
+
 def _shapes(spec: dict[str, Any]) -> list[tuple[int | None, int, int]]:
     return weight_shapes(spec, "fp4_gemm", check_shape)
 
@@ -492,15 +517,18 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
         for fmt in fmts:
             for dtype in dtypes:
                 if not shapes:  # what dispatch can pick (the variants the bench and tests
-                    for m_tile in M_TILES:  # force, e.g. depth 4, TPW 2 at m_tile 8, compile on demand)
-                        for tpw in sorted({1, GEMV_TPW[m_tile]}):
-                            for warps in _cta_warps(m_tile, 16):
-                                yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, m_tile=m_tile,
-                                                    warps=warps, depth=GEMV_DEPTH, tpw=tpw)
-                    for m_tile in (mt for mt in M_TILES if GEMV_WPS32[mt]):
-                        for warps in _cta_warps(m_tile, 32):
-                            yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype, m_tile=m_tile,
-                                                warps=warps, depth=GEMV_DEPTH, tpw=1, warps_per_sm=32)
+                    for pf in pfs_of(arch):  # force, e.g. depth 4, TPW 2 at m_tile 8, compile on demand)
+                        for m_tile in M_TILES:
+                            for tpw in sorted({1, GEMV_TPW[m_tile]}):
+                                for warps in _cta_warps(m_tile, 16):
+                                    yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype,
+                                                        m_tile=m_tile, warps=warps, depth=GEMV_DEPTH,
+                                                        tpw=tpw, pf=pf)
+                        for m_tile in (mt for mt in M_TILES if GEMV_WPS32[mt]):
+                            for warps in _cta_warps(m_tile, 32):
+                                yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype,
+                                                    m_tile=m_tile, warps=warps, depth=GEMV_DEPTH, tpw=1,
+                                                    warps_per_sm=32, pf=pf)
                     yield Fp4DequantConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype)
                     for bm in TILE_DISPATCH_BMS:  # the stages of each part's shared memory
                         for stages in dict.fromkeys(stages_for(arch, fmt, bm, lim)

@@ -45,6 +45,7 @@ from ..fp4_gemm.select import (
     WGMMA_MAX_M,
     Plan,
     bm_for,
+    pfs_of,
     stages_for,
     wgmma_configs,
     wgmma_probe_ms,
@@ -290,9 +291,10 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
             if not shapes:
                 for m_tile in M_TILES:
                     for tpw in sorted({1, GEMV_TPW[m_tile]}):
-                        yield Fp4GemvConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype,
-                                            m_tile=m_tile, warps=GEMV_WARPS, depth=GEMV_DEPTH,
-                                            tpw=tpw, warps_per_sm=KBIT4_WPS)
+                        for pf in pfs_of(arch):
+                            yield Fp4GemvConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype,
+                                                m_tile=m_tile, warps=GEMV_WARPS, depth=GEMV_DEPTH,
+                                                tpw=tpw, warps_per_sm=KBIT4_WPS, pf=pf)
                 for bm in sorted({bm_for(m) for m in range(TILE_MIN_M, MID_MAX_M + 1)}):
                     for stages in dict.fromkeys(stages_for(arch, "kbit4", bm, lim)
                                                 for lim in smem_limits(arch)):

@@ -17,6 +17,19 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
+// The other half of PDL: the next grid on the stream may be scheduled from now on (its own
+// grid_dependency_wait still waits for this grid's completion and memory).
+__device__ __forceinline__ void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// A hint: fetch the line holding p into L2 (no register written, no fault reported).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // 16/8/4-byte global loads through the read-only path, spelled out: NVVM splits a uint4 access
 // through a reinterpret_cast of a 2-byte-aligned pointer into four 4-byte accesses.
 __device__ __forceinline__ uint4 ld_nc_v4(const void* p) {

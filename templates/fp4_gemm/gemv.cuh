@@ -54,7 +54,7 @@ struct ItemPlace {
 // silu(gate) * up, both sums in fp32 times their row factors, rounded once. No bias, no K split.
 template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool HINT, bool EARLY,
           bool LEAN = false, bool A_BY_WORD = false, bool A_RING = false, int ENC = ENC_F16,
-          bool GLU = false, typename Place = GridPlace>
+          bool GLU = false, typename Place = GridPlace, int PF = 0>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
@@ -64,6 +64,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
                                      unsigned sq, const Place place) {
   static_assert(M_TILE == 8 || M_TILE == 16, "m_tile is 8 or 16 tokens");
   static_assert(TPW == 1 || TPW == 2, "a warp owns 1 or 2 tiles");
+  static_assert(PF == 0 || !Place::ITEM, "PF: the dense launch's entry point leaves its wait to gemv");
   static_assert(!GLU || (TPW == 2 && Place::ITEM),
                 "GLU pairs a gate and an up tile in one warp, in the MoE launch (no K split)");
   constexpr int NT = M_TILE / 8;
@@ -106,6 +107,25 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     const long long tl = place.tile_base() + (GLU ? min(tile0, tiles - 1) + i * place.up() : min(tile0 + i, tiles - 1));
     wp[i] = W + tl * wt + (size_t)q0 * wq + 64 * g + 16 * t;
     sp[i] = S + tl * st + (size_t)q0 * sq + scale_offset<FMT>(g, t);
+  }
+  // PF > 0 (small weights, select.py PF_MAX_STEPS): the entry point did not wait for the grid
+  // before it (gemv.cu.jinja). Before anything is read, prefetch the first PF steps of this
+  // warp's weight blocks into L2 (1 KB and the scale bytes a tile and step, a 32-byte sector a
+  // lane: read-only inputs, and L2 is the point of coherence, so a line fetched early still
+  // sees the previous grid's stores), then wait, then let the next grid start its own ramp.
+  if constexpr (PF > 0) {
+#pragma unroll
+    for (int d = 0; d < PF; ++d) {
+      if (d < n_it) {
+#pragma unroll
+        for (int i = 0; i < TPW; ++i) {
+          prefetch_l2(wp[i] - (64 * g + 16 * t) + (size_t)d * wq + 32 * lane);
+          if (32 * lane < 16 * SB) prefetch_l2(sp[i] - scale_offset<FMT>(g, t) + (size_t)d * sq + 32 * lane);
+        }
+      }
+    }
+    grid_dependency_wait();
+    grid_launch_dependents();
   }
   // KBIT4: the codebook values of this thread's table stores, requested first (Kbit4Fill)
   [[maybe_unused]] Kbit4Fill<T, WARPS * 32> kfill;

@@ -328,12 +328,16 @@ def test_prewarm_table_is_modest():
         # per (fmt, dtype): 10 GEMV (16 warps an SM: 1 at m_tile 8, 2 TPW x 2 CTA sizes at
         # m_tile 16; 32 an SM: 2 CTA sizes at m_tile 8, 3 at 16) + 2 tile configs (BM 32, 64:
         # dispatch sends M > 128 to the dequantize kernel, + 1); sm_80 also the fewer stages of
-        # 8.6 / 8.9 parts (99 KB) at nvfp4 BM 64; sm_90a also 3 wgmma configs (BM 64 / 128 / 256)
-        bound = {"sm_80": 54, "sm_90a": 64}.get(arch, 52)
+        # 8.6 / 8.9 parts (99 KB) at nvfp4 BM 64; sm_90a also 3 wgmma configs (BM 64 / 128 / 256);
+        # the PDL archs also each GEMV config with pf = 1 (small weights, select.pf_for)
+        bound = {"sm_80": 54, "sm_90a": 104}.get(arch, 92)
         assert 0 < len(cfgs) <= bound and len(set(cfgs)) == len(cfgs)
         wg = {Fp4WgmmaConfig} if arch == "sm_90a" else set()
         assert {type(c) for c in cfgs} == {Fp4GemvConfig, Fp4TileConfig, Fp4DequantConfig} | wg
         assert sum(isinstance(c, Fp4DequantConfig) for c in cfgs) == 4  # 2 formats x 2 dtypes
+        gemv = [c for c in cfgs if isinstance(c, Fp4GemvConfig)]
+        assert {c.pf for c in gemv} == ({0} if arch == "sm_80" else {0, 1})
+        assert sum(c.pf > 0 for c in gemv) == (0 if arch == "sm_80" else sum(c.pf == 0 for c in gemv))
 
 
 @pytest.mark.parametrize("arch", list(SM_COUNTS))
@@ -444,7 +448,8 @@ def test_warps_per_sm_plan_and_rules():
     Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=1, depth=2, warps_per_sm=32, a_by_word=True).check()
     ring = Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=2, depth=2, warps=4, a_ring=True)
     assert ring.smem_bytes() == 4 * 2 * 16 * 256 and Fp4GemvConfig(arch="sm_90a").smem_bytes() == 0
-    assert " true, 0>(" in render(ring).source and " false, 0>(" in render(ring.replace(a_ring=False)).source
+    tail = ", 0, false, kg::fp4::GridPlace, 0>("  # enc 0, no GLU, the dense grid, pf 0
+    assert " true" + tail in render(ring).source and " false" + tail in render(ring.replace(a_ring=False)).source
     with pytest.raises(UnsupportedConfigError, match="a_ring=True; only at warps_per_sm 16"):
         Fp4GemvConfig(arch="sm_90a", m_tile=8, tpw=1, depth=2, warps_per_sm=32, a_ring=True).check()
     with pytest.raises(UnsupportedConfigError, match="warps_per_sm=24"):
