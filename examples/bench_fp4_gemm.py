@@ -200,14 +200,14 @@ def run_variants(res, dev, fmt, n, k, copies, wbytes, read_bw, stream, rng, vari
 
     from kernelgen.fp4_gemm import fp4_gemm, plan
     from kernelgen.fp4_gemm.config import PFS, WGMMA_ARCHS, WGMMA_BMS, WGMMA_SMEM_MAX, wgmma_smem
-    from kernelgen.fp4_gemm.select import TILE_MIN_STEPS, wgmma_pipeline
+    from kernelgen.fp4_gemm.select import PF_ARCHS, TILE_MIN_STEPS, wgmma_pipeline
 
     def variants(m):
         base = plan(dev.arch.name, m, n, k, fmt, "float16", dev.sm_count)
         if base.path == "gemv":
             cfg = base.config
             yield "hint=off", dataclasses.replace(base, config=cfg.replace(hint=False))
-            for pf in PFS:  # steps prefetched into L2 before the PDL wait, next grid released
+            for pf in PFS if dev.arch.name in PF_ARCHS else ():  # L2 prefetch before the PDL wait
                 if pf != cfg.pf:
                     yield f"pf={pf}", dataclasses.replace(base, config=cfg.replace(pf=pf))
             for tpw in (1, 2):  # tiles a warp (the planner re-picks KW / grid / split for them)

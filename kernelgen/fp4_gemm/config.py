@@ -78,7 +78,7 @@ class Fp4GemvConfig(KernelConfig):
     # select.py: with L2-only copies it measured 2.5-13x slower; the L1-allocating one is unmeasured)
     a_ring: bool = False
     # steps of weights each warp prefetches into L2 before it waits for the grid before it, then
-    # releases the next grid (PDL); 0: wait first (select.py PF_MAX_STEPS)
+    # releases the next grid (PDL); 0: wait first (select.py pf_for)
     pf: int = 0
 
     def check(self) -> None:

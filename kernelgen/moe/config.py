@@ -325,7 +325,7 @@ class MoeKbitGemvConfig(KernelConfig):
     warps: int = 8
     depth: int = 2
     epilogue: str = "none"
-    tpw: int = 1
+    tpw: int = 2  # the planner's (moe/kbit.py GEMV_TPW)
 
     @property
     def unit_tiles(self) -> int:

@@ -132,6 +132,7 @@ def forced_kbit_gemv_plan(config: MoeKbitGemvConfig, arch: str, dtype: str, epil
     if config.dtype != dtype or config.epilogue != epilogue or config.arch != arch:
         raise ValueError(f"config: {config.short()} does not match dtype={dtype}, "
                          f"epilogue={epilogue}, arch={arch} (this device)")
+    config.check()
     check_kbit_shape(e, n, k, 4, layout="tiled")
     check_kbit_epilogue(n, epilogue, "tiled")
     if kw not in GEMV_KWS or kw > config.warps:
@@ -283,8 +284,8 @@ class KbitGemvPlan:
 
     def short(self) -> str:
         c = self.config
-        return (f"MoeKbitGemv(m_tile={c.m_tile}, warps={c.warps}, kw={self.kw}, depth={c.depth}, "
-                f"epilogue={c.epilogue}, {c.dtype}) ctas/pass={self.n_ctas}")
+        return (f"MoeKbitGemv(m_tile={c.m_tile}, warps={c.warps}, tpw={c.tpw}, kw={self.kw}, "
+                f"depth={c.depth}, epilogue={c.epilogue}, {c.dtype}) ctas/pass={self.n_ctas}")
 
 
 def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, rows: int,

@@ -13,7 +13,7 @@
 // slice order (deterministic). blockIdx.z is the pass of M_TILE tokens. Each weight byte is
 // loaded once, as 16-byte ld.global.nc by lanes that together cover 1 KB of contiguous memory a
 // tile and step (tiled layout); DEPTH steps per warp are in flight in a register ring, the first
-// issued before anything else. The activation fragments are 16-byte loads from global memory (L1
+// issued before anything else (but the PF prologue: L2 prefetches, the PDL wait). The activation fragments are 16-byte loads from global memory (L1
 // hits after the first warp of an SM: A is small and every warp of a K slice reads the same
 // bytes; the k-interleaved layout makes the 4 lanes of a token row read 64 contiguous bytes), at
 // immediate offsets from one pointer per token row: no staging, no barrier before the loop
@@ -108,7 +108,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     wp[i] = W + tl * wt + (size_t)q0 * wq + 64 * g + 16 * t;
     sp[i] = S + tl * st + (size_t)q0 * sq + scale_offset<FMT>(g, t);
   }
-  // PF > 0 (small weights, select.py PF_MAX_STEPS): the entry point did not wait for the grid
+  // PF > 0 (small weights, select.py pf_for): the entry point did not wait for the grid
   // before it (gemv.cu.jinja). Before anything is read, prefetch the first PF steps of this
   // warp's weight blocks into L2 (1 KB and the scale bytes a tile and step, a 32-byte sector a
   // lane: read-only inputs, and L2 is the point of coherence, so a line fetched early still

@@ -133,18 +133,26 @@ def test_every_entry_point_waits_first():
 
 
 def _early_prefetch(cfg, first: str) -> bool:
-    """The one exception: an FP4 GEMV config with pf > 0 calls gemv first, whose PF block
-    (templates/fp4_gemm/gemv.cuh) only prefetches weight lines into L2 (a hint: no load into a
-    register, L2 is the point of coherence) before its grid_dependency_wait()."""
+    """The one exception: an FP4 GEMV config with pf > 0 calls gemv first, whose prologue up to
+    its wait (templates/fp4_gemm/gemv.cuh: pointer arithmetic, then the PF block) reads and
+    writes no memory but L2 prefetches of weight lines (a hint: nothing into registers; L2 is
+    the point of coherence), and whose PF block ends with the wait, then the release."""
     if not getattr(cfg, "pf", 0):
         return False
     if not (first.strip().startswith("kg::fp4::gemv<") and f"kg::fp4::GridPlace, {cfg.pf}>" in first):
         return False
     src = (Path(__file__).parents[2] / "templates" / "fp4_gemm" / "gemv.cuh").read_text()
-    body = src.split("  if constexpr (PF > 0) {", 1)[1].split("grid_dependency_wait();", 1)[0]
-    head = src.split("__device__ __forceinline__ void gemv(", 1)[1].split("  if constexpr (PF > 0) {", 1)[0]
-    reads = ("ld_", "__ldg", "lds", "cp_async", "kfill", "load(")
-    return not any(r in body or r in head for r in reads) and body.count("prefetch_l2(") == 2
+    src = re.sub(r"//[^\n]*", "", src)  # comments say "load" and "read" freely
+    code = src.split("__device__ __forceinline__ void gemv(", 1)[1]
+    head, rest = code.split("if constexpr (PF > 0) {", 1)
+    body, after = rest.split("grid_dependency_wait();", 1)
+    forbidden = (r"\b(W|S|post|A|bias|C|ws|counters|lut)\s*\[", r"__ld", r"__st", r"atomic",
+                 r"\basm\b", r"\bld_", r"\blds", r"cp_async", r"kfill", r"\bload\(", r"reinterpret_cast",
+                 r"[=(,]\s*\*")  # a dereference in an expression
+    prologue = head + body
+    clean = not any(re.search(f, prologue) for f in forbidden)
+    return (clean and body.count("prefetch_l2(") == 2 and "grid_dependency_wait" not in head
+            and re.match(r"\s*grid_launch_dependents\(\);\s*\}", after) is not None)
 
 
 class _FakeDriver:

@@ -594,7 +594,8 @@ def test_tiled_kbit_prewarm_covers_dispatch():
 def test_forced_tiled_kbit_plan_is_checked():
     from kernelgen.moe.kbit import forced_kbit_gemv_plan
 
-    cfg = MoeKbitGemvConfig(arch="sm_90a", dtype="bfloat16", m_tile=8, warps=8, epilogue="none")
+    cfg = MoeKbitGemvConfig(arch="sm_90a", dtype="bfloat16", m_tile=8, warps=8, epilogue="none",
+                            tpw=1)
     p = forced_kbit_gemv_plan(cfg, "sm_90a", "bfloat16", "none", 8, 256, 512, 4)
     assert (p.kw, p.n_ctas) == (4, 8)  # tpw 1: 16 units, 2 a CTA
     p = forced_kbit_gemv_plan(replace(cfg, tpw=2), "sm_90a", "bfloat16", "none", 8, 256, 512, 4)
