@@ -13,7 +13,8 @@
 // slice order (deterministic). blockIdx.z is the pass of M_TILE tokens. Each weight byte is
 // loaded once, as 16-byte ld.global.nc by lanes that together cover 1 KB of contiguous memory a
 // tile and step (tiled layout); DEPTH steps per warp are in flight in a register ring, the first
-// issued before anything else (but the PF prologue: L2 prefetches, the PDL wait). The activation fragments are 16-byte loads from global memory (L1
+// issued before anything else (after the PF prologue: L2 prefetches, the PDL wait). The
+// activation fragments are 16-byte loads from global memory (L1
 // hits after the first warp of an SM: A is small and every warp of a K slice reads the same
 // bytes; the k-interleaved layout makes the 4 lanes of a token row read 64 contiguous bytes), at
 // immediate offsets from one pointer per token row: no staging, no barrier before the loop
