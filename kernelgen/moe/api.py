@@ -99,7 +99,7 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
         if wgmma:
             raise ValueError("wgmma=True: kbit experts run their own decode kernel (mma.sync)")
         if w.layout == "tiled":
-            launch_tiled(ctx, xa, w, off, ya, dt, epilogue, m, r, tile_m, config)
+            launch_tiled(ctx, info, xa, w, off, ya, dt, epilogue, m, r, tile_m, config)
             return out
         if config is not None:
             kplan = forced_kbit_plan(config, dt, epilogue, w.bits, e, n, k)
@@ -134,12 +134,11 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     return out
 
 
-def launch_tiled(ctx: Any, xa: Any, w: KbitExperts, off: Any, ya: Any, dt: str, epilogue: str,
-                 m: int, rows: int, tile_m: int | None,
+def launch_tiled(ctx: Any, info: Any, xa: Any, w: KbitExperts, off: Any, ya: Any, dt: str,
+                 epilogue: str, m: int, rows: int, tile_m: int | None,
                  config: MoeKbitGemvConfig | KbitGemvPlan | None) -> None:
     """Tiled kbit4 experts: the FP4 bandwidth kernel over find_tile's work items."""
     e, n, k = w.shape
-    info = device_info(ctx.device)
     arch = info.arch.name
     if isinstance(config, KbitGemvPlan):  # a whole plan (kw too): tests, benchmarks
         plan = forced_kbit_gemv_plan(config.config, arch, dt, epilogue, e, n, k, config.kw)

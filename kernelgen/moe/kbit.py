@@ -38,6 +38,7 @@ from .config import (
     MoeKbitGemvConfig,
     kbit_stage_bytes,
 )
+from .select import item_slots
 
 # measured (BENCHMARKS.md): the kbit kernel is decode-bound, so TILE_M=8 stays faster than 16
 # even where some experts then take two passes over their weights (E=8, top-2, T=16)
@@ -197,8 +198,7 @@ class KbitPlan:
     n_tiles: int
 
     def grid(self, m: int) -> tuple[int, int, int]:
-        slots = -(-m // self.config.tile_m) + min(self.experts, m)
-        return (slots * self.n_tiles, 1, 1)
+        return (item_slots(m, self.config.tile_m, self.experts) * self.n_tiles, 1, 1)
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -271,8 +271,7 @@ class KbitGemvPlan:
         return -(-units // (c.warps // self.kw))
 
     def grid(self, m: int) -> tuple[int, int, int]:
-        slots = -(-m // self.config.m_tile) + min(self.experts, m)
-        return (slots * self.n_ctas, 1, 1)
+        return (item_slots(m, self.config.m_tile, self.experts) * self.n_ctas, 1, 1)
 
     @property
     def block(self) -> tuple[int, int, int]:

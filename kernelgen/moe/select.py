@@ -58,8 +58,7 @@ class GroupedPlan:
     n_tiles: int
 
     def slots(self, m: int) -> int:
-        """Upper bound on the TILE_M tiles of m rows split over the experts (grid.x)."""
-        return -(-m // self.config.tile_m) + min(self.experts, m)
+        return item_slots(m, self.config.tile_m, self.experts)
 
     def grid(self, m: int) -> tuple[int, int, int]:
         """1-D: work items (M tile, N tile) of the row bound, expert-major in the kernel."""
@@ -78,6 +77,12 @@ class GroupedPlan:
         wg = ", wgmma" if c.wgmma else ""
         return (f"MoeGemm(tile_m={c.tile_m}, tile_n={c.tile_n}, swap_ab={c.swap_ab}{wg}, "
                 f"epilogue={c.epilogue}, {c.dtype}) n_tiles={self.n_tiles} smem={self.smem}")
+
+
+def item_slots(m: int, tile_m: int, experts: int) -> int:
+    """Upper bound on the tile_m-row passes of m rows split over the experts (each non-empty
+    expert adds at most one partial pass): the grid find_tile walks, from host shapes only."""
+    return -(-m // tile_m) + min(experts, m)
 
 
 def check_shape(e: int, n: int, k: int, epilogue: str) -> None:

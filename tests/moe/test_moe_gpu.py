@@ -315,10 +315,21 @@ def _kbit_weight(rng, e, n, k, bits, dtype, layout="flat"):
     return (tile_experts(q) if layout == "tiled" else q), w64
 
 
+def _kbit_case(rng, kind, t, e, top_k, k, dtype, w64, act):
+    """A routing case's device X and offsets (2 unowned rows before and after) and its
+    float64 reference."""
+    import cupy
+
+    off, _ = MR.layout(routing(kind, t, e, top_k, rng), e)
+    off = (off + 2).astype(np.int32)
+    x = _host(rng, (int(off[-1]) + 2, k), dtype)
+    ref = MR.grouped_gemm(MR.to_float64(x, dtype), w64, off, act)
+    return cupy.asarray(x), cupy.asarray(off), ref
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bits", (2, 3, 4))
 def test_kbit_experts_match_reference(bits, dtype):
-    import cupy
 
     from kernelgen.moe import grouped_gemm
     from kernelgen.moe.config import KBIT_TILE_MS, KBIT_WARPS
@@ -329,12 +340,7 @@ def test_kbit_experts_match_reference(bits, dtype):
         n, k = (208, 384) if act else (200, 640)  # partial row tiles; K = 3 / 5 steps of 128
         for kind, t, e, top_k in KBIT_CASES:
             q, w64 = _kbit_weight(rng, e, n, k, bits, dtype)
-            ids = routing(kind, t, e, top_k, rng)
-            off, _ = MR.layout(ids, e)
-            off = (off + 2).astype(np.int32)  # 2 unowned rows before and after
-            x = _host(rng, (int(off[-1]) + 2, k), dtype)
-            ref = MR.grouped_gemm(MR.to_float64(x, dtype), w64, off, act)
-            xd, od = cupy.asarray(x), cupy.asarray(off)
+            xd, od, ref = _kbit_case(rng, kind, t, e, top_k, k, dtype, w64, act)
             for tm in (None, *KBIT_TILE_MS):
                 for warps in (None, *KBIT_WARPS):
                     if tm is None and warps is not None:
@@ -344,7 +350,7 @@ def test_kbit_experts_match_reference(bits, dtype):
                         from kernelgen.moe import plan_kbit
 
                         try:
-                            cfg = plan_kbit("sm_90a", 132, dtype, bits, e, n, k, x.shape[0],
+                            cfg = plan_kbit("sm_90a", 132, dtype, bits, e, n, k, xd.shape[0],
                                             "swiglu" if act else "none", tm, warps).config
                         except ValueError:  # does not fit shared memory (CPU-tested)
                             continue
@@ -372,12 +378,7 @@ def test_tiled_kbit_experts_match_reference(dtype):
         epi = "swiglu" if act else "none"
         for kind, t, e, top_k in KBIT_CASES:
             q, w64 = _kbit_weight(rng, e, n, k, 4, dtype, "tiled")
-            ids = routing(kind, t, e, top_k, rng)
-            off, _ = MR.layout(ids, e)
-            off = (off + 2).astype(np.int32)  # 2 unowned rows before and after
-            x = _host(rng, (int(off[-1]) + 2, k), dtype)
-            ref = MR.grouped_gemm(MR.to_float64(x, dtype), w64, off, act)
-            xd, od = cupy.asarray(x), cupy.asarray(off)
+            xd, od, ref = _kbit_case(rng, kind, t, e, top_k, k, dtype, w64, act)
             y = grouped_gemm(xd, q, od, activation=act, dtype=hint)
             _check(y, ref, dtype, f"tiled kbit {dtype} {act} {kind=} {t=} {e=} selector")
             for tm in (8, 16):
@@ -385,7 +386,7 @@ def test_tiled_kbit_experts_match_reference(dtype):
                 _check(y, ref, dtype, f"tiled kbit {dtype} {act} {kind=} {t=} {e=} {tm=}")
                 for kw, tpw in itertools.product((1, 2, 4, 8), (2,) if act else (1, 2)):
                     plan = plan_kbit_gemv(info.arch.name, info.sm_count, dtype, e, n, k,
-                                          x.shape[0], epi, tm, kw)
+                                          xd.shape[0], epi, tm, kw)
                     plan = KbitGemvPlan(replace(plan.config, tpw=tpw), e, n, kw)
                     y = grouped_gemm(xd, q, od, activation=act, config=plan, dtype=hint)
                     _check(y, ref, dtype, f"tiled kbit {dtype} {act} {kind=} {t=} {e=} {tm=} "
