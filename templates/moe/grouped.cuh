@@ -51,11 +51,15 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
 // This CTA's work item: (expert, first row, rows, N tile), or e = -1 past the last item.
 // Items are ordered expert-major, then N tile, then M tile fastest: CTAs that run together
 // share an expert's W tile (its M tiles are adjacent) and its few X tiles (reused across the N
-// tiles from L2). Warp 0 walks the experts 32 at a time: lane l of a step owns expert base + l,
-// a warp prefix sum of the item counts (M tiles x n_tiles) says whose range holds `item`.
+// tiles from L2). Warp 0 walks the experts FIND_PER * 32 at a time (one round up to E = 256):
+// lane l of a round owns c = ceil(experts / 32) consecutive experts, issues all its offsets
+// loads at once (one L2 round trip a round, not one a 32 experts), counts their items, and a
+// warp prefix sum of the lanes' counts says whose range holds `item`; that lane finds the
+// expert in its own c. Every CTA walks this before its first weight load: its cost is latency.
 // `s_tile`: 4 ints of shared memory in the dynamic allocation (grouped_gemv.cu.jinja: after its
 // code table; its kernel adds static shared memory, which jit.py's opt-in counts).
 struct TileOf { int e, row0, rows, n_tile; };
+constexpr int FIND_PER = 8;  // experts a lane per round at most
 
 template <int TILE_M>
 __device__ __forceinline__ TileOf find_tile(const int* __restrict__ offsets, int E, int M,
@@ -64,12 +68,21 @@ __device__ __forceinline__ TileOf find_tile(const int* __restrict__ offsets, int
     const int lane = threadIdx.x;
     int found[4] = {-1, 0, 0, 0};
     int before = 0;  // items of the experts already walked
-    for (int base = 0; base < E; base += 32) {
-      const int e = base + lane;
-      int lo = 0, hi = 0;
-      if (e < E) { lo = __ldg(offsets + e); hi = min(__ldg(offsets + e + 1), M); }  // rows < M
-      const int mt = hi > lo ? (hi - lo + TILE_M - 1) / TILE_M : 0;
-      const int n = mt * n_tiles;
+    for (int base = 0; base < E; base += 32 * FIND_PER) {
+      const int end = min(E, base + 32 * FIND_PER);
+      const int c = (end - base + 31) >> 5;  // experts a lane this round (warp-uniform)
+      const int e0 = base + lane * c;        // this lane's experts: [e0, min(e0 + c, end))
+      int off[FIND_PER + 1];                 // offsets[e0 .. e0 + c], all requested first
+#pragma unroll
+      for (int j = 0; j <= FIND_PER; ++j) off[j] = j <= c && e0 + j <= end ? __ldg(offsets + e0 + j) : 0;
+      int mt[FIND_PER];  // M tiles of expert e0 + j (rows < M: find_tile clamps every segment)
+      int n = 0;
+#pragma unroll
+      for (int j = 0; j < FIND_PER; ++j) {
+        const int hi = min(off[j + 1], M);
+        mt[j] = j < c && e0 + j < end && hi > off[j] ? (hi - off[j] + TILE_M - 1) / TILE_M : 0;
+        n += mt[j] * n_tiles;
+      }
       int incl = n;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -80,11 +93,18 @@ __device__ __forceinline__ TileOf find_tile(const int* __restrict__ offsets, int
       const bool mine = item >= first && item < first + n;
       const unsigned hit = __ballot_sync(0xffffffffu, mine);
       if (mine) {
-        const int local = item - first;
-        found[0] = e;
-        found[1] = lo + (local % mt) * TILE_M;
-        found[2] = min(TILE_M, hi - found[1]);
-        found[3] = local / mt;
+        int local = item - first;
+#pragma unroll
+        for (int j = 0; j < FIND_PER; ++j) {
+          const int nj = mt[j] * n_tiles;
+          if (found[0] < 0 && local < nj) {
+            found[0] = e0 + j;
+            found[1] = off[j] + (local % mt[j]) * TILE_M;
+            found[2] = min(TILE_M, min(off[j + 1], M) - found[1]);
+            found[3] = local / mt[j];
+          }
+          if (found[0] < 0) local -= nj;
+        }
       }
       if (hit) {
         const int src = __ffs(hit) - 1;

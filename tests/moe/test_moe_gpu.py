@@ -327,6 +327,35 @@ def _kbit_case(rng, kind, t, e, top_k, k, dtype, w64, act):
     return cupy.asarray(x), cupy.asarray(off), ref
 
 
+def test_many_experts_tile_map():
+    """find_tile's walk (templates/moe/grouped.cuh): lanes own 1..8 consecutive experts a round
+    of up to 256, a second round past E = 256; experts with zero rows anywhere, the last
+    expert's rows, and empty grid slots. bf16 at every path the shapes reach (mma.sync swap
+    tiles, the plain and wgmma rows), plus the tiled kbit4 kernel, which walks the same map."""
+    import cupy
+
+    from kernelgen.moe import grouped_gemm
+
+    rng = np.random.default_rng()
+    dtype = "bfloat16"
+    n, k = 64, 128
+    for e, kind, t, top_k in ((33, "uniform", 5, 4), (100, "zero_rows", 40, 8),
+                              (256, "uniform", 3, 8), (256, "dup", 200, 8),
+                              (257, "all_one", 6, 2), (300, "uniform", 9, 8),
+                              (600, "zero_rows", 100, 8)):
+        x, w, off = _problem(rng, kind, t, e, top_k, n, k, dtype, gap=2)
+        ref = MR.grouped_gemm(MR.to_float64(x, dtype), MR.to_float64(w, dtype), off, None)
+        xd, wd, od = cupy.asarray(x), cupy.asarray(w), cupy.asarray(off)
+        for tm in (None, 8, 16, 64, 128):
+            y = grouped_gemm(xd, wd, od, tile_m=tm, dtype=dtype)
+            _check(y, ref, dtype, f"{e=} {kind=} {t=} {top_k=} {tm=}")
+        q, w64 = _kbit_weight(rng, e, n, k, 4, dtype, "tiled")
+        ref = MR.grouped_gemm(MR.to_float64(x, dtype), w64, off, None)
+        for tm in (8, 16):
+            y = grouped_gemm(xd, q, od, tile_m=tm, dtype=dtype)
+            _check(y, ref, dtype, f"tiled kbit {e=} {kind=} {t=} {top_k=} {tm=}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bits", (2, 3, 4))
 def test_kbit_experts_match_reference(bits, dtype):
