@@ -353,7 +353,7 @@ def main() -> None:
         e, h, i, top_k = SHAPES[name]
         w13 = torch.randn(e, 2 * i, h, device="cuda", dtype=torch.bfloat16).mul_(h ** -0.5)
         w2 = torch.randn(e, h, i, device="cuda", dtype=torch.bfloat16).mul_(i ** -0.5)
-        for t in (int(s) for s in args.ts.split(",")):
+        for t in (int(s) for s in args.ts.split(",") if s):  # --ts "": kbit rows only
             m = t * top_k
             draws = [_routing(rng, t, e, top_k) for _ in range(DRAWS)]
             offs = [torch.from_numpy(o).cuda() for o, _ in draws]

@@ -22,7 +22,7 @@ from ..arch import smem_cap
 from ..core.interop import context_of
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
-from ..fp4_gemm.select import kw_for
+from ..fp4_gemm.select import MIN_STEPS, kw_for
 from ..kbit.api import KbitTensor, check_bits, quantize_kbit
 from ..kbit_gemm.api import check_layout
 from ..kbit_gemm.tiled import Kbit4Tiled, tile_weight
@@ -51,6 +51,7 @@ SMEM_BUDGET: dict[str, int] = {"sm_80": 80 * 1024, "sm_90a": 110 * 1024, "sm_100
 K_STEP = 128  # K granularity: 4 blocks of 32 per lane group
 # tiled kbit4 experts: warps along K a tile unit (the planner's rule: fp4_gemm.select.kw_for)
 GEMV_KWS = (1, 2, 4, 8)
+WAVE_FILL = 0.75  # plan_kbit_gemv: a one-wave kw pick filling less of the wave looks further
 # tiles a warp: 2 (swiglu needs its gate / up pair; W2 measured, H100, graph replays, m_tile 8,
 # kw 1, tpw 1 -> 2: E128 T = 1 / 4 / 16 27.7 -> 25.5 / 96.3 -> 92.5 / 270.1 -> 239.3 us; E8 T = 16
 # at kw 2 89.2 -> 83.6; E8 T = 1 at the same CTA count (kw 4 -> 8) 25.2 -> 25.3)
@@ -293,9 +294,13 @@ def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int,
     """Pure planner of tiled kbit4 experts; m_tile / kw force a choice (tests, benchmarks).
     m_tile 8 where the touched experts average <= 8 rows, else 16 (passes of 16 past that);
     two 16-row tiles a warp (GEMV_TPW).
-    kw: the dense GEMV's rule (fp4_gemm.select.kw_for): the largest whose CTAs, counting one
-    pass an expert touched (at least rows / m_tile passes), stay within one wave of 2 CTAs an
-    SM, and whose warps keep MIN_STEPS steps of 128 k."""
+    kw: the dense GEMV's rule (fp4_gemm.select.kw_for): the largest whose CTAs, counting the
+    passes uniform routing is expected to make (expected_touched, at least rows / m_tile), stay
+    within one wave of 2 CTAs an SM, and whose warps keep MIN_STEPS steps of 128 k. Where that
+    wave would be less than WAVE_FILL full, the kw (with MIN_STEPS) whose last wave is fullest:
+    a CTA's warps run at a rate of their own (latency-bound), so a launch takes about as long
+    as its slowest wave of CTAs and a part-filled wave leaves bandwidth unused (H100, E8 T = 4
+    W2: kw 2, 0.64 of a wave, 72.3 us; kw 8, 2.55 waves, 69.1 us; BENCHMARKS.md session 19)."""
     check_kbit_shape(e, n, k, 4, layout="tiled")
     check_kbit_epilogue(n, epilogue, "tiled")
     if rows < 1:
@@ -305,15 +310,30 @@ def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int,
         m_tile = 8 if rows <= 8 * touched else 16
     if m_tile not in GEMV_M_TILES:
         raise ValueError(f"tile_m={m_tile}: tiled kbit experts take 8 or 16 tokens a pass")
-    passes = max(touched, -(-rows // m_tile))
     cfg = MoeKbitGemvConfig(arch=arch, dtype=dtype, m_tile=m_tile, warps=8, epilogue=epilogue,
                             tpw=GEMV_TPW)
     if kw is None:  # one wave: 2 CTAs of 8 warps an SM (16 warps an SM, <= 128 registers)
+        passes = max(expected_touched(e, rows), rows / m_tile)
         units = -(-(n // 2 if epilogue == "swiglu" else n) // (16 * cfg.unit_tiles))
-        kw = kw_for(units, k // K_STEP, max(1, 2 * sm_count // passes), cfg.warps)
+        steps, slots = k // K_STEP, 2 * sm_count
+        kw = kw_for(units, steps, max(1, int(slots // passes)), cfg.warps)
+
+        def ctas(kw: int) -> float:
+            return passes * -(-units * kw // cfg.warps)
+
+        if ctas(kw) < WAVE_FILL * slots:
+            ok = [w for w in GEMV_KWS if w <= cfg.warps and (w == 1 or steps // w >= MIN_STEPS)]
+            kw = max(ok, key=lambda w: (ctas(w) / (-(-ctas(w) // slots) * slots), -w))
     elif kw not in GEMV_KWS:
         raise ValueError(f"kw={kw}: expected one of {sorted(GEMV_KWS)}")
     return KbitGemvPlan(cfg, e, n, kw)
+
+
+def expected_touched(e: int, rows: int) -> float:
+    """Experts that rows drawn uniformly touch on average (tokens' top-k ids are distinct, so
+    a little more in practice; skewed routing touches fewer): the planner's pass count, as the
+    grid is sized for the bound min(E, rows) + rows / m_tile."""
+    return e * (1.0 - (1.0 - 1.0 / e) ** rows)
 
 
 @selector

@@ -545,8 +545,9 @@ def test_kbit_scale_bits_model():
 
 def test_tiled_kbit_plan_rule():
     """Tiled kbit4 experts: m_tile 8 while the touched experts average <= 8 rows; the largest
-    kw whose CTAs (a pass an expert touched) fit one wave of 2 CTAs an SM with >= 4 steps a
-    warp; the grid is the kernel's item bound (passes + touched) x CTAs a pass."""
+    kw whose CTAs (a pass an expert uniform routing is expected to touch) fit one wave of 2
+    CTAs an SM with >= 4 steps a warp, or, where that fills under 3/4 of the wave, the kw whose
+    last wave is fullest; the grid is the kernel's item bound (passes + touched) x CTAs a pass."""
     from kernelgen.moe import plan_kbit_gemv, select_kbit_gemv
 
     cases = [  # (E, N, K, rows, epilogue) -> (m_tile, kw, CTAs a pass)
@@ -554,7 +555,9 @@ def test_tiled_kbit_plan_rule():
         ((128, 7168, 2048, 8, "none"), (8, 1, 28)),     # E128 W2: 224 CTAs at kw 1
         ((8, 28672, 4096, 2, "swiglu"), (8, 1, 112)),   # E8 W13, T = 1
         ((8, 4096, 14336, 2, "none"), (8, 8, 128)),     # E8 W2: 2 x 128 = 256 CTAs
-        ((8, 4096, 14336, 32, "none"), (8, 2, 32)),     # E8 W2, T = 16: 8 passes
+        ((8, 4096, 14336, 32, "none"), (8, 2, 32)),     # E8 W2, T = 16: 7.9 passes expected
+        ((8, 4096, 14336, 8, "none"), (8, 8, 128)),     # E8 W2, T = 4: kw 2 fills 0.64 of a
+        # wave (5.25 passes expected x 32 CTAs), kw 8 0.85 of its third
         ((8, 4096, 512, 2, "none"), (8, 1, 16)),        # 4 steps: kw 2 would leave 2 a warp
         ((4, 256, 1024, 64, "none"), (16, 2, 2)),       # 16 rows an expert: m_tile 16
     ]
