@@ -104,12 +104,44 @@ __device__ __forceinline__ void e2m1_word(uint32_t q, uint32_t (&o)[4]) {
 // T of w * scale).
 constexpr int KBIT4_LUT_BYTES = 256 * 128;
 
+// KBIT4 scaled after the mma (the bandwidth path at m_tile 8, gemv.cuh POST): the table holds
+// cb x KBIT4_POST_TABLE and a word's two mma sums are multiplied in fp32 by the rows' E4M4
+// values times 2^(KBIT4_POST_UNIT - KBIT4_POST_TABLE exponent), i.e. the sums are in units of
+// 2^-KBIT4_POST_UNIT (row_factor scales them back): fp16 holds cb x 2^4 (< 2^16) and takes
+// E4M4 / 16, both exact (unit 1); bf16 holds cb x 2^64 and takes E4M4 x 2^-116 straight from
+// the byte's bits (b << 19 is that value as an fp32, E4M4 subnormals as fp32 subnormals, which
+// FFMA takes as they are: no flush-to-zero in our options), unit 2^-52: a product w a below
+// 2^-74 lands on fp32 subnormals, a sum overflows past |a| ~ 2^60. No rounding of w x scale to
+// T, as the pre-mma scaling does; per word 4 FFMA and the factors instead of 8 HMUL2.
+template <typename T> struct KbitPost;
+template <> struct KbitPost<half> { static constexpr float TABLE = 16.0f, UNIT = 1.0f; };
+template <> struct KbitPost<__nv_bfloat16> { static constexpr float TABLE = 0x1p64f, UNIT = 0x1p52f; };
+
+template <typename T> __device__ __forceinline__ float kbit4_post_value(float cb) {
+  return to_float(from_float<T>(cb)) * KbitPost<T>::TABLE;
+}
+
+// E4M4 byte j of rows g (x) and g+8 (y) -> the fp32 factors of word j's mma sums (above)
+template <typename T>
+__device__ __forceinline__ void kbit4_word_factors(uint32_t x, uint32_t y, int j, float& fx, float& fy) {
+  if constexpr (RawUnit<T>::EXP == 14) {  // fp16: the (E4M4 / 16) pair, widened
+    const uint32_t sel = (uint32_t)j * 0x11u + (uint32_t)(4 + j) * 0x1100u;  // [x_j, x_j, y_j, y_j]
+    const uint32_t h2 = (__byte_perm(x, y, sel) << ScaleBits<half>::SHIFT) & 0x3FC03FC0u;
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+    fx = f.x;
+    fy = f.y;
+  } else {  // bf16: b << 19 = E4M4 x 2^-116 as an fp32
+    fx = __uint_as_float(((x >> (8 * j)) & 0xFFu) << 19);
+    fy = __uint_as_float(((y >> (8 * j)) & 0xFFu) << 19);
+  }
+}
+
 // The table's fill, in two halves: load() reads the codebook values this thread's stores need
 // (call it before the CTA's first weight loads: issued after them, the codebook reads waited
 // behind them and every CTA started its loop ~0.7 us later, H100), fill() writes the table.
 // Thread t stores uint4 i = t + THREADS j (4 copies of entry c = i / 8): with THREADS a multiple
 // of 128, c & 15 = (t / 8) & 15 for every j and c >> 4 = t / 128 + (THREADS / 128) j.
-template <typename T, int THREADS>
+template <typename T, int THREADS, bool POST = false>
 struct Kbit4Fill {
   static_assert(THREADS % 128 == 0, "the fill needs a multiple of 128 threads");
   static constexpr int PER = KBIT4_LUT_BYTES / 16 / THREADS;  // uint4 stores a thread
@@ -123,7 +155,8 @@ struct Kbit4Fill {
   __device__ __forceinline__ void fill(uint32_t* lut) const {
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-      const uint32_t p = pack2<T>(table_value<T>(lo), table_value<T>(hi[j]));
+      const uint32_t p = POST ? pack2<T>(kbit4_post_value<T>(lo), kbit4_post_value<T>(hi[j]))
+                              : pack2<T>(table_value<T>(lo), table_value<T>(hi[j]));
       reinterpret_cast<uint4*>(lut)[threadIdx.x + THREADS * j] = make_uint4(p, p, p, p);
     }
   }
@@ -293,11 +326,11 @@ __device__ __forceinline__ void cp_async16_ca(uint32_t dst, const void* src, uin
 // -- epilogue -----------------------------------------------------------------------------------
 // Row factor of the output: alpha / gs (NVFP4) or alpha * 2^(rowmax - 127) (MXFP4), times
 // 2^UNIT_EXP (the unit the scaled fragments are in, see RowScale).
-template <typename T, int FMT>
+template <typename T, int FMT, bool POST = false>
 __device__ __forceinline__ float row_factor(const float* __restrict__ post, float alpha, int n) {
   constexpr float unit = UNIT_EXP<T, FMT> == 14 ? 0x1p14f : UNIT_EXP<T, FMT> == 7 ? 0x1p7f
                          : UNIT_EXP<T, FMT> == -1 ? 0.5f : 1.0f;
-  if constexpr (FMT == FMT_KBIT4) return alpha;  // post is the codebook
+  if constexpr (FMT == FMT_KBIT4) return POST ? alpha * KbitPost<T>::UNIT : alpha;  // post: the codebook
   else if constexpr (FMT == FMT_NVFP4) return alpha * unit / __ldg(post);
   else return alpha * unit * __ldg(post + n);
 }
@@ -311,11 +344,11 @@ __device__ __forceinline__ T out_value(float v, float fac, int has_bias, float b
   return from_float<T>(r);
 }
 
-template <typename T, int FMT>
+template <typename T, int FMT, bool POST = false>
 __device__ __forceinline__ void store_out(T* __restrict__ C, const T* __restrict__ bias,
                                           int has_bias, const float* __restrict__ post,
                                           float alpha, int m, int n, int N, float v) {
-  C[(size_t)m * N + n] = out_value<T>(v, row_factor<T, FMT>(post, alpha, n), has_bias,
+  C[(size_t)m * N + n] = out_value<T>(v, row_factor<T, FMT, POST>(post, alpha, n), has_bias,
                                       has_bias ? to_float(bias[n]) : 0.0f);
 }
 
@@ -323,7 +356,7 @@ __device__ __forceinline__ void store_out(T* __restrict__ C, const T* __restrict
 // every thread has stored its fp32 partials to ws[split]; the CTA that brings the tile's counter
 // to `splits` adds the partials in split order (common/splitk.cuh), applies the row factor and
 // bias, writes C and resets the counter for the next launch (stream order).
-template <typename T, int FMT>
+template <typename T, int FMT, bool POST = false>
 __device__ __forceinline__ void split_finish(const float* __restrict__ ws, unsigned* counter,
                                              int splits, T* __restrict__ C,
                                              const T* __restrict__ bias, int has_bias,
@@ -343,7 +376,7 @@ __device__ __forceinline__ void split_finish(const float* __restrict__ ws, unsig
                return n < N ? (long long)m * N + n : -1;
              },
              [&](int p, float v) {
-               store_out<T, FMT>(C, bias, has_bias, post, alpha, m_lo + p / n_cnt, n_lo + p % n_cnt, N, v);
+               store_out<T, FMT, POST>(C, bias, has_bias, post, alpha, m_lo + p / n_cnt, n_lo + p % n_cnt, N, v);
              });
   if (threadIdx.x == 0) *counter = 0u;
 }

@@ -81,7 +81,9 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   // at 128 registers; bf16 would lose precision: its raw fragments are e2m1 * 2^-126, so a
   // word's unscaled sum with small activations falls into fp32's subnormals (relative error
   // 5e-4 at |A| ~ 2^-16, a NumPy model of the fp32 roundings), while fp16's unit is 2^-14.
-  constexpr bool POST = FMT == FMT_MXFP4 && NT == 1 && RawUnit<T>::EXP == 14;
+  // KBIT4 at m_tile 8 likewise, fp16 and bf16 (fp4.cuh KbitPost: the table's scale keeps the
+  // sums in range): 4 FFMA and the factors a word instead of 8 HMUL2 and the scale pairs.
+  constexpr bool POST = NT == 1 && ((FMT == FMT_MXFP4 && RawUnit<T>::EXP == 14) || FMT == FMT_KBIT4);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -129,7 +131,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     grid_launch_dependents();
   }
   // KBIT4: the codebook values of this thread's table stores, requested first (Kbit4Fill)
-  [[maybe_unused]] Kbit4Fill<T, WARPS * 32> kfill;
+  [[maybe_unused]] Kbit4Fill<T, WARPS * 32, POST> kfill;
   if constexpr (FMT == FMT_KBIT4) kfill.load(post);
   uint4 wa[DEPTH][TPW], wb[DEPTH][TPW];
   uint2 sr[DEPTH][TPW];  // rows g (.x) and g+8 (.y), byte j: word j
@@ -169,7 +171,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
       for (int h = 0; h < 2; ++h) {
         const int n = GLU ? min(tile0 * 16 + g + 8 * h, N - 1) + 16 * i * place.up()
                           : min((tile0 + i) * 16 + g + 8 * h, N - 1);
-        fac[i][h] = pre ? row_factor<T, FMT>(post, alpha, n) : 0.0f;
+        fac[i][h] = pre ? row_factor<T, FMT, POST>(post, alpha, n) : 0.0f;
         bia[i][h] = pre && has_bias ? to_float(bias[n]) : 0.0f;
       }
   }
@@ -259,9 +261,15 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
             }
             uint32_t f[8];
             const int c = CH == 1 ? 0 : TPW == 1 ? (j & 1) : i;
-            if constexpr (POST) {  // MXFP4: raw fragments, the group factor on the word's sums
+            if constexpr (POST) {  // raw fragments, the group factor on the word's sums
               raw_frags_of_word(dec, word_of(wa[d][i], j), word_of(wb[d][i], j), f);
-              const float xa = mx_word_factor<T>(sr[d][i].x, j), xb = mx_word_factor<T>(sr[d][i].y, j);
+              float xa, xb;
+              if constexpr (FMT == FMT_KBIT4) {
+                kbit4_word_factors<T>(sr[d][i].x, sr[d][i].y, j, xa, xb);
+              } else {
+                xa = mx_word_factor<T>(sr[d][i].x, j);
+                xb = mx_word_factor<T>(sr[d][i].y, j);
+              }
 #pragma unroll
               for (int nt = 0; nt < NT; ++nt) {
                 float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -351,12 +359,12 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
           if (m >= M || n >= N) continue;
           if (split) __stcg(wsy + (size_t)m * N + n, v[i][nt][e]);
           else if (EARLY) C[(size_t)m * N + n] = out_value<T>(v[i][nt][e], fac[i][e >> 1], has_bias, bia[i][e >> 1]);
-          else store_out<T, FMT>(C, bias, has_bias, post, alpha, m, n, N, v[i][nt][e]);
+          else store_out<T, FMT, POST>(C, bias, has_bias, post, alpha, m, n, N, v[i][nt][e]);
         }
   }
   constexpr int CTA_ROWS = 16 * TPW;  // W rows a (warp group of KW) covers
   if (split)
-    split_finish<T, FMT>(ws, counters + (size_t)place.z() * place.nx() + place.x(), place.splits(), C,
+    split_finish<T, FMT, POST>(ws, counters + (size_t)place.z() * place.nx() + place.x(), place.splits(), C,
                          bias, has_bias, post, alpha, m0, M_TILE,
                          place.x() * (WARPS >> kw_log) * CTA_ROWS, (WARPS >> kw_log) * CTA_ROWS, M, N);
 }
