@@ -117,6 +117,12 @@ KBIT4_WPS = 16
 # 4096x4096 M = 9 / 16 11.02 / 11.40 -> 8.42 / 9.10 (128 -> 256 CTAs); 1024x4096 9.23 / 9.44 ->
 # 5.71 / 6.03 (32 -> 64); 14336x4096 (224 CTAs at TPW 2) 19.11 / 19.80 vs 19.29 / 21.15 at TPW 1.
 KBIT4_TPW2_MIN_CTAS = 1
+# kbit4's TPW by m_tile (GEMV_TPW for the FP4 formats), under the same two rules (no global K
+# split, KBIT4_TPW2_MIN_CTAS). m_tile 8 takes 2 since its scales apply after the mma (gemv.cuh
+# POST, session 19): H100, graph-timed, fp16, twice each, 14336x4096 (224 CTAs at kw 4) M = 1
+# 14.40 / 14.32 -> 14.13 / 14.03 us, M = 8 15.34 / 15.28 -> 14.70 / 14.68; 4096x14336 keeps
+# TPW 1 (TPW 2 needs split 2: 13.77 -> 15.59), 4096x4096 too (128 CTAs < 132 SMs).
+KBIT4_TPW = {8: 2, 16: 2}
 # kbit4 tiles take at most 64 tokens (its selector sends M > 128 to dequantize + cuBLAS; a
 # forced tile path there keeps BM 64, which fits every arch's shared memory with the 32 KB table)
 KBIT4_TILE_BM_MAX = 64
@@ -285,7 +291,8 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
     if tpw is None and wps == 32:  # <= 64 registers: one tile a warp
         tpw = 1
     if tpw is None:  # the table's TPW unless it would need a global K split to fill the GPU
-        tpw = GEMV_TPW[m_tile]  # (kbit4: or leave SMs without a CTA, KBIT4_TPW2_MIN_CTAS)
+        tpw = (GEMV_TPW if fmt in FMTS else KBIT4_TPW)[m_tile]  # (kbit4: or leave SMs
+        # without a CTA, KBIT4_TPW2_MIN_CTAS)
         if tpw > 1:
             p2 = _gemv(arch, m, n, k, fmt, dtype, sm_count, None, tpw, wps, enc)
             if p2.split > 1 or (fmt not in FMTS and

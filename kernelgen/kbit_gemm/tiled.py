@@ -40,7 +40,7 @@ from ..fp4_gemm.config import (
 from ..fp4_gemm.layout import arrange, arranged_shapes, block_strides, tile_data, tile_scales
 from ..fp4_gemm.select import (
     GEMV_DEPTH,
-    GEMV_TPW,
+    KBIT4_TPW,
     KBIT4_WPS,
     WGMMA_MAX_M,
     Plan,
@@ -290,7 +290,7 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
         for dtype in dtypes:
             if not shapes:
                 for m_tile in M_TILES:
-                    for tpw in sorted({1, GEMV_TPW[m_tile]}):
+                    for tpw in sorted({1, KBIT4_TPW[m_tile]}):
                         for pf in pfs_of(arch):
                             yield Fp4GemvConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype,
                                                 m_tile=m_tile, warps=GEMV_WARPS, depth=GEMV_DEPTH,
