@@ -95,6 +95,46 @@ def test_every_path_matches_reference(shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_gemv_block_scales_over_the_e4m4_range(dtype):
+    """Rows scaled from 2^-17 to 2^4, so the E4M4 block scales run from subnormals (below 2^-10)
+    to the largest ones, plus all-zero blocks: the bandwidth path at M = 1, 5, 8 (scales applied
+    in fp32 after the mma, fp4.cuh KbitPost) and 16 (in T before it) matches the reference row
+    by row, each output's error relative to its row's sum of |w| |a| (a global norm would hide
+    the small rows)."""
+    import cupy
+
+    import kernelgen as kg
+
+    n, k = 256, 1024
+    rng = np.random.default_rng()
+    w = rng.standard_normal((n, k)) * 2.0 ** rng.uniform(-17, 4, (n, 1))
+    w[::5, 96:160] = 0.0  # zero blocks (scale byte 0) beside live ones
+    w_host = R.f32_to_bf16(w.astype(np.float32)) if dtype == "bfloat16" else w.astype(np.float16)
+    flat = kg.quantize_weight(cupy.asarray(w_host), 4, layout="flat",
+                              dtype="bfloat16" if dtype == "bfloat16" else None)
+    absmax = cupy.asnumpy(flat.q.absmax)
+    assert np.any((absmax >> 4 == 0) & (absmax != 0)), "no subnormal E4M4 scale in the test"
+    assert np.any(absmax == 0) and np.any(absmax >> 4 >= 14)
+    lin = kg.KbitLinear.from_kbit(flat.q)
+    w64 = GR.dequantize_weight(cupy.asnumpy(flat.q.packed), absmax, cupy.asnumpy(flat.q.codebook),
+                               4, n, k)
+    bound = GR.REL_ERROR_BOUND[dtype]
+    for m in (1, 5, 8, 16):
+        a = _host(rng, (m, k), dtype)
+        ref = GR.gemm(a, w64, None, dtype)
+        mag = np.abs(R.to_f32(a, dtype).astype(np.float64)) @ np.abs(w64).T  # [m, n]
+        c = GR.to_float64(cupy.asnumpy(kg.gemm(cupy.asarray(a), lin, path="gemv",
+                                               dtype="bfloat16" if dtype == "bfloat16" else None)),
+                          dtype)
+        live = mag > 0
+        assert np.all(c[~live] == 0), f"{m=}: an all-zero row gave nonzero outputs"
+        err = np.abs(c - ref)[live] / mag[live]
+        worst = int(np.argmax(err))
+        assert err.max() <= bound, (f"{dtype} {m=}: error {err.max():.3g} of the row's |w| |a| "
+                                    f"(output {np.nonzero(live)[1][worst]}) > {bound}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_shape_splits_and_determinism(dtype):
     """A decode shape's plans (K warps, K splits across CTAs), twice: bit-identical."""
     import cupy
