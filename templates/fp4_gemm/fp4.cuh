@@ -101,13 +101,13 @@ __device__ __forceinline__ void e2m1_word(uint32_t q, uint32_t (&o)[4]) {
 // + 4 * copy: lane l reads copy l, so 32 random codes never collide in a bank (32 KB). A pair
 // costs a PRMT (the byte), a LEA (c * 128 + the lane's copy address) and the LDS; the E4M4
 // scale pair (scale2) then multiplies the entry exactly (the kbit GEMV's rule: one rounding to
-// T of w * scale).
+// T of w * scale), except where the bandwidth path scales after the mma (KbitPost below).
 constexpr int KBIT4_LUT_BYTES = 256 * 128;
 
 // KBIT4 scaled after the mma (the bandwidth path at m_tile 8, gemv.cuh POST): the table holds
-// cb x KBIT4_POST_TABLE and a word's two mma sums are multiplied in fp32 by the rows' E4M4
-// values times 2^(KBIT4_POST_UNIT - KBIT4_POST_TABLE exponent), i.e. the sums are in units of
-// 2^-KBIT4_POST_UNIT (row_factor scales them back): fp16 holds cb x 2^4 (< 2^16) and takes
+// cb x KbitPost<T>::TABLE and a word's two mma sums are multiplied in fp32 by the rows' E4M4
+// factors (kbit4_word_factors), so the sums come out in units of 1 / KbitPost<T>::UNIT
+// (row_factor multiplies by UNIT): fp16 holds cb x 2^4 (< 2^16) and takes
 // E4M4 / 16, both exact (unit 1); bf16 holds cb x 2^64 and takes E4M4 x 2^-116 straight from
 // the byte's bits (b << 19 is that value as an fp32, E4M4 subnormals as fp32 subnormals, which
 // FFMA takes as they are: no flush-to-zero in our options), unit 2^-52: a product w a below
