@@ -284,7 +284,16 @@ def _bench_kbit_layout(args, info, bw, name, q13, q2, bits, bf16_rows, layout):
                             forced[f"{tm}_t{tpw}_kw{kw}"] = tmf(
                                 lambda j, p=p: run(j, config=p)) * 1e6
                 row["forced_us"] = forced
-            elif args.forced or args.kbit_forced:
+            if args.kbit_depth and layout == "tiled":  # the pick at every depth (steps in flight)
+                from dataclasses import replace
+
+                from kernelgen.moe.kbit import KbitGemvPlan
+
+                row["depth_us"] = {}
+                for d in (2, 3):
+                    p = KbitGemvPlan(replace(plan.config, depth=d), e, n, plan.kw)
+                    row["depth_us"][f"d{d}"] = _timer(args)(lambda j, p=p: run(j, config=p)) * 1e6
+            if (args.forced or args.kbit_forced) and layout != "tiled":
                 from kernelgen.moe import plan_kbit
                 from kernelgen.moe.config import KBIT_WARPS
 
@@ -305,9 +314,10 @@ def _bench_kbit_layout(args, info, bw, name, q13, q2, bits, bf16_rows, layout):
             print(f"{name:5s} T={t:5d} {gemm:11s} kbit{bits} {layout:5s} {row['us']:9.1f} us floor "
                   f"{row['floor_us']:8.1f} ({row['floor_frac']:.2f}){sp} {plan.short()} [{row['timing']}]",
                   flush=True)
-            if "forced_us" in row:
-                print("      forced: " + " ".join(f"{kk}={v:.1f}" for kk, v in row["forced_us"].items()),
-                      flush=True)
+            for key in ("forced_us", "depth_us"):
+                if key in row:
+                    print(f"      {key[:-3]}: " + " ".join(f"{kk}={v:.1f}" for kk, v in row[key].items()),
+                          flush=True)
     return rows
 
 
@@ -326,6 +336,8 @@ def main() -> None:
     ap.add_argument("--kbit-ts", default="1,2,4,8,16")
     ap.add_argument("--kbit-forced", action="store_true",
                     help="--forced for the kbit rows only (tiled: every m_tile, tpw and kw)")
+    ap.add_argument("--kbit-depth", action="store_true",
+                    help="tiled kbit rows: also time the selected plan at depth 2 and 3")
     ap.add_argument("--kbit-layouts", default="flat,tiled",
                     help="expert layouts of the kbit runs (tiled: 4 bits only; the same codes)")
     ap.add_argument("--decode-sweep", action="store_true", help="--sweep at T=1 too")
