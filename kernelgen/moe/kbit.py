@@ -322,7 +322,7 @@ def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int,
             return passes * -(-units * kw // cfg.warps)
 
         if ctas(kw) < WAVE_FILL * slots:
-            ok = [w for w in GEMV_KWS if w <= cfg.warps and (w == 1 or steps // w >= MIN_STEPS)]
+            ok = [w for w in GEMV_KWS if w <= cfg.warps and (w == 1 or -(-steps // w) >= MIN_STEPS)]
             kw = max(ok, key=lambda w: (ctas(w) / (-(-ctas(w) // slots) * slots), -w))
     elif kw not in GEMV_KWS:
         raise ValueError(f"kw={kw}: expected one of {sorted(GEMV_KWS)}")
