@@ -112,7 +112,7 @@ GEMV_WPS32 = {8: True, 16: True}
 # way); 4096x4096 M = 16 9.60 vs 11.35 (at TPW 2; TPW 1 at 16, below, 9.10). 32 wins at M = 1
 # (2-3%) and loses from M = 4 on; m_tile 16 at 32 also spills on sm_90a (16 bytes).
 KBIT4_WPS = 16
-# kbit4 keeps TPW 2 at m_tile 16 only where its CTAs cover every SM (this many a SM); else TPW 1,
+# kbit4 keeps TPW 2 (KBIT4_TPW) only where its CTAs cover every SM (this many a SM); else TPW 1,
 # twice the CTAs. Measured on H100 (session 13, same run, graph-timed, fp16), TPW 2 -> 1, us:
 # 4096x4096 M = 9 / 16 11.02 / 11.40 -> 8.42 / 9.10 (128 -> 256 CTAs); 1024x4096 9.23 / 9.44 ->
 # 5.71 / 6.03 (32 -> 64); 14336x4096 (224 CTAs at TPW 2) 19.11 / 19.80 vs 19.29 / 21.15 at TPW 1.
@@ -266,13 +266,17 @@ def pf_for(arch: str, m: int, n: int, k: int) -> int:
     return PF_STEPS if arch in PF_ARCHS and m <= PF_MAX_M and n * k <= PF_MAX_ELEMS else 0
 
 
+def kw_steps_ok(kw: int, steps: int, kw_max: int) -> bool:
+    """kw warps may share a unit's steps of 128 k: kw 1, or up to kw_max with MIN_STEPS each."""
+    return kw == 1 or (kw <= kw_max and -(-steps // kw) >= MIN_STEPS)
+
+
 def kw_for(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
     """Warps a tile unit along K: the largest up to kw_max whose CTAs (counted in CTAs of
     GEMV_WARPS) fit ctas_cap and whose warps get MIN_STEPS (also the MoE experts' rule,
     kernelgen/moe/kbit.py plan_kbit_gemv)."""
     for kw in KW_CHOICES:
-        if kw == 1 or (kw <= kw_max and -(-units * kw // GEMV_WARPS) <= ctas_cap and
-                       -(-steps // kw) >= MIN_STEPS):
+        if kw == 1 or (kw_steps_ok(kw, steps, kw_max) and -(-units * kw // GEMV_WARPS) <= ctas_cap):
             return kw
     raise AssertionError("unreachable")
 

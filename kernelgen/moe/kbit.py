@@ -22,7 +22,7 @@ from ..arch import smem_cap
 from ..core.interop import context_of
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
-from ..fp4_gemm.select import MIN_STEPS, kw_for
+from ..fp4_gemm.select import kw_for, kw_steps_ok
 from ..kbit.api import KbitTensor, check_bits, quantize_kbit
 from ..kbit_gemm.api import check_layout
 from ..kbit_gemm.tiled import Kbit4Tiled, tile_weight
@@ -297,10 +297,10 @@ def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int,
     kw: the dense GEMV's rule (fp4_gemm.select.kw_for): the largest whose CTAs, counting the
     passes uniform routing is expected to make (expected_touched, at least rows / m_tile), stay
     within one wave of 2 CTAs an SM, and whose warps keep MIN_STEPS steps of 128 k. Where that
-    wave would be less than WAVE_FILL full, the kw (with MIN_STEPS) whose last wave is fullest:
-    a CTA's warps run at a rate of their own (latency-bound), so a launch takes about as long
-    as its slowest wave of CTAs and a part-filled wave leaves bandwidth unused (H100, E8 T = 4
-    W2: kw 2, 0.64 of a wave, 72.3 us; kw 8, 2.55 waves, 69.1 us; BENCHMARKS.md session 19)."""
+    wave would be less than WAVE_FILL full, the kw (with MIN_STEPS) whose waves are fullest on
+    average (CTAs / (waves x slots)): a CTA's warps run at a rate of their own (latency-bound),
+    so slots left empty leave bandwidth unused (H100, E8 T = 4 W2: kw 2, 0.64 of one wave, 72.3
+    us; kw 8, 2.55 waves (0.85 on average), 69.1 us; BENCHMARKS.md session 19)."""
     check_kbit_shape(e, n, k, 4, layout="tiled")
     check_kbit_epilogue(n, epilogue, "tiled")
     if rows < 1:
@@ -318,11 +318,11 @@ def plan_kbit_gemv(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int,
         steps, slots = k // K_STEP, 2 * sm_count
         kw = kw_for(units, steps, max(1, int(slots // passes)), cfg.warps)
 
-        def ctas(kw: int) -> float:
-            return passes * -(-units * kw // cfg.warps)
+        def ctas(kw: int) -> float:  # expected CTAs of the launch
+            return passes * KbitGemvPlan(cfg, e, n, kw).n_ctas
 
         if ctas(kw) < WAVE_FILL * slots:
-            ok = [w for w in GEMV_KWS if w <= cfg.warps and (w == 1 or -(-steps // w) >= MIN_STEPS)]
+            ok = [w for w in GEMV_KWS if kw_steps_ok(w, steps, cfg.warps)]
             kw = max(ok, key=lambda w: (ctas(w) / (-(-ctas(w) // slots) * slots), -w))
     elif kw not in GEMV_KWS:
         raise ValueError(f"kw={kw}: expected one of {sorted(GEMV_KWS)}")

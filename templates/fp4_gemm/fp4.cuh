@@ -31,7 +31,8 @@
 // A[token][k0 + 32j + 8t .. +7], and the four lanes of a token row read 64 contiguous bytes (2
 // sectors of one line) an instruction. A group never straddles a word, so each lane scales its
 // own W pairs by the group scale of the word in fp16 / bf16 before the mma (one multiply a
-// pair, exact: see RowScale).
+// pair, exact: see RowScale), or, where the bandwidth path allows it (gemv.cuh POST: MXFP4 at
+// fp16 and KBIT4, m_tile 8), the word's fp32 mma sums after it (mx_word_factor, KbitPost).
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/e4m4.cuh"
@@ -114,7 +115,9 @@ constexpr int KBIT4_LUT_BYTES = 256 * 128;
 // 2^-74 lands on fp32 subnormals, a sum overflows past |a| ~ 2^60. No rounding of w x scale to
 // T, as the pre-mma scaling does; per word 4 FFMA and the factors instead of 8 HMUL2.
 template <typename T> struct KbitPost;
-template <> struct KbitPost<half> { static constexpr float TABLE = 16.0f, UNIT = 1.0f; };
+template <> struct KbitPost<half> {  // the pre-mma table: factor E4M4 / 16 (ScaleBits' scale2)
+  static constexpr float TABLE = ScaleBits<half>::TABLE, UNIT = 1.0f;
+};
 template <> struct KbitPost<__nv_bfloat16> { static constexpr float TABLE = 0x1p64f, UNIT = 0x1p52f; };
 
 template <typename T> __device__ __forceinline__ float kbit4_post_value(float cb) {

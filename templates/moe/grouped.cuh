@@ -10,8 +10,8 @@
 // Tile map. grid.x enumerates work items: expert e has ceil(count_e / TILE_M) M tiles times
 // the N tiles, ordered expert-major, N tile, then M tile fastest (see find_tile). The host
 // sizes the grid from host-side counts only ((M / TILE_M + min(E, M)) x N tiles, an upper
-// bound); warp 0 of each CTA scans the offsets (32 experts per step, warp prefix sum) to find
-// its item, and an item past the last exits before loading anything. Experts with no rows own
+// bound); warp 0 of each CTA scans the offsets (up to 256 experts a round, a lane owning up to
+// FIND_PER consecutive ones, warp prefix sum) to find its item, and an item past the last exits before loading anything. Experts with no rows own
 // no item.
 //
 // Operands. Both X and W rows are K-contiguous, which is what mma.m16n8k16.row.col wants for A

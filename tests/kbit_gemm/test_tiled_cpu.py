@@ -93,6 +93,21 @@ def test_path_rule_and_forced_paths():
         TL.plan_tiled("sm_90a", 0, 1152, 4224, "float16", sms)
 
 
+def test_gemv_tiles_a_warp():
+    """kbit4 takes two tiles a warp at both m_tiles (KBIT4_TPW) unless that needs a global K
+    split or leaves SMs without a CTA; the FP4 formats keep GEMV_TPW (one at m_tile 8)."""
+    from kernelgen.fp4_gemm.select import plan
+
+    for (n, k), tpw in (((14336, 4096), 2), ((28672, 4096), 2), ((4096, 14336), 1),
+                        ((4096, 4096), 1), ((1024, 4096), 1)):
+        for m in (1, 8):
+            p = plan("sm_90a", m, n, k, "kbit4", "bfloat16", 132)
+            assert (p.config.m_tile, p.config.tpw, p.split) == (8, tpw, 1), (n, k, m, p.short())
+    assert plan("sm_90a", 1, 14336, 4096, "mxfp4", "bfloat16", 132).config.tpw == 1
+    p = plan("sm_90a", 1, 14336, 4096, "kbit4", "bfloat16", 132)
+    assert (p.kw, p.grid) == (4, (224, 1, 1)), p.short()
+
+
 def test_kbit4_configs():
     cfg = Fp4GemvConfig(arch="sm_90a", fmt="kbit4", dtype="float16", enc="float16")
     cfg.check()

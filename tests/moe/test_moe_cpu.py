@@ -431,6 +431,56 @@ def find_tile_model(offsets, m, tile_m, n_tiles, item):
     return -1, 0, 0, 0
 
 
+def find_tile_rounds(offsets, m, tile_m, n_tiles, item, per=8):
+    """find_tile's walk as grouped.cuh runs it: rounds of up to 32 * per experts, lane l owning
+    c = ceil(experts / 32) consecutive ones, a prefix sum over the lanes' item counts, the first
+    lane whose range holds `item` finding the expert in its own c."""
+    e_count = len(offsets) - 1
+    before = 0
+    for base in range(0, e_count, 32 * per):
+        end = min(e_count, base + 32 * per)
+        c = (end - base + 31) // 32
+        for lane in range(32):
+            experts = range(min(base + lane * c, end), min(base + lane * c + c, end))
+            mts = [-(-(min(offsets[e + 1], m) - offsets[e]) // tile_m)
+                   if min(offsets[e + 1], m) > offsets[e] else 0 for e in experts]
+            n = sum(mts) * n_tiles
+            if before <= item < before + n:
+                local = item - before
+                for e, mt in zip(experts, mts, strict=True):
+                    if local < mt * n_tiles:
+                        row0 = offsets[e] + (local % mt) * tile_m
+                        return e, row0, min(tile_m, min(offsets[e + 1], m) - row0), local // mt
+                    local -= mt * n_tiles
+            before += n
+    return -1, 0, 0, 0
+
+
+def test_find_tile_rounds_match_the_expert_walk():
+    """The lane / round walk of grouped.cuh find_tile returns what the one-expert-at-a-time
+    walk does: E across the round and lane boundaries (1..600), zero-row experts, one expert
+    holding every row, offsets[E] above and below M, every item and three past the last."""
+    rng = np.random.default_rng()
+    for e_count in (1, 31, 32, 33, 255, 256, 257, 300, 600):
+        for kind in range(3):
+            rows = np.zeros(e_count, np.int64)
+            if kind == 0:
+                np.add.at(rows, rng.integers(0, e_count, 200), 1)
+            elif kind == 1:
+                rows = rng.choice([0, 0, 1, 5, 17], e_count)
+            else:
+                rows[rng.integers(e_count)] = 300
+            offsets = np.concatenate([[0], np.cumsum(rows)]).tolist()
+            for m in (offsets[-1], max(0, offsets[-1] - 7), offsets[-1] + 5):
+                for tile_m, n_tiles in ((8, 3), (64, 1)):
+                    items = sum(-(-(min(offsets[e + 1], m) - offsets[e]) // tile_m) * n_tiles
+                                for e in range(e_count) if min(offsets[e + 1], m) > offsets[e])
+                    for item in range(items + 3):
+                        assert (find_tile_rounds(offsets, m, tile_m, n_tiles, item)
+                                == find_tile_model(offsets, m, tile_m, n_tiles, item)), \
+                            (e_count, kind, m, tile_m, n_tiles, item)
+
+
 @pytest.mark.parametrize("offsets,m", [([0, 3, 3, 10], 10), ([0, 3, 3, 12], 10),
                                        ([0, 9, 20, 40], 10), ([0, 0, 0, 0], 4),
                                        ([0, 17, 40, 41, 80], 33)])
@@ -547,7 +597,7 @@ def test_tiled_kbit_plan_rule():
     """Tiled kbit4 experts: m_tile 8 while the touched experts average <= 8 rows; the largest
     kw whose CTAs (a pass an expert uniform routing is expected to touch) fit one wave of 2
     CTAs an SM with >= 4 steps a warp, or, where that fills under 3/4 of the wave, the kw whose
-    last wave is fullest; the grid is the kernel's item bound (passes + touched) x CTAs a pass."""
+    waves are fullest on average; the grid is the kernel's item bound (passes + touched) x CTAs a pass."""
     from kernelgen.moe import plan_kbit_gemv, select_kbit_gemv
 
     cases = [  # (E, N, K, rows, epilogue) -> (m_tile, kw, CTAs a pass)
@@ -557,7 +607,7 @@ def test_tiled_kbit_plan_rule():
         ((8, 4096, 14336, 2, "none"), (8, 8, 128)),     # E8 W2: 2 x 128 = 256 CTAs
         ((8, 4096, 14336, 32, "none"), (8, 2, 32)),     # E8 W2, T = 16: 7.9 passes expected
         ((8, 4096, 14336, 8, "none"), (8, 8, 128)),     # E8 W2, T = 4: kw 2 fills 0.64 of a
-        # wave (5.25 passes expected x 32 CTAs), kw 8 0.85 of its third
+        # wave (5.25 passes expected x 32 CTAs), kw 8 0.85 of its three on average
         ((8, 4096, 512, 2, "none"), (8, 1, 16)),        # 4 steps: kw 2 would leave 2 a warp
         ((4, 256, 1024, 64, "none"), (16, 2, 2)),       # 16 rows an expert: m_tile 16
     ]
