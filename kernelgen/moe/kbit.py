@@ -38,7 +38,7 @@ from .config import (
     MoeKbitGemvConfig,
     kbit_stage_bytes,
 )
-from .select import item_slots
+from .select import ItemLaunch
 
 # measured (BENCHMARKS.md): the kbit kernel is decode-bound, so TILE_M=8 stays faster than 16
 # even where some experts then take two passes over their weights (E=8, top-2, T=16)
@@ -193,21 +193,18 @@ def kbit_tile_m(rows: int, experts: int) -> int:
 
 
 @dataclass(frozen=True)
-class KbitPlan:
+class KbitPlan(ItemLaunch):
     config: MoeKbitConfig
     experts: int
     n_tiles: int
 
-    def grid(self, m: int) -> tuple[int, int, int]:
-        return (item_slots(m, self.config.tile_m, self.experts) * self.n_tiles, 1, 1)
+    @property
+    def pass_rows(self) -> int:
+        return self.config.tile_m
 
     @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.config.threads, 1, 1)
-
-    @property
-    def smem(self) -> int:
-        return self.config.smem_bytes()
+    def per_pass(self) -> int:
+        return self.n_tiles
 
     def short(self) -> str:
         c = self.config
@@ -256,7 +253,7 @@ def plan_kbit(arch: str, sm_count: int, dtype: str, bits: int, e: int, n: int, k
 
 
 @dataclass(frozen=True)
-class KbitGemvPlan:
+class KbitGemvPlan(ItemLaunch):
     """Tiled kbit4 experts: the config, and the warps along K (kw, a launch argument)."""
 
     config: MoeKbitGemvConfig
@@ -271,16 +268,13 @@ class KbitGemvPlan:
         units = -(-(self.n // 2 if c.epilogue == "swiglu" else self.n) // (16 * c.unit_tiles))
         return -(-units // (c.warps // self.kw))
 
-    def grid(self, m: int) -> tuple[int, int, int]:
-        return (item_slots(m, self.config.m_tile, self.experts) * self.n_ctas, 1, 1)
+    @property
+    def pass_rows(self) -> int:
+        return self.config.m_tile
 
     @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.config.threads, 1, 1)
-
-    @property
-    def smem(self) -> int:
-        return self.config.smem_bytes()
+    def per_pass(self) -> int:
+        return self.n_ctas
 
     def short(self) -> str:
         c = self.config

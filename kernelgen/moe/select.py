@@ -49,20 +49,17 @@ WGMMA_TILE_N: dict[int, int] = {128: 256}
 POLICIES = ("threshold", "waste")
 
 
-@dataclass(frozen=True)
-class GroupedPlan:
-    """One launch: the config, the N tiles (grid.y) and, through `grid(m)`, the slots."""
-
-    config: MoeGemmConfig
-    experts: int
-    n_tiles: int
+class ItemLaunch:
+    """Launch shape of the plans over find_tile's work items (GroupedPlan, moe.kbit's KbitPlan
+    and KbitGemvPlan): `config` (threads, smem_bytes()), `experts`, and the plan's rows a pass
+    (`pass_rows`) and CTAs a pass (`per_pass`)."""
 
     def slots(self, m: int) -> int:
-        return item_slots(m, self.config.tile_m, self.experts)
+        return item_slots(m, self.pass_rows, self.experts)
 
     def grid(self, m: int) -> tuple[int, int, int]:
-        """1-D: work items (M tile, N tile) of the row bound, expert-major in the kernel."""
-        return (self.slots(m) * self.n_tiles, 1, 1)
+        """1-D: the row bound's slots x CTAs a pass, expert-major in the kernel."""
+        return (self.slots(m) * self.per_pass, 1, 1)
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -71,6 +68,23 @@ class GroupedPlan:
     @property
     def smem(self) -> int:
         return self.config.smem_bytes()
+
+
+@dataclass(frozen=True)
+class GroupedPlan(ItemLaunch):
+    """One launch: the config, the N tiles (CTAs a pass) and, through `grid(m)`, the slots."""
+
+    config: MoeGemmConfig
+    experts: int
+    n_tiles: int
+
+    @property
+    def pass_rows(self) -> int:
+        return self.config.tile_m
+
+    @property
+    def per_pass(self) -> int:
+        return self.n_tiles
 
     def short(self) -> str:
         c = self.config
