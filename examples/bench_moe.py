@@ -123,7 +123,7 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
 
     from kernelgen.bench import time_gpu
     from kernelgen.moe import grouped_gemm, plan_grouped, select_grouped
-    from kernelgen.moe.config import TILES, WG_TILES, WGMMA_ARCHS
+    from kernelgen.moe.config import TILE_MS, TILES, WG_TILES, WGMMA_ARCHS
 
     m = x.shape[0]
     n_out = n // 2 if act else n
@@ -169,9 +169,11 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
         row["frac_of_cublas_rate"] = row["cublas_dense_us"] / row["us"]
         if info.arch.name in WGMMA_ARCHS and not plan.config.swap_ab:  # both paths, same tile_m
             row["path_us"], row["path_frac_of_cublas_rate"] = {}, {}
+            tm_plan = plan.config.tile_m
             for label, wg in (("mma", False), ("wgmma", True)):
+                tm_path = tm_plan if wg or tm_plan in TILE_MS else 128  # 192: a wgmma tile only
                 cfg = plan_grouped(info.arch.name, info.sm_count, "bfloat16", e, n, k, m, epi,
-                                   tile_m=plan.config.tile_m, wgmma=wg).config
+                                   tile_m=tm_path, wgmma=wg).config
                 us = time_gpu(lambda j, cfg=cfg: run(j, config=cfg), iters=args.iters,
                               repeats=5) * 1e6
                 row["path_us"][label] = us
@@ -191,7 +193,7 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
             row["forced_us"].update({f"{tm}w{tn}": timed(tile_m=tm, tile_n=tn, wgmma=True)
                                      for tm, tn in WG_TILES})
     if ((args.sweep or args.sweep_wgmma) and (t >= 1024 or (args.decode_sweep and t == 1))
-            and name != "E256"):
+            and (name != "E256" or args.sweep_wgmma)):
         which = "all" if args.sweep else "wgmma"
         row["sweep_us"] = {label: timed(config=cfg)
                            for label, cfg in _variants(info.arch.name, t >= 1024, act, which)}

@@ -18,7 +18,7 @@ EPILOGUES = ("none", "swiglu")
 TILE_MS = (8, 16, 32, 64, 128, 256)
 TILE_NS = (32, 64, 128, 256)
 WGMMA_ARCHS = ("sm_90a",)  # wgmma.mma_async: Hopper only (sm_100a has tcgen05 instead)
-WGMMA_TILE_MS = (64, 128, 256)  # 64-token warpgroups
+WGMMA_TILE_MS = (64, 128, 192, 256)  # 64-token warpgroups (192: wgmma only, no mma.sync row)
 WGMMA_TILE_NS = (64, 128, 256)  # the wgmma n of templates/common/wgmma.cuh
 TK = 64  # k per pipeline stage (templates/moe/grouped.cuh)
 ROW_BYTES = 2 * TK
@@ -69,9 +69,13 @@ TILES: dict[tuple[int, bool, int], TileShape] = {
 # is too little; the producer-warpgroup variant: from 12% faster to 7% slower, no clear win).
 # 128 x 128: 3 stages without a group in flight (two k-tiles prefetched), 2 CTAs an SM: 12-20%
 # faster than 6 stages with one CTA in the second run.
+# 192 x 256: three warpgroups, so an expert of up to 192 rows is one tile (its weights streamed
+# once, by one CTA); 4 stages (225 KB) leave no room for a group in flight: none, three k-tiles
+# prefetched. Taken where experts average 112-176 rows (select.WGMMA_TM192_BAND).
 WG_TILES: dict[tuple[int, int], TileShape] = {
     (128, 128): TileShape(128, 8, 1, 1, 3, 2, inflight=0),
     (128, 256): TileShape(256, 8, 1, 1, 4, 1),
+    (192, 256): TileShape(256, 12, 1, 1, 4, 1, inflight=0),
 }
 
 
@@ -162,8 +166,8 @@ class MoeGemmConfig(KernelConfig):
             raise bad("dtype", f"expected one of {DTYPES}")
         if self.epilogue not in EPILOGUES:
             raise bad("epilogue", f"expected one of {EPILOGUES}")
-        if self.tile_m not in TILE_MS:
-            raise bad("tile_m", f"expected one of {TILE_MS}")
+        if self.tile_m not in TILE_MS and not (self.wgmma and self.tile_m in WGMMA_TILE_MS):
+            raise bad("tile_m", f"expected one of {TILE_MS} (wgmma: {WGMMA_TILE_MS})")
         if self.tile_n not in TILE_NS:
             raise bad("tile_n", f"expected one of {TILE_NS}")
         if self.tile_m == 8 and not self.swap_ab:

@@ -10,7 +10,8 @@ TILE_M comes from the average rows per expert M / E:
   ceil(M / E) rows, the larger tile on ties.
 swap_ab follows SWAP_AB (tokens on the mma's n8 side up to 32 rows a tile). On sm_90a a TILE_M of
 WGMMA_TILE_N runs on the wgmma main loop (templates/moe/grouped_wgmma.cuh) with that TILE_N
-(unless wgmma=False forces mma.sync). With swap_ab the
+(unless wgmma=False forces mma.sync); there the threshold policy takes the wgmma-only TILE_M 192
+in place of 128 where experts average WGMMA_TM192_BAND rows. With swap_ab the
 weight tile is 32 rows, with the deep pipeline when the experts touched (at most min(E, M))
 times the N tiles give fewer than FEW_CTAS_PER_SM CTAs an SM. The grid is sized from the rows of x_perm
 (host shape): slots = ceil(M / TILE_M) + min(E, M) (each non-empty expert adds at most one
@@ -40,12 +41,18 @@ from .config import DTYPES, EPILOGUES, TILE_MS, TILES, WG_TILES, WGMMA_ARCHS, Mo
 # rows per expert 128 x 256 tiles measured faster than 256 x 128 (BENCHMARKS.md).
 TILE_M_TABLE: tuple[tuple[float, int], ...] = (
     (2.0, 8), (6.0, 16), (14.0, 32), (40.0, 64), (math.inf, 128))
-SWAP_AB: dict[int, bool] = {8: True, 16: True, 32: True, 64: False, 128: False, 256: False}
+SWAP_AB: dict[int, bool] = {8: True, 16: True, 32: True, 64: False, 128: False, 192: False,
+                            256: False}
 SWAP_TILE_N = 32  # weight rows of a swap_ab tile
 FEW_CTAS_PER_SM = 4  # below: the deep-pipeline variant of a swap_ab row
 PLAIN_TILE_N: dict[int, int] = {16: 128, 32: 128, 64: 128, 128: 256, 256: 128}
 # TILE_M -> TILE_N of the wgmma path the selector takes on sm_90a (WGMMA_ARCHS) without swap_ab
-WGMMA_TILE_N: dict[int, int] = {128: 256}
+WGMMA_TILE_N: dict[int, int] = {128: 256, 192: 256}
+# (lo, hi]: average rows per expert where the threshold policy takes TILE_M 192 on the wgmma
+# path in place of the table's 128: most experts are one 192-token tile (weights streamed once),
+# where 128 needs a second, mostly empty tile. H100, uniform routing (BENCHMARKS.md, session
+# 20): 5-17% faster at 128-160 rows (E256 / E128 / E8), equal at 96, 5-40% slower at 192.
+WGMMA_TM192_BAND = (112.0, 176.0)
 POLICIES = ("threshold", "waste")
 
 
@@ -147,8 +154,16 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
     if rows < 1:
         raise ValueError(f"rows={rows}: a launch needs at least one row")
     tm = tile_m if tile_m is not None else tile_m_for(rows, e, policy)
-    if tm not in TILE_MS:
-        raise ValueError(f"tile_m={tm}: expected one of {TILE_MS}")
+    if (tile_m is None and policy == "threshold" and tm == 128 and not swap_ab
+            and wgmma is not False and tile_n in (None, WGMMA_TILE_N[192])
+            and uses_wgmma(arch, 192, False)
+            and WGMMA_TM192_BAND[0] < rows / e <= WGMMA_TM192_BAND[1]):
+        tm = 192
+    if tm not in TILE_MS and not (tm in WGMMA_TILE_N and uses_wgmma(arch, tm, False)
+                                  and wgmma is not False and not swap_ab):
+        raise ValueError(f"tile_m={tm}: expected one of {TILE_MS}"
+                         + (f" ({tm}: the wgmma path only, on {WGMMA_ARCHS}, no swap_ab)"
+                            if tm in WGMMA_TILE_N else ""))
     touched = min(e, rows)
 
     def row(tm: int, tn: int | None) -> tuple[int, bool, int, bool]:
@@ -174,9 +189,14 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
             raise
         config(first, None)  # raises what is wrong with the row itself
         # the rows below: TILE_M's narrower ones (either table), then each smaller TILE_M's
-        narrower = {t for m, _, t in TILES if m == tm} | {t for m, t in WG_TILES if m == tm}
-        below = [row(tm, t) for t in sorted(narrower, reverse=True) if t < first[2]]
-        below += [row(m, None) for m in sorted(TILE_MS, reverse=True) if m < tm]
+        def widths(m: int) -> list[int]:  # TILE_M m's tile_n, either table, widest first
+            return sorted({t for mm, _, t in TILES if mm == m}
+                          | {t for mm, t in WG_TILES if mm == m}, reverse=True)
+
+        below = [row(tm, t) for t in widths(tm) if t < first[2]]
+        for m in sorted(TILE_MS, reverse=True):
+            if m < tm:
+                below += [row(m, None)] + [row(m, t) for t in widths(m)]
         cfg = _first_fit(config, [r for r in below if _in_table(r)], err)
     return GroupedPlan(cfg, e, -(-n // cfg.tile_n))
 
@@ -209,7 +229,7 @@ def _rows_to_walk(e: int, top_k: int) -> list[int]:
     """Row counts T * top_k at which a choice can change: every T up to the point where
     min(E, rows) saturates, and both sides of every TILE_M bound (both policies)."""
     ts = set(range(1, e + 2))
-    for bound, _ in TILE_M_TABLE[:-1]:
+    for bound in [b for b, _ in TILE_M_TABLE[:-1]] + list(WGMMA_TM192_BAND):
         t = int(bound * e // top_k)
         ts.update({t, t + 1, t + 2})
     for tm in TILE_MS:  # waste policy: around multiples of each tile per expert
@@ -222,8 +242,10 @@ def _rows_to_walk(e: int, top_k: int) -> list[int]:
 
 def _default_set(arch: str, dtype: str, epilogue: str,
                  smem_limit: int | None = None) -> Iterator[MoeGemmConfig]:
-    for _, tm in TILE_M_TABLE:
+    for tm in [t for _, t in TILE_M_TABLE] + [192]:
         swap = SWAP_AB[tm]
+        if tm == 192 and not uses_wgmma(arch, tm, swap):
+            continue  # a wgmma tile only
         if uses_wgmma(arch, tm, swap):
             yield MoeGemmConfig.of(arch, dtype, tm, swap, WGMMA_TILE_N[tm], epilogue, wgmma=True,
                                    smem_limit=smem_limit)

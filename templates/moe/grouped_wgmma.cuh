@@ -12,6 +12,10 @@
 //   K-major 128-byte swizzle wgmma reads, given 1024-byte aligned tiles: the stages start on
 //   a 1024-byte boundary of the dynamic allocation (aligned at run time) and every tile is a
 //   multiple of 8 rows.
+// - In tiles of more than 128 tokens a warpgroup whose 64 tokens lie past the tile's rows (an
+//   expert's last, partial tile) issues no wgmma: its accumulators stay zero and the epilogue
+//   stores none of its rows. 128-token tiles keep the unconditional loop: the branch measured
+//   5-9% slower on compute-bound 128 x 256 SwiGLU tiles (H100, session 20).
 // - Pipeline over STAGES slots, INFLIGHT (0 or 1) wgmma groups left pending across the
 //   barrier. Every thread cp.asyncs its chunks; at k-tile kt each thread waits for its copies
 //   of kt, fences them into the async proxy, the CTA syncs, each warpgroup issues four k16
@@ -37,6 +41,66 @@ __device__ __forceinline__ void wgmma_k_tile(float (&acc)[1][TN / 8][4], uint32_
     Wgmma<T, TN>::run(acc[0], wgmma_desc_k128(sx + ks * 32), wgmma_desc_k128(sw + ks * 32));
   wgmma_commit();
 }
+
+// The chunks one thread copies into a stage (X rows, then W rows at dst + TM rows), with the
+// rows, zero fill and SwiGLU row interleave of Grouped's Loader. LEAN (CTAs of 384 / 512
+// threads, at most 168 / 128 registers): each copy addresses its chunks afresh from the tile's
+// bases; the Loader's per-chunk pointers (3 registers a chunk) spilled on 192 x 256. Else the
+// Loader's pointers: fresh addressing cost 16% on the compute-bound 128 x 256 SwiGLU tiles
+// (H100, session 20).
+// Chunk column c = tid % 8, rows tid / 8 + i * THREADS / 8.
+template <typename T, int TM, int TN, int THREADS, bool SWIGLU, bool LEAN>
+struct TileCopy {
+  using G = Grouped<T, TM, TN, THREADS / 32, 1, 1, 2, false, SWIGLU>;  // its loaders
+  Loader<T, TM, THREADS> lx;
+  Loader<T, TN, THREADS> lw;
+
+  __device__ __forceinline__ TileCopy(const T* X, const T* We, int row0, int rows, int n0, int N,
+                                      int K) {
+    G::template x_rows<TM>(lx, X, K, row0, rows);
+    G::template w_rows<TN>(lw, We, N, K, n0);
+  }
+  __device__ __forceinline__ void stage(uint32_t dst, int k0, int K) const {
+    G::template copy<TM>(lx, dst, k0, K);
+    G::template copy<TN>(lw, dst + TM * ROW_BYTES, k0, K);
+  }
+};
+
+template <typename T, int TM, int TN, int THREADS, bool SWIGLU>
+struct TileCopy<T, TM, TN, THREADS, SWIGLU, true> {
+  const T* x;  // X row row0, column 8 c
+  const T* w;  // W[e] row 0, column 8 c
+  int rows, n0, N;
+
+  __device__ __forceinline__ TileCopy(const T* X, const T* We, int row0, int rows_, int n0_,
+                                      int N_, int K)
+      : x(X + (size_t)row0 * K + (threadIdx.x & 7) * 8), w(We + (threadIdx.x & 7) * 8),
+        rows(rows_), n0(n0_), N(N_) {}
+
+  __device__ __forceinline__ void stage(uint32_t dst, int k0, int K) const {
+    const int tid = threadIdx.x;
+    const bool k_ok = k0 + (tid & 7) * 8 < K;
+#pragma unroll
+    for (int i = 0; i < (TM * 8 + THREADS - 1) / THREADS; ++i) {
+      const int r = tid / 8 + i * (THREADS / 8);
+      if (TM * 8 % THREADS == 0 || r < TM) {
+        const bool ok = r < rows && k_ok;
+        cp_async16_zfill(dst + swz(r, tid & 7), ok ? (const void*)(x + (size_t)r * K + k0) : x, ok);
+      }
+    }
+    dst += TM * ROW_BYTES;
+#pragma unroll
+    for (int i = 0; i < (TN * 8 + THREADS - 1) / THREADS; ++i) {
+      const int r = tid / 8 + i * (THREADS / 8);
+      if (TN * 8 % THREADS == 0 || r < TN) {
+        int row;
+        const bool ok = weight_row<SWIGLU>(n0 + r, N, row) && k_ok;
+        cp_async16_zfill(dst + swz(r, tid & 7),
+                         ok ? (const void*)(w + (size_t)row * K + k0) : w, ok);
+      }
+    }
+  }
+};
 
 template <typename T, int TM, int TN, int STAGES, int INFLIGHT, bool SWIGLU>
 struct GroupedWgmma {
@@ -64,18 +128,14 @@ struct GroupedWgmma {
     const int n0 = tile.n_tile * TN;
     const T* We = W + (size_t)tile.e * N * K;
 
-    Loader<T, TM, THREADS> lx;
-    Loader<T, TN, THREADS> lw;
-    G::template x_rows<TM>(lx, X, K, tile.row0, tile.rows);
-    G::template w_rows<TN>(lw, We, N, K, n0);
+    const TileCopy<T, TM, TN, THREADS, SWIGLU, (THREADS > 256)> tc(X, We, tile.row0, tile.rows,
+                                                                   n0, N, K);
 
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t base = (raw + 1023u) & ~1023u;
     const int k_tiles = (K + TK - 1) / TK;
     const auto load_stage = [&](int kt) {
-      const uint32_t st = base + (uint32_t)((kt % STAGES) * STAGE_BYTES);
-      G::template copy<TM>(lx, st, kt * TK, K);
-      G::template copy<TN>(lw, st + TM * ROW_BYTES, kt * TK, K);
+      tc.stage(base + (uint32_t)((kt % STAGES) * STAGE_BYTES), kt * TK, K);
     };
 #pragma unroll
     for (int s = 0; s < D; ++s) {
@@ -84,6 +144,7 @@ struct GroupedWgmma {
     }
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
+    const bool active = TM <= 128 || wg * 64 < tile.rows;  // warpgroup-uniform (see above)
     float acc[1][TN / 8][4];
 #pragma unroll
     for (int j = 0; j < TN / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
@@ -94,10 +155,10 @@ struct GroupedWgmma {
       __syncthreads();  // everyone's copies of kt; every warpgroup past its wait for kt - 1 - INFLIGHT
       const uint32_t sx = base + (uint32_t)((kt % STAGES) * STAGE_BYTES) + wg * 64 * ROW_BYTES;
       const uint32_t sw = base + (uint32_t)((kt % STAGES) * STAGE_BYTES) + TM * ROW_BYTES;
-      wgmma_k_tile<T, TN>(acc, sx, sw);
+      if (active) wgmma_k_tile<T, TN>(acc, sx, sw);
       if (kt + D < k_tiles) load_stage(kt + D);  // into the slot of kt - 1 - INFLIGHT
       cp_async_commit();
-      wgmma_wait<INFLIGHT>();
+      if (active) wgmma_wait<INFLIGHT>();
     }
     wgmma_wait<0>();
     cp_async_wait<0>();
@@ -168,6 +229,7 @@ struct GroupedWgmmaWs {
     }
 
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) - 4, wg = warp >> 2;
+    const bool active = TM <= 128 || wg * 64 < tile.rows;  // warpgroup-uniform (see above)
     float acc[1][TN / 8][4];
 #pragma unroll
     for (int j = 0; j < TN / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
@@ -176,8 +238,10 @@ struct GroupedWgmmaWs {
       mbar_wait(full + 8 * s, (kt / STAGES) & 1);
       fence_proxy_async_smem();  // the producer's cp.async data -> the async proxy
       const uint32_t st = base + (uint32_t)(s * STAGE_BYTES);
-      wgmma_k_tile<T, TN>(acc, st + wg * 64 * ROW_BYTES, st + TM * ROW_BYTES);
-      wgmma_wait<INFLIGHT>();
+      if (active) {
+        wgmma_k_tile<T, TN>(acc, st + wg * 64 * ROW_BYTES, st + TM * ROW_BYTES);
+        wgmma_wait<INFLIGHT>();
+      }
       if (kt >= INFLIGHT) mbar_arrive(empty + 8 * ((kt - INFLIGHT) % STAGES));
     }
     wgmma_wait<0>();

@@ -14,6 +14,7 @@ from kernelgen.moe.select import (
     SWAP_AB,
     TILE_M_TABLE,
     WGMMA_TILE_N,
+    WGMMA_TM192_BAND,
     plan_grouped,
     prewarm_configs,
     select_grouped,
@@ -127,6 +128,38 @@ def test_wgmma_selector():
         plan_grouped("sm_90a", 132, "bfloat16", e, h, i, 4096 * k, tile_m=16, wgmma=True)
 
 
+def test_wgmma_tile_m_192_band():
+    """sm_90a's threshold policy takes the wgmma-only TILE_M 192 for averages in
+    WGMMA_TM192_BAND (lo, hi] and 128 on either side; no other arch, policy or forced path /
+    tile does; forced 192 plans on sm_90a's wgmma path and is a clear error elsewhere."""
+    e, h, i, k = SHAPES["E256"]
+    lo, hi = WGMMA_TM192_BAND
+    cases = [(int(lo * e), 128), (int(lo * e) + 1, 192), (int(hi * e), 192),
+             (int(hi * e) + 1, 128)]
+    for rows, tm in cases:
+        for n, kk, epi in ((2 * i, h, "swiglu"), (h, i, "none")):
+            p = select_grouped("sm_90a", 132, "bfloat16", e, n, kk, rows, epi)
+            assert (p.config.tile_m, p.config.tile_n, p.config.wgmma) == (
+                tm, WGMMA_TILE_N[tm], True), (rows, p.short())
+            if tm == 192:
+                assert p.config.inflight == 0 and p.config.stages == 4, p.short()
+            for arch in ("sm_80", "sm_100a", "sm_120a"):
+                assert select_grouped(arch, 132, "bfloat16", e, n, kk, rows, epi).config.tile_m \
+                    == 128
+            for kw in ({"wgmma": False}, {"policy": "waste"}, {"tile_n": 128}):
+                q = plan_grouped("sm_90a", 132, "bfloat16", e, n, kk, rows, epi, **kw)
+                assert q.config.tile_m != 192, (kw, q.short())
+    p = plan_grouped("sm_90a", 132, "bfloat16", 8, 256, 512, 100, tile_m=192)
+    assert (p.config.tile_m, p.config.wgmma, p.n_tiles) == (192, True, 1)
+    for arch, kw in (("sm_80", {}), ("sm_90a", {"wgmma": False}), ("sm_90a", {"swap_ab": True})):
+        with pytest.raises(ValueError, match="tile_m=192: .*the wgmma path only"):
+            plan_grouped(arch, 132, "bfloat16", 8, 256, 512, 100, tile_m=192, **kw)
+    # a part whose blocks get 99 KB: the 225 KB tile steps down to wgmma 128 x 128
+    p = plan_grouped("sm_90a", 132, "bfloat16", e, 2 * i, h, 128 * e, "swiglu",
+                     smem_limit=99 * 1024)
+    assert (p.config.tile_m, p.config.tile_n, p.config.wgmma) == (128, 128, True), p.short()
+
+
 def test_tile_m_threshold_policy():
     # option A: average rows per expert against the table's bounds
     e = 128
@@ -201,9 +234,11 @@ def test_prewarm_default_set_is_modest_and_valid():
         assert 0 < len(cfgs) <= 48 and len(set(cfgs)) == len(cfgs)  # 8 of them tiled kbit4
         assert len([c for c in cfgs if isinstance(c, MoeKbitGemvConfig)]) == 8
         assert {c.epilogue for c in cfgs} == {"none", "swiglu"}
-        assert {c.tile_m for c in cfgs if isinstance(c, MoeGemmConfig)} == {8, 16, 32, 64, 128}
+        wg_tiles = {(tm, WGMMA_TILE_N[tm]) for tm in (128, 192)} if arch == "sm_90a" else set()
+        assert {c.tile_m for c in cfgs if isinstance(c, MoeGemmConfig)} == (
+            {8, 16, 32, 64, 128} | {tm for tm, _ in wg_tiles})
         wg = {(c.tile_m, c.tile_n) for c in cfgs if isinstance(c, MoeGemmConfig) and c.wgmma}
-        assert wg == ({(128, WGMMA_TILE_N[128])} if arch == "sm_90a" else set()), (arch, wg)
+        assert wg == wg_tiles, (arch, wg)
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

@@ -188,6 +188,44 @@ def test_wgmma_prefill_shapes(dtype):
                 _check(y, ref, dtype, f"wgmma {kind=} {t=} {n=} {k=} {act} {cfg.short()}")
 
 
+def test_wgmma_partial_warpgroups():
+    """Segments whose last tile leaves warpgroups without tokens (those issue no wgmma): rows on
+    both sides of every 64-row warpgroup bound of the 64 / 128 / 256-token wgmma tiles, an
+    empty expert between them; every WG_TILES row and the WG_VARIANTS, plain and SwiGLU."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.moe import grouped_gemm
+    from kernelgen.moe.config import MoeGemmConfig
+
+    info = device_info()
+    if info.arch.name not in WGMMA_ARCHS:
+        pytest.skip(f"wgmma path: {WGMMA_ARCHS} only, device is {info.arch.name}")
+    rng = np.random.default_rng()
+    sizes = [1, 63, 64, 65, 0, 127, 128, 129, 191, 192, 193, 255, 256, 257, 320, 385]
+    e, n, k = len(sizes), 272, 200
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32) + 3
+    m = int(offsets[-1]) + 3
+    for dtype in DTYPES:
+        x = _host(rng, (m, k), dtype)
+        w = _host(rng, (e, n, k), dtype, scale=1.0 / np.sqrt(k))
+        xd, wd, od = cupy.asarray(x), cupy.asarray(w), cupy.asarray(offsets)
+        hint = "bfloat16" if dtype == "bfloat16" else None
+        for act in (None, "swiglu"):
+            ref = MR.grouped_gemm(MR.to_float64(x, dtype), MR.to_float64(w, dtype), offsets, act)
+            for tm, _, tn, _ in WG_ROWS:
+                y = grouped_gemm(xd, wd, od, activation=act, tile_m=tm, tile_n=tn, wgmma=True,
+                                 dtype=hint)
+                _check(y, ref, dtype, f"partial warpgroups {dtype} {act} {tm}x{tn}")
+            for tm, tn, st, mb, inf, pr in WG_VARIANTS:
+                cfg = MoeGemmConfig(arch=info.arch.name, dtype=dtype, tile_m=tm, tile_n=tn,
+                                    warps_p=tm // 16, warps_q=1, warps_k=1, stages=st,
+                                    min_blocks=mb, epilogue="swiglu" if act else "none",
+                                    wgmma=True, inflight=inf, producer=pr)
+                y = grouped_gemm(xd, wd, od, activation=act, config=cfg, dtype=hint)
+                _check(y, ref, dtype, f"partial warpgroups {dtype} {act} {cfg.short()}")
+
+
 def test_rows_zero_and_out_buffer():
     import cupy
 
