@@ -220,6 +220,9 @@ class MoeGemmConfig(KernelConfig):
             raise bad("inflight", "wgmma groups pending across the barrier: 0 or 1")
         if self.threads > 512:
             raise bad("producer", f"{self.threads} threads a CTA; at most 512")
+        if self.tile_n // 2 + 32 > 65536 // self.threads:  # registers a thread at one CTA an SM
+            raise bad("tile_n", f"{self.tile_n // 2} fp32 accumulators a thread (+ 32) do not fit "
+                                f"the {65536 // self.threads} registers of {self.threads} threads")
         if self.stages < 2 + (0 if self.producer else self.inflight):
             raise bad("stages", f"wgmma with {self.inflight} group(s) in flight needs at least "
                                 f"{2 + self.inflight} stages (one k-tile prefetched)")

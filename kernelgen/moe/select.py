@@ -143,21 +143,23 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
                  tile_n: int | None = None, policy: str = "threshold",
                  wgmma: bool | None = None, smem_limit: int | None = None) -> GroupedPlan:
     """Pure planner; tile_m / swap_ab / tile_n force a table row (tests, benchmarks); wgmma
-    True / False forces the main-loop path (True: a row of WG_TILES, sm_90a only).
+    True / False forces the main-loop path (True: a row of WG_TILES, sm_90a only). With
+    neither tile_m nor tile_n forced, the threshold policy on sm_90a's wgmma path takes TILE_M
+    192 where experts average WGMMA_TM192_BAND rows and 192 x 256 keeps its stages.
     `smem_limit`: the device's shared memory a block (None: the target's); the row keeps the
     stages that fit it. Where not even its fewest stages fit, a row the rules picked (tile_m
-    and tile_n not forced) steps down: the same TILE_M's narrower rows, then smaller TILE_Ms;
-    a forced row raises UnsupportedConfigError."""
+    and tile_n not forced) steps down: the same TILE_M's narrower rows, then each smaller
+    TILE_M's rows, widest first; a forced row raises UnsupportedConfigError."""
     check_shape(e, n, k, epilogue)
     if epilogue not in EPILOGUES:
         raise ValueError(f"activation: {epilogue!r}; expected None or 'swiglu'")
     if rows < 1:
         raise ValueError(f"rows={rows}: a launch needs at least one row")
     tm = tile_m if tile_m is not None else tile_m_for(rows, e, policy)
-    if (tile_m is None and policy == "threshold" and tm == 128 and not swap_ab
-            and wgmma is not False and tile_n in (None, WGMMA_TILE_N[192])
-            and uses_wgmma(arch, 192, False)
-            and WGMMA_TM192_BAND[0] < rows / e <= WGMMA_TM192_BAND[1]):
+    if (tile_m is None and tile_n is None and policy == "threshold" and tm == 128
+            and not swap_ab and wgmma is not False and uses_wgmma(arch, 192, False)
+            and WGMMA_TM192_BAND[0] < rows / e <= WGMMA_TM192_BAND[1]
+            and _keeps_stages(arch, dtype, 192, epilogue, smem_limit)):
         tm = 192
     if tm not in TILE_MS and not (tm in WGMMA_TILE_N and uses_wgmma(arch, tm, False)
                                   and wgmma is not False and not swap_ab):
@@ -170,6 +172,7 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
         """(tile_m, swap_ab, tile_n, wgmma) of TILE_M by the rules (tile_n if given)."""
         swap = SWAP_AB[tm] if swap_ab is None else bool(swap_ab)
         wg = uses_wgmma(arch, tm, swap, tn) if wgmma is None else bool(wgmma)
+        wg = wg or tm not in TILE_MS  # a wgmma-only TILE_M: WG_TILES names its tile_n
         if tn is None:
             tn = (WGMMA_TILE_N.get(tm, PLAIN_TILE_N.get(tm)) if wg else
                   SWAP_TILE_N if swap else PLAIN_TILE_N[tm])
@@ -189,6 +192,7 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
             raise
         config(first, None)  # raises what is wrong with the row itself
         # the rows below: TILE_M's narrower ones (either table), then each smaller TILE_M's
+        # rows, widest first
         def widths(m: int) -> list[int]:  # TILE_M m's tile_n, either table, widest first
             return sorted({t for mm, _, t in TILES if mm == m}
                           | {t for mm, t in WG_TILES if mm == m}, reverse=True)
@@ -197,8 +201,19 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
         for m in sorted(TILE_MS, reverse=True):
             if m < tm:
                 below += [row(m, None)] + [row(m, t) for t in widths(m)]
-        cfg = _first_fit(config, [r for r in below if _in_table(r)], err)
+        cfg = _first_fit(config, [r for r in dict.fromkeys(below) if _in_table(r)], err)
     return GroupedPlan(cfg, e, -(-n // cfg.tile_n))
+
+
+def _keeps_stages(arch: str, dtype: str, tm: int, epilogue: str, smem_limit: int | None) -> bool:
+    """The wgmma row of TILE_M tm fits the device with the stages of its WG_TILES row."""
+    tn = WGMMA_TILE_N[tm]
+    try:
+        cfg = MoeGemmConfig.of(arch, dtype, tm, False, tn, epilogue, wgmma=True,
+                               smem_limit=smem_limit)
+    except UnsupportedConfigError:
+        return False
+    return cfg.stages == WG_TILES[(tm, tn)].stages
 
 
 def _in_table(r: tuple[int, bool, int | None, bool]) -> bool:
@@ -227,7 +242,8 @@ def select_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int,
 
 def _rows_to_walk(e: int, top_k: int) -> list[int]:
     """Row counts T * top_k at which a choice can change: every T up to the point where
-    min(E, rows) saturates, and both sides of every TILE_M bound (both policies)."""
+    min(E, rows) saturates, and both sides of every TILE_M bound (both policies, and
+    WGMMA_TM192_BAND's)."""
     ts = set(range(1, e + 2))
     for bound in [b for b, _ in TILE_M_TABLE[:-1]] + list(WGMMA_TM192_BAND):
         t = int(bound * e // top_k)

@@ -21,7 +21,7 @@
 //   of kt, fences them into the async proxy, the CTA syncs, each warpgroup issues four k16
 //   wgmmas of kt and commits, the CTA issues the copies of kt + D (D = STAGES - 1 - INFLIGHT)
 //   into the slot of kt - 1 - INFLIGHT, then waits until INFLIGHT groups are pending. A slot
-//   is refilled only after both warpgroups waited for its group (before the barrier of kt).
+//   is refilled only after every warpgroup waited for its group (before the barrier of kt).
 //   INFLIGHT 1 keeps the tensor core busy across the barrier and the copy issue; INFLIGHT 0
 //   prefetches one k-tile deeper in the same shared memory (bubbles at the barrier, which a
 //   second CTA on the SM can fill).

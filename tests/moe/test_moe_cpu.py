@@ -94,6 +94,11 @@ def test_wgmma_config_rules():
     assert ws.threads == 384 and ws.smem_bytes() == 4 * 384 * 128 + 1024 + 16 * 4 + 16
     with pytest.raises(UnsupportedConfigError, match="640 threads"):
         MoeGemmConfig(**{**base, "tile_m": 256, "tile_n": 128, "warps_p": 16, "producer": True})
+    # 192 x 256 with a producer: 512 threads, 128 registers, 128 accumulators a thread
+    with pytest.raises(UnsupportedConfigError, match="128 fp32 accumulators a thread"):
+        MoeGemmConfig(**{**base, "tile_m": 192, "warps_p": 12, "producer": True})
+    assert MoeGemmConfig(**{**base, "tile_m": 192, "tile_n": 128, "warps_p": 12,
+                            "producer": True}).threads == 512
     with pytest.raises(UnsupportedConfigError, match="no MoE wgmma tile"):
         MoeGemmConfig.of("sm_90a", "bfloat16", 64, False, 128, wgmma=True)
     # 256-token tiles (4 warpgroups, 512 threads) are valid configs outside the table
@@ -130,8 +135,9 @@ def test_wgmma_selector():
 
 def test_wgmma_tile_m_192_band():
     """sm_90a's threshold policy takes the wgmma-only TILE_M 192 for averages in
-    WGMMA_TM192_BAND (lo, hi] and 128 on either side; no other arch, policy or forced path /
-    tile does; forced 192 plans on sm_90a's wgmma path and is a clear error elsewhere."""
+    WGMMA_TM192_BAND (lo, hi] and 128 on either side; no other arch, policy, forced path /
+    tile_n, or a device where 192 x 256 loses stages does; forced 192 plans on sm_90a's wgmma
+    path and is a clear error elsewhere."""
     e, h, i, k = SHAPES["E256"]
     lo, hi = WGMMA_TM192_BAND
     cases = [(int(lo * e), 128), (int(lo * e) + 1, 192), (int(hi * e), 192),
@@ -146,7 +152,8 @@ def test_wgmma_tile_m_192_band():
             for arch in ("sm_80", "sm_100a", "sm_120a"):
                 assert select_grouped(arch, 132, "bfloat16", e, n, kk, rows, epi).config.tile_m \
                     == 128
-            for kw in ({"wgmma": False}, {"policy": "waste"}, {"tile_n": 128}):
+            for kw in ({"wgmma": False}, {"policy": "waste"}, {"tile_n": 128}, {"tile_n": 256},
+                       {"smem_limit": 200 * 1024}):
                 q = plan_grouped("sm_90a", 132, "bfloat16", e, n, kk, rows, epi, **kw)
                 assert q.config.tile_m != 192, (kw, q.short())
     p = plan_grouped("sm_90a", 132, "bfloat16", 8, 256, 512, 100, tile_m=192)
@@ -154,6 +161,8 @@ def test_wgmma_tile_m_192_band():
     for arch, kw in (("sm_80", {}), ("sm_90a", {"wgmma": False}), ("sm_90a", {"swap_ab": True})):
         with pytest.raises(ValueError, match="tile_m=192: .*the wgmma path only"):
             plan_grouped(arch, 132, "bfloat16", 8, 256, 512, 100, tile_m=192, **kw)
+    with pytest.raises(ValueError, match=r"no MoE wgmma tile .*\(tile_m=192, tile_n=256\)"):
+        plan_grouped("sm_90a", 132, "bfloat16", 8, 256, 512, 100, tile_m=192, tile_n=128)
     # a part whose blocks get 99 KB: the 225 KB tile steps down to wgmma 128 x 128
     p = plan_grouped("sm_90a", 132, "bfloat16", e, 2 * i, h, 128 * e, "swiglu",
                      smem_limit=99 * 1024)
@@ -207,7 +216,7 @@ def test_grid_bounds_every_tile():
         m = int(rng.integers(1, 5000))
         cuts = np.sort(rng.integers(0, m + 1, e - 1))
         counts = np.diff(np.concatenate([[0], cuts, [m]]))
-        for tm in (8, 16, 32, 64, 128, 256):
+        for tm in (8, 16, 32, 64, 128, 192, 256):
             p = plan_grouped("sm_90a", 132, "float16", e, 256, 256, m, tile_m=tm)
             need = int(sum(-(-c // tm) for c in counts))
             assert need <= p.slots(m), (e, m, tm)

@@ -29,7 +29,8 @@ WG_ROWS = [(tm, False, tn, True) for (tm, tn) in WG_TILES]
 WG_VARIANTS = [(128, 256, 4, 1, 0, False), (128, 128, 3, 2, 0, False), (256, 128, 4, 1, 1, False),
                (256, 128, 4, 1, 0, False), (64, 128, 3, 2, 0, False), (64, 256, 4, 1, 1, False),
                (128, 256, 4, 1, 1, True), (128, 256, 4, 1, 0, True), (128, 128, 6, 1, 1, True),
-               (64, 256, 4, 1, 1, True), (64, 128, 4, 2, 1, True), (128, 128, 2, 1, 1, True)]
+               (64, 256, 4, 1, 1, True), (64, 128, 4, 2, 1, True), (128, 128, 2, 1, 1, True),
+               (192, 256, 4, 1, 1, False), (192, 128, 4, 1, 1, True)]
 
 
 def _rows():
@@ -151,7 +152,7 @@ def test_wgmma_prefill_shapes(dtype):
     """The wgmma path (sm_90a) at prefill-like sizes: many M tiles per expert, a skewed
     routing, empty experts, N and K not multiples of the tile (K several times the stage ring),
     each WG_TILES row, the variants of WG_VARIANTS and the selector's choice (wgmma at
-    TILE_M 128), W13 + SwiGLU and W2."""
+    TILE_M 128 or 192), W13 + SwiGLU and W2."""
     import cupy
 
     from kernelgen.arch import device_info
@@ -190,7 +191,7 @@ def test_wgmma_prefill_shapes(dtype):
 
 def test_wgmma_partial_warpgroups():
     """Segments whose last tile leaves warpgroups without tokens (those issue no wgmma): rows on
-    both sides of every 64-row warpgroup bound of the 64 / 128 / 256-token wgmma tiles, an
+    both sides of every 64-row warpgroup bound of the 64 / 128 / 192 / 256-token wgmma tiles, an
     empty expert between them; every WG_TILES row and the WG_VARIANTS, plain and SwiGLU."""
     import cupy
 
