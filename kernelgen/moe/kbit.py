@@ -38,7 +38,7 @@ from .config import (
     MoeKbitGemvConfig,
     kbit_stage_bytes,
 )
-from .select import ItemLaunch
+from .select import ItemLaunch, TileItems
 
 # measured (BENCHMARKS.md): the kbit kernel is decode-bound, so TILE_M=8 stays faster than 16
 # even where some experts then take two passes over their weights (E=8, top-2, T=16)
@@ -193,18 +193,10 @@ def kbit_tile_m(rows: int, experts: int) -> int:
 
 
 @dataclass(frozen=True)
-class KbitPlan(ItemLaunch):
+class KbitPlan(TileItems):
     config: MoeKbitConfig
     experts: int
     n_tiles: int
-
-    @property
-    def pass_rows(self) -> int:
-        return self.config.tile_m
-
-    @property
-    def per_pass(self) -> int:
-        return self.n_tiles
 
     def short(self) -> str:
         c = self.config

@@ -77,13 +77,9 @@ class ItemLaunch:
         return self.config.smem_bytes()
 
 
-@dataclass(frozen=True)
-class GroupedPlan(ItemLaunch):
-    """One launch: the config, the N tiles (CTAs a pass) and, through `grid(m)`, the slots."""
-
-    config: MoeGemmConfig
-    experts: int
-    n_tiles: int
+class TileItems(ItemLaunch):
+    """ItemLaunch of the tile plans (GroupedPlan, moe.kbit's KbitPlan): config.tile_m rows and
+    `n_tiles` CTAs a pass."""
 
     @property
     def pass_rows(self) -> int:
@@ -92,6 +88,15 @@ class GroupedPlan(ItemLaunch):
     @property
     def per_pass(self) -> int:
         return self.n_tiles
+
+
+@dataclass(frozen=True)
+class GroupedPlan(TileItems):
+    """One launch: the config, the N tiles (CTAs a pass) and, through `grid(m)`, the slots."""
+
+    config: MoeGemmConfig
+    experts: int
+    n_tiles: int
 
     def short(self) -> str:
         c = self.config
