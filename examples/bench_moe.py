@@ -11,7 +11,12 @@ floor = bytes of the experts touched (+ activations in and out) / device-copy ra
 + written, kernelgen.bench.copy_bandwidth) of the same run, TFLOP/s, the TILE_M / swap_ab /
 TILE_N the selector chose, and with --forced the time of every tile-table row. --path forces
 the main loop of the selector's row (wgmma: sm_90a only); at T >= 1024 on sm_90a both paths are
-also timed with the selector's tile (`path_us`, and their fraction of the cuBLAS rate).
+also timed with the selector's tile (`path_us`, and their fraction of the cuBLAS rate), the
+wgmma one also with cp.async copies in place of TMA ("wgmma_cp_async"). At T >=
+1024 the touched experts' weight bytes are also streamed once by the plain read kernels
+(`weight_read_us`, kernelgen.bench.stream_read_seconds): no grouped GEMM that reads them is
+faster, so `bound_frac_of_cublas_rate` = cuBLAS time / that is the best fraction of the cuBLAS
+rate any kernel could reach in that run.
 """
 
 from __future__ import annotations
@@ -119,6 +124,20 @@ def _timer(args):
     return tm
 
 
+def _weight_read_us(w, touched: float) -> float:
+    """us to stream the first `touched` experts' weight bytes of w [E, N, K] once through the
+    plain read kernels (kernelgen.bench, no arithmetic): a lower bound on any grouped GEMM that
+    reads them."""
+    import cupy
+
+    from kernelgen.bench import stream_read_seconds
+
+    e = w.shape[0]
+    nbytes = (w[0].numel() * w.element_size() * max(1, min(e, round(touched)))) // 16 * 16
+    buf = cupy.from_dlpack(w.view(-1)).view(cupy.uint8)
+    return stream_read_seconds(buf, nbytes) * 1e6
+
+
 def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act, touched):
     import torch
 
@@ -168,14 +187,19 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
         row["cublas_dense_us"] = time_gpu(lambda j: torch.matmul(x, wd.t()),
                                           iters=args.iters, repeats=5) * 1e6
         row["frac_of_cublas_rate"] = row["cublas_dense_us"] / row["us"]
+        # the bound: the touched experts' weight bytes alone, streamed once by the plain read
+        # kernel (kernelgen.bench) - no kernel that reads them can be faster than this
+        row["weight_read_us"] = _weight_read_us(w, touched)
+        row["bound_frac_of_cublas_rate"] = row["cublas_dense_us"] / row["weight_read_us"]
         # both paths at the plan's tile_m (mma.sync at 128 where the plan's is wgmma-only 192)
         if info.arch.name in WGMMA_ARCHS and not plan.config.swap_ab:
             row["path_us"], row["path_frac_of_cublas_rate"] = {}, {}
             tm_plan = plan.config.tile_m
-            for label, wg in (("mma", False), ("wgmma", True)):
+            for label, wg, tma in (("mma", False, None), ("wgmma", True, None),
+                                   ("wgmma_cp_async", True, False)):
                 tm_path = tm_plan if wg or tm_plan in TILE_MS else 128  # 192: a wgmma tile only
                 cfg = plan_grouped(info.arch.name, info.sm_count, "bfloat16", e, n, k, m, epi,
-                                   tile_m=tm_path, wgmma=wg).config
+                                   tile_m=tm_path, wgmma=wg, tma=tma).config
                 us = time_gpu(lambda j, cfg=cfg: run(j, config=cfg), iters=args.iters,
                               repeats=5) * 1e6
                 row["path_us"][label] = us
@@ -202,7 +226,9 @@ def _bench_gemm(args, info, bw, has_gmm, name, t, gemm, x, w, offs, e, n, k, act
     gm = row.get("torch_grouped_mm_us")
     extra = f" torch_gmm {gm:9.1f}" if isinstance(gm, float) else ""
     if "frac_of_cublas_rate" in row:
-        extra += f" cublas {row['cublas_dense_us']:9.1f} ({row['frac_of_cublas_rate']:.2f}x rate)"
+        extra += (f" cublas {row['cublas_dense_us']:9.1f} ({row['frac_of_cublas_rate']:.2f}x rate;"
+                  f" weights read alone {row['weight_read_us']:.1f} us ="
+                  f" {row['bound_frac_of_cublas_rate']:.2f}x at best)")
     for label, us in row.get("path_us", {}).items():
         extra += f" {label} {us:.1f} ({row['path_frac_of_cublas_rate'][label]:.2f}x)"
     print(f"{name:5s} T={t:5d} {gemm:11s} {row['us']:9.1f} us floor {row['floor_us']:8.1f} "

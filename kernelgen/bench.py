@@ -54,15 +54,58 @@ extern "C" __global__ void read_bw(const uint4* __restrict__ p, unsigned long lo
   }
   if (acc == 0x12345678u) out[0] = acc;
 }
+// four loads in flight a thread: uint4 i + j * stride of each pass, j = 0..3 (the tail by the
+// same grid-stride loop)
+extern "C" __global__ void read_bw4(const uint4* __restrict__ p, unsigned long long n, unsigned* out) {
+  unsigned acc = 0;
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(p + i + j * stride));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  for (; i < n; i += stride) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p + i));
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) out[0] = acc;
+}
 """
 
 
-def read_kernel():
-    """The streaming read kernel: read_bw(uint4* p, uint64 n16, uint32* out), 16-byte loads,
-    grid-stride; `out` is written only on an impossible xor, which keeps the loads alive."""
+def read_kernel(name: str = "read_bw"):
+    """A streaming read kernel: name(uint4* p, uint64 n16, uint32* out), 16-byte loads,
+    grid-stride (read_bw: one load in flight a thread; read_bw4: four); `out` is written only on
+    an impossible xor, which keeps the loads alive."""
     import cupy
 
-    return cupy.RawKernel(READ_SRC, "read_bw")
+    return cupy.RawKernel(READ_SRC, name)
+
+
+def stream_read_seconds(buf, nbytes: int) -> float:
+    """Fastest time of the streaming read kernels (both, at 4 and 8 CTAs an SM) over the first
+    nbytes (a multiple of 16) of the device buffer `buf`: what reading those bytes once costs."""
+    import cupy
+    import numpy as np
+
+    from .arch import device_info
+
+    out = cupy.zeros(1, cupy.uint32)
+    n = np.uint64(nbytes // 16)
+    sms = device_info().sm_count
+    best = float("inf")
+    for name in ("read_bw", "read_bw4"):
+        k = read_kernel(name)
+        for per_sm in (4, 8):
+            t = time_gpu(lambda i, k=k, g=sms * per_sm: k((g,), (256,), (buf, n, out)),
+                         iters=5, repeats=5)
+            best = min(best, t)
+    return best
 
 
 def read_bandwidth(nbytes: int = 1 << 30) -> float:

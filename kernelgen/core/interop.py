@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import knobs
+from .tma import TensorMap
 
 # logical dtype name -> numpy storage dtype
 STORAGE = {
@@ -126,14 +127,16 @@ class Ctx:
         raises DeviceError (check_smem; loading such a kernel raises it first)."""
         if smem > 48 * 1024:
             check_smem(self.device, smem)
-        if _pdl_device(self.device) and knobs.pdl():
+        pdl = _pdl_device(self.device) and knobs.pdl()
+        if pdl or any(isinstance(a, TensorMap) for a in args):  # CuPy cannot pass a TensorMap
             from .launch import launch_pdl
 
+            extra = () if pdl else (False,)  # the driver launch, without the PDL attribute
             if self.foreign:
                 with _cupy().cuda.Device(self.device):
-                    launch_pdl(fn, grid, block, args, smem, self.stream.ptr)
+                    launch_pdl(fn, grid, block, args, smem, self.stream.ptr, *extra)
             else:
-                launch_pdl(fn, grid, block, args, smem, self.stream.ptr)
+                launch_pdl(fn, grid, block, args, smem, self.stream.ptr, *extra)
         elif self.foreign:
             with _cupy().cuda.Device(self.device):
                 fn(grid, block, args, shared_mem=smem, stream=self.stream)

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from .tma import TensorMap
+
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 # numpy scalar type -> struct code (size = alignment); device arrays are 8-byte pointers ("A")
@@ -50,8 +52,11 @@ def param_layout(codes: str) -> tuple[str, list[int], int]:
     these struct codes, each at its natural alignment (as CUDA lays out a parameter buffer)."""
     fmt, offsets, off = "<", [], 0
     for c in codes:
-        size = struct.calcsize("<" + c)
-        pad = -off % size
+        if c == "M":  # a tensor map (core.tma.TensorMap): 128 bytes, 64-byte aligned
+            c, size, align = "128s", 128, 64
+        else:
+            size = align = struct.calcsize("<" + c)
+        pad = -off % align
         fmt += "x" * pad
         off += pad
         offsets.append(off)
@@ -63,10 +68,11 @@ def param_layout(codes: str) -> tuple[str, list[int], int]:
 class _Packer:
     """A parameter buffer for one argument signature and the pointer array into it."""
 
-    __slots__ = ("struct", "buf", "ptrs", "arrays")
+    __slots__ = ("struct", "buf", "ptrs", "arrays", "maps")
 
     def __init__(self, codes: str):
         self.arrays = tuple(i for i, c in enumerate(codes) if c == "A")  # pass .data.ptr
+        self.maps = tuple(i for i, c in enumerate(codes) if c == "M")  # pass .raw
         fmt, offsets, size = param_layout(codes.replace("A", "Q"))
         self.struct = struct.Struct(fmt)
         self.buf = ctypes.create_string_buffer(size)
@@ -109,11 +115,11 @@ class _Launch:
     __slots__ = ("config", "config_ref", "fn", "function", "packer")
 
     def __init__(self, driver: _Driver, function: Any, grid: tuple, block: tuple, smem: int,
-                 stream_ptr: int, args: tuple):
+                 stream_ptr: int, args: tuple, pdl: bool = True):
         g = ((grid,) if isinstance(grid, int) else tuple(grid)) + (1, 1)
         b = ((block,) if isinstance(block, int) else tuple(block)) + (1, 1)
         self.config = _Config(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream_ptr or None,
-                              ctypes.pointer(driver.attr), 1)
+                              ctypes.pointer(driver.attr), 1 if pdl else 0)
         self.config_ref = ctypes.byref(self.config)
         self.fn = ctypes.c_void_p(function.ptr)
         self.function = function  # keeps its module loaded: the handle is not reused meanwhile
@@ -127,18 +133,23 @@ def _codes(args: tuple) -> str:
     for i, a in enumerate(args):
         if isinstance(a, cupy.ndarray):
             out.append("A")
+        elif isinstance(a, TensorMap):
+            out.append("M")
         else:
             code = SCALAR_CODES.get(type(a))
             if code is None:
                 raise TypeError(f"launch_pdl: argument {i} is a {type(a).__name__}; expected a "
-                                f"cupy array or one of {[t.__name__ for t in SCALAR_CODES]}")
+                                f"cupy array, a TensorMap or one of "
+                                f"{[t.__name__ for t in SCALAR_CODES]}")
             out.append(code)
     return "".join(out)
 
 
-def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, stream_ptr: int) -> None:
-    """Launch cupy Function `fn` on the stream with the PDL attribute. The kernel must start with
-    kg::grid_dependency_wait()."""
+def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, stream_ptr: int,
+               pdl: bool = True) -> None:
+    """Launch cupy Function `fn` on the stream with the PDL attribute (`pdl` False: without it,
+    for arguments CuPy's own launch cannot pass, such as a TensorMap). With PDL the kernel must
+    start with kg::grid_dependency_wait()."""
     global _driver
     if _driver is None:
         _driver = _Driver()
@@ -149,16 +160,18 @@ def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, strea
     # keyed by the Function object's identity, which the entry keeps alive (not by its handle:
     # a handle can come back after its module is unloaded, e.g. by jit.clear_memory_cache, for
     # a kernel of other parameter types)
-    key = (id(fn), grid, block, smem, stream_ptr)
+    key = (id(fn), grid, block, smem, stream_ptr, pdl)
     ln = cache.get(key)
     if ln is None:
         if len(cache) > 4096:  # shapes of a long-running server: keep the memo bounded
             cache.clear()
-        ln = cache[key] = _Launch(_driver, fn, grid, block, smem, stream_ptr, args)
+        ln = cache[key] = _Launch(_driver, fn, grid, block, smem, stream_ptr, args, pdl)
     p = ln.packer
     vals = list(args)
     for i in p.arrays:
         vals[i] = vals[i].data.ptr
+    for i in p.maps:
+        vals[i] = vals[i].raw
     p.struct.pack_into(p.buf, 0, *vals)
     rc = _driver.launch(ln.config_ref, ln.fn, p.ptrs, None)
     if rc:

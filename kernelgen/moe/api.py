@@ -129,9 +129,33 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
         plan = plan_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, tile_m,
                             swap_ab, tile_n, policy, wgmma, lim)
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_gemm")
+    if plan.config.tma:
+        tx, tw = tensor_maps(plan.config, xa, wa, m, e, n, k)
+        ctx.launch(fn, plan.grid(m), plan.block,
+                   (tx, tw, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem)
+        return out
     ctx.launch(fn, plan.grid(m), plan.block,
                (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem)
     return out
+
+
+def tensor_maps(config: MoeGemmConfig, xa: Any, wa: Any, m: int, e: int, n: int, k: int) -> tuple:
+    """The two tensor maps of the TMA variant (templates/moe/grouped_wgmma.cuh GroupedWgmmaTma):
+    X [M, K] in boxes of tile_m rows x 64 k; W [E, N, K] in boxes of tile_n rows x 64 k, or with
+    swiglu the view [E, I / 8, 2, 8, K] of W13 (8-row blocks of gate, then up rows) in boxes of
+    tile_n / 16 block pairs: the interleave of the mma.sync path's weight_row. check_shape's
+    rules (K % 8, N % 16 with swiglu) are what the maps need."""
+    from ..core.tma import encode_tiled
+
+    rb = 2 * k  # bytes a row
+    tx = encode_tiled(xa.data.ptr, (k, m), (rb,), (64, config.tile_m))
+    if config.epilogue == "swiglu":
+        i = n // 2
+        tw = encode_tiled(wa.data.ptr, (k, 8, 2, i // 8, e), (rb, i * rb, 8 * rb, n * rb),
+                          (64, 8, 2, config.tile_n // 16, 1))
+    else:
+        tw = encode_tiled(wa.data.ptr, (k, n, e), (rb, n * rb), (64, config.tile_n, 1))
+    return tx, tw
 
 
 def launch_tiled(ctx: Any, info: Any, xa: Any, w: KbitExperts, off: Any, ya: Any, dt: str,

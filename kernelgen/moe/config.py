@@ -121,23 +121,29 @@ class MoeGemmConfig(KernelConfig):
     # wgmma only: a producer warpgroup (cp.async + mbarriers) feeds the tile_m / 64 consumer
     # warpgroups, no CTA barrier in the main loop (GroupedWgmmaWs)
     producer: bool = False
+    # wgmma only: each stage is two bulk tensor copies (TMA, tensor maps encoded a call) issued
+    # by one thread and completing on the slot's mbarrier, instead of every thread's cp.asyncs
+    # (GroupedWgmmaTma); the maps need what select.check_shape asks of every shape (16-byte
+    # rows: K % 8; with swiglu whole 8-row gate / up blocks: N % 16)
+    tma: bool = False
 
     @classmethod
     def of(cls, arch: str, dtype: str, tile_m: int, swap_ab: bool, tile_n: int,
            epilogue: str = "none", few: bool = False, wgmma: bool = False,
-           smem_limit: int | None = None) -> MoeGemmConfig:
+           smem_limit: int | None = None, tma: bool = False) -> MoeGemmConfig:
         """The config of a tile-table row (`few`: its deep-pipeline variant, if it has one;
-        `wgmma`: the row of WG_TILES), with the deepest stage count up to the row's whose shared
-        memory fits a block of the arch and of the device (`smem_limit`; None: the target's):
-        sm_120a and 8.6 / 8.9 parts (99 KB) take fewer on the largest tiles. Where not even
-        min_stages fit: UnsupportedConfigError."""
+        `wgmma`: the row of WG_TILES, `tma`: its TMA variant), with the deepest stage count up
+        to the row's whose shared memory fits a block of the arch and of the device
+        (`smem_limit`; None: the target's): sm_120a and 8.6 / 8.9 parts (99 KB) take fewer on
+        the largest tiles. Where not even min_stages fit: UnsupportedConfigError."""
         s = tile_shape(tile_m, swap_ab, tile_n, few, wgmma)
         inflight = s.inflight if wgmma else 1
         least = 2 + (inflight if wgmma else 0)  # one k-tile prefetched beside the groups in flight
         cap = smem_cap(arch, smem_limit)
         cfg = cls(arch=arch, dtype=dtype, tile_m=tile_m, tile_n=tile_n, swap_ab=swap_ab,
                   warps_p=s.warps_p, warps_q=s.warps_q, warps_k=s.warps_k, stages=least,
-                  min_blocks=s.min_blocks, epilogue=epilogue, wgmma=wgmma, inflight=inflight)
+                  min_blocks=s.min_blocks, epilogue=epilogue, wgmma=wgmma, inflight=inflight,
+                  tma=tma)
         if cfg.smem_at(least) > cap:
             raise UnsupportedConfigError(f"{cfg.short()}: {least} stages (the fewest it takes) "
                                          f"need {cfg.smem_at(least)} B of shared memory a block, "
@@ -184,6 +190,8 @@ class MoeGemmConfig(KernelConfig):
             raise bad("inflight", "only the wgmma path has groups in flight; keep 1")
         if self.producer:
             raise bad("producer", "only the wgmma path has a producer warpgroup")
+        if self.tma:
+            raise bad("tma", "only the wgmma path copies by TMA")
         for f in ("warps_p", "warps_q", "warps_k"):
             if getattr(self, f) not in (1, 2, 4, 8):
                 raise bad(f, "expected 1, 2, 4 or 8")
@@ -218,6 +226,8 @@ class MoeGemmConfig(KernelConfig):
                                  f"(one warpgroup per 64 tokens)")
         if self.inflight not in (0, 1):
             raise bad("inflight", "wgmma groups pending across the barrier: 0 or 1")
+        if self.tma and self.producer:
+            raise bad("tma", "the TMA variant has no producer warpgroup (one thread copies)")
         if self.threads > 512:
             raise bad("producer", f"{self.threads} threads a CTA; at most 512")
         if self.tile_n // 2 + 32 > 65536 // self.threads:  # registers a thread at one CTA an SM
@@ -238,8 +248,9 @@ class MoeGemmConfig(KernelConfig):
         reduction buffer if larger (it reuses them); wgmma: the stages + 1024 bytes to align them
         to the 128-byte swizzle atoms."""
         pipe = stages * (self.tp + self.tq) * ROW_BYTES
-        if self.wgmma:  # + full / empty mbarriers of the producer variant
-            return pipe + 1024 + (16 * stages if self.producer else 0) + 16
+        if self.wgmma:  # + full / empty mbarriers of the producer variant, full ones of TMA's
+            bars = 16 * stages if self.producer else 8 * stages if self.tma else 0
+            return pipe + 1024 + bars + 16
         acc = (self.tp // self.warps_p // 16) * (self.tq // self.warps_q // 8) * 4
         red = (self.warps_k - 1) * self.warps_p * self.warps_q * acc * 32 * 4
         return max(pipe, red) + 16  # + the work item (templates/moe/grouped.cuh find_tile)

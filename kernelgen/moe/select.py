@@ -34,7 +34,15 @@ from ..arch import get_arch, parts_of, smem_limits
 from ..core.config import KernelConfig
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
-from .config import DTYPES, EPILOGUES, TILE_MS, TILES, WG_TILES, WGMMA_ARCHS, MoeGemmConfig
+from .config import (
+    DTYPES,
+    EPILOGUES,
+    TILE_MS,
+    TILES,
+    WG_TILES,
+    WGMMA_ARCHS,
+    MoeGemmConfig,
+)
 
 # (largest average rows per expert, TILE_M); the last row takes everything above. TILE_M=256
 # stays available (forced, policy "waste") but the threshold table never picks it: at 1024
@@ -100,7 +108,7 @@ class GroupedPlan(TileItems):
 
     def short(self) -> str:
         c = self.config
-        wg = ", wgmma" if c.wgmma else ""
+        wg = (", wgmma" + (" tma" if c.tma else "")) if c.wgmma else ""
         return (f"MoeGemm(tile_m={c.tile_m}, tile_n={c.tile_n}, swap_ab={c.swap_ab}{wg}, "
                 f"epilogue={c.epilogue}, {c.dtype}) n_tiles={self.n_tiles} smem={self.smem}")
 
@@ -146,7 +154,8 @@ def uses_wgmma(arch: str, tile_m: int, swap_ab: bool, tile_n: int | None = None)
 def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, rows: int,
                  epilogue: str = "none", tile_m: int | None = None, swap_ab: bool | None = None,
                  tile_n: int | None = None, policy: str = "threshold",
-                 wgmma: bool | None = None, smem_limit: int | None = None) -> GroupedPlan:
+                 wgmma: bool | None = None, smem_limit: int | None = None,
+                 tma: bool | None = None) -> GroupedPlan:
     """Pure planner; tile_m / swap_ab / tile_n force a table row (tests, benchmarks); wgmma
     True / False forces the main-loop path (True: a row of WG_TILES, sm_90a only). With
     neither tile_m nor tile_n forced, the threshold policy on sm_90a's wgmma path takes TILE_M
@@ -154,8 +163,12 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
     `smem_limit`: the device's shared memory a block (None: the target's); the row keeps the
     stages that fit it. Where not even its fewest stages fit, a row the rules picked (tile_m
     and tile_n not forced) steps down: the same TILE_M's narrower rows, then each smaller
-    TILE_M's rows, widest first; a forced row raises UnsupportedConfigError."""
+    TILE_M's rows, widest first; a forced row raises UnsupportedConfigError.
+    A wgmma row copies its stages by TMA (MoeGemmConfig.tma; the tensor maps describe every
+    shape check_shape admits); `tma` False forces the cp.async copies, True off the wgmma
+    path raises ValueError."""
     check_shape(e, n, k, epilogue)
+    use_tma = tma is not False
     if epilogue not in EPILOGUES:
         raise ValueError(f"activation: {epilogue!r}; expected None or 'swiglu'")
     if rows < 1:
@@ -164,7 +177,7 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
     if (tile_m is None and tile_n is None and policy == "threshold" and tm == 128
             and not swap_ab and wgmma is not False and uses_wgmma(arch, 192, False)
             and WGMMA_TM192_BAND[0] < rows / e <= WGMMA_TM192_BAND[1]
-            and _keeps_stages(arch, dtype, 192, epilogue, smem_limit)):
+            and _keeps_stages(arch, dtype, 192, epilogue, smem_limit, use_tma)):
         tm = 192
     if tm not in TILE_MS and not (tm in WGMMA_TILE_N and uses_wgmma(arch, tm, False)
                                   and wgmma is not False and not swap_ab):
@@ -186,7 +199,8 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
     def config(r: tuple[int, bool, int, bool], limit: int | None = smem_limit) -> MoeGemmConfig:
         tm, swap, tn, wg = r
         few = swap and touched * -(-n // tn) < FEW_CTAS_PER_SM * sm_count
-        return MoeGemmConfig.of(arch, dtype, tm, swap, tn, epilogue, few, wg, limit)
+        return MoeGemmConfig.of(arch, dtype, tm, swap, tn, epilogue, few, wg, limit,
+                                tma=wg and use_tma)
 
     first = row(tm, tile_n)
     try:
@@ -207,15 +221,19 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
             if m < tm:
                 below += [row(m, None)] + [row(m, t) for t in widths(m)]
         cfg = _first_fit(config, [r for r in dict.fromkeys(below) if _in_table(r)], err)
+    if tma and not cfg.tma:
+        raise ValueError(f"tma=True: {cfg.short()} is not on the wgmma path; only its tiles "
+                         f"copy by TMA (sm_90a, wgmma not False)")
     return GroupedPlan(cfg, e, -(-n // cfg.tile_n))
 
 
-def _keeps_stages(arch: str, dtype: str, tm: int, epilogue: str, smem_limit: int | None) -> bool:
+def _keeps_stages(arch: str, dtype: str, tm: int, epilogue: str, smem_limit: int | None,
+                  tma: bool = False) -> bool:
     """The wgmma row of TILE_M tm fits the device with the stages of its WG_TILES row."""
     tn = WGMMA_TILE_N[tm]
     try:
         cfg = MoeGemmConfig.of(arch, dtype, tm, False, tn, epilogue, wgmma=True,
-                               smem_limit=smem_limit)
+                               smem_limit=smem_limit, tma=tma)
     except UnsupportedConfigError:
         return False
     return cfg.stages == WG_TILES[(tm, tn)].stages
@@ -267,9 +285,9 @@ def _default_set(arch: str, dtype: str, epilogue: str,
         swap = SWAP_AB[tm]
         if tm == 192 and not uses_wgmma(arch, tm, swap):
             continue  # a wgmma tile only
-        if uses_wgmma(arch, tm, swap):
+        if uses_wgmma(arch, tm, swap):  # the TMA copies, as the rules pick
             yield MoeGemmConfig.of(arch, dtype, tm, swap, WGMMA_TILE_N[tm], epilogue, wgmma=True,
-                                   smem_limit=smem_limit)
+                                   smem_limit=smem_limit, tma=True)
             continue
         for few in ((False, True) if swap and tm <= 16 else (False,)):
             yield MoeGemmConfig.of(arch, dtype, tm, swap, SWAP_TILE_N if swap else PLAIN_TILE_N[tm],

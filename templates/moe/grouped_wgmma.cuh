@@ -25,7 +25,13 @@
 //   INFLIGHT 1 keeps the tensor core busy across the barrier and the copy issue; INFLIGHT 0
 //   prefetches one k-tile deeper in the same shared memory (bubbles at the barrier, which a
 //   second CTA on the SM can fill).
+// - GroupedWgmmaTma (the selector's choice, MoeGemmConfig.tma): the same loop with each stage
+//   copied by thread 0 as two bulk tensor copies completing on the slot's mbarrier. H100,
+//   T = 4096: 6-18% faster on E256 (weight-read bound) and 18-24% on E8 (compute bound) than
+//   the cp.async copies of GroupedWgmma, which stays for tuning and comparison
+//   (BENCHMARKS.md, session 21).
 #pragma once
+#include "common/tma.cuh"
 #include "common/wgmma.cuh"
 #include "moe/grouped.cuh"
 
@@ -102,8 +108,9 @@ struct TileCopy<T, TM, TN, THREADS, SWIGLU, true> {
   }
 };
 
+// The tile and pipeline shape GroupedWgmma and GroupedWgmmaTma share.
 template <typename T, int TM, int TN, int STAGES, int INFLIGHT, bool SWIGLU>
-struct GroupedWgmma {
+struct WgmmaTile {
   static_assert(TM % 64 == 0 && TM <= 256, "64-row warpgroup tiles");
   static_assert(TN == 64 || TN == 128 || TN == 256, "wgmma n of the common wrappers");
   static_assert(INFLIGHT == 0 || INFLIGHT == 1, "wgmma groups pending across the barrier");
@@ -114,6 +121,13 @@ struct GroupedWgmma {
   static constexpr int STAGE_BYTES = (TM + TN) * ROW_BYTES;
   static_assert(STAGE_BYTES % 1024 == 0, "stages of whole swizzle atoms");
   static constexpr int SMEM_PIPE = STAGES * STAGE_BYTES;
+};
+
+template <typename T, int TM, int TN, int STAGES, int INFLIGHT, bool SWIGLU>
+struct GroupedWgmma : WgmmaTile<T, TM, TN, STAGES, INFLIGHT, SWIGLU> {
+  using B = WgmmaTile<T, TM, TN, STAGES, INFLIGHT, SWIGLU>;
+  using typename B::G;
+  using B::D, B::THREADS, B::STAGE_BYTES, B::SMEM_PIPE;
   // + up to 1008 bytes to align the stages to 1024, + 16 for the work item (find_tile)
   static constexpr int SMEM = SMEM_PIPE + 1024 + 16;
 
@@ -246,6 +260,77 @@ struct GroupedWgmmaWs {
     }
     wgmma_wait<0>();
     GE::epilogue(acc, tile, n0, Y, N, warp, 0, lane);
+  }
+};
+
+// TMA variant: the same tile, pipeline and CTA barrier as GroupedWgmma, but each stage is two
+// bulk tensor copies (the copy engine) that thread 0 issues and that complete on the slot's
+// mbarrier, instead of every thread's 16-byte cp.asyncs: X rows [row0, row0 + TM) x 64 k (the
+// map zero-fills rows past M; rows of the next expert inside the box are loaded and computed
+// but never stored) and the weight rows x 64 k (W [E, N, K] as a 3D map; with SWIGLU a 5D view
+// [E, N/16, 2, 8, K] of W13 whose box is the gate / up block interleave of weight_row). The
+// maps (kernelgen/core/tma.py) zero-fill past N and K.
+template <typename T, int TM, int TN, int STAGES, int INFLIGHT, bool SWIGLU>
+struct GroupedWgmmaTma : WgmmaTile<T, TM, TN, STAGES, INFLIGHT, SWIGLU> {
+  using B = WgmmaTile<T, TM, TN, STAGES, INFLIGHT, SWIGLU>;
+  using typename B::G;
+  using B::D, B::THREADS, B::STAGE_BYTES, B::SMEM_PIPE;
+  // + alignment slack, + a full mbarrier a slot, + the work item
+  static constexpr int SMEM = SMEM_PIPE + 1024 + 8 * STAGES + 16;
+
+  static __device__ __forceinline__ void run(const TensorMap& tx, const TensorMap& tw,
+                                             const int* __restrict__ offsets, T* __restrict__ Y,
+                                             int E, int N, int K, int M) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t base = (raw + 1023u) & ~1023u;
+    const uint32_t full = base + SMEM_PIPE;
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < STAGES; ++s) mbar_init(full + 8 * s, 1);
+      fence_mbarrier_init();
+    }
+    const int n_tiles = (N + TN - 1) / TN;
+    // find_tile's barrier also publishes the mbarrier initialisation
+    const TileOf tile = find_tile<TM>(offsets, E, M, n_tiles, blockIdx.x,
+                                      reinterpret_cast<int*>(smem + (base - raw) + SMEM_PIPE + 8 * STAGES));
+    if (tile.e < 0) return;
+    const int n0 = tile.n_tile * TN;
+    const int k_tiles = (K + TK - 1) / TK;
+    const auto issue = [&](int kt) {  // thread 0: k-tile kt into its slot
+      const int s = kt % STAGES;
+      const uint32_t st = base + (uint32_t)(s * STAGE_BYTES), bar = full + 8 * s;
+      mbar_arrive_expect_tx(bar, STAGE_BYTES);
+      tma_load_2d(st, tx, bar, kt * TK, tile.row0);
+      if constexpr (SWIGLU) tma_load_5d(st + TM * ROW_BYTES, tw, bar, kt * TK, 0, 0, n0 / 16, tile.e);
+      else tma_load_3d(st + TM * ROW_BYTES, tw, bar, kt * TK, n0, tile.e);
+    };
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < D; ++s)
+        if (s < k_tiles) issue(s);
+    }
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
+    const bool active = TM <= 128 || wg * 64 < tile.rows;  // warpgroup-uniform (GroupedWgmma)
+    float acc[1][TN / 8][4];
+#pragma unroll
+    for (int j = 0; j < TN / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % STAGES;
+      mbar_wait(full + 8 * s, (kt / STAGES) & 1);  // the copies of kt landed
+      __syncthreads();  // every warpgroup past its wait for kt - 1 - INFLIGHT: that slot is free
+      if (threadIdx.x == 0 && kt + D < k_tiles) issue(kt + D);
+      if (active) {
+        const uint32_t st = base + (uint32_t)(s * STAGE_BYTES);
+        wgmma_k_tile<T, TN>(acc, st + wg * 64 * ROW_BYTES, st + TM * ROW_BYTES);
+        wgmma_wait<INFLIGHT>();
+      }
+    }
+    wgmma_wait<0>();
+
+    G::epilogue(acc, tile, n0, Y, N, warp, 0, lane);
   }
 };
 

@@ -98,6 +98,40 @@ def test_ctx_launch_routes_pdl(monkeypatch, device_has_it, knob, want_pdl):
         assert fn.calls == [((3, 1, 1), (128, 1, 1), (np.int32(1),), 64)] and not seen
 
 
+@pytest.mark.parametrize("device_has_it, knob, pdl_arg", [
+    (True, "1", ()), (True, "0", (False,)), (False, "1", (False,))])
+def test_ctx_launch_passes_tensor_maps_through_the_driver(monkeypatch, device_has_it, knob,
+                                                          pdl_arg):
+    """CuPy's own launch cannot pass a TensorMap: such a launch always goes through the driver
+    call, with the PDL attribute only where PDL is on."""
+    from kernelgen.core.tma import TensorMap
+
+    seen = []
+    monkeypatch.setattr(interop, "_pdl_device", lambda dev: device_has_it)
+    monkeypatch.setattr(launch, "launch_pdl", lambda *a: seen.append(a))
+    monkeypatch.setenv("KERNELGEN_PDL", knob)
+    fn = _Fn()
+    tm = TensorMap(bytes(range(128)))
+    ctx = interop.Ctx("cupy", 0, _Stream())
+    ctx.launch(fn, (3, 1, 1), (128, 1, 1), (tm, np.int32(1)), smem=64)
+    assert seen == [(fn, (3, 1, 1), (128, 1, 1), (tm, np.int32(1)), 64, 99) + pdl_arg]
+    assert not fn.calls
+
+
+def test_param_layout_of_tensor_maps():
+    """A tensor map is 128 bytes at a 64-byte boundary of the parameter buffer, as CUDA lays
+    out a __grid_constant__ CUtensorMap."""
+    import struct
+
+    fmt, offsets, size = launch.param_layout("MMQQiiii")
+    assert offsets == [0, 128, 256, 264, 272, 276, 280, 284] and size == 288
+    fmt, offsets, size = launch.param_layout("iMi")
+    assert offsets == [0, 64, 192] and size == 196
+    raw = bytes(range(128))
+    packed = struct.pack(fmt, 7, raw, 9)
+    assert packed[64:192] == raw and packed[:4] == struct.pack("<i", 7)
+
+
 def _prewarm_configs():
     """Every config that `kernelgen prewarm` builds, and those dispatch can launch beyond it
     (Family.matrix_spec), for every arch."""

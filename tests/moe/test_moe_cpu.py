@@ -103,6 +103,13 @@ def test_wgmma_config_rules():
         MoeGemmConfig.of("sm_90a", "bfloat16", 64, False, 128, wgmma=True)
     # 256-token tiles (4 warpgroups, 512 threads) are valid configs outside the table
     assert MoeGemmConfig(**{**base, "tile_m": 256, "tile_n": 128, "warps_p": 16}).threads == 512
+    # TMA copies: the wgmma path without a producer; one mbarrier (8 bytes) a stage
+    with pytest.raises(UnsupportedConfigError, match="only the wgmma path copies by TMA"):
+        MoeGemmConfig(arch="sm_90a", tma=True)
+    with pytest.raises(UnsupportedConfigError, match="no producer warpgroup"):
+        MoeGemmConfig(**{**base, "producer": True, "tma": True})
+    assert MoeGemmConfig(**{**base, "tma": True}).smem_bytes() == 4 * 384 * 128 + 1024 + 8 * 4 + 16
+    assert MoeGemmConfig(**{**base, "tma": True}).to_json() != MoeGemmConfig(**base).to_json()
     # the path is part of the cache key
     assert MoeGemmConfig(**base).to_json() != MoeGemmConfig(**{**base, "wgmma": False,
                                                                "warps_p": 2, "warps_q": 4}).to_json()
@@ -713,3 +720,21 @@ def test_kbit_experts_take_exactly_one_layout():
 
     with pytest.raises(ValueError, match="exactly one of q"):
         KbitExperts(None, 2, 16, 128)
+
+
+def test_tma_rule():
+    """The selector copies wgmma stages by TMA (every shape check_shape admits maps), never off
+    the wgmma path; tma=False forces cp.async, tma=True off the wgmma path is a ValueError."""
+    big = plan_grouped("sm_90a", 132, "bfloat16", 256, 4096, 7168, 32768, "swiglu")
+    assert big.config.wgmma and big.config.tma and "tma" in big.short()
+    assert not plan_grouped("sm_90a", 132, "bfloat16", 256, 4096, 7168, 32768, "swiglu",
+                            tma=False).config.tma
+    decode = plan_grouped("sm_90a", 132, "bfloat16", 256, 4096, 7168, 8, "swiglu")
+    assert not decode.config.wgmma and not decode.config.tma
+    with pytest.raises(ValueError, match="not on the wgmma path"):
+        plan_grouped("sm_90a", 132, "bfloat16", 256, 4096, 7168, 8, "swiglu", tma=True)
+    with pytest.raises(ValueError, match="not on the wgmma path"):
+        plan_grouped("sm_90a", 132, "bfloat16", 256, 4096, 7168, 32768, "swiglu", wgmma=False,
+                     tma=True)
+    for arch in ("sm_80", "sm_100a", "sm_120a"):
+        assert not plan_grouped(arch, 132, "bfloat16", 256, 4096, 7168, 32768, "swiglu").config.tma

@@ -24,13 +24,20 @@ DTYPES = ("float16", "bfloat16")
 # every tile-table row (mma.sync forced), then the wgmma rows: (tile_m, swap_ab, tile_n, wgmma)
 ROWS = [(tm, sw, tn, False) for (tm, sw, tn) in TILES]
 WG_ROWS = [(tm, False, tn, True) for (tm, tn) in WG_TILES]
-# wgmma variants outside the table (tuning sweeps):
-# (tile_m, tile_n, stages, min_blocks, inflight, producer warpgroup)
-WG_VARIANTS = [(128, 256, 4, 1, 0, False), (128, 128, 3, 2, 0, False), (256, 128, 4, 1, 1, False),
-               (256, 128, 4, 1, 0, False), (64, 128, 3, 2, 0, False), (64, 256, 4, 1, 1, False),
-               (128, 256, 4, 1, 1, True), (128, 256, 4, 1, 0, True), (128, 128, 6, 1, 1, True),
-               (64, 256, 4, 1, 1, True), (64, 128, 4, 2, 1, True), (128, 128, 2, 1, 1, True),
-               (192, 256, 4, 1, 1, False), (192, 128, 4, 1, 1, True)]
+# wgmma variants outside the table (tuning sweeps), and the table's rows with cp.async copies
+# (the rules give them TMA copies where the maps fit):
+# (tile_m, tile_n, stages, min_blocks, inflight, producer warpgroup, tma)
+WG_VARIANTS = [(128, 256, 4, 1, 0, False, False), (128, 128, 3, 2, 0, False, False),
+               (256, 128, 4, 1, 1, False, False), (256, 128, 4, 1, 0, False, False),
+               (64, 128, 3, 2, 0, False, False), (64, 256, 4, 1, 1, False, False),
+               (128, 256, 4, 1, 1, True, False), (128, 256, 4, 1, 0, True, False),
+               (128, 128, 6, 1, 1, True, False), (64, 256, 4, 1, 1, True, False),
+               (64, 128, 4, 2, 1, True, False), (128, 128, 2, 1, 1, True, False),
+               (192, 256, 4, 1, 1, False, False), (192, 128, 4, 1, 1, True, False),
+               (128, 256, 4, 1, 1, False, False), (192, 256, 4, 1, 0, False, False),
+               (128, 256, 4, 1, 0, False, True), (256, 128, 4, 1, 1, False, True),
+               (64, 256, 4, 1, 1, False, True), (64, 128, 3, 2, 0, False, True),
+               (192, 256, 4, 1, 1, False, True), (192, 128, 4, 1, 0, False, True)]
 
 
 def _rows():
@@ -180,11 +187,11 @@ def test_wgmma_prefill_shapes(dtype):
                 y = grouped_gemm(xd, wd, od, activation=act, tile_m=tm, swap_ab=sw, tile_n=tn,
                                  wgmma=wg, dtype=hint)
                 _check(y, ref, dtype, f"wgmma {kind=} {t=} {e=} {top_k=} {n=} {k=} {act} {row=}")
-            for tm, tn, st, mb, inf, pr in WG_VARIANTS:
+            for tm, tn, st, mb, inf, pr, tma in WG_VARIANTS:
                 cfg = MoeGemmConfig(arch=info.arch.name, dtype=dtype, tile_m=tm, tile_n=tn,
                                     warps_p=tm // 16, warps_q=1, warps_k=1, stages=st,
                                     min_blocks=mb, epilogue=plan.config.epilogue, wgmma=True,
-                                    inflight=inf, producer=pr)
+                                    inflight=inf, producer=pr, tma=tma)
                 y = grouped_gemm(xd, wd, od, activation=act, config=cfg, dtype=hint)
                 _check(y, ref, dtype, f"wgmma {kind=} {t=} {n=} {k=} {act} {cfg.short()}")
 
@@ -218,13 +225,53 @@ def test_wgmma_partial_warpgroups():
                 y = grouped_gemm(xd, wd, od, activation=act, tile_m=tm, tile_n=tn, wgmma=True,
                                  dtype=hint)
                 _check(y, ref, dtype, f"partial warpgroups {dtype} {act} {tm}x{tn}")
-            for tm, tn, st, mb, inf, pr in WG_VARIANTS:
+            for tm, tn, st, mb, inf, pr, tma in WG_VARIANTS:
                 cfg = MoeGemmConfig(arch=info.arch.name, dtype=dtype, tile_m=tm, tile_n=tn,
                                     warps_p=tm // 16, warps_q=1, warps_k=1, stages=st,
                                     min_blocks=mb, epilogue="swiglu" if act else "none",
-                                    wgmma=True, inflight=inf, producer=pr)
+                                    wgmma=True, inflight=inf, producer=pr, tma=tma)
                 y = grouped_gemm(xd, wd, od, activation=act, config=cfg, dtype=hint)
                 _check(y, ref, dtype, f"partial warpgroups {dtype} {act} {cfg.short()}")
+
+
+def test_tma_small_views_and_cp_async_agree():
+    """The TMA copies where a box is larger than the tensor (M < tile_m rows, K < 64, N <
+    tile_n), K tails and partial N tiles: within the reference's bound, rows outside every
+    segment left poisoned, and bit-identical to the cp.async copies of the same tile on every
+    stored row (both zero-fill what lies outside; rows of a neighbouring expert inside an X box
+    are computed but never stored)."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.moe import grouped_gemm
+    from kernelgen.moe.config import MoeGemmConfig
+
+    info = device_info()
+    if info.arch.name not in WGMMA_ARCHS:
+        pytest.skip(f"TMA copies: the wgmma path, {WGMMA_ARCHS} only; device is {info.arch.name}")
+    rng = np.random.default_rng()
+    for sizes, n, k in (([2, 0, 3], 48, 40), ([70, 1], 80, 72), ([5, 300, 0, 9], 272, 264)):
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32) + 1
+        m = int(offsets[-1]) + 2
+        for dtype in DTYPES:
+            hint = "bfloat16" if dtype == "bfloat16" else None
+            x = _host(rng, (m, k), dtype)
+            w = _host(rng, (len(sizes), n, k), dtype, scale=1.0 / np.sqrt(k))
+            xd, wd, od = cupy.asarray(x), cupy.asarray(w), cupy.asarray(offsets)
+            for act in (None, "swiglu"):
+                ref = MR.grouped_gemm(MR.to_float64(x, dtype), MR.to_float64(w, dtype), offsets, act)
+                for tm, tn in WG_TILES:
+                    ys = []
+                    for tma in (True, False):
+                        base = MoeGemmConfig.of(info.arch.name, dtype, tm, False, tn,
+                                                "swiglu" if act else "none", wgmma=True, tma=tma)
+                        ys.append(grouped_gemm(xd, wd, od, activation=act, config=base,
+                                               dtype=hint))  # poisoned first (_poison)
+                    what = f"tma {sizes=} {n=} {k=} {dtype} {act} {tm}x{tn}"
+                    _check(ys[0], ref, dtype, what)  # rows outside every segment: still poison
+                    a, b = cupy.asnumpy(ys[0]).view(np.uint16), cupy.asnumpy(ys[1]).view(np.uint16)
+                    lo, hi = int(offsets[0]), int(offsets[-1])
+                    assert np.array_equal(a[lo:hi], b[lo:hi]), what
 
 
 def test_rows_zero_and_out_buffer():
