@@ -248,8 +248,8 @@ class MoeGemmConfig(KernelConfig):
         reduction buffer if larger (it reuses them); wgmma: the stages + 1024 bytes to align them
         to the 128-byte swizzle atoms."""
         pipe = stages * (self.tp + self.tq) * ROW_BYTES
-        if self.wgmma:  # + full / empty mbarriers of the producer variant, full ones of TMA's
-            bars = 16 * stages if self.producer else 8 * stages if self.tma else 0
+        if self.wgmma:  # + full / empty mbarriers of the producer and TMA variants
+            bars = 16 * stages if self.producer or self.tma else 0
             return pipe + 1024 + bars + 16
         acc = (self.tp // self.warps_p // 16) * (self.tq // self.warps_q // 8) * 4
         red = (self.warps_k - 1) * self.warps_p * self.warps_q * acc * 32 * 4

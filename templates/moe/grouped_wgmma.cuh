@@ -25,8 +25,8 @@
 //   INFLIGHT 1 keeps the tensor core busy across the barrier and the copy issue; INFLIGHT 0
 //   prefetches one k-tile deeper in the same shared memory (bubbles at the barrier, which a
 //   second CTA on the SM can fill).
-// - GroupedWgmmaTma (the selector's choice, MoeGemmConfig.tma): the same loop with each stage
-//   copied by thread 0 as two bulk tensor copies completing on the slot's mbarrier. H100,
+// - GroupedWgmmaTma (the selector's choice, MoeGemmConfig.tma): each stage copied by thread 0
+//   as two bulk tensor copies completing on the slot's mbarrier, no CTA barrier. H100,
 //   T = 4096: 6-18% faster on E256 (weight-read bound) and 18-24% on E8 (compute bound) than
 //   the cp.async copies of GroupedWgmma, which stays for tuning and comparison
 //   (BENCHMARKS.md, session 21).
@@ -263,20 +263,24 @@ struct GroupedWgmmaWs {
   }
 };
 
-// TMA variant: the same tile, pipeline and CTA barrier as GroupedWgmma, but each stage is two
-// bulk tensor copies (the copy engine) that thread 0 issues and that complete on the slot's
-// mbarrier, instead of every thread's 16-byte cp.asyncs: X rows [row0, row0 + TM) x 64 k (the
-// map zero-fills rows past M; rows of the next expert inside the box are loaded and computed
-// but never stored) and the weight rows x 64 k (W [E, N, K] as a 3D map; with SWIGLU a 5D view
-// [E, N/16, 2, 8, K] of W13 whose box is the gate / up block interleave of weight_row). The
-// maps (kernelgen/core/tma.py) zero-fill past N and K.
+// TMA variant: the same tile and STAGES slots as GroupedWgmma, D k-tiles copied ahead, but
+// each stage is two bulk tensor copies (the copy engine) that thread 0 issues and that complete
+// on the slot's "full" mbarrier, instead of every thread's 16-byte cp.asyncs: X rows [row0,
+// row0 + TM) x 64 k (the map zero-fills rows past M; rows of the next expert inside the box are
+// loaded and computed but never stored) and the weight rows x 64 k (W [E, N, K] as a 3D map;
+// with SWIGLU a 5D view [E, N/16, 2, 8, K] of W13 whose box is the gate / up block interleave
+// of weight_row). The maps (kernelgen/core/tma.py) zero-fill past N and K. No CTA barrier in
+// the loop: after its wait for k-tile kt - INFLIGHT each warpgroup arrives on that slot's
+// "empty" mbarrier, and thread 0 waits for it before refilling the slot, so warpgroups wait
+// only for data (H100: E8 W13 7% faster than a CTA barrier a k-tile, E256 the same).
 template <typename T, int TM, int TN, int STAGES, int INFLIGHT, bool SWIGLU>
 struct GroupedWgmmaTma : WgmmaTile<T, TM, TN, STAGES, INFLIGHT, SWIGLU> {
   using B = WgmmaTile<T, TM, TN, STAGES, INFLIGHT, SWIGLU>;
   using typename B::G;
   using B::D, B::THREADS, B::STAGE_BYTES, B::SMEM_PIPE;
-  // + alignment slack, + a full mbarrier a slot, + the work item
-  static constexpr int SMEM = SMEM_PIPE + 1024 + 8 * STAGES + 16;
+  static constexpr int WGS = TM / 64;
+  // + alignment slack, + full and empty mbarriers a slot, + the work item
+  static constexpr int SMEM = SMEM_PIPE + 1024 + 16 * STAGES + 16;
 
   static __device__ __forceinline__ void run(const TensorMap& tx, const TensorMap& tw,
                                              const int* __restrict__ offsets, T* __restrict__ Y,
@@ -284,16 +288,19 @@ struct GroupedWgmmaTma : WgmmaTile<T, TM, TN, STAGES, INFLIGHT, SWIGLU> {
     extern __shared__ __align__(16) unsigned char smem[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t base = (raw + 1023u) & ~1023u;
-    const uint32_t full = base + SMEM_PIPE;
+    const uint32_t full = base + SMEM_PIPE, empty = full + 8 * STAGES;
     if (threadIdx.x == 0) {
 #pragma unroll
-      for (int s = 0; s < STAGES; ++s) mbar_init(full + 8 * s, 1);
+      for (int s = 0; s < STAGES; ++s) {
+        mbar_init(full + 8 * s, 1);
+        mbar_init(empty + 8 * s, WGS);
+      }
       fence_mbarrier_init();
     }
     const int n_tiles = (N + TN - 1) / TN;
     // find_tile's barrier also publishes the mbarrier initialisation
     const TileOf tile = find_tile<TM>(offsets, E, M, n_tiles, blockIdx.x,
-                                      reinterpret_cast<int*>(smem + (base - raw) + SMEM_PIPE + 8 * STAGES));
+                                      reinterpret_cast<int*>(smem + (base - raw) + SMEM_PIPE + 16 * STAGES));
     if (tile.e < 0) return;
     const int n0 = tile.n_tile * TN;
     const int k_tiles = (K + TK - 1) / TK;
@@ -320,13 +327,20 @@ struct GroupedWgmmaTma : WgmmaTile<T, TM, TN, STAGES, INFLIGHT, SWIGLU> {
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int s = kt % STAGES;
       mbar_wait(full + 8 * s, (kt / STAGES) & 1);  // the copies of kt landed
-      __syncthreads();  // every warpgroup past its wait for kt - 1 - INFLIGHT: that slot is free
-      if (threadIdx.x == 0 && kt + D < k_tiles) issue(kt + D);
+      // thread 0 refills the slot of kt - 1 - INFLIGHT once every warpgroup has released it
+      // (the empty mbarrier's phase of that k-tile); no CTA barrier
+      if (threadIdx.x == 0 && kt + D < k_tiles) {
+        const int j = kt + D - STAGES;
+        if (j >= 0) mbar_wait(empty + 8 * (j % STAGES), (j / STAGES) & 1);
+        issue(kt + D);
+      }
       if (active) {
         const uint32_t st = base + (uint32_t)(s * STAGE_BYTES);
         wgmma_k_tile<T, TN>(acc, st + wg * 64 * ROW_BYTES, st + TM * ROW_BYTES);
         wgmma_wait<INFLIGHT>();
       }
+      // this warpgroup has read k-tile kt - INFLIGHT (inactive ones release theirs too)
+      if (kt >= INFLIGHT && (threadIdx.x & 127) == 0) mbar_arrive(empty + 8 * ((kt - INFLIGHT) % STAGES));
     }
     wgmma_wait<0>();
 

@@ -103,12 +103,12 @@ def test_wgmma_config_rules():
         MoeGemmConfig.of("sm_90a", "bfloat16", 64, False, 128, wgmma=True)
     # 256-token tiles (4 warpgroups, 512 threads) are valid configs outside the table
     assert MoeGemmConfig(**{**base, "tile_m": 256, "tile_n": 128, "warps_p": 16}).threads == 512
-    # TMA copies: the wgmma path without a producer; one mbarrier (8 bytes) a stage
+    # TMA copies: the wgmma path without a producer; two mbarriers (8 bytes each) a stage
     with pytest.raises(UnsupportedConfigError, match="only the wgmma path copies by TMA"):
         MoeGemmConfig(arch="sm_90a", tma=True)
     with pytest.raises(UnsupportedConfigError, match="no producer warpgroup"):
         MoeGemmConfig(**{**base, "producer": True, "tma": True})
-    assert MoeGemmConfig(**{**base, "tma": True}).smem_bytes() == 4 * 384 * 128 + 1024 + 8 * 4 + 16
+    assert MoeGemmConfig(**{**base, "tma": True}).smem_bytes() == 4 * 384 * 128 + 1024 + 16 * 4 + 16
     assert MoeGemmConfig(**{**base, "tma": True}).to_json() != MoeGemmConfig(**base).to_json()
     # the path is part of the cache key
     assert MoeGemmConfig(**base).to_json() != MoeGemmConfig(**{**base, "wgmma": False,
