@@ -71,7 +71,7 @@ TILES: dict[tuple[int, bool, int], TileShape] = {
 # faster than 6 stages with one CTA in the second run.
 # 192 x 256: three warpgroups, so an expert of up to 192 rows is one tile (its weights streamed
 # once, by one CTA); 4 stages (225 KB) leave no room for a group in flight: none, three k-tiles
-# prefetched. Taken where experts average 112-176 rows (select.WGMMA_TM192_BAND).
+# prefetched. Taken where experts average 112-200 rows (select.WGMMA_TM192_BAND).
 WG_TILES: dict[tuple[int, int], TileShape] = {
     (128, 128): TileShape(128, 8, 1, 1, 3, 2, inflight=0),
     (128, 256): TileShape(256, 8, 1, 1, 4, 1),

@@ -58,9 +58,11 @@ PLAIN_TILE_N: dict[int, int] = {16: 128, 32: 128, 64: 128, 128: 256, 256: 128}
 WGMMA_TILE_N: dict[int, int] = {128: 256, 192: 256}
 # (lo, hi]: average rows per expert where the threshold policy takes TILE_M 192 on the wgmma
 # path in place of the table's 128: most experts are one 192-token tile (weights streamed once),
-# where 128 needs a second, mostly empty tile. H100, uniform routing (BENCHMARKS.md, session
-# 20): 5-17% faster at 128-160 rows (E256 / E128 / E8), equal at 96, 5-40% slower at 192.
-WGMMA_TM192_BAND = (112.0, 176.0)
+# where 128 needs a second, mostly empty tile. H100, uniform routing, TMA copies (BENCHMARKS.md,
+# session 21): 7-26% faster at 128-160 rows, 4-7% at 192 (E256 W13 6625 vs 6892 us, E128 3292
+# vs 3518), 12-19% slower at 224-256 (E256 W13 7897 vs 6918). (With cp.async copies, session
+# 20, 192 was already 5-40% slower at 192 rows.)
+WGMMA_TM192_BAND = (112.0, 200.0)
 POLICIES = ("threshold", "waste")
 
 
