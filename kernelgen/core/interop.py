@@ -123,8 +123,10 @@ class Ctx:
         """Launch `fn` (a kernel of ours: it waits for the previous grid first, see
         KernelConfig) on this call's stream, switching device only when the data needs it; with
         programmatic dependent launch (core/launch.py) where the device has it (sm_90+) and
-        KERNELGEN_PDL is not 0. More dynamic shared memory than the device allows a block
-        raises DeviceError (check_smem; loading such a kernel raises it first)."""
+        KERNELGEN_PDL is not 0; arguments that CuPy cannot pass (a core.tma.TensorMap) go
+        through the same driver call, without the PDL attribute where PDL is off. More dynamic
+        shared memory than the device allows a block raises DeviceError (check_smem; loading
+        such a kernel raises it first)."""
         if smem > 48 * 1024:
             check_smem(self.device, smem)
         pdl = _pdl_device(self.device) and knobs.pdl()

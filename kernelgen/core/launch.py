@@ -8,8 +8,10 @@ attribute, minus the gap between the two grids (0.2-0.6 us measured on an H100 b
 back-to-back decode kernels, BENCHMARKS.md "Launch overlap"). Only kernels whose every
 entry point waits first may be launched this way: every kernelgen kernel does (KernelConfig).
 
-CuPy has no launch-attribute API, so the call goes to libcuda through ctypes. Per thread and per
-(function, grid, block, shared memory, stream) the config struct, a parameter
+CuPy has no launch-attribute API, so the call goes to libcuda through ctypes; the same call
+without the attribute launches kernels whose parameters CuPy cannot pass (a 128-byte
+core.tma.TensorMap, 64-byte aligned). Per thread and per
+(function, grid, block, shared memory, stream, PDL or not) the config struct, a parameter
 buffer and its pointer array are built once; a call packs the argument values into the buffer
 with a precompiled struct and calls the driver (CUDA copies the parameters at the call, so the
 buffer is free again when it returns). Captured into a CUDA graph, the launch becomes a

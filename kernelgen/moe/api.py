@@ -47,7 +47,8 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     `rows`: the host-side row count the selector uses, <= M (default M; e.g. T * top_k when x
     is a capacity-sized buffer). tile_m / swap_ab / tile_n force a table row; policy "threshold"
     (default) or "waste" picks TILE_M (kernelgen.moe.select); wgmma True / False forces the
-    main loop (True: warpgroup MMA, sm_90a only; None: the selector's); `config` forces a whole
+    main loop (True: warpgroup MMA, sm_90a only, its stages copied by TMA; None: the
+    selector's; a MoeGemmConfig with tma=False keeps cp.async copies); `config` forces a whole
     MoeGemmConfig / MoeKbitConfig / MoeKbitGemvConfig (tuning; dtype, epilogue and bits must
     match the call; the last with one warp a tile along K, or a whole KbitGemvPlan of
     plan_kbit_gemv with its kw).

@@ -60,9 +60,10 @@ WGMMA_TILE_N: dict[int, int] = {128: 256, 192: 256}
 # path in place of the table's 128: most experts are one 192-token tile (weights streamed once),
 # where 128 needs a second, mostly empty tile. H100, uniform routing, TMA copies (BENCHMARKS.md,
 # session 21): 7-26% faster at 128-160 rows, 4-7% at 192 (E256 W13 6625 vs 6892 us, E128 3292
-# vs 3518), 12-19% slower at 224-256 (E256 W13 7897 vs 6918). (With cp.async copies, session
-# 20, 192 was already 5-40% slower at 192 rows.)
+# vs 3518), 12-19% slower at 224-256 (E256 W13 7897 vs 6918). With cp.async copies (tma=False)
+# the band ends at 176: there 192 was already 5-40% slower at 192 rows (session 20).
 WGMMA_TM192_BAND = (112.0, 200.0)
+WGMMA_TM192_BAND_CP_ASYNC = (112.0, 176.0)
 POLICIES = ("threshold", "waste")
 
 
@@ -161,7 +162,8 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
     """Pure planner; tile_m / swap_ab / tile_n force a table row (tests, benchmarks); wgmma
     True / False forces the main-loop path (True: a row of WG_TILES, sm_90a only). With
     neither tile_m nor tile_n forced, the threshold policy on sm_90a's wgmma path takes TILE_M
-    192 where experts average WGMMA_TM192_BAND rows and 192 x 256 keeps its stages.
+    192 where experts average WGMMA_TM192_BAND rows (WGMMA_TM192_BAND_CP_ASYNC with tma=False)
+    and 192 x 256 keeps its stages.
     `smem_limit`: the device's shared memory a block (None: the target's); the row keeps the
     stages that fit it. Where not even its fewest stages fit, a row the rules picked (tile_m
     and tile_n not forced) steps down: the same TILE_M's narrower rows, then each smaller
@@ -171,6 +173,7 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
     path raises ValueError."""
     check_shape(e, n, k, epilogue)
     use_tma = tma is not False
+    band = WGMMA_TM192_BAND if use_tma else WGMMA_TM192_BAND_CP_ASYNC
     if epilogue not in EPILOGUES:
         raise ValueError(f"activation: {epilogue!r}; expected None or 'swiglu'")
     if rows < 1:
@@ -178,7 +181,7 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
     tm = tile_m if tile_m is not None else tile_m_for(rows, e, policy)
     if (tile_m is None and tile_n is None and policy == "threshold" and tm == 128
             and not swap_ab and wgmma is not False and uses_wgmma(arch, 192, False)
-            and WGMMA_TM192_BAND[0] < rows / e <= WGMMA_TM192_BAND[1]
+            and band[0] < rows / e <= band[1]
             and _keeps_stages(arch, dtype, 192, epilogue, smem_limit, use_tma)):
         tm = 192
     if tm not in TILE_MS and not (tm in WGMMA_TILE_N and uses_wgmma(arch, tm, False)
@@ -270,7 +273,7 @@ def _rows_to_walk(e: int, top_k: int) -> list[int]:
     min(E, rows) saturates, and both sides of every TILE_M bound (both policies, and
     WGMMA_TM192_BAND's)."""
     ts = set(range(1, e + 2))
-    for bound in [b for b, _ in TILE_M_TABLE[:-1]] + list(WGMMA_TM192_BAND):
+    for bound in [b for b, _ in TILE_M_TABLE[:-1]] + list(WGMMA_TM192_BAND):  # (the rules' band)
         t = int(bound * e // top_k)
         ts.update({t, t + 1, t + 2})
     for tm in TILE_MS:  # waste policy: around multiples of each tile per expert

@@ -230,6 +230,24 @@ def test_launch_pdl_packs_every_call(monkeypatch):
     assert len(drv.calls) == 2
 
 
+def test_launch_pdl_packs_tensor_maps_without_the_attribute(monkeypatch):
+    """pdl=False (a TensorMap with PDL off): no launch attribute; the map's 128 bytes at its
+    64-byte boundary, the scalars around it in place; the memo keeps the two kinds apart."""
+    from kernelgen.core.tma import TensorMap
+
+    drv = _FakeDriver("iMQ")
+    monkeypatch.setattr(launch, "_driver", drv)
+    monkeypatch.setattr(launch, "_local", __import__("threading").local())
+    fn = _FakeFn()
+    raw = bytes(range(1, 129))
+    launch.launch_pdl(fn, (2, 1, 1), (64, 1, 1), (np.int32(-3), TensorMap(raw), np.uint64(5)),
+                      0, 0, False)
+    launch.launch_pdl(fn, (2, 1, 1), (64, 1, 1), (np.int32(4), TensorMap(raw[::-1]), np.uint64(6)),
+                      0, 0)
+    assert drv.calls == [((2, 1, 1), (64, 1, 1), 0, 0, (-3, raw, 5)),
+                         ((2, 1, 1), (64, 1, 1), 0, 1, (4, raw[::-1], 6))]
+
+
 def test_launch_refuses_more_shared_memory_than_the_device_allows(monkeypatch):
     """A plan sized for the target's largest part (sm_80: 163 KB a block) on a part with less
     (8.6 / 8.9: 99 KB) is a DeviceError naming both numbers, raised before anything launches."""

@@ -1,6 +1,7 @@
 """Tensor-map rules checked on the host (kernelgen.core.tma.check_tiled) before the driver's
 encoder sees a view: each broken rule is a ValueError that names it. The encoding itself needs
-libcuda and runs in the MoE GPU tests (tests/moe/test_wgmma_gpu.py)."""
+libcuda and runs in the MoE GPU tests (tests/moe/test_moe_gpu.py,
+test_tma_small_views_and_cp_async_agree)."""
 
 from __future__ import annotations
 

@@ -738,3 +738,12 @@ def test_tma_rule():
                      tma=True)
     for arch in ("sm_80", "sm_100a", "sm_120a"):
         assert not plan_grouped(arch, 132, "bfloat16", 256, 4096, 7168, 32768, "swiglu").config.tma
+    # the 192 band ends at 200 rows an expert with TMA copies, at 176 with cp.async
+    from kernelgen.moe.select import WGMMA_TM192_BAND, WGMMA_TM192_BAND_CP_ASYNC
+
+    lo, hi = WGMMA_TM192_BAND_CP_ASYNC
+    assert WGMMA_TM192_BAND[0] == lo and WGMMA_TM192_BAND[1] > hi
+    rows = int(hi * 256) + 256  # past the cp.async band, inside the TMA one
+    assert plan_grouped("sm_90a", 132, "bfloat16", 256, 4096, 7168, rows, "swiglu").config.tile_m == 192
+    assert plan_grouped("sm_90a", 132, "bfloat16", 256, 4096, 7168, rows, "swiglu",
+                        tma=False).config.tile_m == 128
