@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import numpy as np
 
@@ -412,6 +413,11 @@ def main() -> None:
         del w13, w2
         torch.cuda.empty_cache()
         cupy.get_default_memory_pool().free_all_blocks()
+        # freeing GBs leaves the device busy for ~0.1 s after the call returns (H100: an E8
+        # decode kernel read 195-290 us instead of 167 for 60-100 ms after 22 GB were freed,
+        # 167 at once after a pause; BENCHMARKS.md, session 21): let the next shape start clean
+        torch.cuda.synchronize()
+        time.sleep(1.0)
 
     if args.json:
         with open(args.json, "w") as f:
