@@ -95,6 +95,9 @@ def stream_read_seconds(buf, nbytes: int) -> float:
 
     from .arch import device_info
 
+    if nbytes <= 0 or nbytes % 16 or nbytes > buf.nbytes:
+        raise ValueError(f"nbytes={nbytes}: a positive multiple of 16 within the buffer's "
+                         f"{buf.nbytes} bytes")
     out = cupy.zeros(1, cupy.uint32)
     n = np.uint64(nbytes // 16)
     sms = device_info().sm_count

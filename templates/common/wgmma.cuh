@@ -61,6 +61,16 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
+// The full / empty mbarrier pair of each of STAGES pipeline slots, 8 bytes apart (one thread).
+template <int STAGES>
+__device__ __forceinline__ void mbar_init_slots(uint32_t full, uint32_t empty, uint32_t full_count,
+                                                uint32_t empty_count) {
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) {
+    mbar_init(full + 8 * s, full_count);
+    mbar_init(empty + 8 * s, empty_count);
+  }
+}
 // Spin until the phase of parity `parity` of `bar` has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(

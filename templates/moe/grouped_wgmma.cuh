@@ -209,13 +209,7 @@ struct GroupedWgmmaWs {
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t base = (raw + 1023u) & ~1023u;
     const uint32_t full = base + SMEM_PIPE, empty = full + 8 * STAGES;
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int s = 0; s < STAGES; ++s) {
-        mbar_init(full + 8 * s, 128);
-        mbar_init(empty + 8 * s, CONSUMERS);
-      }
-    }
+    if (threadIdx.x == 0) mbar_init_slots<STAGES>(full, empty, 128, CONSUMERS);
     const int n_tiles = (N + TN - 1) / TN;
     // find_tile's barrier also publishes the mbarrier initialisation
     const TileOf tile = find_tile<TM>(offsets, E, M, n_tiles, blockIdx.x,
@@ -290,11 +284,7 @@ struct GroupedWgmmaTma : WgmmaTile<T, TM, TN, STAGES, INFLIGHT, SWIGLU> {
     const uint32_t base = (raw + 1023u) & ~1023u;
     const uint32_t full = base + SMEM_PIPE, empty = full + 8 * STAGES;
     if (threadIdx.x == 0) {
-#pragma unroll
-      for (int s = 0; s < STAGES; ++s) {
-        mbar_init(full + 8 * s, 1);
-        mbar_init(empty + 8 * s, WGS);
-      }
+      mbar_init_slots<STAGES>(full, empty, 1, WGS);
       fence_mbarrier_init();
     }
     const int n_tiles = (N + TN - 1) / TN;
