@@ -31,6 +31,22 @@ PATHS = ("gemv", "mma", "dequant")
 # the large shapes (14336x4096 4 bits: 44 vs 59 us, 4096x14336: 49 vs 62 us); at M = 16 the GEMV
 # was (36 vs >= 48 us).
 GEMV_MAX_M = 16
+# Since then the GEMV got faster (sessions 9-14) and takes more M where its passes (16 tokens
+# each, the later ones reading the weights mostly from L2) beat the mma tiles: gemv_max_m.
+# Measured on the H100 (session 22, `bench_kbit_gemm.py --layouts flat --bits 2,3,4,5 --ms
+# 13..64`, graph-timed, weights rotated past L2), GEMV / mma us:
+#  - weights of <= GEMV_SMALL_WEIGHT elements (4096x4096), 2-4 bits: M = 17 12.6 / 16.2 (2 bits),
+#    16.2 / 17.4 (4 bits); M = 64 19.6 / 28.7 (dequant 24.4), 25.2 / 30.0 (dequant 25.7);
+#    5 bits: mma from M = 17 (22.3 / 21.0);
+#  - N >= K at 2-3 bits: 14336x4096 M = 17 32.7 / 37.0 (2 bits), 36.5 / 44.2 (3 bits); M = 48
+#    46.5 / 50.1, 51.8 / 59.9; M = 64 60.1 / 53.4; 28672x4096 M = 32 61.9 / 65.6, 67.1 / 80.6,
+#    M = 48 88.1 / 85.9 (2 bits), 96.1 / 102.9 (3 bits); 4 bits: mma (43.4 / 40.8 at M = 17);
+#  - N < K (4096x14336): mma from M = 17 at every width (2 bits 42.8 / 33.4), and 5 bits already
+#    from M = 13 (59.4 / 50.9; M = 12 47.9 / 49.4).
+GEMV_SMALL_WEIGHT = 1 << 24  # N * K
+GEMV_SMALL_MAX_M = 64  # 2-4 bits
+GEMV_WIDE_MAX_M = 48  # N >= K, 2-3 bits
+GEMV_5BIT_LONG_K_MAX_M = 12  # N < K, 5 bits
 # M >= DEQUANT_MIN_M[bits]: dequantize W into an fp16/bf16 scratch and call cuBLAS. The mma.sync
 # loop runs at ~150-200 TFLOP/s (decode into fragments + A re-read from shared memory by every
 # warp bound it), cuBLAS at 600-700, and the dequant pass (2 bytes written per weight) costs as
@@ -149,8 +165,18 @@ def plan_mma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count:
     return MmaPlan(cfg, -(-kt // kps), kps, m_tiles, n_tiles)  # every split non-empty
 
 
-def path_for(m: int, n: int, bits: int) -> str:
-    if n % TILE_N_MIN or m <= GEMV_MAX_M:
+def gemv_max_m(n: int, k: int, bits: int) -> int:
+    """The largest M the GEMV takes (where the mma path can run: N % 128 == 0); see
+    GEMV_SMALL_WEIGHT."""
+    if bits == 5:
+        return GEMV_MAX_M if n >= k else GEMV_5BIT_LONG_K_MAX_M
+    if n * k <= GEMV_SMALL_WEIGHT:
+        return GEMV_SMALL_MAX_M
+    return GEMV_WIDE_MAX_M if bits <= 3 and n >= k else GEMV_MAX_M
+
+
+def path_for(m: int, n: int, k: int, bits: int) -> str:
+    if n % TILE_N_MIN or m <= gemv_max_m(n, k, bits):
         return "gemv"
     return "dequant" if m >= DEQUANT_MIN_M[bits] else "mma"
 
@@ -158,7 +184,7 @@ def path_for(m: int, n: int, bits: int) -> str:
 def plan_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
               smem_limit: int | None = None) -> GemmChoice:
     """The path and its plan; `smem_limit` as in plan_mma."""
-    path = path_for(m, n, bits)
+    path = path_for(m, n, k, bits)
     if path == "gemv":
         return GemmChoice(path, plan_gemv(arch, m, n, k, bits, dtype, sm_count, smem_limit=smem_limit))
     if path == "mma":
@@ -182,7 +208,8 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)
     # the choice is constant between table thresholds: their edges cover every M
-    edges = sorted({1, GEMV_MAX_M, GEMV_MAX_M + 1, TILE_N256_MIN_M - 1, TILE_N256_MIN_M}
+    gemv_ends = (GEMV_MAX_M, GEMV_SMALL_MAX_M, GEMV_WIDE_MAX_M, GEMV_5BIT_LONG_K_MAX_M)
+    edges = sorted({1, TILE_N256_MIN_M - 1, TILE_N256_MIN_M} | {e + d for e in gemv_ends for d in (0, 1)}
                    | {d + e for d in DEQUANT_MIN_M.values() for e in (-1, 0)}
                    | {e for mx, _ in TILE_M_TABLE[:-1] for e in (mx, mx + 1)})
     seen: set[KbitMmaConfig] = set()
@@ -200,7 +227,7 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
                 for sms, lim in parts_of(arch, spec.get("sm_counts")):
                     for m, n, k in shapes:
                         for mm in (m,) if m is not None else edges:
-                            if path_for(mm, n, bits) != "mma":
+                            if path_for(mm, n, k, bits) != "mma":
                                 continue
                             try:
                                 cfg = plan_mma(arch, mm, n, k, bits, dtype, sms, smem_limit=lim).config
@@ -223,8 +250,8 @@ def prewarm_dequant_configs(archs: Iterable[str], spec: dict[str, Any]) -> Itera
     for arch in archs:
         get_arch(arch)
         for bits in bits_list:
-            if shapes and all(m is not None and path_for(m, n, bits) != "dequant"
-                              for m, n, _ in shapes):
+            if shapes and all(m is not None and path_for(m, n, k, bits) != "dequant"
+                              for m, n, k in shapes):
                 continue
             for dtype in dtypes:
                 yield KbitDequantizeConfig(arch=arch, bits=bits, dtype=dtype, absmax_dtype="e4m4")

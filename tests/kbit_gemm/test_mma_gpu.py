@@ -211,7 +211,7 @@ def test_mma_on_a_part_with_99_kb(bits, monkeypatch):
 
     info = device_info()
     lim = 99 * 1024
-    n, k = 512, 4224
+    n, k = 4096, 4224  # > GEMV_SMALL_WEIGHT elements and N < K: M = 32 dispatches the mma path
     lin, w64 = _weight(bits, "float16", n, k)
     full = {m: plan_mma(info.arch.name, m, n, k, bits, "float16", info.sm_count) for m in (32, 256)}
     monkeypatch.setitem(interop._smem_limits, info.index, (lim, "test part of 99 KB"))
