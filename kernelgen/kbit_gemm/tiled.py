@@ -73,6 +73,13 @@ MID_MAX_M = 128
 BIG_WEIGHT = 1 << 25
 TILE_MIN_M = 97
 TILE_MIN_CTAS_PER_SM = 0.5
+# Two GEMV passes (17..32 tokens) of a weight too large to stay in L2 between them read it twice
+# from DRAM; the tile path (BM 32) reads it once where its 128-row CTAs fill the SMs. H100
+# (session 22, graph-timed, every path forced), gemv / tile us: 28672x4096 (117 M weights, 224
+# CTAs) M = 17 / 24 / 32 48.7 / 49.9 / 52.9 vs 45.3 / 44.8 / 45.6 (M = 16: 29.8 vs 44.3);
+# 14336x4096 (58.7 M, 112 CTAs) stays on the GEMV: 27.4 / 28.1 / 29.5 vs 29.2 / 30.6 / 32.8.
+TILE_LOW_MAX_M = 32
+TILE_LOW_MIN_WEIGHT = 1 << 26
 # M > MID_MAX_M: dequantize + cuBLAS (M = 129: 14336x4096 104.6 vs tile 147.2; M = 4096: 748.8
 # us, 0.97x cuBLAS fp16 on the dense weight).
 
@@ -180,6 +187,9 @@ class TiledChoice:
 
 
 def path_tiled(m: int, n: int, k: int, sm_count: int) -> str:
+    if (16 < m <= TILE_LOW_MAX_M and n * k >= TILE_LOW_MIN_WEIGHT
+            and -(-n // TILE_BN) >= sm_count):
+        return "tile"
     if m <= GEMV_MAX_M:
         return "gemv"
     if m > MID_MAX_M or n * k < BIG_WEIGHT:
@@ -295,7 +305,8 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
                             yield Fp4GemvConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype,
                                                 m_tile=m_tile, warps=GEMV_WARPS, depth=GEMV_DEPTH,
                                                 tpw=tpw, warps_per_sm=KBIT4_WPS, pf=pf)
-                for bm in sorted({bm_for(m) for m in range(TILE_MIN_M, MID_MAX_M + 1)}):
+                tile_ms = [*range(17, TILE_LOW_MAX_M + 1), *range(TILE_MIN_M, MID_MAX_M + 1)]
+                for bm in sorted({bm_for(m) for m in tile_ms}):
                     for stages in dict.fromkeys(stages_for(arch, "kbit4", bm, lim)
                                                 for lim in smem_limits(arch)):
                         yield Fp4TileConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype, bm=bm,

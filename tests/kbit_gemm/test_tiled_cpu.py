@@ -67,6 +67,12 @@ def test_path_rule_and_forced_paths():
     assert TL.path_tiled(TL.MID_MAX_M, big_n, k_big, sms) == "tile"
     assert TL.path_tiled(TL.MID_MAX_M, 4096, 14336, sms) == "gemv"  # 32 tile CTAs
     assert TL.path_tiled(TL.MID_MAX_M + 1, big_n, k_big, sms) == "dequant"
+    # 17..32 tokens on a weight too large for L2 whose tile CTAs fill the SMs: the tile path
+    n_w, k_w = 28672, 4096
+    assert n_w * k_w >= TL.TILE_LOW_MIN_WEIGHT and n_w // TL.TILE_BN >= sms
+    assert [TL.path_tiled(m, n_w, k_w, sms) for m in (16, 17, 32, 33)] == ["gemv", "tile", "tile", "gemv"]
+    assert TL.path_tiled(17, 14336, 4096, sms) == "gemv"  # 58.7 M weights: the passes share L2
+    assert TL.path_tiled(17, n_w, k_w, 2 * sms) == "gemv"  # too few tile CTAs
     # sm_90a: the wgmma path for 33..256 tokens where a K split keeps >= 16 steps (the H100
     # sweep in fp4_gemm/select.py), ahead of the rule above; other archs keep the rule
     for m, n, k, want in ((32, 14336, 4096, "gemv"), (33, 14336, 4096, "wgmma"), (256, 14336, 4096, "wgmma"),
