@@ -183,7 +183,7 @@ def main() -> None:
                         variants += [(f"mma{tm}x{tn}", {"path": "mma", "tile": (tm, tn)})
                                      for tm, tn in sorted(TILES) if n % tn == 0 and m <= 512
                                      and (tm >= 32 or m <= 256)]
-                if m >= 64:
+                if m > 16:
                     variants.append(("dequant", {"path": "dequant"}))
                 for name, kw in variants:
                     path = kw.get("path", choice.path)

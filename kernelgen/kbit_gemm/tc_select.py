@@ -45,8 +45,17 @@ GEMV_MAX_M = 16
 #    from M = 13 (59.4 / 50.9; M = 12 47.9 / 49.4).
 GEMV_SMALL_WEIGHT = 1 << 24  # N * K
 GEMV_SMALL_MAX_M = 64  # 2-4 bits
+# 5 bits: GEMV / mma us 2048x4096 M = 17 / 32 13.4 / 14.5 vs 18.6 / 21.9 (4096x4096: 21.9 / 23.1 vs
+# 20.8 / 22.6), then dequantize (DEQUANT_SMALL_MIN_M)
+GEMV_SMALL_5BIT_MAX_M = 32
 GEMV_WIDE_MAX_M = 48  # N >= K, 2-3 bits
 GEMV_5BIT_LONG_K_MAX_M = 12  # N < K, 5 bits
+# Past the GEMV, small weights (<= GEMV_SMALL_WEIGHT) go to dequantize + cuBLAS sooner: the dequant
+# pass is short there and the mma tiles have few CTAs. H100 (session 22, same bench, --ms
+# 17..159), mma / dequant us: 4096x4096 M = 65 2 bits 31.6 / 25.3, 4 bits 33.6 / 26.2, 128 34.2 /
+# 26.9; 2048x4096 M = 65 27.8 / 15.0 (2 bits), 29.2 / 15.2 (4 bits); 5 bits 4096x4096 M = 32 22.6 /
+# 26.3, 48 30.4 / 26.6; 2048x4096 M = 32 21.9 / 13.5.
+DEQUANT_SMALL_MIN_M: dict[int, int] = {2: 65, 3: 65, 4: 65, 5: 33}
 # M >= DEQUANT_MIN_M[bits]: dequantize W into an fp16/bf16 scratch and call cuBLAS. The mma.sync
 # loop runs at ~150-200 TFLOP/s (decode into fragments + A re-read from shared memory by every
 # warp bound it), cuBLAS at 600-700, and the dequant pass (2 bytes written per weight) costs as
@@ -168,17 +177,23 @@ def plan_mma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count:
 def gemv_max_m(n: int, k: int, bits: int) -> int:
     """The largest M the GEMV takes (where the mma path can run: N % 128 == 0); see
     GEMV_SMALL_WEIGHT."""
+    small = n * k <= GEMV_SMALL_WEIGHT
     if bits == 5:
-        return GEMV_MAX_M if n >= k else GEMV_5BIT_LONG_K_MAX_M
-    if n * k <= GEMV_SMALL_WEIGHT:
+        return GEMV_SMALL_5BIT_MAX_M if small else GEMV_MAX_M if n >= k else GEMV_5BIT_LONG_K_MAX_M
+    if small:
         return GEMV_SMALL_MAX_M
     return GEMV_WIDE_MAX_M if bits <= 3 and n >= k else GEMV_MAX_M
+
+
+def dequant_min_m(n: int, k: int, bits: int) -> int:
+    """The smallest M that dequantizes W for cuBLAS (DEQUANT_MIN_M, DEQUANT_SMALL_MIN_M)."""
+    return (DEQUANT_SMALL_MIN_M if n * k <= GEMV_SMALL_WEIGHT else DEQUANT_MIN_M)[bits]
 
 
 def path_for(m: int, n: int, k: int, bits: int) -> str:
     if n % TILE_N_MIN or m <= gemv_max_m(n, k, bits):
         return "gemv"
-    return "dequant" if m >= DEQUANT_MIN_M[bits] else "mma"
+    return "dequant" if m >= dequant_min_m(n, k, bits) else "mma"
 
 
 def plan_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
@@ -208,9 +223,11 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)
     # the choice is constant between table thresholds: their edges cover every M
-    gemv_ends = (GEMV_MAX_M, GEMV_SMALL_MAX_M, GEMV_WIDE_MAX_M, GEMV_5BIT_LONG_K_MAX_M)
+    gemv_ends = (GEMV_MAX_M, GEMV_SMALL_MAX_M, GEMV_SMALL_5BIT_MAX_M, GEMV_WIDE_MAX_M,
+                 GEMV_5BIT_LONG_K_MAX_M)
     edges = sorted({1, TILE_N256_MIN_M - 1, TILE_N256_MIN_M} | {e + d for e in gemv_ends for d in (0, 1)}
-                   | {d + e for d in DEQUANT_MIN_M.values() for e in (-1, 0)}
+                   | {d + e for t in (DEQUANT_MIN_M, DEQUANT_SMALL_MIN_M) for d in t.values()
+                      for e in (-1, 0)}
                    | {e for mx, _ in TILE_M_TABLE[:-1] for e in (mx, mx + 1)})
     seen: set[KbitMmaConfig] = set()
     for arch in archs:

@@ -51,22 +51,25 @@ def test_tile_table():
 
 @pytest.mark.parametrize("bits", (2, 3, 4, 5))
 def test_path_thresholds(bits):
-    """GEMV up to gemv_max_m (by weight size, N >= K and bits), mma up to DEQUANT_MIN_M."""
-    hi = S.DEQUANT_MIN_M[bits]
-    for n, k in ((4096, 14336), (14336, 4096), (4096, 4096), (28672, 4096)):
-        lo = S.gemv_max_m(n, k, bits)
+    """GEMV up to gemv_max_m (by weight size, N >= K and bits), mma up to dequant_min_m."""
+    for n, k in ((4096, 14336), (14336, 4096), (4096, 4096), (2048, 4096), (28672, 4096)):
+        lo, hi = S.gemv_max_m(n, k, bits), S.dequant_min_m(n, k, bits)
         assert 12 <= lo < hi
         assert S.path_for(1, n, k, bits) == "gemv"
         assert S.path_for(lo, n, k, bits) == "gemv"
-        assert S.path_for(lo + 1, n, k, bits) == "mma"
-        assert S.path_for(hi - 1, n, k, bits) == "mma"
+        if lo + 1 < hi:
+            assert S.path_for(lo + 1, n, k, bits) == "mma"
+            assert S.path_for(hi - 1, n, k, bits) == "mma"
         assert S.path_for(hi, n, k, bits) == "dequant"
     assert S.path_for(100, 200, 4096, bits) == "gemv"  # N % 128 != 0: only the GEMV takes it
     assert S.plan_gemm("sm_90a", 4000, 200, 384, bits, "float16", 132).path == "gemv"
     # the table (session 22 measurements)
     assert S.gemv_max_m(4096, 14336, bits) == (12 if bits == 5 else 16)
     assert S.gemv_max_m(14336, 4096, bits) == (48 if bits <= 3 else 16)
-    assert S.gemv_max_m(4096, 4096, bits) == (16 if bits == 5 else 64)
+    assert S.gemv_max_m(4096, 4096, bits) == (32 if bits == 5 else 64)
+    assert S.gemv_max_m(2048, 4096, bits) == (32 if bits == 5 else 64)  # small: N < K no matter
+    assert S.dequant_min_m(4096, 4096, bits) == (33 if bits == 5 else 65)
+    assert S.dequant_min_m(14336, 4096, bits) == S.DEQUANT_MIN_M[bits]
 
 
 def test_choice_printable_and_memoised():
