@@ -37,7 +37,7 @@ GEMV_MAX_M = 16
 # 13..64`, graph-timed, weights rotated past L2), GEMV / mma us:
 #  - weights of <= GEMV_SMALL_WEIGHT elements (4096x4096), 2-4 bits: M = 17 12.6 / 16.2 (2 bits),
 #    16.2 / 17.4 (4 bits); M = 64 19.6 / 28.7 (dequant 24.4), 25.2 / 30.0 (dequant 25.7);
-#    5 bits: mma from M = 17 (22.3 / 21.0);
+#    5 bits: GEMV_SMALL_5BIT_MAX_M;
 #  - N >= K at 2-3 bits: 14336x4096 M = 17 32.7 / 37.0 (2 bits), 36.5 / 44.2 (3 bits); M = 48
 #    46.5 / 50.1, 51.8 / 59.9; M = 64 60.1 / 53.4; 28672x4096 M = 32 61.9 / 65.6, 67.1 / 80.6,
 #    M = 48 88.1 / 85.9 (2 bits), 96.1 / 102.9 (3 bits); 4 bits: mma (43.4 / 40.8 at M = 17);
