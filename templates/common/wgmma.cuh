@@ -71,6 +71,22 @@ __device__ __forceinline__ void mbar_init_slots(uint32_t full, uint32_t empty, u
     mbar_init(empty + 8 * s, empty_count);
   }
 }
+// Dynamic shared memory of an mbarrier pipeline: PIPE bytes of stages from the first
+// 1024-byte boundary (swizzle atoms), then the full and the empty mbarrier of each of STAGES
+// slots. BYTES: what that takes with the alignment slack; tail: the byte offset from smem of what
+// follows the barriers.
+template <int PIPE, int STAGES>
+struct MbarPipeSmem {
+  static constexpr int BYTES = PIPE + 1024 + 16 * STAGES;
+  uint32_t base, full, empty, tail;
+  __device__ __forceinline__ explicit MbarPipeSmem(const void* smem) {
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
+    base = (raw + 1023u) & ~1023u;
+    full = base + PIPE;
+    empty = full + 8 * STAGES;
+    tail = empty + 8 * STAGES - raw;
+  }
+};
 // Spin until the phase of parity `parity` of `bar` has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(

@@ -199,22 +199,20 @@ struct GroupedWgmmaWs {
   static constexpr int STAGE_BYTES = (TM + TN) * ROW_BYTES;
   static_assert(STAGE_BYTES % 1024 == 0, "stages of whole swizzle atoms");
   static constexpr int SMEM_PIPE = STAGES * STAGE_BYTES;
-  // + alignment slack, + full and empty mbarriers (8 bytes each a slot), + the work item
-  static constexpr int SMEM = SMEM_PIPE + 1024 + 16 * STAGES + 16;
+  using PipeSmem = MbarPipeSmem<SMEM_PIPE, STAGES>;
+  static constexpr int SMEM = PipeSmem::BYTES + 16;  // + the work item
 
   static __device__ __forceinline__ void run(const T* __restrict__ X, const T* __restrict__ W,
                                              const int* __restrict__ offsets, T* __restrict__ Y,
                                              int E, int N, int K, int M) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
-    const uint32_t base = (raw + 1023u) & ~1023u;
-    const uint32_t full = base + SMEM_PIPE, empty = full + 8 * STAGES;
+    const PipeSmem ps(smem);
+    const uint32_t base = ps.base, full = ps.full, empty = ps.empty;
     if (threadIdx.x == 0) mbar_init_slots<STAGES>(full, empty, 128, CONSUMERS);
     const int n_tiles = (N + TN - 1) / TN;
     // find_tile's barrier also publishes the mbarrier initialisation
     const TileOf tile = find_tile<TM>(offsets, E, M, n_tiles, blockIdx.x,
-                                      reinterpret_cast<int*>(smem + (base - raw) + SMEM_PIPE +
-                                                             16 * STAGES));
+                                      reinterpret_cast<int*>(smem + ps.tail));
     if (tile.e < 0) return;
     const int n0 = tile.n_tile * TN;
     const int k_tiles = (K + TK - 1) / TK;
@@ -273,16 +271,15 @@ struct GroupedWgmmaTma : WgmmaTile<T, TM, TN, STAGES, INFLIGHT, SWIGLU> {
   using typename B::G;
   using B::D, B::THREADS, B::STAGE_BYTES, B::SMEM_PIPE;
   static constexpr int WGS = TM / 64;
-  // + alignment slack, + full and empty mbarriers a slot, + the work item
-  static constexpr int SMEM = SMEM_PIPE + 1024 + 16 * STAGES + 16;
+  using PipeSmem = MbarPipeSmem<SMEM_PIPE, STAGES>;
+  static constexpr int SMEM = PipeSmem::BYTES + 16;  // + the work item
 
   static __device__ __forceinline__ void run(const TensorMap& tx, const TensorMap& tw,
                                              const int* __restrict__ offsets, T* __restrict__ Y,
                                              int E, int N, int K, int M) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
-    const uint32_t base = (raw + 1023u) & ~1023u;
-    const uint32_t full = base + SMEM_PIPE, empty = full + 8 * STAGES;
+    const PipeSmem ps(smem);
+    const uint32_t base = ps.base, full = ps.full, empty = ps.empty;
     if (threadIdx.x == 0) {
       mbar_init_slots<STAGES>(full, empty, 1, WGS);
       fence_mbarrier_init();
@@ -290,7 +287,7 @@ struct GroupedWgmmaTma : WgmmaTile<T, TM, TN, STAGES, INFLIGHT, SWIGLU> {
     const int n_tiles = (N + TN - 1) / TN;
     // find_tile's barrier also publishes the mbarrier initialisation
     const TileOf tile = find_tile<TM>(offsets, E, M, n_tiles, blockIdx.x,
-                                      reinterpret_cast<int*>(smem + (base - raw) + SMEM_PIPE + 16 * STAGES));
+                                      reinterpret_cast<int*>(smem + ps.tail));
     if (tile.e < 0) return;
     const int n0 = tile.n_tile * TN;
     const int k_tiles = (K + TK - 1) / TK;
