@@ -334,8 +334,9 @@ def launch_plan(ctx: Ctx, p: Plan, data: Any, scales: Any, post: Any,
                    a, b, has_bias, c, m, n, k, p.config.dtype, scalars=scalars)
         return
     fn = get_kernel(p.config, ctx.device, ctx.stream).fn(p.config.symbols()[0])
-    if p.split > 1:
-        ws, counters = scratch(ctx, "fp4_gemm", p.split * m * n, p.counters)
+    sizes = p.scratch_sizes(m, n)
+    if sizes is not None:
+        ws, counters = scratch(ctx, "fp4_gemm", *sizes)
     else:
         ws = counters = c
     args = (data, scales, post, a, b, np.int32(has_bias), np.float32(alpha), c, ws,

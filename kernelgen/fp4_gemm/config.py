@@ -22,6 +22,7 @@ CTYPE = {"float16": "half", "bfloat16": "__nv_bfloat16"}
 ENC_ID = {"float16": 0, "bfloat16": 1}  # fp4.cuh ENC_F16 / ENC_BF16 (layout.py ENCODINGS)
 STEP_K = 128  # K granularity of both kernels: 4 lanes x 32 elements
 KBIT4_LUT_BYTES = 32 * 1024  # fp4.cuh: the kbit4 code table a CTA (dynamic shared memory)
+KBIT4_WIDE_LUT_BYTES = 64 * 1024  # fp4.cuh: the wide table (one PRMT forms a pair's offset)
 
 # bandwidth path
 M_TILES = (8, 16)  # tokens per pass (mma n8 x 1 or 2)
@@ -80,6 +81,12 @@ class Fp4GemvConfig(KernelConfig):
     # steps of weights each warp prefetches into L2 before it waits for the grid before it, then
     # releases the next grid (PDL); 0: wait first (select.py pf_for)
     pf: int = 0
+    # kbit4: the 64 KB code table (fp4.cuh kbit4_word_wide: 2 instructions a pair instead of 3)
+    lut_wide: bool = False
+    # the grid's warps take equal runs of the (tile unit, step) blocks instead of a unit's K
+    # slice each (gemv.cuh BAL: a unit shared by runs adds its parts through ws); one pass of
+    # M_TILE tokens, no K split, no a_ring, pf 0
+    balanced: bool = False
 
     def check(self) -> None:
         _check_operands(self)
@@ -87,6 +94,11 @@ class Fp4GemvConfig(KernelConfig):
             raise _bad(self, "pf", f"expected one of {PFS}")
         if self.fmt == "kbit4" and (self.warps < 8 or self.a_ring):
             raise _bad(self, "warps", "kbit4 CTAs hold a 32 KB code table: 8 or 16 warps, no a_ring")
+        if not isinstance(self.balanced, bool) or (self.balanced and (self.a_ring or self.pf)):
+            raise _bad(self, "balanced", "a bool, True only without a_ring and at pf 0")
+        if not isinstance(self.lut_wide, bool) or (self.lut_wide and self.fmt != "kbit4"):
+            raise _bad(self, "lut_wide", "a bool, True only for kbit4 (the FP4 formats decode "
+                                         "without a table)")
         if self.m_tile not in M_TILES:
             raise _bad(self, "m_tile", f"expected one of {M_TILES}")
         if self.warps not in (4, 8, 16):
@@ -119,7 +131,7 @@ class Fp4GemvConfig(KernelConfig):
         """Dynamic: kbit4's code table, the a_ring slots (M_TILE rows x 256 bytes a step and
         warp), else none (A is read from global memory); the K-slice sums meet in static smem."""
         if self.fmt == "kbit4":
-            return KBIT4_LUT_BYTES
+            return KBIT4_WIDE_LUT_BYTES if self.lut_wide else KBIT4_LUT_BYTES
         return self.warps * self.depth * self.m_tile * 256 if self.a_ring else 0
 
     def template_vars(self) -> dict[str, Any]:
@@ -129,7 +141,8 @@ class Fp4GemvConfig(KernelConfig):
                 "min_blocks": self.warps_per_sm // self.warps,
                 "early": self.m_tile == 8 and self.warps_per_sm == 16,
                 "lean": self.warps_per_sm == 32, "a_by_word": self.a_by_word,
-                "a_ring": self.a_ring, "pf": self.pf}
+                "a_ring": self.a_ring, "pf": self.pf, "lut_wide": self.lut_wide,
+                "balanced": self.balanced}
 
 
 def tile_smem(fmt: str, bm: int, stages: int) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import get_arch, parts_of, smem_cap, smem_limits
+from ..arch import KB, get_arch, parts_of, smem_cap, smem_limits, smem_per_sm
 from ..core.select import selector, weight_shapes
 from ..errors import UnsupportedConfigError
 from .config import (
@@ -25,6 +25,7 @@ from .config import (
     FMTS,
     GEMV_FMTS,
     GEMV_WARPS,
+    KBIT4_WIDE_LUT_BYTES,
     M_TILES,
     STEP_K,
     TILE_BMS,
@@ -117,6 +118,9 @@ KBIT4_WPS = 16
 # 4096x4096 M = 9 / 16 11.02 / 11.40 -> 8.42 / 9.10 (128 -> 256 CTAs); 1024x4096 9.23 / 9.44 ->
 # 5.71 / 6.03 (32 -> 64); 14336x4096 (224 CTAs at TPW 2) 19.11 / 19.80 vs 19.29 / 21.15 at TPW 1.
 KBIT4_TPW2_MIN_CTAS = 1
+# kbit4 decodes through the wide (64 KB) code table wherever the SM's shared memory holds it for
+# every resident CTA (kbit4_lut_wide): one PRMT forms a pair's table offset, 2 instructions a pair
+# instead of 3 (fp4.cuh kbit4_word_wide); on parts of 100 KB an SM the 32 KB table keeps 2 CTAs.
 # kbit4's TPW by m_tile (GEMV_TPW for the FP4 formats), under the same two rules (no global K
 # split, KBIT4_TPW2_MIN_CTAS). m_tile 8 takes 2 since its scales apply after the mma (gemv.cuh
 # POST, session 19): H100, graph-timed, fp16, twice each, 14336x4096 (224 CTAs at kw 4) M = 1
@@ -192,6 +196,21 @@ class Plan:
     @property
     def warps_launched(self) -> int:
         return self.grid[0] * self.grid[1] * self.grid[2] * self.block[0] // 32
+
+    @property
+    def balanced(self) -> bool:
+        return isinstance(self.config, Fp4GemvConfig) and self.config.balanced
+
+    def scratch_sizes(self, m: int, n: int) -> tuple[int, int] | None:
+        """(fp32 workspace elements, counters) of the launch's scratch, None without one: a K
+        split's partial C per split and tile counters; a balanced GEMV's two part slots a warp
+        (its lanes' fp32 sums) and a counter a unit of TPW tiles."""
+        if self.balanced:
+            c = self.config
+            nv = c.tpw * (c.m_tile // 8) * 4
+            tiles = -(-n // 16)
+            return self.grid[0] * c.warps * 2 * nv * 32, -(-tiles // c.tpw)
+        return (self.split * m * n, self.counters) if self.split > 1 else None
 
     @property
     def counters(self) -> int:
@@ -281,14 +300,89 @@ def kw_for(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
     raise AssertionError("unreachable")
 
 
-def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
+def kbit4_lut_wide(arch: str, m_tile: int, warps: int, wps: int, smem_limit: int | None = None) -> bool:
+    """Whether the kbit4 GEMV takes the wide code table: its wps / warps CTAs an SM each fit
+    the 64 KB table, gemv.cuh's K-slice sums (static, warps x m_tile x 128 bytes) and the 1 KB
+    the driver keeps a block in the SM's shared memory (`smem_limit`: the device's a block)."""
+    per_cta = KBIT4_WIDE_LUT_BYTES + warps * m_tile * 128 + 16 + KB
+    return max(1, wps // warps) * per_cta <= smem_per_sm(arch, smem_limit)
+
+
+# The balanced GEMV (gemv.cuh BAL: the grid's warps take equal runs of (unit, step) blocks; a
+# unit shared by runs adds its parts through ws, one fence, counter and finisher a run) replaces
+# the kw plan for kbit4 where that plan leaves many of the SMs' CTA slots empty (FILL: its CTAs
+# over KBIT4_WPS / GEMV_WARPS a SM) on weights of at least BAL_MIN_ELEMS. Its finish adds ~2-3 us
+# at the end of the grid (an L2 round trip for the counter, one for the parts), which full
+# grids do not win back. Measured on H100 (session 23, graph-timed, rotated, fp16), kw plan ->
+# balanced, us: M = 1: 17408x4096 (fill 0.52) 20.40 -> 19.42, 18432x5120 (0.55) 25.15 ->
+# 23.67, 10240x8192 (0.61) 21.55 -> 21.81, 22016x4096 (0.65) 21.64 -> 22.39, 12288x4096 (0.73)
+# 13.47 -> 15.59, 14336x4096 (0.85) 14.42 -> 17.44; M = 16: 29.14 -> 25.48, 34.90 -> 29.15,
+# 30.38 -> 28.00, 29.68 -> 27.90, 18.34 -> 20.32, 18.69 -> 22.41; 4096x4096 M = 1 5.54 -> 9.27.
+# The FP4 formats' plans (32 warps an SM where it pays) lost in every shape tried (14336x4096,
+# 4096x14336, 10240x8192: 15-33% slower): forced only.
+BAL_FILL = {8: 0.56, 16: 0.66}  # by m_tile: balanced where the kw plan's fill is at most this
+BAL_MIN_ELEMS = 1 << 26
+
+
+def balanced_takes(fmt: str, m: int, n: int, k: int, sm_count: int, kw_plan: Plan) -> bool:
+    """Whether dispatch runs the balanced GEMV (gemv.cuh BAL) instead of kw_plan (see BAL_FILL)."""
+    if fmt in FMTS or n * k < BAL_MIN_ELEMS:
+        return False
+    cfg = kw_plan.config
+    slots = cfg.warps_per_sm // cfg.warps * sm_count
+    ctas = kw_plan.grid[0] * kw_plan.grid[1] * kw_plan.grid[2]
+    return ctas <= BAL_FILL[cfg.m_tile] * slots
+
+
+# the balanced GEMV keeps the table's TPW but at m_tile 16 on the archs where TPW 2 spills
+# there (ptxas, CUDA 13: 28-120 bytes on sm_100a / sm_120a; none on sm_80 / sm_90a, where TPW 2
+# is 3-18% faster at M = 16 on H100, equal at M = 9)
+BAL_TPW2_M16_ARCHS = ("sm_80", "sm_90a")
+
+
+def balanced_tpw(arch: str, fmt: str, m_tile: int) -> int:
+    """Tiles a warp of the balanced GEMV (see BAL_TPW2_M16_ARCHS)."""
+    tpw = (GEMV_TPW if fmt in FMTS else KBIT4_TPW)[m_tile]
+    return 1 if m_tile == 16 and arch not in BAL_TPW2_M16_ARCHS else tpw
+
+
+def _balanced(arch, m, n, k, fmt, dtype, sm_count, enc, smem_limit) -> Plan | None:
+    """The balanced GEMV (one pass of M_TILE tokens, 16 warps an SM in CTAs of GEMV_WARPS,
+    balanced_tpw): as many CTAs as fit the SMs at once, fewer where the blocks would not give
+    every warp one; None where M needs two passes."""
+    m_tile = 8 if m <= 8 else 16
+    if m > m_tile:
+        return None
+    wps = KBIT4_WPS if fmt not in FMTS else 16
+    tpw = balanced_tpw(arch, fmt, m_tile)
+    tiles = -(-n // 16)
+    blocks = -(-tiles // tpw) * (k // STEP_K)
+    if blocks >= 1 << 32:  # the kernel counts blocks in 32 bits
+        return None
+    ctas = min(wps // GEMV_WARPS * sm_count, -(-blocks // GEMV_WARPS))
+    cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, m_tile=m_tile, warps=GEMV_WARPS,
+                        depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps, balanced=True,
+                        lut_wide=fmt == "kbit4" and kbit4_lut_wide(arch, m_tile, GEMV_WARPS, wps, smem_limit))
+    cfg.check()
+    return Plan(cfg, 1, k // STEP_K, (ctas, 1, 1), (GEMV_WARPS * 32, 1, 1), cfg.smem_bytes(), 1)
+
+
+def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit=None,
+          balanced=None):
+    if balanced or (balanced is None and split is None and tpw is None and wps is None):
+        b = _balanced(arch, m, n, k, fmt, dtype, sm_count, enc, smem_limit)
+        if b is not None and balanced:
+            return b
+        if b is not None:
+            p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit, False)
+            return b if balanced_takes(fmt, m, n, k, sm_count, p) else p
     m_tile = 8 if m <= 8 else 16
     if wps is None and fmt not in FMTS:  # kbit4: 16 (see KBIT4_WPS)
         wps = KBIT4_WPS
     if wps is None:  # 32 warps an SM only where it launches 2x the warps without more K splits
-        p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, 16, enc)
+        p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, 16, enc, smem_limit, False)
         if GEMV_WPS32[m_tile] and tpw in (None, 1):
-            p32 = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, 1, 32, enc)
+            p32 = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, 1, 32, enc, smem_limit, False)
             if p32.warps_launched >= 2 * p.warps_launched and p32.split <= p.split:
                 return p32
         return p
@@ -298,7 +392,7 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
         tpw = (GEMV_TPW if fmt in FMTS else KBIT4_TPW)[m_tile]  # (kbit4: or leave SMs
         # without a CTA, KBIT4_TPW2_MIN_CTAS)
         if tpw > 1:
-            p2 = _gemv(arch, m, n, k, fmt, dtype, sm_count, None, tpw, wps, enc)
+            p2 = _gemv(arch, m, n, k, fmt, dtype, sm_count, None, tpw, wps, enc, smem_limit, False)
             if p2.split > 1 or (fmt not in FMTS and
                                 p2.grid[0] * p2.grid[1] * p2.grid[2] < KBIT4_TPW2_MIN_CTAS * sm_count):
                 tpw = 1
@@ -318,7 +412,8 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc):
     cta_warps = GEMV_CTA_WARPS[m_tile, wps] if fmt in FMTS else GEMV_WARPS  # kbit4: 32 KB table a CTA
     warps = cta_warps if kw <= cta_warps else max(GEMV_WARPS, kw)  # KW 16: 16-warp CTAs
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, m_tile=m_tile, warps=warps,
-                        depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps, pf=pf_for(arch, m, n, k))
+                        depth=GEMV_DEPTH, tpw=tpw, warps_per_sm=wps, pf=pf_for(arch, m, n, k),
+                        lut_wide=fmt == "kbit4" and kbit4_lut_wide(arch, m_tile, warps, wps, smem_limit))
     cfg.check()
     grid = (-(-units * kw // warps), split, m_tiles)
     return Plan(cfg, split, sps, grid, (warps * 32, 1, 1), cfg.smem_bytes(), kw)
@@ -423,7 +518,8 @@ def _dequant(arch: str, n: int, k: int, fmt: str, dtype: str, sm_count: int, enc
 
 def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
          path: str | None = None, split: int | None = None, tpw: int | None = None,
-         wps: int | None = None, enc: str | None = None, smem_limit: int | None = None) -> Plan:
+         wps: int | None = None, enc: str | None = None, smem_limit: int | None = None,
+         balanced: bool | None = None) -> Plan:
     """Pure planner. `path` ("gemv" / "tile" / "dequant" / "wgmma": sm_90a; a
     `split` without a path never gives wgmma, and where the rule says dequant gives the tile
     path), `split`, `tpw`
@@ -431,7 +527,8 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
     32 implies TPW 1) force a choice (tests, tuning). `enc`: the activation type the weight
     words are encoded for (Fp4Weight.encoding; default dtype). `smem_limit`: the device's
     shared memory a block (kernelgen.core.interop.smem_limit; None: the target's): the tile and
-    wgmma paths keep the stages (and the tile path the BM) that fit it."""
+    wgmma paths keep the stages (and the tile path the BM) that fit it, kbit4's bandwidth path
+    the code table that fits its CTAs (kbit4_lut_wide)."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the FP4 GEMM needs M >= 1")
@@ -457,7 +554,7 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
             raise ValueError(f"split_k={split}: the dequant path (dequantize + cuBLAS) has no K split")
         return _dequant(arch, n, k, fmt, dtype, sm_count, enc)
     if path == "gemv":
-        return _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc)
+        return _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit, balanced)
     if path == "tile":
         return _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit)
     if path == "wgmma":

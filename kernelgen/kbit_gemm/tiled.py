@@ -44,7 +44,9 @@ from ..fp4_gemm.select import (
     KBIT4_WPS,
     WGMMA_MAX_M,
     Plan,
+    balanced_tpw,
     bm_for,
+    kbit4_lut_wide,
     pfs_of,
     stages_for,
     wgmma_configs,
@@ -283,7 +285,8 @@ def _probe_ms() -> list[int]:
 def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:
     """Configs the tiled paths can launch for 4-bit weights (spec as kbit_gemm.select's:
     "dtypes", "shapes", "sm_counts"). Without shapes: every GEMV config the FP4 planner can
-    give kbit4 (both m_tiles, each TPW, KBIT4_WPS warps an SM), every tile config M in
+    give kbit4 (both m_tiles, each TPW, KBIT4_WPS warps an SM, the code table each part's shared
+    memory takes; the balanced GEMV of each m_tile), every tile config M in
     [TILE_MIN_M, MID_MAX_M] reaches (at the stages of each part's shared memory), the wgmma
     config of each BM (sm_90a), and the dequantize kernel ("float32" among the dtypes: also its
     fp32 output, for KbitLinear.dequantize). With shapes: every part's plans
@@ -302,9 +305,18 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
                 for m_tile in M_TILES:
                     for tpw in sorted({1, KBIT4_TPW[m_tile]}):
                         for pf in pfs_of(arch):
-                            yield Fp4GemvConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype,
-                                                m_tile=m_tile, warps=GEMV_WARPS, depth=GEMV_DEPTH,
-                                                tpw=tpw, warps_per_sm=KBIT4_WPS, pf=pf)
+                            for wide in dict.fromkeys(kbit4_lut_wide(arch, m_tile, GEMV_WARPS, KBIT4_WPS, lim)
+                                                      for lim in smem_limits(arch)):
+                                yield Fp4GemvConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype,
+                                                    m_tile=m_tile, warps=GEMV_WARPS, depth=GEMV_DEPTH,
+                                                    tpw=tpw, warps_per_sm=KBIT4_WPS, pf=pf,
+                                                    lut_wide=wide)
+                    for wide in dict.fromkeys(kbit4_lut_wide(arch, m_tile, GEMV_WARPS, KBIT4_WPS, lim)
+                                              for lim in smem_limits(arch)):  # the balanced GEMV
+                        yield Fp4GemvConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype, m_tile=m_tile,
+                                            warps=GEMV_WARPS, depth=GEMV_DEPTH,
+                                            tpw=balanced_tpw(arch, "kbit4", m_tile),
+                                            warps_per_sm=KBIT4_WPS, lut_wide=wide, balanced=True)
                 tile_ms = [*range(17, TILE_LOW_MAX_M + 1), *range(TILE_MIN_M, MID_MAX_M + 1)]
                 for bm in sorted({bm_for(m) for m in tile_ms}):
                     for stages in dict.fromkeys(stages_for(arch, "kbit4", bm, lim)

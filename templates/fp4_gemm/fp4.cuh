@@ -100,10 +100,15 @@ __device__ __forceinline__ void e2m1_word(uint32_t q, uint32_t (&o)[4]) {
 // their encoding), so byte p is the pair code c_p = code(2p) | code(2p+1) << 4. The table holds
 // entry c = the T pair (cb[c & 15], cb[c >> 4]) times ScaleBits<T>::TABLE 32 times, at c * 128
 // + 4 * copy: lane l reads copy l, so 32 random codes never collide in a bank (32 KB). A pair
-// costs a PRMT (the byte), a LEA (c * 128 + the lane's copy address) and the LDS; the E4M4
+// costs a PRMT (the byte), a LEA (c * 128 + the lane's copy address) and the LDS. The wide table
+// (the bandwidth path, whose decode issue rate bounds it) puts entry c at c * 256 (64 KB, the
+// upper 128 bytes of each entry unused): one PRMT then forms the whole offset c * 256 + 4 * lane
+// from the word and a register holding 4 * lane, and the LDS adds the table's base as its
+// immediate, 2 instructions a pair. The E4M4
 // scale pair (scale2) then multiplies the entry exactly (the kbit GEMV's rule: one rounding to
 // T of w * scale), except where the bandwidth path scales after the mma (KbitPost below).
 constexpr int KBIT4_LUT_BYTES = 256 * 128;
+constexpr int KBIT4_WIDE_LUT_BYTES = 256 * 256;
 
 // KBIT4 scaled after the mma (the bandwidth path at m_tile 8, gemv.cuh POST): the table holds
 // cb x KbitPost<T>::TABLE and a word's two mma sums are multiplied in fp32 by the rows' E4M4
@@ -144,9 +149,10 @@ __device__ __forceinline__ void kbit4_word_factors(uint32_t x, uint32_t y, int j
 // behind them and every CTA started its loop ~0.7 us later, H100), fill() writes the table.
 // Thread t stores uint4 i = t + THREADS j (4 copies of entry c = i / 8): with THREADS a multiple
 // of 128, c & 15 = (t / 8) & 15 for every j and c >> 4 = t / 128 + (THREADS / 128) j.
-template <typename T, int THREADS, bool POST = false>
+template <typename T, int THREADS, bool POST = false, bool WIDE = false>
 struct Kbit4Fill {
   static_assert(THREADS % 128 == 0, "the fill needs a multiple of 128 threads");
+  static constexpr int STRIDE = WIDE ? 256 : 128;  // bytes an entry (its 32 copies: the first 128)
   static constexpr int PER = KBIT4_LUT_BYTES / 16 / THREADS;  // uint4 stores a thread
   float lo, hi[PER];
   __device__ __forceinline__ void load(const float* __restrict__ cb) {
@@ -160,7 +166,12 @@ struct Kbit4Fill {
     for (int j = 0; j < PER; ++j) {
       const uint32_t p = POST ? pack2<T>(kbit4_post_value<T>(lo), kbit4_post_value<T>(hi[j]))
                               : pack2<T>(table_value<T>(lo), table_value<T>(hi[j]));
-      reinterpret_cast<uint4*>(lut)[threadIdx.x + THREADS * j] = make_uint4(p, p, p, p);
+      const int i = threadIdx.x + THREADS * j;  // uint4 i of the copies: entry i / 8
+      if constexpr (WIDE)
+        *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(lut) + (i >> 3) * STRIDE + (i & 7) * 16) =
+            make_uint4(p, p, p, p);
+      else
+        reinterpret_cast<uint4*>(lut)[i] = make_uint4(p, p, p, p);
     }
   }
 };
@@ -172,13 +183,23 @@ __device__ __forceinline__ void kbit4_word(uint32_t q, uint32_t lane_lut, uint32
   for (int p = 0; p < 4; ++p)
     asm volatile("ld.shared.b32 %0, [%1];" : "=r"(o[p]) : "r"(lane_lut + (__byte_perm(q, 0u, 0x4440u + p) << 7)));
 }
+// The wide table: lane_sel = 4 * lane (byte 0), lut = the table's shared address (a constant of
+// the kernel's shared layout, folded into the LDS as its immediate)
+__device__ __forceinline__ void kbit4_word_wide(uint32_t q, uint32_t lane_sel, uint32_t lut, uint32_t (&o)[4]) {
+#pragma unroll
+  for (int p = 0; p < 4; ++p)  // [4 lane, c_p, 0, 0]
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(o[p]) : "r"(lut + __byte_perm(q, lane_sel, 0x5504u + 16u * p)));
+}
 
-// A word's four T pairs for format FMT (weights encoded for ENC); KBIT4 reads its table
-template <typename T, int FMT, int ENC>
+// A word's four T pairs for format FMT (weights encoded for ENC); KBIT4 reads its table (WIDE:
+// the 64 KB one)
+template <typename T, int FMT, int ENC, bool WIDE = false>
 struct WordDecoder {
-  uint32_t lane_lut = 0;  // FMT_KBIT4: shared address of this lane's copy (kbit4_word)
+  uint32_t lane_lut = 0;  // FMT_KBIT4: shared address of this lane's copy (kbit4_word); WIDE: 4 lane
+  uint32_t lut = 0;       // WIDE: the table's shared address
   __device__ __forceinline__ void operator()(uint32_t q, uint32_t (&o)[4]) const {
-    if constexpr (FMT == FMT_KBIT4) kbit4_word(q, lane_lut, o);
+    if constexpr (FMT == FMT_KBIT4 && WIDE) kbit4_word_wide(q, lane_lut, lut, o);
+    else if constexpr (FMT == FMT_KBIT4) kbit4_word(q, lane_lut, o);
     else e2m1_word<T, ENC>(q, o);
   }
 };
@@ -254,8 +275,8 @@ __device__ __forceinline__ RowScale<T, FMT> row_scales(uint32_t raw) {
 
 // Word j of rows g (wa) and g+8 (wb) -> the unscaled (raw) A fragments of k-steps 2j (f[0..3])
 // and 2j+1 (f[4..7]): f = {a0, a1, a2, a3} as mma.cuh orders them.
-template <typename T, int FMT, int ENC>
-__device__ __forceinline__ void raw_frags_of_word(const WordDecoder<T, FMT, ENC>& dec, uint32_t wa,
+template <typename T, int FMT, int ENC, bool WIDE>
+__device__ __forceinline__ void raw_frags_of_word(const WordDecoder<T, FMT, ENC, WIDE>& dec, uint32_t wa,
                                                   uint32_t wb, uint32_t (&f)[8]) {
   uint32_t ra[4], rb[4];
   dec(wa, ra);
@@ -268,8 +289,8 @@ __device__ __forceinline__ void raw_frags_of_word(const WordDecoder<T, FMT, ENC>
 }
 
 // The same fragments scaled by the rows' group scales of word j (a: row g, b: row g+8).
-template <typename T, int FMT, int ENC>
-__device__ __forceinline__ void frags_of_word(const WordDecoder<T, FMT, ENC>& dec, uint32_t wa,
+template <typename T, int FMT, int ENC, bool WIDE>
+__device__ __forceinline__ void frags_of_word(const WordDecoder<T, FMT, ENC, WIDE>& dec, uint32_t wa,
                                               uint32_t wb, const RowScale<T, FMT>& a,
                                               const RowScale<T, FMT>& b, int j, uint32_t (&f)[8]) {
   raw_frags_of_word(dec, wa, wb, f);

@@ -50,12 +50,29 @@ struct ItemPlace {
   __device__ __forceinline__ int up() const { return up_tiles; }
 };
 
+// f(i, nt, e, m, n) for each fragment (i, nt, e) of a lane of the warp's TPW tiles from tile tb
+// that lies inside C [M, N]: C[m, n], m = m_lane + 8nt + (e & 1) (m_lane: the pass's first token
+// + 2t), n = 16 (tb + i) + g + 8 (e >> 1); a tile past N has n >= N
+template <int TPW, int NT, typename F>
+__device__ __forceinline__ void for_frags(int m_lane, int g, int M, int N, int tb, F&& f) {
+#pragma unroll
+  for (int i = 0; i < TPW; ++i)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = m_lane + 8 * nt + (e & 1), n = (tb + i) * 16 + g + 8 * (e >> 1);
+        if (m < M && n < N) f(i, nt, e, m, n);
+      }
+}
+
 // GLU (TPW 2, ItemPlace): a warp's two tiles are gate tile u and up tile u + place.up() of a
 // weight whose rows are [gate; up] (W13); N is the output width (the gate rows) and C gets
 // silu(gate) * up, both sums in fp32 times their row factors, rounded once. No bias, no K split.
 template <typename T, int FMT, int M_TILE, int WARPS, int DEPTH, int TPW, bool HINT, bool EARLY,
           bool LEAN = false, bool A_BY_WORD = false, bool A_RING = false, int ENC = ENC_F16,
-          bool GLU = false, typename Place = GridPlace, int PF = 0>
+          bool GLU = false, typename Place = GridPlace, int PF = 0, bool WIDE = false,
+          bool BAL = false>
 __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                      const float* __restrict__ post, const T* __restrict__ A,
                                      const T* __restrict__ bias, int has_bias, float alpha,
@@ -68,6 +85,8 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   static_assert(PF == 0 || !Place::ITEM, "PF: the dense launch's entry point leaves its wait to gemv");
   static_assert(!GLU || (TPW == 2 && Place::ITEM),
                 "GLU pairs a gate and an up tile in one warp, in the MoE launch (no K split)");
+  static_assert(!BAL || (!Place::ITEM && !A_RING && PF == 0),
+                "BAL: the dense launch, A from global memory, no L2 prefetch");
   constexpr int NT = M_TILE / 8;
   constexpr int SB = Fmt<FMT>::SB;
   // LEAN (m_tile 16 at <= 64 registers): one accumulator chain per token half (the two n8
@@ -89,14 +108,25 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   const int g = lane >> 2, t = lane & 3;
   const int kw = 1 << kw_log, ks = warp & (kw - 1);
   const int tiles = (N + 15) >> 4;
-  const int tile0 = (place.x() * (WARPS >> kw_log) + (warp >> kw_log)) * (GLU ? 1 : TPW);
-  const bool active = tile0 < tiles;
   const int Q = K / STEP_K;
+  // BAL (balanced): the (unit, step) blocks in unit-major order, B = units x Q (< 2^32: the
+  // host checks), are cut into runs of L = ceil(B / warps of the grid) blocks, run gw to warp
+  // gw (the last ones may be short or empty). A run covers the end of one unit, whole units,
+  // the start of another: a whole unit is stored by its warp, the parts of a shared unit meet
+  // through ws (flush / finish below). kw_log = 0.
+  const uint32_t units = (tiles + TPW - 1) / TPW;
+  const uint32_t B = units * (uint32_t)Q, G = (uint32_t)place.nx() * WARPS;
+  const uint32_t L = (B + G - 1) / G;
+  const uint32_t gw = (uint32_t)place.x() * WARPS + warp;
+  const uint32_t b_lo = BAL ? gw * L : 0;
+  const int tile0 = BAL ? (int)(b_lo / Q) * TPW
+                        : (place.x() * (WARPS >> kw_log) + (warp >> kw_log)) * (GLU ? 1 : TPW);
+  const bool active = tile0 < tiles;
   const int q_cta = place.y() * sps;
   const int n_cta = min(Q, q_cta + sps) - q_cta;  // >= 1: the host ensures it
   const int per = (n_cta + kw - 1) >> kw_log;
-  const int q0 = q_cta + ks * per;
-  const int n_it = active ? max(0, min(per, n_cta - ks * per)) : 0;
+  const int q0 = BAL ? (int)(b_lo % Q) : q_cta + ks * per;
+  const int n_it = BAL ? (b_lo < B ? (int)min(L, B - b_lo) : 0) : active ? max(0, min(per, n_cta - ks * per)) : 0;
 
   // this warp's (tile, step) blocks, at W + tile * wt + step * wq (S: st, sq; layout.py
   // arrangements): lane (g, t) reads chunk t of rows g (wp) and g+8 (wp + 512) and one 8-byte
@@ -131,10 +161,11 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     grid_launch_dependents();
   }
   // KBIT4: the codebook values of this thread's table stores, requested first (Kbit4Fill)
-  [[maybe_unused]] Kbit4Fill<T, WARPS * 32, POST> kfill;
+  [[maybe_unused]] Kbit4Fill<T, WARPS * 32, POST, WIDE> kfill;
   if constexpr (FMT == FMT_KBIT4) kfill.load(post);
   uint4 wa[DEPTH][TPW], wb[DEPTH][TPW];
   uint2 sr[DEPTH][TPW];  // rows g (.x) and g+8 (.y), byte j: word j
+  [[maybe_unused]] int lu = tile0 / TPW, ls = q0;  // BAL: the unit and step of the next load
   const auto load = [&](int d) {
 #pragma unroll
     for (int i = 0; i < TPW; ++i) {
@@ -144,6 +175,18 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
       wp[i] += wq;
       sp[i] += sq;
     }
+    if constexpr (BAL) {  // past the unit's last step: the next unit's first (warp-uniform)
+      if (++ls == Q) {
+        ls = 0;
+        ++lu;
+#pragma unroll
+        for (int i = 0; i < TPW; ++i) {
+          const long long tl = min(lu * TPW + i, tiles - 1);
+          wp[i] = W + tl * wt + 64 * g + 16 * t;
+          sp[i] = S + tl * st + scale_offset<FMT>(g, t);
+        }
+      }
+    }
   };
 #pragma unroll
   for (int d = 0; d < DEPTH; ++d)
@@ -151,20 +194,21 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 
   // KBIT4: the CTA fills its code table (dynamic shared memory, KBIT4_LUT_BYTES) while the
   // first weights are in flight (post: the codebook)
-  WordDecoder<T, FMT, ENC> dec;
+  WordDecoder<T, FMT, ENC, WIDE> dec;
   if constexpr (FMT == FMT_KBIT4) {
     static_assert(!A_RING, "kbit4 keeps its table where the A ring would go");
     extern __shared__ __align__(16) uint32_t lut[];
     kfill.fill(lut);
     __syncthreads();
-    dec.lane_lut = (uint32_t)__cvta_generic_to_shared(lut) + 4u * lane;
+    dec.lut = (uint32_t)__cvta_generic_to_shared(lut);
+    dec.lane_lut = WIDE ? 4u * lane : dec.lut + 4u * lane;
   }
 
   // the epilogue's row factors and bias: EARLY (m_tile 8 at <= 128 registers) loaded now (their
   // latency hides behind the loop), else in the stores (registers)
   const bool pre = ks == 0 && place.splits() == 1;  // this warp stores C
   float fac[TPW][2], bia[TPW][2];
-  if (EARLY || GLU) {
+  if ((EARLY || GLU) && !BAL) {
 #pragma unroll
     for (int i = 0; i < TPW; ++i)
 #pragma unroll
@@ -181,8 +225,8 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   const int rows = min(M_TILE, M - m0);
   const T* ap[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-    ap[nt] = A + (size_t)(m0 + min(g + 8 * nt, rows - 1)) * K + (size_t)q0 * STEP_K + 8 * t;
+  for (int nt = 0; nt < NT; ++nt)  // BAL: the row's start (a step's offset is ds * STEP_K)
+    ap[nt] = A + (size_t)(m0 + min(g + 8 * nt, rows - 1)) * K + (size_t)(BAL ? 0 : q0) * STEP_K + 8 * t;
 
   // A_RING: the step's A rows (M_TILE x 256 bytes) are copied by cp.async into this warp's ring
   // slot of dynamic shared memory (full 32-byte sectors, DEPTH steps ahead like the weights) and
@@ -228,6 +272,83 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.0f;
 
+  // BAL: acc holds unit du's sum over its steps ds0 .. ds - 1; flush() stores it (a whole unit)
+  // or writes it as one part of the unit to ws (slot 0: the run's first unit, 1: its last),
+  // then clears acc. After the run, one fence publishes the parts; the part that brings a
+  // unit's counter to its number of parts adds them all in run order, stores C and resets the
+  // counter for the next launch (stream order).
+  constexpr int NV = TPW * NT * 4;  // floats a lane holds
+  // v[i][nt]: the sums of tile i of the warp's TPW (TPW == 1 adds its two chains, words 0, 2 and
+  // 1, 3; LEAN m16 has one)
+  const auto chain_sums = [&](float (&v)[TPW][NT][4]) {
+#pragma unroll
+    for (int i = 0; i < TPW; ++i)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[i][nt][e] = CH == 1 ? acc[0][nt][e] : TPW == 1 ? acc[0][nt][e] + acc[1][nt][e] : acc[i][nt][e];
+  };
+  [[maybe_unused]] int du = tile0 / TPW, ds = q0, ds0 = q0, pend0 = -1, pend1 = -1;
+  [[maybe_unused]] const bool mine = NT == 2 || 2 * t < rows;  // this lane holds tokens below M
+  const auto store = [&](int u, const float (&x)[TPW][NT][4]) {
+    for_frags<TPW, NT>(m0 + 2 * t, g, M, N, u * TPW, [&](int i, int nt, int e, int m, int n) {
+      store_out<T, FMT, POST>(C, bias, has_bias, post, alpha, m, n, N, x[i][nt][e]);
+    });
+  };
+  const auto flush = [&]() {
+    float v[TPW][NT][4];
+    chain_sums(v);
+    if (ds0 == 0 && ds == Q) {
+      store(du, v);
+    } else {
+      const int slot = du == tile0 / TPW ? 0 : 1;
+      (slot == 0 ? pend0 : pend1) = du;
+      if (mine) {
+        float* part = ws + (size_t)(gw * 2 + slot) * NV * 32 + lane;
+#pragma unroll
+        for (int x = 0; x < NV; ++x) __stcg(part + 32 * x, (&v[0][0][0])[x]);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.0f;
+  };
+  const auto finish = [&](int u) {  // after the fence: count this part of unit u in
+    unsigned old = 0;
+    if (lane == 0) old = atomicAdd(counters + u, 1u);
+    old = __shfl_sync(FULL, old, 0);
+    const uint32_t u0 = (uint32_t)u * Q;  // the unit's first block
+    const uint32_t g_first = u0 / L, g_last = (u0 + Q - 1) / L;  // the runs holding its ends
+    if (old != g_last - g_first) return;
+    __threadfence();
+    float sum[TPW][NT][4];
+    float* sf = &sum[0][0][0];
+#pragma unroll
+    for (int x = 0; x < NV; ++x) sf[x] = 0.0f;
+    constexpr int R = NV <= 8 ? 4 : 2;  // parts in flight (registers: m_tile 16 at TPW 2 spilled at 4)
+    for (uint32_t h0 = g_first; h0 <= g_last; h0 += R) {
+      float pv[R][NV];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t h = h0 + r;  // slot 0 where the unit is the run's first
+        if (mine && h <= g_last) {
+          const float* part = ws + (size_t)(h * 2 + (h * L >= u0 ? 0 : 1)) * NV * 32 + lane;
+#pragma unroll
+          for (int x = 0; x < NV; ++x) pv[r][x] = __ldcg(part + 32 * x);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (mine && h0 + r <= g_last) {
+#pragma unroll
+          for (int x = 0; x < NV; ++x) sf[x] += pv[r][x];
+        }
+    }
+    store(u, sum);
+    if (lane == 0) counters[u] = 0u;
+  };
+
   for (int it0 = 0; it0 < n_it; it0 += DEPTH) {
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
@@ -244,7 +365,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
           for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 32 * j);
+            for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + (BAL ? ds : d) * STEP_K + 32 * j);
         }
 #pragma unroll
         for (int i = 0; i < TPW; ++i) {
@@ -257,7 +378,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
           for (int j = 0; j < 4; ++j) {
             if constexpr (A_BY_WORD) {
 #pragma unroll
-              for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + d * STEP_K + 32 * j);
+              for (int nt = 0; nt < NT; ++nt) b[j][nt] = ld_nc_v4(ap[nt] + (BAL ? ds : d) * STEP_K + 32 * j);
             }
             uint32_t f[8];
             const int c = CH == 1 ? 0 : TPW == 1 ? (j & 1) : i;
@@ -292,6 +413,13 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
         }
         // the slot refills once decoded (no register copies; DEPTH - 1 steps stay in flight)
         if (it0 + d + DEPTH < n_it) load(d);  // warp-uniform
+        if constexpr (BAL) {
+          if (++ds == Q || it0 + d + 1 == n_it) {  // the unit's last step, or the run's
+            flush();
+            ++du;
+            ds0 = ds = 0;
+          }
+        }
         if constexpr (A_RING) {
           __syncwarp();  // every lane has read slot d
           if (it0 + d + DEPTH < n_it) fill(d, false);
@@ -299,74 +427,68 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
         }
       }
     }
+    if constexpr (!BAL) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) ap[nt] += DEPTH * STEP_K;
+      for (int nt = 0; nt < NT; ++nt) ap[nt] += DEPTH * STEP_K;
+    }
   }
-
-  // v[i][nt]: tile tile0 + i; TPW == 1 adds its two chains (words 0, 2 and 1, 3), LEAN m16 has one
-  float v[TPW][NT][4];
-#pragma unroll
-  for (int i = 0; i < TPW; ++i)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[i][nt][e] = CH == 1 ? acc[0][nt][e] : TPW == 1 ? acc[0][nt][e] + acc[1][nt][e] : acc[i][nt][e];
-  constexpr int NV = TPW * NT * 4;  // floats a lane holds
-  if (kw > 1) {  // the tile's KW slices, summed by slice 0 in slice order
-    __shared__ float red[WARPS * NV * 32];
-#pragma unroll
-    for (int i = 0; i < TPW; ++i)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) red[(warp * NV + (i * NT + nt) * 4 + e) * 32 + lane] = v[i][nt][e];
-    __syncthreads();
-    if (ks == 0) {
+  if constexpr (BAL) {  // every unit flushed; count the parts in
+    if (pend0 >= 0 || pend1 >= 0) {
+      __threadfence();
+      __syncwarp();
+      if (pend0 >= 0) finish(pend0);
+      if (pend1 >= 0) finish(pend1);
+    }
+  } else {  // the K slices' sums meet in shared memory; warp slice 0 stores
+    float v[TPW][NT][4];  // tile tile0 + i
+    chain_sums(v);
+    if (kw > 1) {  // the tile's KW slices, summed by slice 0 in slice order
+      __shared__ float red[WARPS * NV * 32];
 #pragma unroll
       for (int i = 0; i < TPW; ++i)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float s = 0.0f;
-            for (int y = 0; y < kw; ++y) s += red[((warp + y) * NV + (i * NT + nt) * 4 + e) * 32 + lane];
-            v[i][nt][e] = s;
-          }
-    }
-  }
-
-  // fragment (i, nt, 2h + e) = C[m0 + 8nt + 2t + e, 16*(tile0 + i) + g + 8h]; a tile past N has
-  // n >= N
-  const bool split = place.splits() > 1;
-  float* wsy = ws + (size_t)place.y() * M * N;
-  if (GLU && active && ks == 0) {  // fragment (0 / 1, nt, 2h + e): gate / up of C[m, n]
+          for (int e = 0; e < 4; ++e) red[(warp * NV + (i * NT + nt) * 4 + e) * 32 + lane] = v[i][nt][e];
+      __syncthreads();
+      if (ks == 0) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+        for (int i = 0; i < TPW; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int m = m0 + 8 * nt + 2 * t + (e & 1), n = tile0 * 16 + g + 8 * (e >> 1);
-        if (m < M && n < N)
-          C[(size_t)m * N + n] = from_float<T>(silu(v[0][nt][e] * fac[0][e >> 1]) * (v[1][nt][e] * fac[1][e >> 1]));
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float s = 0.0f;
+              for (int y = 0; y < kw; ++y) s += red[((warp + y) * NV + (i * NT + nt) * 4 + e) * 32 + lane];
+              v[i][nt][e] = s;
+            }
       }
-  } else if (active && ks == 0) {
-#pragma unroll
-    for (int i = 0; i < TPW; ++i)
+    }
+
+    const bool split = place.splits() > 1;
+    float* wsy = ws + (size_t)place.y() * M * N;
+    if (GLU && active && ks == 0) {  // fragment (0 / 1, nt, 2h + e): gate / up of C[m, n]
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int m = m0 + 8 * nt + 2 * t + (e & 1), n = (tile0 + i) * 16 + g + 8 * (e >> 1);
-          if (m >= M || n >= N) continue;
-          if (split) __stcg(wsy + (size_t)m * N + n, v[i][nt][e]);
-          else if (EARLY) C[(size_t)m * N + n] = out_value<T>(v[i][nt][e], fac[i][e >> 1], has_bias, bia[i][e >> 1]);
-          else store_out<T, FMT, POST>(C, bias, has_bias, post, alpha, m, n, N, v[i][nt][e]);
+          const int m = m0 + 8 * nt + 2 * t + (e & 1), n = tile0 * 16 + g + 8 * (e >> 1);
+          if (m < M && n < N)
+            C[(size_t)m * N + n] = from_float<T>(silu(v[0][nt][e] * fac[0][e >> 1]) * (v[1][nt][e] * fac[1][e >> 1]));
         }
+    } else if (active && ks == 0) {
+      for_frags<TPW, NT>(m0 + 2 * t, g, M, N, tile0, [&](int i, int nt, int e, int m, int n) {
+        if (split) __stcg(wsy + (size_t)m * N + n, v[i][nt][e]);
+        else if (EARLY) C[(size_t)m * N + n] = out_value<T>(v[i][nt][e], fac[i][e >> 1], has_bias, bia[i][e >> 1]);
+        else store_out<T, FMT, POST>(C, bias, has_bias, post, alpha, m, n, N, v[i][nt][e]);
+      });
+    }
+    constexpr int CTA_ROWS = 16 * TPW;  // W rows a (warp group of KW) covers
+    if (split)
+      split_finish<T, FMT, POST>(ws, counters + (size_t)place.z() * place.nx() + place.x(), place.splits(), C,
+                           bias, has_bias, post, alpha, m0, M_TILE,
+                           place.x() * (WARPS >> kw_log) * CTA_ROWS, (WARPS >> kw_log) * CTA_ROWS, M, N);
   }
-  constexpr int CTA_ROWS = 16 * TPW;  // W rows a (warp group of KW) covers
-  if (split)
-    split_finish<T, FMT, POST>(ws, counters + (size_t)place.z() * place.nx() + place.x(), place.splits(), C,
-                         bias, has_bias, post, alpha, m0, M_TILE,
-                         place.x() * (WARPS >> kw_log) * CTA_ROWS, (WARPS >> kw_log) * CTA_ROWS, M, N);
 }
 
 }  // namespace kg::fp4

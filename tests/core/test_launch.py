@@ -173,7 +173,7 @@ def _early_prefetch(cfg, first: str) -> bool:
     the point of coherence), and whose PF block ends with the wait, then the release."""
     if not getattr(cfg, "pf", 0):
         return False
-    if not (first.strip().startswith("kg::fp4::gemv<") and f"kg::fp4::GridPlace, {cfg.pf}>" in first):
+    if not (first.strip().startswith("kg::fp4::gemv<") and f"kg::fp4::GridPlace, {cfg.pf}," in first):
         return False
     src = (Path(__file__).parents[2] / "templates" / "fp4_gemm" / "gemv.cuh").read_text()
     src = re.sub(r"//[^\n]*", "", src)  # comments say "load" and "read" freely

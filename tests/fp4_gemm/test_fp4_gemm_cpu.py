@@ -1,6 +1,7 @@
 """FP4 GEMM checks that need no GPU: the weight-word decode and scale decode (emulated bit for
 bit against kernelgen/mx/reference.py), the selector, prewarm = dispatch, configs and input rules."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -448,8 +449,14 @@ def test_warps_per_sm_plan_and_rules():
     Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=1, depth=2, warps_per_sm=32, a_by_word=True).check()
     ring = Fp4GemvConfig(arch="sm_90a", m_tile=16, tpw=2, depth=2, warps=4, a_ring=True)
     assert ring.smem_bytes() == 4 * 2 * 16 * 256 and Fp4GemvConfig(arch="sm_90a").smem_bytes() == 0
-    tail = ", 0, false, kg::fp4::GridPlace, 0>("  # enc 0, no GLU, the dense grid, pf 0
+    tail = ", 0, false, kg::fp4::GridPlace, 0,"  # enc 0, no GLU, the dense grid, pf 0
     assert " true" + tail in render(ring).source and " false" + tail in render(ring.replace(a_ring=False)).source
+    # then the code table (lut_wide) and the balanced grid (balanced), in that order
+    flags = re.compile(r"GridPlace, 0,\s*(true|false), (true|false)>\(")
+    assert flags.search(render(ring).source).groups() == ("false", "false")
+    kb = Fp4GemvConfig(arch="sm_90a", fmt="kbit4", m_tile=8, tpw=2, depth=2, lut_wide=True, balanced=True)
+    assert flags.search(render(kb).source).groups() == ("true", "true")
+    assert flags.search(render(kb.replace(balanced=False)).source).groups() == ("true", "false")
     with pytest.raises(UnsupportedConfigError, match="a_ring=True; only at warps_per_sm 16"):
         Fp4GemvConfig(arch="sm_90a", m_tile=8, tpw=1, depth=2, warps_per_sm=32, a_ring=True).check()
     with pytest.raises(UnsupportedConfigError, match="warps_per_sm=24"):

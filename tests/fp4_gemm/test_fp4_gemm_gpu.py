@@ -930,3 +930,33 @@ def test_dequant_dense_weight_extreme_mxfp4(dtype, enc):
     bad = ~((got == want) | (np.isnan(got) & np.isnan(want)))
     assert not bad.any(), (f"{dtype=} {enc=}: {int(bad.sum())} differ, first {np.argwhere(bad)[:4].tolist()}: "
                            f"{got[bad][:4]} vs {want[bad][:4]}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gemv_balanced(fmt, dtype):
+    """The balanced GEMV (forced for the FP4 formats: dispatch takes it for kbit4 only) at M = 1,
+    7 (m_tile 8) and 16 (m_tile 16), bias and alpha, N of 3 / 13 / 63 tiles, 3 / 8 / 33 steps:
+    the reference, and the same bits on a second call."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.fp4_gemm import fp4_gemm, plan
+
+    dev = device_info()
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for n, k in ((40, 384), (200, 1024), (1000, 4224)):
+        t, w64 = _weight(fmt, n, k)
+        for m in (1, 7, 16):
+            p = plan(dev.arch.name, m, n, k, fmt, dtype, dev.sm_count, path="gemv", balanced=True)
+            assert p.balanced and p.grid[1:] == (1, 1), p.short()
+            a = _host(rng, (m, k), dtype)
+            bias = _host(rng, (n,), dtype)
+            outs = []
+            for _ in range(2):
+                out = cupy.full((m, n), 0xFFFF, cupy.uint16) if hint else cupy.full((m, n), np.nan, cupy.float16)
+                fp4_gemm(cupy.asarray(a), t, cupy.asarray(bias), alpha=1.25, out=out, dtype=hint, _plan=p)
+                outs.append(out)
+            _check(outs[0], GR.gemm(a, w64, bias, 1.25, dtype), dtype, f"{p.short()} {m=} {n=} {k=}")
+            assert cupy.array_equal(outs[0], outs[1]), f"{m=} {n=} {k=}: not deterministic"

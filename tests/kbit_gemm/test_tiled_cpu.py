@@ -114,6 +114,47 @@ def test_gemv_tiles_a_warp():
     assert (p.kw, p.grid) == (4, (224, 1, 1)), p.short()
 
 
+def test_code_table_and_balanced_rules():
+    """The wide (64 KB) code table where every part's SM holds it for both CTAs (not on 99 KB
+    parts); the balanced GEMV where the kw plan fills at most BAL_FILL of the CTA slots, on
+    weights of at least BAL_MIN_ELEMS, in one pass, kbit4 only unless forced; its scratch."""
+    from kernelgen.fp4_gemm.config import KBIT4_WIDE_LUT_BYTES
+    from kernelgen.fp4_gemm.select import BAL_FILL, BAL_MIN_ELEMS, kbit4_lut_wide, plan
+
+    for arch, lim, wide in (("sm_90a", None, True), ("sm_80", None, True), ("sm_80", 99 * 1024, False),
+                            ("sm_120a", None, False), ("sm_100a", None, True)):
+        for m in (1, 16):
+            p = plan(arch, m, 14336, 4096, "kbit4", "float16", 132, smem_limit=lim)
+            assert p.config.lut_wide is wide and p.smem == (KBIT4_WIDE_LUT_BYTES if wide else KBIT4_LUT_BYTES)
+            assert kbit4_lut_wide(arch, p.config.m_tile, p.config.warps, 16, lim) is wide
+    assert not plan("sm_90a", 1, 14336, 4096, "mxfp4", "float16", 132).config.lut_wide
+    with pytest.raises(UnsupportedConfigError, match="lut_wide=True"):
+        Fp4GemvConfig(arch="sm_90a", fmt="nvfp4", lut_wide=True).check()
+    # 17408 x 4096: the kw plan takes 136 of 264 slots (kw 2); 14336 x 4096 224 (kw 4)
+    for m in (1, 8, 16):
+        kw = plan("sm_90a", m, 17408, 4096, "kbit4", "float16", 132, balanced=False)
+        assert kw.grid[0] <= BAL_FILL[kw.config.m_tile] * 264 and not kw.balanced, kw.short()
+        p = plan("sm_90a", m, 17408, 4096, "kbit4", "float16", 132)
+        assert p.balanced and p.grid == (264, 1, 1) and p.kw == 1 and p.config.pf == 0, p.short()
+        assert p.scratch_sizes(m, 17408) == (264 * 8 * 2 * 32 * 4 * 2 * (p.config.m_tile // 8), 544)
+        assert not plan("sm_90a", m, 14336, 4096, "kbit4", "float16", 132).balanced
+        assert not plan("sm_90a", m, 17408, 4096, "nvfp4", "float16", 132).balanced
+    assert plan("sm_90a", 16, 10240, 8192, "kbit4", "float16", 132).balanced  # fill 0.61 <= 0.66
+    assert not plan("sm_90a", 1, 10240, 8192, "kbit4", "float16", 132).balanced  # > 0.56
+    assert not plan("sm_90a", 17, 17408, 4096, "kbit4", "float16", 132).balanced  # two passes
+    assert 2560 * 2560 < BAL_MIN_ELEMS and not plan("sm_90a", 1, 2560, 2560, "kbit4", "float16", 132).balanced
+    assert plan("sm_90a", 1, 17408, 4096, "kbit4", "float16", 132, split=1).kw == 2  # forced: kw
+    f = plan("sm_90a", 7, 200, 1024, "nvfp4", "float16", 132, path="gemv", balanced=True)
+    # the FP4 formats keep GEMV_TPW (1 at m_tile 8): 13 units x 8 steps, a CTA a unit
+    assert f.balanced and f.grid == (13, 1, 1) and f.scratch_sizes(7, 200)[1] == 13, f.short()
+    assert plan("sm_90a", 1, 14336, 4096, "kbit4", "float16", 132).scratch_sizes(1, 14336) is None
+    with pytest.raises(UnsupportedConfigError, match="balanced=True"):
+        Fp4GemvConfig(arch="sm_90a", fmt="kbit4", balanced=True, pf=1).check()
+    for arch, tpw in (("sm_90a", 2), ("sm_80", 2), ("sm_100a", 1), ("sm_120a", 1)):  # m_tile 16
+        assert plan(arch, 16, 17408, 4096, "kbit4", "float16", 132, path="gemv", balanced=True).config.tpw == tpw
+        assert plan(arch, 8, 17408, 4096, "kbit4", "float16", 132, path="gemv", balanced=True).config.tpw == 2
+
+
 def test_kbit4_configs():
     cfg = Fp4GemvConfig(arch="sm_90a", fmt="kbit4", dtype="float16", enc="float16")
     cfg.check()

@@ -252,7 +252,7 @@ def test_tile_path_falls_back_where_the_part_has_less_shared_memory(monkeypatch)
     """On a part whose blocks get less shared memory than the target's plans assume: at 99 KB
     (8.6 / 8.9 parts under sm_80, 101376 B) the selector's tile path (on sm_90a: the wgmma path,
     which does not fit there) keeps fewer stages (BM 64 at 2 beside the 32 KB table) and
-    matches the reference; where not even 2 stages fit (33 KB) it becomes the GEMV, and a
+    matches the reference; where not even 2 stages fit (50 KB) it becomes the GEMV, and a
     forced tile path raises naming the rule."""
     import cupy
 
@@ -278,8 +278,81 @@ def test_tile_path_falls_back_where_the_part_has_less_shared_memory(monkeypatch)
     ch = select_tiled(info.arch.name, m, n, k, "float16", info.sm_count, 99 * 1024)
     assert ch.path == "tile" and ch.plan.smem <= 99 * 1024 and ch.plan.config.stages == 2, ch.short()
     _check(kg.gemm(cupy.asarray(a), lin), want, "float16", f"99 KB {ch.short()}")
-    monkeypatch.setitem(interop._smem_limits, info.index, (32 * 1024 + 1024, "test part"))
-    c = kg.gemm(cupy.asarray(a), lin)  # the GEMV (its 32 KB table fits)
+    # 50 KB: the GEMV's 32 KB table and its 16 KB of K-slice sums (m_tile 16) fit, no tile
+    # pipeline of 2 stages does (BM 16: 57 KB)
+    monkeypatch.setitem(interop._smem_limits, info.index, (50 * 1024, "test part"))
+    ch = select_tiled(info.arch.name, m, n, k, "float16", info.sm_count, 50 * 1024)
+    assert ch.path == "gemv" and not ch.plan.config.lut_wide, ch.short()
+    c = kg.gemm(cupy.asarray(a), lin)
     _check(c, want, "float16", "fallback")
-    with pytest.raises(UnsupportedConfigError, match="2 stages need .* allows 33792 B"):
+    with pytest.raises(UnsupportedConfigError, match="2 stages need .* allows 51200 B"):
         kg.gemm(cupy.asarray(a), lin, path="tile")
+
+
+# (N, K) whose balanced runs take different shapes on a GPU of ~100-170 SMs: one block a run
+# with a partial last tile (13 tiles, 3 steps), one a run over units of 8 steps, runs of several
+# blocks across units of 2 steps (a unit's tail, whole units, the next one's head)
+BAL_SHAPES = ((200, 384), (384, 1024), (160000, 256))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", BAL_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_balanced_gemv_matches_reference(shape, dtype, monkeypatch):
+    """The balanced GEMV (gemv.cuh BAL, forced through the selector's rule) at M = 1, 5, 8
+    (m_tile 8) and 9, 16 (m_tile 16) with bias: the reference, bit-identical on a second call,
+    and the unit counters left at zero for the next launch."""
+    import cupy
+
+    import kernelgen as kg
+    import kernelgen.fp4_gemm.select as fsel
+    from kernelgen.arch import device_info
+    from kernelgen.core.interop import context_of, scratch
+    from kernelgen.kbit_gemm.tiled import plan_tiled
+
+    monkeypatch.setattr(fsel, "balanced_takes", lambda *a: True)
+    n, k = shape
+    lin, _, w64 = _weights(dtype, n, k)
+    info = device_info()
+    rng = np.random.default_rng(n + 3 * k)
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    bias = _host(rng, (n,), dtype)
+    for m in (1, 5, 8, 9, 16):
+        p = plan_tiled(info.arch.name, m, n, k, dtype, info.sm_count).plan
+        assert p.balanced, p.short()
+        a = _host(rng, (m, k), dtype)
+        a_d, b_d = cupy.asarray(a), cupy.asarray(bias)
+        first = kg.gemm(a_d, lin, b_d, dtype=hint)
+        _check(first, GR.gemm(a, w64, bias, dtype), dtype, f"{m=} {n=} {k=} {p.short()}")
+        again = kg.gemm(a_d, lin, b_d, dtype=hint)
+        assert cupy.array_equal(first, again), f"{m=}: not deterministic"
+        counters = scratch(context_of(a_d, "A"), "fp4_gemm", 0, 0)[1]
+        assert int(cupy.count_nonzero(counters)) == 0, f"{m=}: counters left nonzero"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wide_and_narrow_code_tables_agree(dtype, monkeypatch):
+    """The GEMV with the 64 KB code table (kbit4_word_wide) and with the 32 KB one (parts of 100
+    KB an SM) give the same bits at M = 1, 8 (scales after the mma) and 16 (before it)."""
+    import cupy
+
+    import kernelgen as kg
+    import kernelgen.fp4_gemm.select as fsel
+    from kernelgen.arch import device_info
+    from kernelgen.kbit_gemm.tiled import plan_tiled
+
+    n, k = 1152, 4224
+    lin, _, w64 = _weights(dtype, n, k)
+    info = device_info()
+    rng = np.random.default_rng(11)
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for m in (1, 8, 16):
+        a = _host(rng, (m, k), dtype)
+        a_d = cupy.asarray(a)
+        got = {}
+        for wide in (True, False):
+            monkeypatch.setattr(fsel, "kbit4_lut_wide", lambda *x, w=wide, **y: w)
+            p = plan_tiled(info.arch.name, m, n, k, dtype, info.sm_count, path="gemv").plan
+            assert p.config.lut_wide is wide and p.smem == (64 if wide else 32) * 1024, p.short()
+            got[wide] = kg.gemm(a_d, lin, dtype=hint, path="gemv")
+        _check(got[True], GR.gemm(a, w64, None, dtype), dtype, f"{m=}")
+        assert cupy.array_equal(got[True], got[False]), f"{m=}: the tables disagree"
