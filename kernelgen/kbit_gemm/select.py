@@ -57,6 +57,15 @@ MIN_GROUPS_PER_SPLIT = 8
 # 20.46; 2 bits 12.89 vs 13.24 / 13.55): 8 busy warps an SM saturate the decode with K warps
 # too. At m_tile 16 K warps were 1.1-2.6x slower (more splits for the A slice beside the sums).
 KW_CHOICES: tuple[int, ...] = (1, 4)
+# Where that picks kw = 1 with a K split at m_tile 8, kw = 2 unsplit runs instead when it needs no
+# split (the cost model weighs kw 2 wrongly both ways). H100, session 23, graph-timed, rotated,
+# kw 1 split 2 -> kw 2: 6144x4096 2 bits M = 1 / 4 / 8 9.37 / 9.64 / 10.00 -> 7.85 / 8.09 /
+# 8.58 us, 3 bits 10.45 / 10.70 / 11.09 -> 9.32 / 9.49 / 9.97, 5 bits M = 1 / 2 / 3 18.27 /
+# 18.30 / 15.95 -> 15.90 / 13.53 / 13.74; 14336x4096 3 bits M = 8 20.95 -> 17.90; split 3 ->
+# kw 2: 5120x5120 2 bits M = 1 / 4 / 8 +9 / +10 / +7%, 3 bits M = 1 / 4 +6 / +7%, 5 bits M = 1-3
+# +17%; 8192x8192 2 bits M = 1 / 4 +8%, 3 bits +5 / +3%, 5 bits M = 1 +35%. (Where the model
+# picks kw 4, kw 2 was 2-12% slower: 17408x4096 2 / 3 / 5 bits, 28672x4096 3 bits M = 8.)
+KW_FOR_SPLIT = 2
 KW_ITEM_OVERHEAD_STEPS = 0.5
 
 
@@ -115,7 +124,12 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
     if kw is None:  # the kw of the cheapest plan (ties: fewer K warps)
         plans = [_plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, c, launch, smem_limit)
                  for c in (KW_CHOICES if m_tile == 8 else (1,))]
-        return min(plans, key=lambda p: (p.cost, p.plan.config.kw)).plan
+        best = min(plans, key=lambda p: (p.cost, p.plan.config.kw)).plan
+        if split is None and m_tile == 8 and best.config.kw == 1 and best.split > 1:
+            p2 = _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, None, KW_FOR_SPLIT, launch, smem_limit)
+            if p2.plan.split == 1:  # K warps instead of the K split (KW_FOR_SPLIT)
+                return p2.plan
+        return best
     return _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, kw, launch, smem_limit).plan
 
 
@@ -215,7 +229,7 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
             for dtype in dtypes:
                 if not shapes:
                     for m_tile in M_TILES:
-                        for kw in KW_CHOICES if m_tile == 8 else (1,):
+                        for kw in dict.fromkeys(KW_CHOICES + (KW_FOR_SPLIT,)) if m_tile == 8 else (1,):
                             warps, min_blocks, _ = launch_of(m_tile, bits, kw, arch)
                             # K warps replace the split: the planner keeps them unsplit where
                             # the A slice fits (larger M compiles on demand)

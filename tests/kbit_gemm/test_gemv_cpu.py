@@ -136,6 +136,20 @@ def test_k_warp_rules():
     assert p.smem <= p.config.smem_bytes() and p.gps % 8 == 0
 
 
+
+def test_k_warps_instead_of_a_k_split():
+    """Where the cost model picks kw 1 with a K split at m_tile 8, kw 2 unsplit runs instead
+    (KW_FOR_SPLIT) if it needs no split; kw 4 picks and m_tile 16 stay; forced kw / split win."""
+    for (n, k), bits, m in (((6144, 4096), 2, 1), ((5120, 5120), 5, 3), ((14336, 4096), 3, 8)):
+        p = plan_gemv("sm_90a", m, n, k, bits, "float16", 132)
+        assert (p.config.kw, p.split) == (2, 1), (n, k, bits, m, p.short())
+        forced = plan_gemv("sm_90a", m, n, k, bits, "float16", 132, kw=1)
+        assert forced.config.kw == 1 and forced.split > 1, forced.short()
+    assert plan_gemv("sm_90a", 1, 17408, 4096, 2, "float16", 132).config.kw == 4
+    assert plan_gemv("sm_90a", 16, 6144, 4096, 2, "float16", 132).config.kw == 1
+    assert plan_gemv("sm_90a", 1, 6144, 4096, 2, "float16", 132, split=2).config.kw == 1
+
+
 @pytest.mark.parametrize("n,k", [(100, 96), (100, 0), (0, 128), (64, 4160)])
 def test_shape_rule(n, k):
     with pytest.raises(ValueError, match="multiple of 128"):
@@ -145,7 +159,8 @@ def test_shape_rule(n, k):
 def test_prewarm_table_is_modest_and_compilable():
     for arch in SM_COUNTS:
         cfgs = list(prewarm_configs([arch], {}))
-        assert 0 < len(cfgs) <= 40 and len(set(cfgs)) == len(cfgs)
+        # 4 bit-widths x 2 dtypes x (m_tile 8: kw 1 split or not, kw 2, kw 4; m_tile 16: split or not)
+        assert 0 < len(cfgs) <= 48 and len(set(cfgs)) == len(cfgs)
         assert all(c.smem_bytes() <= 99 * 1024 for c in cfgs)
 
 
