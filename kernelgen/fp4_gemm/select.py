@@ -357,7 +357,7 @@ def _balanced(arch, m, n, k, fmt, dtype, sm_count, enc, smem_limit) -> Plan | No
     tpw = balanced_tpw(arch, fmt, m_tile)
     tiles = -(-n // 16)
     blocks = -(-tiles // tpw) * (k // STEP_K)
-    if blocks >= 1 << 32:  # the kernel counts blocks in 32 bits
+    if blocks >= 1 << 31:  # the kernel counts blocks (and run starts past them) in 32 bits
         return None
     ctas = min(wps // GEMV_WARPS * sm_count, -(-blocks // GEMV_WARPS))
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, m_tile=m_tile, warps=GEMV_WARPS,

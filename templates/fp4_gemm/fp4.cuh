@@ -101,10 +101,10 @@ __device__ __forceinline__ void e2m1_word(uint32_t q, uint32_t (&o)[4]) {
 // entry c = the T pair (cb[c & 15], cb[c >> 4]) times ScaleBits<T>::TABLE 32 times, at c * 128
 // + 4 * copy: lane l reads copy l, so 32 random codes never collide in a bank (32 KB). A pair
 // costs a PRMT (the byte), a LEA (c * 128 + the lane's copy address) and the LDS. The wide table
-// (the bandwidth path, whose decode issue rate bounds it) puts entry c at c * 256 (64 KB, the
-// upper 128 bytes of each entry unused): one PRMT then forms the whole offset c * 256 + 4 * lane
-// from the word and a register holding 4 * lane, and the LDS adds the table's base as its
-// immediate, 2 instructions a pair. The E4M4
+// (the bandwidth path, where the SMs hold it) puts entry c at c * 256 (64 KB, the upper 128
+// bytes of each entry unused): one PRMT then forms the whole offset c * 256 + 4 * lane from the
+// word and a register holding 4 * lane, and the LDS adds the table's base as its immediate, 2
+// instructions a pair (0-2% faster on H100: the LDS latency, not the count, bounds it). The E4M4
 // scale pair (scale2) then multiplies the entry exactly (the kbit GEMV's rule: one rounding to
 // T of w * scale), except where the bandwidth path scales after the mma (KbitPost below).
 constexpr int KBIT4_LUT_BYTES = 256 * 128;

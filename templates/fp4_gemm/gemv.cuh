@@ -109,7 +109,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   const int kw = 1 << kw_log, ks = warp & (kw - 1);
   const int tiles = (N + 15) >> 4;
   const int Q = K / STEP_K;
-  // BAL (balanced): the (unit, step) blocks in unit-major order, B = units x Q (< 2^32: the
+  // BAL (balanced): the (unit, step) blocks in unit-major order, B = units x Q (< 2^31: the
   // host checks), are cut into runs of L = ceil(B / warps of the grid) blocks, run gw to warp
   // gw (the last ones may be short or empty). A run covers the end of one unit, whole units,
   // the start of another: a whole unit is stored by its warp, the parts of a shared unit meet
@@ -486,8 +486,8 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     constexpr int CTA_ROWS = 16 * TPW;  // W rows a (warp group of KW) covers
     if (split)
       split_finish<T, FMT, POST>(ws, counters + (size_t)place.z() * place.nx() + place.x(), place.splits(), C,
-                           bias, has_bias, post, alpha, m0, M_TILE,
-                           place.x() * (WARPS >> kw_log) * CTA_ROWS, (WARPS >> kw_log) * CTA_ROWS, M, N);
+                                 bias, has_bias, post, alpha, m0, M_TILE,
+                                 place.x() * (WARPS >> kw_log) * CTA_ROWS, (WARPS >> kw_log) * CTA_ROWS, M, N);
   }
 }
 
