@@ -118,9 +118,6 @@ KBIT4_WPS = 16
 # 4096x4096 M = 9 / 16 11.02 / 11.40 -> 8.42 / 9.10 (128 -> 256 CTAs); 1024x4096 9.23 / 9.44 ->
 # 5.71 / 6.03 (32 -> 64); 14336x4096 (224 CTAs at TPW 2) 19.11 / 19.80 vs 19.29 / 21.15 at TPW 1.
 KBIT4_TPW2_MIN_CTAS = 1
-# kbit4 decodes through the wide (64 KB) code table wherever the SM's shared memory holds it for
-# every resident CTA (kbit4_lut_wide): one PRMT forms a pair's table offset, 2 instructions a pair
-# instead of 3 (fp4.cuh kbit4_word_wide); on parts of 100 KB an SM the 32 KB table keeps 2 CTAs.
 # kbit4's TPW by m_tile (GEMV_TPW for the FP4 formats), under the same two rules (no global K
 # split, KBIT4_TPW2_MIN_CTAS). m_tile 8 takes 2 since its scales apply after the mma (gemv.cuh
 # POST, session 19): H100, graph-timed, fp16, twice each, 14336x4096 (224 CTAs at kw 4) M = 1
@@ -300,6 +297,10 @@ def kw_for(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
     raise AssertionError("unreachable")
 
 
+# kbit4 decodes through the wide (64 KB) code table wherever the SM's shared memory holds it for
+# every resident CTA: one PRMT forms a pair's table offset, 2 instructions a pair instead of 3
+# (fp4.cuh kbit4_word_wide; H100, session 23: 0-2% faster at M <= 8, up to 8% at bf16 M = 16);
+# on parts of 100 KB an SM the 32 KB table keeps 2 CTAs.
 def kbit4_lut_wide(arch: str, m_tile: int, warps: int, wps: int, smem_limit: int | None = None) -> bool:
     """Whether the kbit4 GEMV takes the wide code table: its wps / warps CTAs an SM each fit
     the 64 KB table, gemv.cuh's K-slice sums (static, warps x m_tile x 128 bytes) and the 1 KB
@@ -371,6 +372,9 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit=
           balanced=None):
     if balanced or (balanced is None and split is None and tpw is None and wps is None):
         b = _balanced(arch, m, n, k, fmt, dtype, sm_count, enc, smem_limit)
+        if balanced and b is None:
+            raise ValueError(f"balanced=True: M={m}; the balanced GEMV takes one pass of at most 16 "
+                             f"tokens and fewer than 2^31 (tile unit, step) blocks")
         if b is not None and balanced:
             return b
         if b is not None:
@@ -528,7 +532,8 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
     words are encoded for (Fp4Weight.encoding; default dtype). `smem_limit`: the device's
     shared memory a block (kernelgen.core.interop.smem_limit; None: the target's): the tile and
     wgmma paths keep the stages (and the tile path the BM) that fit it, kbit4's bandwidth path
-    the code table that fits its CTAs (kbit4_lut_wide)."""
+    the code table that fits its CTAs (kbit4_lut_wide). `balanced` (bandwidth path): True forces
+    the balanced GEMV (M <= 16), False the K-slice plans, None the rule (balanced_takes)."""
     check_shape(n, k)
     if m < 1:
         raise ValueError(f"A: M={m}; the FP4 GEMM needs M >= 1")
@@ -546,6 +551,11 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
         raise ValueError(f"tpw={tpw!r}: expected one of {TPWS}, bandwidth path only (path={path!r})")
     if wps is not None and path != "gemv":
         raise ValueError(f"wps={wps!r}: bandwidth path only (path={path!r})")
+    if balanced is not None and (path != "gemv" or not isinstance(balanced, bool)):
+        raise ValueError(f"balanced={balanced!r}: a bool, bandwidth path only (path={path!r})")
+    if balanced and (split is not None or tpw is not None or wps is not None):
+        raise ValueError("balanced=True: its grid has no K split, and its TPW and warps an SM are "
+                         "its own (balanced_tpw)")
     enc = dtype if enc is None else enc
     if path == "dequant":
         if fmt not in FMTS:

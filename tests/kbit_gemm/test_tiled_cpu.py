@@ -150,6 +150,12 @@ def test_code_table_and_balanced_rules():
     assert plan("sm_90a", 1, 14336, 4096, "kbit4", "float16", 132).scratch_sizes(1, 14336) is None
     with pytest.raises(UnsupportedConfigError, match="balanced=True"):
         Fp4GemvConfig(arch="sm_90a", fmt="kbit4", balanced=True, pf=1).check()
+    with pytest.raises(ValueError, match="balanced=True: M=17; the balanced GEMV takes one pass"):
+        plan("sm_90a", 17, 17408, 4096, "kbit4", "float16", 132, path="gemv", balanced=True)
+    with pytest.raises(ValueError, match="balanced=True: a bool, bandwidth path only"):
+        plan("sm_90a", 1, 17408, 4096, "kbit4", "float16", 132, path="tile", balanced=True)
+    with pytest.raises(ValueError, match="balanced=True: its grid has no K split"):
+        plan("sm_90a", 1, 17408, 4096, "kbit4", "float16", 132, path="gemv", balanced=True, split=2)
     for arch, tpw in (("sm_90a", 2), ("sm_80", 2), ("sm_100a", 1), ("sm_120a", 1)):  # m_tile 16
         assert plan(arch, 16, 17408, 4096, "kbit4", "float16", 132, path="gemv", balanced=True).config.tpw == tpw
         assert plan(arch, 8, 17408, 4096, "kbit4", "float16", 132, path="gemv", balanced=True).config.tpw == 2
