@@ -297,6 +297,11 @@ def kw_for(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
     raise AssertionError("unreachable")
 
 
+def gemv_m_tile(m: int) -> int:
+    """Tokens a pass of the bandwidth path: 8 up to M = 8, else 16."""
+    return 8 if m <= 8 else 16
+
+
 # kbit4 decodes through the wide (64 KB) code table wherever the SM's shared memory holds it for
 # every resident CTA: one PRMT forms a pair's table offset, 2 instructions a pair instead of 3
 # (fp4.cuh kbit4_word_wide; H100, session 23: 0-2% faster at M <= 8, up to 8% at bf16 M = 16);
@@ -351,7 +356,7 @@ def _balanced(arch, m, n, k, fmt, dtype, sm_count, enc, smem_limit) -> Plan | No
     """The balanced GEMV (one pass of M_TILE tokens, 16 warps an SM in CTAs of GEMV_WARPS,
     balanced_tpw): as many CTAs as fit the SMs at once, fewer where the blocks would not give
     every warp one; None where M needs two passes."""
-    m_tile = 8 if m <= 8 else 16
+    m_tile = gemv_m_tile(m)
     if m > m_tile:
         return None
     wps = KBIT4_WPS if fmt not in FMTS else 16
@@ -380,7 +385,7 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit=
         if b is not None:
             p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit, False)
             return b if balanced_takes(fmt, m, n, k, sm_count, p) else p
-    m_tile = 8 if m <= 8 else 16
+    m_tile = gemv_m_tile(m)
     if wps is None and fmt not in FMTS:  # kbit4: 16 (see KBIT4_WPS)
         wps = KBIT4_WPS
     if wps is None:  # 32 warps an SM only where it launches 2x the warps without more K splits

@@ -302,17 +302,17 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
             yield KbitTiledDequantConfig(arch=arch, dtype="float32")
         for dtype in dtypes:
             if not shapes:
-                for m_tile in M_TILES:
+                for m_tile in M_TILES:  # the code tables the parts' shared memory takes
+                    wides = tuple(dict.fromkeys(kbit4_lut_wide(arch, m_tile, GEMV_WARPS, KBIT4_WPS, lim)
+                                                for lim in smem_limits(arch)))
                     for tpw in sorted({1, KBIT4_TPW[m_tile]}):
                         for pf in pfs_of(arch):
-                            for wide in dict.fromkeys(kbit4_lut_wide(arch, m_tile, GEMV_WARPS, KBIT4_WPS, lim)
-                                                      for lim in smem_limits(arch)):
+                            for wide in wides:
                                 yield Fp4GemvConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype,
                                                     m_tile=m_tile, warps=GEMV_WARPS, depth=GEMV_DEPTH,
                                                     tpw=tpw, warps_per_sm=KBIT4_WPS, pf=pf,
                                                     lut_wide=wide)
-                    for wide in dict.fromkeys(kbit4_lut_wide(arch, m_tile, GEMV_WARPS, KBIT4_WPS, lim)
-                                              for lim in smem_limits(arch)):  # the balanced GEMV
+                    for wide in wides:  # the balanced GEMV
                         yield Fp4GemvConfig(arch=arch, fmt="kbit4", dtype=dtype, enc=dtype, m_tile=m_tile,
                                             warps=GEMV_WARPS, depth=GEMV_DEPTH,
                                             tpw=balanced_tpw(arch, "kbit4", m_tile),

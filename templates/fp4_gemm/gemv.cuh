@@ -165,7 +165,8 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
   if constexpr (FMT == FMT_KBIT4) kfill.load(post);
   uint4 wa[DEPTH][TPW], wb[DEPTH][TPW];
   uint2 sr[DEPTH][TPW];  // rows g (.x) and g+8 (.y), byte j: word j
-  [[maybe_unused]] int lu = tile0 / TPW, ls = q0;  // BAL: the unit and step of the next load
+  [[maybe_unused]] const int u_first = tile0 / TPW;  // BAL: the run's first unit
+  [[maybe_unused]] int lu = u_first, ls = q0;  // BAL: the unit and step of the next load
   const auto load = [&](int d) {
 #pragma unroll
     for (int i = 0; i < TPW; ++i) {
@@ -288,7 +289,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
 #pragma unroll
         for (int e = 0; e < 4; ++e) v[i][nt][e] = CH == 1 ? acc[0][nt][e] : TPW == 1 ? acc[0][nt][e] + acc[1][nt][e] : acc[i][nt][e];
   };
-  [[maybe_unused]] int du = tile0 / TPW, ds = q0, ds0 = q0, pend0 = -1, pend1 = -1;
+  [[maybe_unused]] int du = u_first, ds = q0, ds0 = q0, pend0 = -1, pend1 = -1;
   [[maybe_unused]] const bool mine = NT == 2 || 2 * t < rows;  // this lane holds tokens below M
   const auto store = [&](int u, const float (&x)[TPW][NT][4]) {
     for_frags<TPW, NT>(m0 + 2 * t, g, M, N, u * TPW, [&](int i, int nt, int e, int m, int n) {
@@ -301,7 +302,7 @@ __device__ __forceinline__ void gemv(const uint8_t* __restrict__ W, const uint8_
     if (ds0 == 0 && ds == Q) {
       store(du, v);
     } else {
-      const int slot = du == tile0 / TPW ? 0 : 1;
+      const int slot = du == u_first ? 0 : 1;
       (slot == 0 ? pend0 : pend1) = du;
       if (mine) {
         float* part = ws + (size_t)(gw * 2 + slot) * NV * 32 + lane;
