@@ -129,6 +129,10 @@ class Ctx:
         such a kernel raises it first)."""
         if smem > 48 * 1024:
             check_smem(self.device, smem)
+        if not isinstance(grid, int) and len(grid) > 1 and max(grid[1:]) > MAX_GRID_YZ:
+            raise ValueError(f"grid {tuple(grid)}: CUDA allows at most {MAX_GRID_YZ} blocks along y "
+                             f"and z (a forced path over this many passes or splits; the "
+                             f"selector's choice does not need it)")
         pdl = _pdl_device(self.device) and knobs.pdl()
         if pdl or any(isinstance(a, TensorMap) for a in args):  # CuPy cannot pass a TensorMap
             from .launch import launch_pdl
@@ -226,6 +230,26 @@ def _torch_to_cupy(t: Any) -> Any:
     return view
 
 
+def dtype_name(dtype: Any) -> Any:
+    """A dtype argument as the name the API checks ("float16", ...): numpy dtypes and scalar
+    types and torch dtypes give their names; None, strings and anything else come back as they
+    are (the caller's check then names what it expects)."""
+    if dtype is None or isinstance(dtype, str):
+        return dtype
+    name = getattr(dtype, "name", None)  # numpy dtype
+    if isinstance(name, str):
+        return name
+    text = str(dtype)
+    if text.startswith("torch."):  # torch.float16 -> "float16"
+        return text[len("torch."):]
+    try:
+        import numpy as np
+
+        return np.dtype(dtype).name  # numpy scalar types (np.float16)
+    except TypeError:
+        return dtype
+
+
 def device_array(x: Any, name: str, ctx: Ctx, dtypes: tuple[str, ...], hint: str | None = None,
                  ndim: int | None = None) -> tuple[Any, str]:
     """Validate `x` and return (cupy view, logical dtype). Raises ValueError naming the rule."""
@@ -264,8 +288,12 @@ def device_array(x: Any, name: str, ctx: Ctx, dtypes: tuple[str, ...], hint: str
     return (arr if arr is not None else _torch_to_cupy(x)), dt
 
 
+MAX_GRID_YZ = 65535  # a launch's gridDim.y and .z limit
+
 # (tag, device, stream handle[, thread]) -> (fp32 workspace, u32 counters); grown buffers are
-# retired, not freed: a CUDA graph captured with the old addresses keeps writing to them.
+# retired, not freed: a CUDA graph captured with the old addresses keeps writing to them. A
+# buffer grows to at least twice its size, so the retired ones of a key add up to less than
+# its live one (calls with M rising a few rows at a time would otherwise keep one each).
 _scratch: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 _retired: list[tuple[Any, Any]] = []
 _torch_owners: list[tuple[Any, Any]] = []  # torch tensors behind torch callers' scratch views
@@ -289,8 +317,11 @@ def scratch(ctx: Ctx, tag: str, ws_elems: int, n_counters: int) -> tuple[Any, An
     cur = _scratch.get(key)
     if cur is not None and cur[0].size >= ws_elems and cur[1].size >= n_counters:
         return cur
-    ws_size = max(ws_elems, cur[0].size if cur is not None else 0, 1)
-    cnt_size = max(n_counters, cur[1].size if cur is not None else 0, 1)
+    ws_size = max(ws_elems, 1)
+    cnt_size = max(n_counters, 1)
+    if cur is not None:  # grow geometrically (see _retired)
+        ws_size = cur[0].size if cur[0].size >= ws_size else max(ws_size, 2 * cur[0].size)
+        cnt_size = cur[1].size if cur[1].size >= cnt_size else max(cnt_size, 2 * cur[1].size)
     if ctx.kind == "torch":
         import torch
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arch import get_arch, parts_of, smem_cap, smem_per_sm
+from ..core.interop import MAX_GRID_YZ
 from ..core.select import selector, weight_shapes
 from .config import (
     BITS,
@@ -47,26 +48,20 @@ BUSY_WARPS_PER_SM = 8
 # ... and a split keeps at least this many groups of 128 k (two quad steps of a warp).
 MIN_GROUPS_PER_SPLIT = 8
 # K warps (kw > 1: a tile's quad steps dealt over kw warps of one CTA, sums reduced in shared
-# memory) are weighed beside the K split at m_tile 8: kw times the warps for the same tiles,
-# which count against the same BUSY_WARPS_PER_SM, and KW_ITEM_OVERHEAD_STEPS a tile (barrier +
-# sums) instead of a split's fenced epilogue. Measured (H100, M = 1, graphs, same run): kw = 4
-# unsplit beats the K split where the planner split (4 bits 4096x4096 9.90 -> 8.80 us,
-# 4096x14336 19.77 -> 19.43; 2 bits 7.66 -> 6.00, 14.07 -> 13.78; 3 bits 8.72 -> 7.07,
-# 16.72 -> 15.61; 5 bits 13.58 -> 10.45, 31.94 -> 22.27), and no kw is faster on 14336x4096,
-# which the planner leaves unsplit (4 bits 19.12 us; kw = 2 at 13.6 warps an SM 19.09, kw = 4
-# 20.46; 2 bits 12.89 vs 13.24 / 13.55): 8 busy warps an SM saturate the decode with K warps
-# too. At m_tile 16 K warps were 1.1-2.6x slower (more splits for the A slice beside the sums).
-KW_CHOICES: tuple[int, ...] = (1, 4)
-# Where that picks kw = 1 with a K split at m_tile 8, kw = 2 unsplit runs instead when it needs no
-# split (the cost model weighs kw 2 wrongly both ways). H100, session 23, graph-timed, rotated,
-# kw 1 split 2 -> kw 2: 6144x4096 2 bits M = 1 / 4 / 8 9.37 / 9.64 / 10.00 -> 7.85 / 8.09 /
-# 8.58 us, 3 bits 10.45 / 10.70 / 11.09 -> 9.32 / 9.49 / 9.97, 5 bits M = 1 / 2 / 3 18.27 /
-# 18.30 / 15.95 -> 15.90 / 13.53 / 13.74; 14336x4096 3 bits M = 8 20.95 -> 17.90; split 3 ->
-# kw 2: 5120x5120 2 bits M = 1 / 4 / 8 +9 / +10 / +7%, 3 bits M = 1 / 4 +6 / +7%, 5 bits M = 1-3
-# +17%; 8192x8192 2 bits M = 1 / 4 +8%, 3 bits +5 / +3%, 5 bits M = 1 +35%. (Where the model
-# picks kw 4, kw 2 was 2-12% slower: 17408x4096 2 / 3 / 5 bits, 28672x4096 3 bits M = 8.)
-KW_FOR_SPLIT = 2
-KW_ITEM_OVERHEAD_STEPS = 0.5
+# memory) are weighed beside the K split at m_tile 8 (at m_tile 16 they were 1.1-2.6x slower:
+# more splits for the A slice beside the sums): kw times the warps for the same tiles, which
+# count against the same BUSY_WARPS_PER_SM, and KW_ITEM_OVERHEAD_STEPS a tile (barrier + sums)
+# instead of a split's fenced epilogue. The m_tile 8 constants were fitted (session 24) to a
+# grid of 25 shapes x 2 / 3 / 5 bits x M = 1 / 4 / 8, every kw in (1, 2, 4) at the planner's
+# split and at splits 1 / 2 / 4 (H100, graph-timed, weights rotated past L2; BENCHMARKS.md
+# "Session 24"): the planner's pick came within 2.9% of the fastest measured config on average
+# (4.4% with session 23's constants and kw 2 only in place of a K split), 45 of 225 picks
+# changed, 32 faster by up to 41% (5 bits M = 1: 18432x5120 49.2 -> 34.9 us, 12288x4096 29.0
+# -> 22.6; 11008x4096 2 / 3 bits +11-17%), 8 slower by up to 7.5% (1024x4096 5 bits M = 4;
+# 12288x4096 2 / 3 bits M = 1 / 4 -4%).
+KW_CHOICES: tuple[int, ...] = (1, 2, 4)
+KW_ITEM_OVERHEAD_STEPS = 0.0
+ITEM_OVERHEAD_STEPS_M8 = 0.25  # m_tile 8 (ITEM_OVERHEAD_STEPS: m_tile 16)
 
 
 @dataclass(frozen=True)
@@ -121,15 +116,14 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
     if kw is not None and kw not in KWS:
         raise ValueError(f"kw={kw}: expected one of {KWS}")
     m_tile = m_tile_for(m)
+    if -(-m // m_tile) > MAX_GRID_YZ:
+        raise ValueError(f"A: M={m} takes {-(-m // m_tile)} GEMV passes of {m_tile} tokens, more "
+                         f"than a launch's {MAX_GRID_YZ}; use path='dequant' (the selector's "
+                         f"choice at this M)")
     if kw is None:  # the kw of the cheapest plan (ties: fewer K warps)
         plans = [_plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, c, launch, smem_limit)
                  for c in (KW_CHOICES if m_tile == 8 else (1,))]
-        best = min(plans, key=lambda p: (p.cost, p.plan.config.kw)).plan
-        if split is None and m_tile == 8 and best.config.kw == 1 and best.split > 1:
-            p2 = _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, None, KW_FOR_SPLIT, launch, smem_limit)
-            if p2.plan.split == 1:  # K warps instead of the K split (KW_FOR_SPLIT)
-                return p2.plan
-        return best
+        return min(plans, key=lambda p: (p.cost, p.plan.config.kw)).plan
     return _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, kw, launch, smem_limit).plan
 
 
@@ -171,7 +165,8 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
         gps = -(-groups // s)
         warps_resident = sm_count * min(resident(gps) * warps, busy)
         rounds = -(-(tiles * m_tiles * s * kw) // warps_resident)
-        overhead = SPLIT_ITEM_OVERHEAD_STEPS if s > 1 else ITEM_OVERHEAD_STEPS
+        overhead = (SPLIT_ITEM_OVERHEAD_STEPS if s > 1
+                    else ITEM_OVERHEAD_STEPS_M8 if m_tile == 8 else ITEM_OVERHEAD_STEPS)
         if kw > 1:
             overhead += KW_ITEM_OVERHEAD_STEPS
         quads = -(-gps // 4)  # quad steps of a tile, dealt over kw warps
@@ -229,11 +224,11 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
             for dtype in dtypes:
                 if not shapes:
                     for m_tile in M_TILES:
-                        for kw in dict.fromkeys(KW_CHOICES + (KW_FOR_SPLIT,)) if m_tile == 8 else (1,):
+                        for kw in KW_CHOICES if m_tile == 8 else (1,):
                             warps, min_blocks, _ = launch_of(m_tile, bits, kw, arch)
-                            # K warps replace the split: the planner keeps them unsplit where
-                            # the A slice fits (larger M compiles on demand)
-                            for split_k in (False, True) if kw == 1 else (False,):
+                            # every kw split or not (the planner weighs both; larger M
+                            # compiles on demand)
+                            for split_k in (False, True):
                                 yield KbitGemvConfig(arch=arch, bits=bits, dtype=dtype,
                                                      m_tile=m_tile, warps=warps,
                                                      min_blocks=min_blocks, split_k=split_k,
