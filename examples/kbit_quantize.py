@@ -18,7 +18,8 @@ def main() -> None:
         sqnr = 10 * np.log10(np.sum(x * x) / np.sum((x - y) ** 2))
         bytes_per_w = (q.packed.nbytes + q.absmax.nbytes) / w.size
         print(f"{bits} bits: {bytes_per_w * 8:.3f} bits/weight stored, SQNR {sqnr:.1f} dB")
-    tiled = kg.repack_kbit(q)  # GEMM-tiled layout [K/64][N/128][128][2][bits]
+    tiled = kg.repack_kbit(q)  # tiles [K/64][N/128][128][2][bits] for other GEMM kernels
+    # (kernelgen's own gemm takes kg.quantize_weight(w, bits): README, Quick start)
     print(f"repacked {tiled.n}x{tiled.k} weight to tiles of {tiled.tile_n}x{tiled.tile_k}")
 
 

@@ -15,6 +15,7 @@ from ..core.interop import (
     Ctx,
     context_of,
     device_array,
+    dtype_name,
     gemm_bias_out,
     on_stream,
     scratch,
@@ -172,6 +173,7 @@ def prepare_weight(t: Any, arrangement: str | None = None, *, act_dtype: str) ->
     per row (see Fp4Weight).
     """
     fmt, n, k = _check_mx_tensor(t)
+    act_dtype = dtype_name(act_dtype)
     if act_dtype not in DTYPES:
         raise ValueError(f"act_dtype={act_dtype!r}; expected one of {DTYPES}")
     cupy = _cupy()
@@ -278,19 +280,22 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     both, for benchmarks of variants). Runs on the caller's current stream; returns the caller's
     array kind.
     """
-    if not isinstance(W, Fp4Weight):
-        _check_mx_tensor(W)  # W's errors before A's
+    if isinstance(W, Fp4Weight):
+        wn, wk, wdev = W.n, W.k, W.device
+    else:  # W's errors before A's; A's before an MxTensor is prepared (a copy and launches)
+        _, wn, wk = _check_mx_tensor(W)
+        wdev = context_of(W.data, "W.data").device
     ctx = context_of(A, "A")
     a, dt = device_array(A, "A", ctx, DTYPES, hint=dtype)
-    W = _as_weight(W, dt)
     if a.ndim < 2:
         raise ValueError(f"A: expected [M, K] (or [..., K]), got shape {tuple(a.shape)}")
-    k, n = int(a.shape[-1]), W.n
-    if k != W.k:
-        raise ValueError(f"A: K={k} does not match the weight's K={W.k} (W is [{W.n}, {W.k}])")
-    if W.device != ctx.device:
-        raise ValueError(f"W: on device {W.device}, A is on device {ctx.device}")
+    k, n = int(a.shape[-1]), wn
+    if k != wk:
+        raise ValueError(f"A: K={k} does not match the weight's K={wk} (W is [{wn}, {wk}])")
+    if wdev != ctx.device:
+        raise ValueError(f"W: on device {wdev}, A is on device {ctx.device}")
     check_aligned(a.data.ptr, "A", 16, "the kernels load A in 16-byte chunks")
+    W = _as_weight(W, dt)
     m = int(a.size // k)
     b, out, c = gemm_bias_out(ctx, a, bias, out, n, k, dt)
     if b is not None:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import Ctx, context_of, device_array
+from ..core.interop import Ctx, context_of, device_array, dtype_name
 from ..core.jit import get_kernel
 from ..core.select import selector
 from . import reference
@@ -176,7 +176,7 @@ def dequantize_kbit(q: KbitTensor, dtype: str | None = None, *, absmax: Any = No
     """
     if not isinstance(q, KbitTensor):
         raise ValueError(f"q: expected a KbitTensor from quantize_kbit, got {type(q).__name__}")
-    dtype = dtype or q.dtype
+    dtype = dtype_name(dtype) or q.dtype
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"dtype={dtype!r}: expected one of {FLOAT_DTYPES}")
     ctx = context_of(q.packed, "q.packed")
@@ -222,7 +222,9 @@ def decode_e4m4(x: Any) -> Any:
 
 
 def repack_kbit(q: KbitTensor, tile_n: int = 128, tile_k: int = 64) -> KbitTiled:
-    """Flat layout of a quantized weight W [N, K] -> the GEMM-tiled layout (run once at load)."""
+    """Flat layout of a quantized weight W [N, K] -> a tiled layout [K/tile_k][N/tile_n][tile_n]
+    [tile_k/32][bits] (run once at load), for GEMM kernels outside kernelgen: kernelgen's own
+    `gemm` takes the KbitLinear of `quantize_weight`, which lays the weight out for its kernels."""
     if not isinstance(q, KbitTensor):
         raise ValueError(f"q: expected a KbitTensor from quantize_kbit, got {type(q).__name__}")
     if len(q.shape) != 2:

@@ -10,7 +10,7 @@ import numpy as np
 from ..arch import device_info
 from ..core import interop
 from ..core.dense import dense_gemm
-from ..core.interop import Ctx, context_of, device_array, gemm_bias_out, scratch
+from ..core.interop import Ctx, context_of, device_array, dtype_name, gemm_bias_out, scratch
 from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
 from .config import DTYPES, GROUP_K, TILE_ROWS
@@ -93,7 +93,7 @@ class KbitLinear:
         if self.tiled is None:
             return dequantize_kbit(self.q, dtype)
         t = self.tiled
-        dt = dtype or t.dtype
+        dt = dtype_name(dtype) or t.dtype
         if dt not in ("float16", "bfloat16", "float32"):
             raise ValueError(f"dtype={dt!r}: expected float16, bfloat16 or float32")
         ctx = context_of(t.origin if t.origin is not None else t.codebook, "W.tiled")

@@ -64,7 +64,9 @@ DEQUANT_SMALL_MIN_M: dict[int, int] = {2: 65, 3: 65, 4: 65, 5: 33}
 # at 256; 3 bits 103 vs 102 at 128; 4 bits 94 vs 105 at 128, 162 vs 106 at 192; 5 bits 75 vs 105
 # at 64, 126 vs 106 at 128.
 DEQUANT_MIN_M: dict[int, int] = {2: 160, 3: 128, 4: 144, 5: 112}
-# The mma path needs N % 128 == 0 (whole 128-row W tiles); other N stay on the GEMV path.
+# The mma path needs N % 128 == 0 (whole 128-row W tiles); other N take the GEMV path up to
+# DEQUANT_MIN_M, where the dequant path (any N) is faster than the mma path and so than the
+# GEMV's passes of 16 tokens (each of which reads all of W).
 TILE_N_MIN = 128
 
 # -- mma tiles ----------------------------------------------------------------------------------
@@ -191,9 +193,11 @@ def dequant_min_m(n: int, k: int, bits: int) -> int:
 
 
 def path_for(m: int, n: int, k: int, bits: int) -> str:
-    if n % TILE_N_MIN or m <= gemv_max_m(n, k, bits):
+    if m <= gemv_max_m(n, k, bits):
         return "gemv"
-    return "dequant" if m >= dequant_min_m(n, k, bits) else "mma"
+    if m >= dequant_min_m(n, k, bits):
+        return "dequant"
+    return "gemv" if n % TILE_N_MIN else "mma"
 
 
 def plan_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import Ctx, context_of, device_array, on_stream
+from ..core.interop import Ctx, context_of, device_array, dtype_name, on_stream
 from ..core.jit import get_kernel
-from .config import FLOAT_DTYPES
+from .config import FLOAT_DTYPES, lane_elems
 from .select import dequantize_plan, quantize_plan
 from .tensor import (
     FORMATS,
@@ -19,6 +19,7 @@ from .tensor import (
     SCALE_LAYOUTS,
     MxTensor,
     data_shape,
+    elem_bits,
     group_size,
     scale_shape,
 )
@@ -165,6 +166,7 @@ def dequantize(t: MxTensor, dtype: str = "float32", *, out: Any = None) -> Any:
     """
     if not isinstance(t, MxTensor):
         raise ValueError(f"t: expected an MxTensor, got {type(t).__name__}")
+    dtype = dtype_name(dtype)
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"dtype={dtype!r}; expected one of {FLOAT_DTYPES}")
     t.check()
@@ -172,9 +174,16 @@ def dequantize(t: MxTensor, dtype: str = "float32", *, out: Any = None) -> Any:
     ctx = context_of(t.data, "t.data")
     data_v, _ = device_array(t.data, "t.data", ctx, ("uint8",))
     scales_v, _ = device_array(t.scales, "t.scales", ctx, ("uint8",))
+    slot_bytes = lane_elems(t.fmt) * elem_bits(t.fmt) // 8  # a thread's slot of packed codes
+    word = 8 if slot_bytes % 8 == 0 else 4
+    if data_v.size and data_v.data.ptr % word:
+        raise ValueError(f"t.data: data pointer must be {word}-byte aligned (the kernel loads "
+                         f"{t.fmt} codes {word} bytes at a time); pass a fresh or .copy()'d array")
     gs_v = data_v
     if t.fmt == "nvfp4":
         gs_v, _ = device_array(t.global_scale, "t.global_scale", ctx, ("float32",))
+        if gs_v.size < 1:
+            raise ValueError("t.global_scale: empty; expected the one float32 NVFP4 global scale")
     rows, k = t.shape
     if out is None:
         out, out_v = ctx.empty((rows, k), dtype)
@@ -182,6 +191,9 @@ def dequantize(t: MxTensor, dtype: str = "float32", *, out: Any = None) -> Any:
         out_v, _ = device_array(out, "out", ctx, (dtype,), hint=dtype)
         if out_v.size != rows * k:
             raise ValueError(f"out: has {out_v.size} elements, t has {rows} x {k}")
+        if out_v.size and out_v.data.ptr % 16:
+            raise ValueError("out: data pointer must be 16-byte aligned (the kernel stores "
+                             "16-byte vectors); pass a fresh array")
     if rows == 0:  # an empty tensor (quantize of zero rows): nothing to launch
         return out
     plan = dequantize_plan(device_info(ctx.device).arch.name, t.fmt, dtype, rows, k)

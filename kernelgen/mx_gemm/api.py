@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import Ctx, context_of, device_array, on_stream, scratch
+from ..core.interop import Ctx, context_of, device_array, dtype_name, on_stream, scratch
 from ..core.jit import get_kernel
 from .config import FORMATS, OUT_DTYPES, MxBsGemmConfig, MxFp8GemmConfig
 from .select import forced, select_mx_gemm
@@ -142,6 +142,7 @@ def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = 
     ("bfloat16" or "float16"; CuPy bf16 is uint16). fp32 accumulation, D rounded to nearest.
     `config` forces a kernel config of the selector's path (tests, tuning); None: the selector's.
     """
+    out_dtype = dtype_name(out_dtype)
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype={out_dtype!r}; expected one of {OUT_DTYPES}")
     ctx, a_fmt, m, k, a, sa, gsa = _operand(A, "A", None)

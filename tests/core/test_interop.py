@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernelgen.core.interop import STORAGE, Ctx, context_of, device_array
+from kernelgen.core.interop import STORAGE, Ctx, context_of, device_array, dtype_name
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.uint16, np.uint8])
@@ -39,3 +39,13 @@ def test_device_array_refuses_numpy():
 
 def test_bf16_storage_is_16_bit():
     assert STORAGE["bfloat16"].itemsize == 2 and STORAGE["bfloat16"].kind == "u"
+
+
+def test_dtype_arguments_are_normalised_to_their_names():
+    """numpy dtypes and scalar types name the same dtype as their strings (the API's dtype
+    checks then accept them); anything else comes back unchanged for the check to refuse."""
+    assert dtype_name(np.dtype("float16")) == "float16"
+    assert dtype_name(np.float32) == "float32"
+    assert dtype_name("bfloat16") == "bfloat16" and dtype_name(None) is None
+    odd = object()
+    assert dtype_name(odd) is odd and dtype_name(3) == 3

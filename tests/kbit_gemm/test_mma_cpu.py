@@ -61,8 +61,12 @@ def test_path_thresholds(bits):
             assert S.path_for(lo + 1, n, k, bits) == "mma"
             assert S.path_for(hi - 1, n, k, bits) == "mma"
         assert S.path_for(hi, n, k, bits) == "dequant"
-    assert S.path_for(100, 200, 4096, bits) == "gemv"  # N % 128 != 0: only the GEMV takes it
-    assert S.plan_gemm("sm_90a", 4000, 200, 384, bits, "float16", 132).path == "gemv"
+    # N % 128 != 0 (no mma tiles): the GEMV up to dequant_min_m, then dequant (any N)
+    for n, k in ((200, 4096), (50257, 4096), (32001, 5120)):
+        hi = S.dequant_min_m(n, k, bits)
+        assert S.path_for(100 if hi > 100 else hi - 1, n, k, bits) == "gemv"
+        assert S.path_for(hi - 1, n, k, bits) == "gemv" and S.path_for(hi, n, k, bits) == "dequant"
+        assert S.plan_gemm("sm_90a", 4096, n, k, bits, "float16", 132).path == "dequant"
     # the table (session 22 measurements)
     assert S.gemv_max_m(4096, 14336, bits) == (12 if bits == 5 else 16)
     assert S.gemv_max_m(14336, 4096, bits) == (48 if bits <= 3 else 16)

@@ -193,6 +193,10 @@ def test_split_scratch_grows_without_freeing_what_graphs_may_hold():
     assert ws2.size >= 1 << 20 and ws2 is not ws1
     assert any(old[0] is ws1 for old in interop._retired)  # kept alive, not freed
     assert int(cnt1.sum()) == 0
+    n_retired = len(interop._retired)
+    for i in range(1, 101):  # M rising a few rows a call: it doubles once, not 100 times
+        ws3, _ = interop.scratch(ctx, "test", ws2.size + 64 * i, 3)
+    assert len(interop._retired) == n_retired + 1 and ws3.size == 2 * ws2.size
 
 
 @pytest.mark.parametrize("bits", (4, 5))

@@ -6,6 +6,8 @@ Outputs are poisoned (KERNELGEN_POISON=1) so an unwritten byte shows as a mismat
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -389,6 +391,18 @@ def test_shape_and_dtype_errors():
     t = mx.quantize_mx(cupy.zeros((4, 64), cupy.float16), "mxfp4")
     with pytest.raises(ValueError, match="out: has"):
         mx.dequantize(t, "float16", out=cupy.empty((4, 63), cupy.float16))
+    with pytest.raises(ValueError, match="out: data pointer must be 16-byte aligned"):
+        mx.dequantize(t, "float16", out=cupy.empty(4 * 64 + 8, cupy.float16)[1:4 * 64 + 1])
+    buf = cupy.zeros(t.data.size + 8, cupy.uint8)
+    shifted = buf[4:4 + t.data.size].reshape(t.data.shape)
+    with pytest.raises(ValueError, match="t.data: data pointer must be 8-byte aligned"):
+        mx.dequantize(dataclasses.replace(t, data=shifted), "float16")
+    tn = mx.quantize_nvfp4(cupy.zeros((4, 64), cupy.float16), 1.0)
+    with pytest.raises(ValueError, match="global_scale: empty"):
+        mx.dequantize(dataclasses.replace(tn, global_scale=cupy.zeros(0, cupy.float32)), "float16")
+    # a numpy dtype object names the same dtype as its string
+    d = mx.dequantize(t, np.dtype("float16"))
+    assert d.dtype == cupy.float16 and d.shape == (4, 64)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
