@@ -34,12 +34,17 @@ from .config import (
 M_TILE_TABLE: tuple[tuple[int, int], ...] = ((8, 8), (1 << 31, 16))
 # The grid is persistent (every CTA resident at once); a warp works through its 16-row tiles
 # one after the other, so the time is about rounds x (quad steps of a tile + overhead), with
-# rounds = ceil(work items / resident warps). The K split (grid.y) is the one that minimises it:
-# more splits give more, shorter items (better balance, more warps busy) but each item pays
-# exposed latency, and with split-K a fenced fp32 partial + counter (measured on H100 at M=1:
-# 14336x4096 fastest unsplit, 4096x14336 and 4096x4096 with 4 splits).
-ITEM_OVERHEAD_STEPS = 1.0
+# rounds = ceil(work items / resident warps). The plan (K split on grid.y, K warps kw) is the
+# one that minimises it: more splits give more, shorter items (better balance, more warps busy)
+# but each item pays exposed latency, and with split-K a fenced fp32 partial + counter; K warps
+# (kw > 1: a tile's quad steps dealt over kw warps of one CTA, sums reduced in shared memory)
+# are kw times the warps for the same tiles, which count against the same BUSY_WARPS_PER_SM,
+# and pay KW_ITEM_OVERHEAD_STEPS (barrier + sums) beside the item's.
+# ITEM_OVERHEAD_STEPS: an unsplit item, by m_tile; KW_ITEM_OVERHEAD_STEPS added where kw > 1
+# (negative at m_tile 16: such an item costs less overhead than a kw-1 one there).
+ITEM_OVERHEAD_STEPS: dict[int, float] = {8: 0.25, 16: 1.0}
 SPLIT_ITEM_OVERHEAD_STEPS = 2.5
+KW_ITEM_OVERHEAD_STEPS: dict[int, float] = {8: 0.0, 16: -0.25}
 # ... and an SM runs about 8 busy warps before the decode saturates it (H100, 4 bits M = 1:
 # 128 CTAs x 7 warps and 224 x 4 both 19.4 us on 14336x4096, 16 warps an SM no faster), so
 # items beyond 8 an SM count as another round (4096x14336: 4 splits 19.5-19.8 us, 6 splits
@@ -47,21 +52,29 @@ SPLIT_ITEM_OVERHEAD_STEPS = 2.5
 BUSY_WARPS_PER_SM = 8
 # ... and a split keeps at least this many groups of 128 k (two quad steps of a warp).
 MIN_GROUPS_PER_SPLIT = 8
-# K warps (kw > 1: a tile's quad steps dealt over kw warps of one CTA, sums reduced in shared
-# memory) are weighed beside the K split at m_tile 8 (at m_tile 16 they were 1.1-2.6x slower:
-# more splits for the A slice beside the sums): kw times the warps for the same tiles, which
-# count against the same BUSY_WARPS_PER_SM, and KW_ITEM_OVERHEAD_STEPS a tile (barrier + sums)
-# instead of a split's fenced epilogue. The m_tile 8 constants were fitted (session 24) to a
-# grid of 25 shapes x 2 / 3 / 5 bits x M = 1 / 4 / 8, every kw in (1, 2, 4) at the planner's
-# split and at splits 1 / 2 / 4 (H100, graph-timed, weights rotated past L2; BENCHMARKS.md
-# "Session 24"): the planner's pick came within 2.9% of the fastest measured config on average
-# (4.4% with session 23's constants and kw 2 only in place of a K split), 45 of 225 picks
-# changed, 32 faster by up to 41% (5 bits M = 1: 18432x5120 49.2 -> 34.9 us, 12288x4096 29.0
-# -> 22.6; 11008x4096 2 / 3 bits +11-17%), 8 slower by up to 7.5% (1024x4096 5 bits M = 4;
-# 12288x4096 2 / 3 bits M = 1 / 4 -4%).
+# K warps weighed: every kw of KWS, except 5 bits at m_tile 16 (its kw > 1 plans measured
+# 0-13% slower than kw 1 there, on every shape of the grid) and the (arch, bits) whose m_tile
+# 16 K-warp configs spill (ptxas: sm_120a 4 bits, 8-warp CTAs at 128 registers).
 KW_CHOICES: tuple[int, ...] = (1, 2, 4)
-KW_ITEM_OVERHEAD_STEPS = 0.0
-ITEM_OVERHEAD_STEPS_M8 = 0.25  # m_tile 8 (ITEM_OVERHEAD_STEPS: m_tile 16)
+KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
+# The constants were fitted (session 24, H100, graph-timed, weights rotated past L2;
+# BENCHMARKS.md "Session 24") to measured grids: m_tile 8 (M = 1 / 4 / 8) over 25 shapes x 2 /
+# 3 / 5 bits, every kw at the planner's split and at splits 1 / 2 / 4; m_tile 16 (M = 9 / 12 /
+# 16) over 23 shapes x 2-5 bits, the same kw x splits (and 8). The planner's pick is now 2.9%
+# (m_tile 8) / 2.1% (m_tile 16) from the fastest measured config on average, against 4.4% /
+# 16.7% with session 23's (kw 1 only at m_tile 16; kw 2 only in place of a K split at m_tile
+# 8). m_tile 8: 45 of 225 picks changed, 32 faster by up to 41% (5 bits M = 1: 18432x5120 49.2
+# -> 34.9 us; 11008x4096 2 / 3 bits +11-17%), 8 slower by up to 7.5% (1024x4096 5 bits M = 4;
+# 12288x4096 2 / 3 bits M = 1 / 4 -4%). m_tile 16: 87 of 186 changed, 75 faster by up to 2x
+# (small weights: 4096x1024, 1024x8192 2-4 bits +30-40%; 4096x4096 2 / 3 bits +9%), the 10
+# slower ones all 5 bits, now excluded.
+
+
+def kw_choices(m_tile: int, bits: int, arch: str) -> tuple[int, ...]:
+    """The K warps the planner weighs for this m_tile, bit-width and arch (KW_CHOICES)."""
+    if m_tile == 16 and (bits == 5 or (arch, bits) in KW16_SPILLS):
+        return (1,)
+    return KW_CHOICES
 
 
 @dataclass(frozen=True)
@@ -122,7 +135,7 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
                          f"choice at this M)")
     if kw is None:  # the kw of the cheapest plan (ties: fewer K warps)
         plans = [_plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, c, launch, smem_limit)
-                 for c in (KW_CHOICES if m_tile == 8 else (1,))]
+                 for c in kw_choices(m_tile, bits, arch) if launch is None or launch[0] % c == 0]
         return min(plans, key=lambda p: (p.cost, p.plan.config.kw)).plan
     return _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, kw, launch, smem_limit).plan
 
@@ -165,10 +178,9 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
         gps = -(-groups // s)
         warps_resident = sm_count * min(resident(gps) * warps, busy)
         rounds = -(-(tiles * m_tiles * s * kw) // warps_resident)
-        overhead = (SPLIT_ITEM_OVERHEAD_STEPS if s > 1
-                    else ITEM_OVERHEAD_STEPS_M8 if m_tile == 8 else ITEM_OVERHEAD_STEPS)
+        overhead = SPLIT_ITEM_OVERHEAD_STEPS if s > 1 else ITEM_OVERHEAD_STEPS[m_tile]
         if kw > 1:
-            overhead += KW_ITEM_OVERHEAD_STEPS
+            overhead += KW_ITEM_OVERHEAD_STEPS[m_tile]
         quads = -(-gps // 4)  # quad steps of a tile, dealt over kw warps
         return rounds * (-(-quads // kw) + overhead)
 
@@ -224,7 +236,7 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
             for dtype in dtypes:
                 if not shapes:
                     for m_tile in M_TILES:
-                        for kw in KW_CHOICES if m_tile == 8 else (1,):
+                        for kw in kw_choices(m_tile, bits, arch):
                             warps, min_blocks, _ = launch_of(m_tile, bits, kw, arch)
                             # every kw split or not (the planner weighs both; larger M
                             # compiles on demand)
