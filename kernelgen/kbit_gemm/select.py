@@ -41,10 +41,11 @@ M_TILE_TABLE: tuple[tuple[int, int], ...] = ((8, 8), (1 << 31, 16))
 # are kw times the warps for the same tiles, which count against the same BUSY_WARPS_PER_SM,
 # and pay KW_ITEM_OVERHEAD_STEPS (barrier + sums) beside the item's.
 # ITEM_OVERHEAD_STEPS: an unsplit item, by m_tile; KW_ITEM_OVERHEAD_STEPS added where kw > 1
-# (negative at m_tile 16: such an item costs less overhead than a kw-1 one there).
+# (negative: such an item's exposed latency is shared by its kw warps, so it costs less
+# overhead than a kw-1 item).
 ITEM_OVERHEAD_STEPS: dict[int, float] = {8: 0.25, 16: 1.0}
 SPLIT_ITEM_OVERHEAD_STEPS = 2.5
-KW_ITEM_OVERHEAD_STEPS: dict[int, float] = {8: 0.0, 16: -0.25}
+KW_ITEM_OVERHEAD_STEPS = -0.25
 # ... and an SM runs about 8 busy warps before the decode saturates it (H100, 4 bits M = 1:
 # 128 CTAs x 7 warps and 224 x 4 both 19.4 us on 14336x4096, 16 warps an SM no faster), so
 # items beyond 8 an SM count as another round (4096x14336: 4 splits 19.5-19.8 us, 6 splits
@@ -60,14 +61,15 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # The constants were fitted (session 24, H100, graph-timed, weights rotated past L2;
 # BENCHMARKS.md "Session 24") to measured grids: m_tile 8 (M = 1 / 4 / 8) over 25 shapes x 2 /
 # 3 / 5 bits, every kw at the planner's split and at splits 1 / 2 / 4; m_tile 16 (M = 9 / 12 /
-# 16) over 23 shapes x 2-5 bits, the same kw x splits (and 8). The planner's pick is now 2.9%
-# (m_tile 8) / 2.1% (m_tile 16) from the fastest measured config on average, against 4.4% /
-# 16.7% with session 23's (kw 1 only at m_tile 16; kw 2 only in place of a K split at m_tile
-# 8). m_tile 8: 45 of 225 picks changed, 32 faster by up to 41% (5 bits M = 1: 18432x5120 49.2
-# -> 34.9 us; 11008x4096 2 / 3 bits +11-17%), 8 slower by up to 7.5% (1024x4096 5 bits M = 4;
-# 12288x4096 2 / 3 bits M = 1 / 4 -4%). m_tile 16: 87 of 186 changed, 75 faster by up to 2x
-# (small weights: 4096x1024, 1024x8192 2-4 bits +30-40%; 4096x4096 2 / 3 bits +9%), the 10
-# slower ones all 5 bits, now excluded.
+# 16) over 23 shapes x 2-5 bits, the same kw x splits (and 8); examples/tune_kbit_gemv.py
+# measures and judges such grids. The planner's pick is now 1.8% (m_tile 8) / 2.1% (m_tile 16)
+# from the fastest measured config on average, against 4.4% / 16.7% with session 23's
+# constants (kw 1 only at m_tile 16; kw 2 only in place of a K split at m_tile 8). m_tile 8:
+# changed picks up to 42% faster (5120x13824 2 bits M = 8 28.1 -> 19.8 us; 5 bits M = 1:
+# 18432x5120 49.2 -> 34.9, 12288x4096 29.0 -> 22.6; 11008x4096 2 / 3 bits +11-17%), the
+# slower ones by up to 7.5% (1024x4096 5 bits M = 4; 4096x14336 2 bits M = 4 -5%). m_tile 16:
+# 87 of 186 changed, 75 faster by up to 2x (small weights: 4096x1024, 1024x8192 2-4 bits
+# +30-40%; 4096x4096 2 / 3 bits +9%), the 10 slower ones all 5 bits, now excluded.
 
 
 def kw_choices(m_tile: int, bits: int, arch: str) -> tuple[int, ...]:
@@ -180,7 +182,7 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
         rounds = -(-(tiles * m_tiles * s * kw) // warps_resident)
         overhead = SPLIT_ITEM_OVERHEAD_STEPS if s > 1 else ITEM_OVERHEAD_STEPS[m_tile]
         if kw > 1:
-            overhead += KW_ITEM_OVERHEAD_STEPS[m_tile]
+            overhead += KW_ITEM_OVERHEAD_STEPS
         quads = -(-gps // 4)  # quad steps of a tile, dealt over kw warps
         return rounds * (-(-quads // kw) + overhead)
 

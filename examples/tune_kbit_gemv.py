@@ -1,0 +1,139 @@
+"""Tuning grid of the flat kbit GEMV planner (kernelgen/kbit_gemm/select.py): measure, then judge.
+
+    python examples/tune_kbit_gemv.py measure --shapes 14336x4096,4096x4096 [--bits 2,3,5]
+        [--ms 1,4,8] [--dtype float16|bfloat16] --json grid.json      (needs a GPU)
+    python examples/tune_kbit_gemv.py judge grid.json [more.json ...]   (CPU: the planner only)
+
+measure: for every (shape, bits, M) the GEMV with kw = 1 / 2 / 4 warps a tile along K, each at
+the planner's split for that kw and at splits 1 / 2 / 4 (and 8 past M = 8) where the A slice
+fits, plus the planner's own pick; median us of graph replays over weights rotated past L2.
+judge: for each measured row, how far the planner's current pick is from the fastest measured
+config (rows whose pick was not measured are counted apart), the mean and the worst rows: the
+number to compare when the planner's constants change (BENCHMARKS.md, session 24).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _key(plan) -> str:
+    return f"kw{plan.config.kw}s{plan.split}"
+
+
+def measure(args: argparse.Namespace) -> None:
+    import cupy
+    import numpy as np
+    from bench_kbit_gemm import copies_of
+
+    import kernelgen as kg
+    from kernelgen.arch import device_info
+    from kernelgen.bench import graph_time
+    from kernelgen.kbit_gemm import select as S
+
+    info = device_info()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    stream.use()
+    rows = []
+    for shape in args.shapes.split(","):
+        n, k = map(int, shape.split("x"))
+        for bits in map(int, args.bits.split(",")):
+            w = cupy.asarray(np.random.default_rng(0).standard_normal((n, k), np.float32)
+                             .astype(np.float16))
+            lin = kg.quantize_weight(w, bits, layout="flat")
+            del w
+            wbytes = n * k * bits // 8 + n * k // 32
+            weights = copies_of(lin, max(2, -(-8 * (50 << 20) // wbytes)))
+            for m in map(int, args.ms.split(",")):
+                a = cupy.asarray(np.random.default_rng(1).standard_normal((m, k), np.float32)
+                                 .astype(np.float16))
+                if args.dtype == "bfloat16":  # bf16 as CuPy uint16 (the top half of fp32)
+                    a = (a.astype(cupy.float32).view(cupy.uint32) >> 16).astype(cupy.uint16)
+                pick = S.plan_gemv(info.arch.name, m, n, k, bits, args.dtype, info.sm_count)
+                cands = {_key(pick): pick}
+                for kw in (1, 2, 4):
+                    try:
+                        own = S.plan_gemv(info.arch.name, m, n, k, bits, args.dtype,
+                                          info.sm_count, kw=kw)
+                    except ValueError:
+                        continue
+                    for s in sorted({own.split, 1, 2, 4} | ({8} if m > 8 else set())):
+                        try:
+                            p = S.plan_gemv(info.arch.name, m, n, k, bits, args.dtype,
+                                            info.sm_count, kw=kw, split=s)
+                        except ValueError:  # the A slice does not fit at this split
+                            continue
+                        cands.setdefault(_key(p), p)
+                us = {}
+                for name, p in cands.items():
+                    t, _ = graph_time(lambda i, p=p, a=a, ws=weights: kg.gemm(
+                        a, ws[i % len(ws)], path="gemv", kw=p.config.kw, split_k=p.split,
+                        dtype=args.dtype), len(weights), stream)
+                    us[name] = t * 1e6
+                best = min(us, key=us.get)
+                rows.append(dict(n=n, k=k, bits=bits, m=m, dtype=args.dtype, arch=info.arch.name,
+                                 sm_count=info.sm_count, pick=_key(pick), us=us))
+                print(f"{n}x{k} {bits} bits M={m}: pick {_key(pick)} {us[_key(pick)]:.2f} us, "
+                      f"fastest {best} {us[best]:.2f} "
+                      f"({100 * (us[_key(pick)] / us[best] - 1):+.1f}%), {len(us)} configs",
+                      flush=True)
+            del weights, lin
+            cupy.get_default_memory_pool().free_all_blocks()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f)
+
+
+def judge(paths: list[str], show: float) -> None:
+    from kernelgen.kbit_gemm import select as S
+
+    merged: dict[tuple, dict] = {}
+    for path in paths:
+        with open(path) as f:
+            for r in json.load(f):
+                key = (r.get("arch", "sm_90a"), r.get("sm_count", 132), r["n"], r["k"], r["bits"],
+                       r["m"], r.get("dtype", "float16"))
+                us = merged.setdefault(key, {})
+                for c, t in r["us"].items():
+                    us[c] = min(us.get(c, t), t)
+    dist, unmeasured = [], 0
+    for (arch, sms, n, k, bits, m, dtype), us in sorted(merged.items()):
+        pick = _key(S.plan_gemv(arch, m, n, k, bits, dtype, sms))
+        best = min(us, key=us.get)
+        if pick not in us:
+            unmeasured += 1
+            print(f"{n}x{k} {bits} bits M={m} {dtype}: pick {pick} not measured (fastest {best})")
+            continue
+        d = us[pick] / us[best] - 1
+        dist.append(d)
+        if d > show:
+            print(f"{n}x{k} {bits} bits M={m} {dtype}: pick {pick} {us[pick]:.2f} us, fastest "
+                  f"{best} {us[best]:.2f} (+{100 * d:.1f}%)")
+    if dist:
+        print(f"{len(dist)} rows: the pick is {100 * sum(dist) / len(dist):.2f}% from the fastest "
+              f"on average, {sum(d > 0.03 for d in dist)} rows beyond 3%, worst "
+              f"{100 * max(dist):.1f}%; {unmeasured} picks not measured")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--shapes", required=True, help="NxK,NxK,...")
+    m.add_argument("--bits", default="2,3,5")
+    m.add_argument("--ms", default="1,4,8")
+    m.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    m.add_argument("--json")
+    j = sub.add_parser("judge")
+    j.add_argument("json", nargs="+")
+    j.add_argument("--show", type=float, default=0.03, help="print rows further than this")
+    args = ap.parse_args()
+    if args.cmd == "measure":
+        measure(args)
+    else:
+        judge(args.json, args.show)
+
+
+if __name__ == "__main__":
+    main()
