@@ -22,7 +22,7 @@ from .kbit import (
     select_kbit,
     select_kbit_gemv,
 )
-from .select import GroupedPlan, check_shape, plan_grouped, select_grouped
+from .select import forced_grouped, plan_grouped, select_grouped
 
 
 def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None, out: Any = None,
@@ -50,8 +50,8 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     main loop (True: warpgroup MMA, sm_90a only, its stages copied by TMA; None: the
     selector's; a MoeGemmConfig with tma=False keeps cp.async copies); `config` forces a whole
     MoeGemmConfig / MoeKbitConfig / MoeKbitGemvConfig (tuning; dtype, epilogue and bits must
-    match the call; the last with one warp a tile along K, or a whole KbitGemvPlan of
-    plan_kbit_gemv with its kw).
+    match the call, arch the device's; the last with one warp a tile along K, or a whole
+    KbitGemvPlan of plan_kbit_gemv with its kw).
     """
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
@@ -103,7 +103,7 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
             launch_tiled(ctx, info, xa, w, off, ya, dt, epilogue, m, r, tile_m, config)
             return out
         if config is not None:
-            kplan = forced_kbit_plan(config, dt, epilogue, w.bits, e, n, k)
+            kplan = forced_kbit_plan(config, info.arch.name, dt, epilogue, w.bits, e, n, k)
         elif tile_m is None:
             kplan = select_kbit(info.arch.name, info.sm_count, dt, w.bits, e, n, k, r, epilogue, lim)
         else:
@@ -116,14 +116,7 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
                    smem=kplan.smem)
         return out
     if config is not None:
-        if not isinstance(config, MoeGemmConfig):
-            raise ValueError(f"config: {type(config).__name__}; bf16 / fp16 experts take a "
-                             f"MoeGemmConfig")
-        if config.dtype != dt or config.epilogue != epilogue:
-            raise ValueError(f"config: {config.short()} does not match dtype={dt}, "
-                             f"epilogue={epilogue}")
-        check_shape(e, n, k, epilogue)
-        plan = GroupedPlan(config, e, -(-n // config.tile_n))
+        plan = forced_grouped(config, info.arch.name, dt, epilogue, e, n, k)
     elif tile_m is None and swap_ab is None and tile_n is None and wgmma is None:
         plan = select_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, policy, lim)
     else:

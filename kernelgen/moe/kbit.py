@@ -143,15 +143,17 @@ def forced_kbit_gemv_plan(config: MoeKbitGemvConfig, arch: str, dtype: str, epil
     return KbitGemvPlan(config, e, n, kw)
 
 
-def forced_kbit_plan(config: MoeKbitConfig, dtype: str, epilogue: str, bits: int, e: int,
-                     n: int, k: int) -> KbitPlan:
+def forced_kbit_plan(config: MoeKbitConfig, arch: str, dtype: str, epilogue: str, bits: int,
+                     e: int, n: int, k: int) -> KbitPlan:
     """The plan of a forced MoeKbitConfig (grouped_gemm(config=...)), after the rules the
-    planner applies: dtype, epilogue and bits of the call, the shape and the swiglu rule."""
+    planner applies: dtype, epilogue, bits and arch (this device) of the call, the shape and
+    the swiglu rule."""
     if not isinstance(config, MoeKbitConfig):
         raise ValueError(f"config: {type(config).__name__}; kbit experts take a MoeKbitConfig")
-    if config.dtype != dtype or config.epilogue != epilogue or config.bits != bits:
+    if (config.dtype != dtype or config.epilogue != epilogue or config.bits != bits
+            or config.arch != arch):
         raise ValueError(f"config: {config.short()} does not match dtype={dtype}, "
-                         f"epilogue={epilogue}, bits={bits}")
+                         f"epilogue={epilogue}, bits={bits}, arch={arch} (this device)")
     check_kbit_shape(e, n, k, bits)
     check_kbit_epilogue(n, epilogue)
     return KbitPlan(config, e, -(-n // config.tile_n))

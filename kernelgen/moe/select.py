@@ -132,6 +132,20 @@ def check_shape(e: int, n: int, k: int, epilogue: str) -> None:
                          f"{what} a positive multiple of {step} and K a positive multiple of 8")
 
 
+def forced_grouped(config: MoeGemmConfig, arch: str, dtype: str, epilogue: str, e: int, n: int,
+                   k: int) -> GroupedPlan:
+    """The plan of a forced MoeGemmConfig (bf16 / fp16 experts; grouped_gemm(config=...)):
+    dtype, epilogue and arch of the call (this device), and the shape rules."""
+    if not isinstance(config, MoeGemmConfig):
+        raise ValueError(f"config: {type(config).__name__}; bf16 / fp16 experts take a "
+                         f"MoeGemmConfig")
+    if config.dtype != dtype or config.epilogue != epilogue or config.arch != arch:
+        raise ValueError(f"config: {config.short()} does not match dtype={dtype}, "
+                         f"epilogue={epilogue}, arch={arch} (this device)")
+    check_shape(e, n, k, epilogue)
+    return GroupedPlan(config, e, -(-n // config.tile_n))
+
+
 def tile_m_for(rows: int, experts: int, policy: str = "threshold") -> int:
     """TILE_M from host-side counts only."""
     avg = rows / max(1, experts)

@@ -438,22 +438,42 @@ def test_forced_kbit_config_follows_the_planner_rules():
 
     cfg = MoeKbitConfig(arch="sm_90a", dtype="bfloat16", bits=4, warps_p=4, warps_k=2,
                         epilogue="swiglu")
-    p = forced_kbit_plan(cfg, "bfloat16", "swiglu", 4, 8, 256, 512)
+    p = forced_kbit_plan(cfg, "sm_90a", "bfloat16", "swiglu", 4, 8, 256, 512)
     assert p.config is cfg and p.n_tiles == 256 // 64
     for n in (24, 40):  # multiples of 8, not of 16: the planner and a forced config refuse both
         with pytest.raises(ValueError, match=r"swiglu needs 2I \(gate \+ up rows\) a multiple of 16"):
-            forced_kbit_plan(cfg, "bfloat16", "swiglu", 4, 8, n, 512)
+            forced_kbit_plan(cfg, "sm_90a", "bfloat16", "swiglu", 4, 8, n, 512)
         with pytest.raises(ValueError, match="a multiple of 16"):
             plan_kbit("sm_90a", 132, "bfloat16", 4, 8, n, 512, 8, "swiglu")
-        assert forced_kbit_plan(cfg.replace(epilogue="none"), "bfloat16", "none", 4, 8, n,
-                                512).n_tiles == 1
+        assert forced_kbit_plan(cfg.replace(epilogue="none"), "sm_90a", "bfloat16", "none", 4, 8,
+                                n, 512).n_tiles == 1
     with pytest.raises(ValueError, match="does not match dtype=float16"):
-        forced_kbit_plan(cfg, "float16", "swiglu", 4, 8, 256, 512)
+        forced_kbit_plan(cfg, "sm_90a", "float16", "swiglu", 4, 8, 256, 512)
     with pytest.raises(ValueError, match="bits=3"):
-        forced_kbit_plan(cfg, "bfloat16", "swiglu", 3, 8, 256, 512)
+        forced_kbit_plan(cfg, "sm_90a", "bfloat16", "swiglu", 3, 8, 256, 512)
     with pytest.raises(ValueError, match="MoeKbitConfig"):
         forced_kbit_plan(MoeGemmConfig.of("sm_90a", "bfloat16", 8, True, 32, "swiglu"),
-                         "bfloat16", "swiglu", 4, 8, 256, 512)
+                         "sm_90a", "bfloat16", "swiglu", 4, 8, 256, 512)
+    # a config of another arch compiles, then fails at module load: refused before the build
+    with pytest.raises(ValueError, match=r"arch=sm_90a.* does not match .*arch=sm_80 \(this device\)"):
+        forced_kbit_plan(cfg, "sm_80", "bfloat16", "swiglu", 4, 8, 256, 512)
+
+
+def test_forced_grouped_config_is_checked():
+    from kernelgen.moe.select import forced_grouped
+
+    cfg = MoeGemmConfig.of("sm_90a", "bfloat16", 8, True, 32, "swiglu")
+    p = forced_grouped(cfg, "sm_90a", "bfloat16", "swiglu", 8, 256, 512)
+    assert p.config is cfg and p.n_tiles == 256 // 32
+    for args, msg in ((("sm_80", "bfloat16", "swiglu"), r"arch=sm_90a.*arch=sm_80 \(this device\)"),
+                      (("sm_90a", "float16", "swiglu"), "dtype=float16"),
+                      (("sm_90a", "bfloat16", "none"), "epilogue=none")):
+        with pytest.raises(ValueError, match=msg):
+            forced_grouped(cfg, *args, 8, 256, 512)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        forced_grouped(cfg, "sm_90a", "bfloat16", "swiglu", 8, 24, 512)
+    with pytest.raises(ValueError, match="bf16 / fp16 experts take a MoeGemmConfig"):
+        forced_grouped(object(), "sm_90a", "bfloat16", "swiglu", 8, 256, 512)
 
 
 def test_host_row_bounds():

@@ -449,10 +449,11 @@ def test_many_experts_tile_map():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bits", (2, 3, 4))
 def test_kbit_experts_match_reference(bits, dtype):
-
+    from kernelgen.arch import device_info
     from kernelgen.moe import grouped_gemm
     from kernelgen.moe.config import KBIT_TILE_MS, KBIT_WARPS
 
+    info = device_info()  # forced configs are of this device's arch
     rng = np.random.default_rng()
     hint = "bfloat16" if dtype == "bfloat16" else None
     for act in (None, "swiglu"):
@@ -469,8 +470,9 @@ def test_kbit_experts_match_reference(bits, dtype):
                         from kernelgen.moe import plan_kbit
 
                         try:
-                            cfg = plan_kbit("sm_90a", 132, dtype, bits, e, n, k, xd.shape[0],
-                                            "swiglu" if act else "none", tm, warps).config
+                            cfg = plan_kbit(info.arch.name, info.sm_count, dtype, bits, e, n,
+                                            k, xd.shape[0], "swiglu" if act else "none", tm,
+                                            warps).config
                         except ValueError:  # does not fit shared memory (CPU-tested)
                             continue
                     y = grouped_gemm(xd, q, od, activation=act, tile_m=tm, config=cfg, dtype=hint)
@@ -576,6 +578,27 @@ def test_kbit_bad_inputs():
     with pytest.raises(ValueError, match="tiled kbit experts take a MoeKbitGemvConfig"):
         grouped_gemm(cupy.ones((2, 128), cupy.float16), qt, off,
                      config=MoeKbitConfig(arch="sm_90a", dtype="float16"))
+
+
+def test_forced_config_of_another_arch_is_refused():
+    """A forced config of another arch would compile, then fail at module load: a ValueError
+    naming both arches, before any build (bf16 / fp16 and flat kbit experts)."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.moe import MoeGemmConfig, MoeKbitConfig, grouped_gemm, quantize_experts
+
+    arch = device_info().arch.name
+    other = "sm_80" if arch != "sm_80" else "sm_90a"
+    x = cupy.ones((2, 128), cupy.float16)
+    off = cupy.asarray(np.array([0, 1, 2], np.int32))
+    msg = rf"arch={other}.* does not match .*arch={arch} \(this device\)"
+    with pytest.raises(ValueError, match=msg):
+        grouped_gemm(x, cupy.ones((2, 32, 128), cupy.float16), off,
+                     config=MoeGemmConfig.of(other, "float16", 8, True, 32))
+    q = quantize_experts(cupy.ones((2, 16, 128), cupy.float16), 4, layout="flat")
+    with pytest.raises(ValueError, match=msg):
+        grouped_gemm(x, q, off, config=MoeKbitConfig(arch=other, dtype="float16"))
 
 
 # rows that lose stages at 99 KB (tile_m, tile_n, wgmma=False: mma.sync) and the selector's
