@@ -11,10 +11,13 @@ from ..arch import device_info
 from ..core.interop import context_of, device_array, smem_limit
 from ..core.jit import get_kernel
 from ..moe_routing import MoeLayout, moe_combine, moe_dispatch, moe_layout
+from ..moe_routing.api import _rows_of as rows_of
+from ..moe_routing.config import ID_DTYPES, W_DTYPES
 from .config import DTYPES, MoeGemmConfig, MoeKbitConfig, MoeKbitGemvConfig
 from .kbit import (
     KbitExperts,
     KbitGemvPlan,
+    check_kbit_epilogue,
     forced_kbit_gemv_plan,
     forced_kbit_plan,
     plan_kbit,
@@ -22,7 +25,7 @@ from .kbit import (
     select_kbit,
     select_kbit_gemv,
 )
-from .select import forced_grouped, plan_grouped, select_grouped
+from .select import check_shape, forced_grouped, plan_grouped, select_grouped
 
 
 def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None, out: Any = None,
@@ -177,6 +180,26 @@ def launch_tiled(ctx: Any, info: Any, xa: Any, w: KbitExperts, off: Any, ya: Any
                 np.int64(st), np.uint32(sq)), smem=plan.smem)
 
 
+def check_weight(w: Any, name: str, ctx: Any, dt: str, epilogue: str) -> tuple[int, int, int]:
+    """The shape [E, N, K] of expert weights (x's dtype, or KbitExperts) after the rules
+    grouped_gemm applies before its launch: dtype, device, contiguity, alignment, the shape and
+    the epilogue's (kbit experts: their shape rules hold from quantize_experts)."""
+    if isinstance(w, KbitExperts):
+        check_kbit_epilogue(w.n, epilogue, w.layout, name)
+        if w.layout == "flat":
+            w.q._views(ctx)
+        elif w.tiled.device != ctx.device:
+            raise ValueError(f"{name}: tiled experts on device {w.tiled.device}, x on device "
+                             f"{ctx.device}")
+        return w.shape
+    wa, _ = device_array(w, name, ctx, (dt,), hint=dt, ndim=3)
+    e, n, k = (int(s) for s in wa.shape)
+    check_shape(e, n, k, epilogue, name)
+    if wa.data.ptr % 16:
+        raise ValueError(f"{name}: data pointer must be 16-byte aligned")
+    return e, n, k
+
+
 def check_rows(m: int, rows: int | None, known_total: int | None = None) -> None:
     """Host-side bounds of offsets[E] against x's M rows: `rows` (the selector's row count)
     and offsets[E] where the host knows it must not exceed M."""
@@ -209,15 +232,11 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
     keep it as long as the graph, or CuPy's pool may hand their memory to other arrays
     while replays still write there.
     """
+    # every argument rule the steps below apply is checked here, before the first launch
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
-
-    def shape_of(wt: Any, name: str) -> tuple[int, ...]:
-        if isinstance(wt, KbitExperts):
-            return wt.shape
-        return tuple(int(s) for s in device_array(wt, name, ctx, (dt,), hint=dt, ndim=3)[0].shape)
-
-    s13, s2 = shape_of(w13, "w13"), shape_of(w2, "w2")
+    ids, _ = device_array(topk_ids, "topk_ids", ctx, ID_DTYPES, ndim=2)
+    s13, s2 = check_weight(w13, "w13", ctx, dt, "swiglu"), check_weight(w2, "w2", ctx, dt, "none")
     t, h = (int(s) for s in xa.shape)
     e, two_i, h13 = s13
     if h13 != h:
@@ -225,10 +244,15 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
     if s2 != (e, h, two_i // 2):
         raise ValueError(f"w2: shape {s2}; expected [E, H, I] = {(e, h, two_i // 2)} from w13 "
                          f"{s13} and x {tuple(xa.shape)}")
-    ids_shape = tuple(int(s) for s in topk_ids.shape)
-    if len(ids_shape) != 2 or ids_shape[0] != t:
+    ids_shape = tuple(int(s) for s in ids.shape)
+    if ids_shape[0] != t:
         raise ValueError(f"topk_ids: shape {ids_shape}; expected [T={t}, top_k]")
     top_k = ids_shape[1]
+    wts, _ = device_array(topk_weights, "topk_weights", ctx, W_DTYPES, hint=dt)  # moe_combine's
+    if tuple(int(s) for s in wts.shape) not in ((t, top_k), (t * top_k,)):
+        raise ValueError(f"topk_weights: shape {tuple(wts.shape)}; expected [{t}, {top_k}] like "
+                         f"topk_ids")
+    rows_of(xa, "x")  # moe_dispatch's rules: rows of 16-byte vectors, 16-byte aligned
     layout = moe_layout(topk_ids, e, pad_to=1)
     x_perm = moe_dispatch(x, layout, exact=not graph_safe, dtype=dt)
     rows = t * top_k

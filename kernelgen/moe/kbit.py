@@ -113,14 +113,14 @@ def check_kbit_shape(e: int, n: int, k: int, bits: int, name: str = "w", layout:
                          f"of {K_STEP}")
 
 
-def check_kbit_epilogue(n: int, epilogue: str, layout: str = "flat") -> None:
+def check_kbit_epilogue(n: int, epilogue: str, layout: str = "flat", name: str = "w") -> None:
     """The epilogue rule: swiglu splits the N = 2I rows into gate / up halves of whole row
     blocks (8 rows flat, 16-row tiles tiled), so N must be a multiple of 16 (32 tiled)."""
     if epilogue not in EPILOGUES:
         raise ValueError(f"activation: {epilogue!r}; expected None or 'swiglu'")
     mult = 32 if layout == "tiled" else 16
     if epilogue == "swiglu" and n % mult:
-        raise ValueError(f"w: N={n}; swiglu needs 2I (gate + up rows) a multiple of {mult} "
+        raise ValueError(f"{name}: N={n}; swiglu needs 2I (gate + up rows) a multiple of {mult} "
                          f"({layout} layout" + ("; quantize_experts(w13, layout='flat') takes "
                                                 "multiples of 16)" if layout == "tiled" else ")"))
 

@@ -122,13 +122,13 @@ def item_slots(m: int, tile_m: int, experts: int) -> int:
     return -(-m // tile_m) + min(experts, m)
 
 
-def check_shape(e: int, n: int, k: int, epilogue: str) -> None:
+def check_shape(e: int, n: int, k: int, epilogue: str, name: str = "w") -> None:
     """What the kernel needs: E >= 1, N a positive multiple of 8 (16 with swiglu: gate/up
     halves of whole 8-row blocks), K a positive multiple of 8 (16-byte row chunks)."""
     step = 16 if epilogue == "swiglu" else 8
     if e < 1 or n < step or n % step or k < 8 or k % 8:
         what = "2I (gate + up rows)" if epilogue == "swiglu" else "N"
-        raise ValueError(f"w: shape [E={e}, N={n}, K={k}]; the MoE grouped GEMM needs E >= 1, "
+        raise ValueError(f"{name}: shape [E={e}, N={n}, K={k}]; the MoE grouped GEMM needs E >= 1, "
                          f"{what} a positive multiple of {step} and K a positive multiple of 8")
 
 

@@ -607,13 +607,22 @@ def test_prewarm_spec_covers_fused_moe_routing():
                                           "dtypes": ["bfloat16"], "sm_counts": [132]}))
 
 
-def test_fused_moe_wiring(monkeypatch):
-    """fused_moe's host steps with the kernels stubbed: the layout reaches both GEMMs (host
-    row bound), rows = T * top_k, exact / graph-safe dispatch, workspace keeps the buffers."""
-    from kernelgen.moe import api
+class _Arr:
+    """A stand-in device array: a shape, 2-byte items and a data pointer (fused_moe's host
+    steps with device_array stubbed)."""
 
-    t, k, e, h, i = 5, 2, 4, 16, 8
-    calls = []
+    itemsize = 2
+
+    def __init__(self, *shape: int, ptr: int = 0):
+        self.shape, self.ndim = shape, len(shape)
+        self.data = type("Ptr", (), {"ptr": ptr})()
+
+
+def _stub_fused_moe(monkeypatch, calls):
+    """fused_moe's steps stubbed (each recorded in `calls`); _Arr arguments pass device_array,
+    anything else reaches the real one. Returns the layout the stub moe_layout gives."""
+    from kernelgen.core import interop
+    from kernelgen.moe import api
 
     class Lay:
         offsets = "offsets"
@@ -621,7 +630,9 @@ def test_fused_moe_wiring(monkeypatch):
     lay = Lay()
 
     def fake_array(a, name, ctx, dtypes, hint=None, ndim=None):
-        return a, "bfloat16"
+        if isinstance(a, _Arr):
+            return a, "bfloat16"
+        return interop.device_array(a, name, ctx, dtypes, hint, ndim)
 
     monkeypatch.setattr(api, "context_of", lambda a, name: None)
     monkeypatch.setattr(api, "device_array", fake_array)
@@ -636,17 +647,64 @@ def test_fused_moe_wiring(monkeypatch):
 
     monkeypatch.setattr(api, "grouped_gemm", gemm)
     monkeypatch.setattr(api, "moe_combine", lambda y, layout, w, dtype: ("out", y, layout))
-    x, ids = np.zeros((t, h)), np.zeros((t, k), np.int32)
-    w13, w2 = np.zeros((e, 2 * i, h)), np.zeros((e, h, i))
+    return lay
+
+
+def test_fused_moe_wiring(monkeypatch):
+    """fused_moe's host steps with the kernels stubbed: the layout reaches both GEMMs (host
+    row bound), rows = T * top_k, exact / graph-safe dispatch, workspace keeps the buffers."""
+    from kernelgen.moe import api
+
+    t, k, e, h, i = 5, 2, 4, 16, 8
+    calls = []
+    lay = _stub_fused_moe(monkeypatch, calls)
+    x, ids, wts = _Arr(t, h), _Arr(t, k), _Arr(t, k)
+    w13, w2 = _Arr(e, 2 * i, h), _Arr(e, h, i)
     for graph_safe in (False, True):
         calls.clear()
         ws = {}
-        assert api.fused_moe(x, ids, None, w13, w2, graph_safe=graph_safe,
+        assert api.fused_moe(x, ids, wts, w13, w2, graph_safe=graph_safe,
                              workspace=ws) == ("out", "y_perm", lay)
         assert calls == [("layout", e, 1), ("dispatch", lay, not graph_safe),
                          ("gemm", "x_perm", lay, t * k, "swiglu"),
                          ("gemm", "hidden", lay, t * k, None)]
         assert ws == {"layout": lay, "x_perm": "x_perm", "hidden": "hidden", "y_perm": "y_perm"}
+
+
+def test_fused_moe_checks_every_argument_before_the_layout(monkeypatch):
+    """A bad argument raises before moe_layout launches anything: topk_weights' shape, x's rows
+    of 16-byte vectors and alignment, w13's 2I rule (16; flat kbit experts too), w13 / w2
+    alignment, and a topk_ids that is no device array."""
+    from kernelgen.kbit.api import KbitTensor
+    from kernelgen.moe import KbitExperts, api
+
+    t, k, e, h, i = 5, 2, 4, 16, 8
+    calls = []
+    _stub_fused_moe(monkeypatch, calls)
+
+    def flat(e, n, kk):  # flat kbit experts of a shape (no device arrays: the rules are host's)
+        return KbitExperts(KbitTensor(None, None, None, None, (e, n, kk), 4, "bfloat16"), e, n, kk)
+
+    ok = dict(x=_Arr(t, h), topk_ids=_Arr(t, k), topk_weights=_Arr(t, k), w13=_Arr(e, 2 * i, h),
+              w2=_Arr(e, h, i))
+    cases = [
+        (dict(topk_weights=_Arr(t, k + 1)), r"topk_weights: shape \(5, 3\); expected \[5, 2\]"),
+        (dict(topk_weights=_Arr(k, t)), r"topk_weights: shape \(2, 5\)"),
+        (dict(x=_Arr(t, h, ptr=8)), "x: data pointer must be 16-byte aligned"),
+        (dict(x=_Arr(t, 12), w13=_Arr(e, 2 * i, 12), w2=_Arr(e, 12, i)),
+         "w13: .* K a positive multiple of 8"),
+        (dict(w13=_Arr(e, 24, h), w2=_Arr(e, h, 12)), r"w13: shape \[E=4, N=24, K=16\]; .*2I "
+                                                      r"\(gate \+ up rows\) a positive multiple of 16"),
+        (dict(x=_Arr(t, 128), w13=flat(e, 24, 128), w2=_Arr(e, 128, 12)),
+         r"w13: N=24; swiglu needs 2I \(gate \+ up rows\) a multiple of 16"),
+        (dict(w13=_Arr(e, 2 * i, h, ptr=8)), "w13: data pointer must be 16-byte aligned"),
+        (dict(w2=_Arr(e, h, i, ptr=4)), "w2: data pointer must be 16-byte aligned"),
+        (dict(topk_ids=[[0, 1]] * t), "topk_ids: expected a cupy.ndarray or a CUDA torch.Tensor"),
+    ]
+    for bad, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            api.fused_moe(**{**ok, **bad})
+        assert calls == [], f"{bad}: launched {calls}"
 
 
 def test_kbit_scale_bits_model():

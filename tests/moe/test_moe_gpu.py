@@ -580,6 +580,36 @@ def test_kbit_bad_inputs():
                      config=MoeKbitConfig(arch="sm_90a", dtype="float16"))
 
 
+def test_fused_moe_bad_inputs_raise_before_the_layout(monkeypatch):
+    """fused_moe checks every argument before its first launch (moe_layout, stubbed here to
+    fail): topk_weights' shape, dtype and contiguity, topk_ids' type, w13's 2I rule (16; 32
+    for tiled kbit experts)."""
+    import cupy
+
+    from kernelgen.moe import api, quantize_experts
+
+    def reached(*args, **kw):
+        raise AssertionError("moe_layout reached: a bad argument was not checked up front")
+
+    t, k, e, h, i = 4, 2, 2, 128, 64
+    x, ids = cupy.ones((t, h), cupy.float16), cupy.zeros((t, k), cupy.int32)
+    wts = cupy.ones((t, k), cupy.float32)
+    w13, w2 = cupy.ones((e, 2 * i, h), cupy.float16), cupy.ones((e, h, i), cupy.float16)
+    q13 = quantize_experts(cupy.ones((e, 16, h), cupy.float16), 4, layout="tiled")
+    monkeypatch.setattr(api, "moe_layout", reached)
+    cases = [((ids, wts[:, :1], w13, w2), r"topk_weights: shape \(4, 1\); expected \[4, 2\]"),
+             ((ids, wts.astype(cupy.int32), w13, w2), "topk_weights: dtype int32 not supported"),
+             ((ids, cupy.ones((k, t), cupy.float32).T, w13, w2), "topk_weights: must be contiguous"),
+             ((ids.tolist(), wts, w13, w2), "topk_ids: expected a cupy.ndarray"),
+             ((ids, wts, cupy.ones((e, 24, h), cupy.float16), cupy.ones((e, h, 12), cupy.float16)),
+              r"w13: shape \[E=2, N=24, K=128\]"),
+             ((ids, wts, q13, cupy.ones((e, h, 8), cupy.float16)),
+              r"w13: N=16; swiglu needs 2I .* multiple of 32")]
+    for args, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            api.fused_moe(x, *args)
+
+
 def test_forced_config_of_another_arch_is_refused():
     """A forced config of another arch would compile, then fail at module load: a ValueError
     naming both arches, before any build (bf16 / fp16 and flat kbit experts)."""
