@@ -206,6 +206,10 @@ def moe_route(x: Any, topk_ids: Any, num_experts: int, *, pad_to: int = 1, exact
     kernel's split (tests, benchmarks)."""
     ctx, ids, idt, t, k, e = _check_ids(topk_ids, num_experts, pad_to)
     n = t * k
+    xa, dt = device_array(x, "x", ctx, MOVE_DTYPES, hint=dtype, ndim=2)  # before any launch
+    if int(xa.shape[0]) != t:
+        raise ValueError(f"x: {xa.shape[0]} rows; topk_ids has {t} tokens")
+    vpr, _ = _rows_of(xa, "x")
     if fused is None:
         fused = not exact and n <= ROUTE_FUSED_MAX
     elif fused and n > FUSED_MAX:
@@ -215,10 +219,6 @@ def moe_route(x: Any, topk_ids: Any, num_experts: int, *, pad_to: int = 1, exact
         return lay, moe_dispatch(x, lay, exact=exact, out=out, dtype=dtype)
     if exact:
         raise ValueError("moe_route: fused=True is the graph-safe path; it needs exact=False")
-    xa, dt = device_array(x, "x", ctx, MOVE_DTYPES, hint=dtype, ndim=2)
-    if int(xa.shape[0]) != t:
-        raise ValueError(f"x: {xa.shape[0]} rows; topk_ids has {t} tokens")
-    vpr, _ = _rows_of(xa, "x")
     info = device_info(ctx.device)
     plan = plan_route(info.arch.name, n, e, idt, info.sm_count, pad_to, pairs_per_cta)
     lay, (counts, offsets, invalid, dest, src, _) = _alloc(ctx, ids, t, k, e, pad_to, False, 0)

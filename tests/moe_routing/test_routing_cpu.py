@@ -294,3 +294,35 @@ def test_layout_host_reads_wait_for_the_build_stream(monkeypatch):
     views[2][:] = [1, 3]  # invalid: one dropped id, flat index 3 (token 1, slot 1)
     with pytest.raises(ValueError, match=r"token 1 slot 1 names expert 9, outside \[0, 4\)"):
         lay.total()
+
+
+class _Dev:
+    """A stand-in device array: shape, item size and a data pointer (the host-side rules)."""
+
+    def __init__(self, *shape: int, itemsize: int = 2, ptr: int = 0):
+        self.shape, self.itemsize = shape, itemsize
+        self.data = type("Ptr", (), {"ptr": ptr})()
+
+
+def test_route_checks_x_before_the_layout(monkeypatch):
+    """moe_route's layout + dispatch path (exact=True, or T * top_k past ROUTE_FUSED_MAX)
+    checks x before moe_layout launches anything: x's rows, 16-byte rows, alignment."""
+    from kernelgen.moe_routing import api
+
+    calls = []
+    monkeypatch.setattr(api, "context_of", lambda arr, name: _Ctx(_Stream(0)))
+    monkeypatch.setattr(api, "device_array", lambda a, name, ctx, dtypes, hint=None, ndim=None:
+                        (a, "int32" if name == "topk_ids" else "float16"))
+    monkeypatch.setattr(api, "moe_layout", lambda *a, **kw: calls.append("layout"))
+    monkeypatch.setattr(api, "moe_dispatch", lambda *a, **kw: calls.append("dispatch"))
+    for t, exact in ((4, True), (600, False)):  # 600 x 2 pairs > ROUTE_FUSED_MAX: not fused
+        ids = _Dev(t, 2, itemsize=4)
+        api.moe_route(_Dev(t, 64), ids, 8, exact=exact)
+        assert calls == ["layout", "dispatch"], (t, exact)
+        for x, msg in ((_Dev(t + 1, 64), f"x: {t + 1} rows; topk_ids has {t} tokens"),
+                       (_Dev(t, 12), r"x: rows of 12 x 2 B = 24 B; .*H a multiple of 8"),
+                       (_Dev(t, 64, ptr=8), "x: data pointer must be 16-byte aligned")):
+            calls.clear()
+            with pytest.raises(ValueError, match=msg):
+                api.moe_route(x, ids, 8, exact=exact)
+            assert calls == [], (t, exact, msg)

@@ -159,6 +159,26 @@ def test_route_paths_and_invalid_ids():
         moe_route(cupy.asarray(x_h), cupy.asarray(ids), e, exact=True, fused=True)
 
 
+def test_route_checks_x_before_the_layout(monkeypatch):
+    """exact=True and T * top_k > ROUTE_FUSED_MAX go through moe_layout: a bad x raises
+    before it launches (moe_layout stubbed to fail)."""
+    import cupy
+
+    from kernelgen.moe_routing import api
+
+    def reached(*args, **kw):
+        raise AssertionError("moe_layout reached: x was not checked first")
+
+    monkeypatch.setattr(api, "moe_layout", reached)
+    for t, exact in ((4, True), (600, False)):
+        ids = cupy.zeros((t, 2), cupy.int32)
+        for x, msg in ((cupy.ones((t, 64), cupy.int32), "x: dtype int32 not supported"),
+                       (cupy.ones((t + 1, 64), cupy.float16), f"x: {t + 1} rows"),
+                       (cupy.ones((t, 12), cupy.float16), "H a multiple of 8")):
+            with pytest.raises(ValueError, match=msg):
+                api.moe_route(x, ids, 8, exact=exact)
+
+
 @pytest.mark.parametrize("t,k,e,multi", [(0, 8, 256, None), (1, 1, 1, None), (1, 8, 256, True),
                                          (0, 2, 8, True), (150_000, 8, 256, None)])
 def test_layout_edges_and_large_t(t, k, e, multi):
