@@ -56,6 +56,7 @@ class MoeLayout:
     invalid [2] (dropped ids, first dropped flat index or INT32_MAX).
     capacity = T * top_k + E * (pad_to - 1): what graph-safe callers allocate.
     `stream`: the (cupy) stream its kernels were queued on; host reads wait for it.
+    `kind`: its arrays' kind ("cupy" / "torch"); dispatch and combine take arrays of that kind.
     """
 
     num_experts: int
@@ -72,6 +73,7 @@ class MoeLayout:
     _views: dict = field(repr=False, compare=False)  # cupy views: buf, offsets, dest, src, ids
     _host: dict = field(default_factory=dict, repr=False, compare=False)  # total once copied
     stream: Any = field(default=None, repr=False, compare=False)
+    kind: str = field(default="cupy", repr=False, compare=False)
 
     @property
     def device(self) -> int:
@@ -122,6 +124,10 @@ def _ctx_for(layout: MoeLayout, arr: Any, name: str):
     if not isinstance(layout, MoeLayout):
         raise ValueError(f"layout: expected a MoeLayout from moe_layout, got {type(layout).__name__}")
     ctx = context_of(arr, name)
+    if ctx.kind != layout.kind:  # the streams of the two kinds are not ordered
+        what = "a cupy array mixed with torch tensors" if ctx.kind == "cupy" else \
+            "a torch tensor mixed with cupy arrays"
+        raise ValueError(f"{name}: {what} (the layout's, from moe_layout); pass one kind")
     if ctx.device != layout.device:
         raise ValueError(f"{name}: on device {ctx.device}, the layout is on device {layout.device}")
     return ctx
@@ -191,7 +197,7 @@ def _alloc(ctx, ids, t: int, k: int, e: int, pad_to: int, multi: bool, bh_size: 
     nat = [native[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]
     lay = MoeLayout(e, k, t, pad_to, cap, nat[0], nat[1], nat[3], nat[4], nat[2], multi,
                     {"buf": buf, "offsets": views[1], "dest": views[3], "src": views[4], "ids": ids},
-                    stream=ctx.stream)
+                    stream=ctx.stream, kind=ctx.kind)
     return lay, views
 
 

@@ -326,3 +326,25 @@ def test_route_checks_x_before_the_layout(monkeypatch):
             with pytest.raises(ValueError, match=msg):
                 api.moe_route(x, ids, 8, exact=exact)
             assert calls == [], (t, exact, msg)
+
+
+def test_dispatch_and_combine_take_the_layouts_kind(monkeypatch):
+    """A layout of one array kind with x / y_perm of the other is refused (their streams are
+    not ordered), before anything reads the layout's views."""
+    from kernelgen.moe_routing import api
+
+    ids = np.zeros((2, 2), np.int32)
+    lay, _ = api._alloc(_Ctx(_Stream(0)), ids, 2, 2, 4, 1, False, 0)
+    assert lay.kind == "cupy"
+    torch_ctx = _Ctx(_Stream(0))
+    torch_ctx.kind = "torch"
+    monkeypatch.setattr(api, "context_of", lambda arr, name: torch_ctx)
+    with pytest.raises(ValueError, match=r"x: a torch tensor mixed with cupy arrays \(the layout's"):
+        api.moe_dispatch(_Dev(2, 64), lay, exact=False)
+    with pytest.raises(ValueError, match=r"y_perm: a torch tensor mixed with cupy arrays \(the "):
+        api.moe_combine(_Dev(4, 64), lay, _Dev(2, 2))
+    lay_t, _ = api._alloc(torch_ctx, ids, 2, 2, 4, 1, False, 0)
+    assert lay_t.kind == "torch"
+    monkeypatch.setattr(api, "context_of", lambda arr, name: _Ctx(_Stream(0)))
+    with pytest.raises(ValueError, match="x: a cupy array mixed with torch tensors"):
+        api.moe_dispatch(_Dev(2, 64), lay_t)

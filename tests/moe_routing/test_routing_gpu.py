@@ -341,6 +341,27 @@ def test_torch_tensors():
     assert np.array_equal(_np(out), R.combine(xp_ref, ref, w.cpu().numpy(), "bfloat16"))
 
 
+def test_layout_of_the_other_kind_is_refused():
+    """A layout built from torch ids with cupy x / y_perm (or the reverse) raises ValueError:
+    the two kinds' streams are not ordered."""
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    from kernelgen.moe_routing import moe_combine, moe_dispatch, moe_layout
+
+    t, k, e, h = 4, 2, 8, 64
+    ids = routing("uniform", t, k, e)
+    lay_t = moe_layout(torch.from_numpy(ids).cuda(), e)
+    lay_c = moe_layout(cupy.asarray(ids), e)
+    x_c, x_t = cupy.ones((t, h), cupy.float16), torch.ones(t, h, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="x: a cupy array mixed with torch tensors"):
+        moe_dispatch(x_c, lay_t, exact=False)
+    with pytest.raises(ValueError, match="y_perm: a cupy array mixed with torch tensors"):
+        moe_combine(cupy.ones((t * k, h), cupy.float16), lay_t, cupy.ones((t, k), cupy.float32))
+    with pytest.raises(ValueError, match="x: a torch tensor mixed with cupy arrays"):
+        moe_dispatch(x_t, lay_c)
+
+
 def test_blockwise_equals_whole_batch():
     import cupy
 
