@@ -50,7 +50,8 @@ class JitDisabledError(KernelgenError):
 
 
 class GraphCaptureError(KernelgenError):
-    """Asked to compile while the current stream is capturing a CUDA graph."""
+    """Asked to compile, or to read device data on the host, while the current stream is
+    capturing a CUDA graph."""
 
 
 class DeviceError(KernelgenError):

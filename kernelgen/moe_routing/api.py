@@ -22,6 +22,7 @@ import numpy as np
 from ..arch import device_info
 from ..core.interop import context_of, device_array
 from ..core.jit import get_kernel
+from ..errors import GraphCaptureError
 from .config import (
     DTYPES,
     FUSED_MAX,
@@ -93,8 +94,17 @@ class MoeLayout:
 
     def _meta(self, stream: Any) -> int:
         """One device->host copy of (offsets[E], invalid) on `stream`, after the layout's own
-        stream when that is another one; raises on a dropped id; the total."""
+        stream when that is another one; raises on a dropped id; the total. While either
+        stream captures a CUDA graph the copy (and the wait) would break the capture: raises
+        GraphCaptureError instead."""
         if "total" not in self._host:
+            if _capturing(stream) or (self.stream is not None and _capturing(self.stream)):
+                raise GraphCaptureError(
+                    "offsets[E] is read on the host (moe_dispatch / moe_route exact=True, "
+                    "fused_moe graph_safe=False, layout.total() / check()) while the stream is "
+                    "capturing a CUDA graph; the device->host copy would break the capture. "
+                    "Under capture pass exact=False (moe_dispatch, moe_route) or graph_safe=True "
+                    "(fused_moe), and call layout.check() outside the graph.")
             if self.stream is not None and self.stream.ptr != stream.ptr:
                 self.stream.synchronize()  # the layout kernels may sit on a non-blocking stream
             e = self.num_experts
@@ -118,6 +128,15 @@ class MoeLayout:
     def check(self) -> int:
         """Alias of total(): the exact path's validation, for graph-safe callers."""
         return self.total()
+
+
+def _capturing(stream: Any) -> bool:
+    """Whether `stream` (a cupy stream; torch's as an ExternalStream) captures a CUDA graph.
+    The legacy default stream never does (a capture cannot start there)."""
+    try:
+        return stream.ptr not in (0, 1) and bool(stream.is_capturing())
+    except Exception:  # a stream that cannot say is read as before
+        return False
 
 
 def _ctx_for(layout: MoeLayout, arr: Any, name: str):

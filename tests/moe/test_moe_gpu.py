@@ -610,6 +610,28 @@ def test_fused_moe_bad_inputs_raise_before_the_layout(monkeypatch):
             api.fused_moe(x, *args)
 
 
+def test_fused_moe_exact_under_capture_raises_graph_capture_error():
+    """fused_moe(graph_safe=False) while the stream captures raises GraphCaptureError naming
+    graph_safe=True (its exact dispatch would copy to the host), and the capture ends cleanly."""
+    import cupy
+
+    from kernelgen.errors import GraphCaptureError
+    from kernelgen.moe import fused_moe
+
+    rng = np.random.default_rng(4)
+    x, ids, wts, w13, w2 = (cupy.asarray(a) for a in _layer_inputs(rng, 4, 4, 64, 32, 2, "float16"))
+    fused_moe(x, ids, wts, w13, w2)  # compile and warm the pool outside the capture
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            with pytest.raises(GraphCaptureError, match="graph_safe=True"):
+                fused_moe(x, ids, wts, w13, w2, graph_safe=False)
+        finally:
+            stream.end_capture()
+
+
 def test_forced_config_of_another_arch_is_refused():
     """A forced config of another arch would compile, then fail at module load: a ValueError
     naming both arches, before any build (bf16 / fp16 and flat kbit experts)."""

@@ -348,3 +348,30 @@ def test_dispatch_and_combine_take_the_layouts_kind(monkeypatch):
     monkeypatch.setattr(api, "context_of", lambda arr, name: _Ctx(_Stream(0)))
     with pytest.raises(ValueError, match="x: a cupy array mixed with torch tensors"):
         api.moe_dispatch(_Dev(2, 64), lay_t)
+
+
+class _Capturing(_Stream):
+    def is_capturing(self) -> bool:
+        return True
+
+
+def test_host_read_under_capture_raises_graph_capture_error(monkeypatch):
+    """The exact path's offsets[E] read (moe_dispatch(exact=True), fused_moe(graph_safe=False),
+    total()) while the read stream or the layout's build stream captures a CUDA graph raises
+    GraphCaptureError naming the graph-safe arguments, before any copy or wait; a total read
+    already needs no copy and is returned."""
+    from kernelgen.errors import GraphCaptureError
+    from kernelgen.moe_routing import api
+
+    reads = []
+    monkeypatch.setattr(api.MoeLayout, "_read", lambda self, view, stream: reads.append(stream))
+    ids = np.zeros((2, 2), np.int32)
+    for build, read in ((_Stream(0x1234), _Capturing(0x5678)), (_Capturing(0x1234), _Stream(0)),
+                        (_Capturing(0x1234), _Capturing(0x1234))):
+        lay, _ = api._alloc(_Ctx(build), ids, 2, 2, 4, 1, False, 0)
+        with pytest.raises(GraphCaptureError, match=r"exact=False .*graph_safe=True"):
+            lay._meta(read)
+        assert reads == [] and build.synced == 0 and lay.known_total is None
+        lay._host["total"] = 4  # read before the capture: no copy
+        assert lay._meta(read) == 4 and reads == []
+    assert not api._capturing(_Capturing(0)), "the legacy stream never captures"

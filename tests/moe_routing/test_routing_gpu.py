@@ -315,6 +315,31 @@ def test_graph_capture_replays_new_routing(fused):
         assert np.array_equal(cupy.asnumpy(out), R.combine(xp, ref, cupy.asnumpy(w), "bfloat16")), case
 
 
+def test_exact_dispatch_under_capture_raises_graph_capture_error():
+    """moe_dispatch(exact=True) while the stream captures raises GraphCaptureError (not a CUDA
+    error), and the capture still ends cleanly."""
+    import cupy
+
+    from kernelgen.errors import GraphCaptureError
+    from kernelgen.moe_routing import moe_dispatch, moe_layout
+
+    t, k, e, h = 8, 2, 8, 64
+    ids = cupy.asarray(routing("uniform", t, k, e))
+    x = cupy.ones((t, h), cupy.float16)
+    lay = moe_layout(ids, e)
+    moe_dispatch(x, moe_layout(ids, e))  # compile and warm the pool outside the capture
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            with pytest.raises(GraphCaptureError, match="exact=False"):
+                moe_dispatch(x, lay, exact=True)
+        finally:
+            stream.end_capture()
+    assert moe_dispatch(x, lay).shape == (t * k, h)  # outside the capture it reads as before
+
+
 def test_torch_tensors():
     torch = pytest.importorskip("torch")
     from kernelgen.moe_routing import moe_combine, moe_dispatch, moe_layout
