@@ -597,7 +597,8 @@ def test_fused_moe_bad_inputs_raise_before_the_layout(monkeypatch):
     w13, w2 = cupy.ones((e, 2 * i, h), cupy.float16), cupy.ones((e, h, i), cupy.float16)
     q13 = quantize_experts(cupy.ones((e, 16, h), cupy.float16), 4, layout="tiled")
     monkeypatch.setattr(api, "moe_layout", reached)
-    cases = [((ids, wts[:, :1], w13, w2), r"topk_weights: shape \(4, 1\); expected \[4, 2\]"),
+    cases = [((ids, cupy.ones((t, 1), cupy.float32), w13, w2),
+              r"topk_weights: shape \(4, 1\); expected \[4, 2\]"),
              ((ids, wts.astype(cupy.int32), w13, w2), "topk_weights: dtype int32 not supported"),
              ((ids, cupy.ones((k, t), cupy.float32).T, w13, w2), "topk_weights: must be contiguous"),
              ((ids.tolist(), wts, w13, w2), "topk_ids: expected a cupy.ndarray"),
