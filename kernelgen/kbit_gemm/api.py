@@ -15,7 +15,7 @@ from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
 from .config import DTYPES, GROUP_K, TILE_ROWS
 from .select import GemvPlan, check_shape, m_tile_for, plan_gemv, select_gemv
-from .tc_select import PATHS, plan_mma, select_gemm
+from .tc_select import PATHS, TILE_N_MIN, plan_mma, select_gemm
 from .tiled import Kbit4Tiled, dequantize_tiled, gemm_tiled, tile_weight
 
 LAYOUTS = ("flat", "tiled")
@@ -145,8 +145,9 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     scratch + cuBLAS); `tile` ((tile_m, tile_n) of the mma path) and `kw` (warps of a GEMV CTA
     sharing one tile's K range: 1, 2, 4; implies the gemv path) force its plans. A tiled 4-bit
     weight (KbitLinear.layout): "gemv", "tile", "dequant", or "wgmma" (sm_90a: mid M)
-    (kbit_gemm/tiled.py). `path` and `split_k` (number of K splits) force either.
-    Runs on the caller's current stream; results come back as the caller's array kind.
+    (kbit_gemm/tiled.py). `path` and `split_k` (number of K splits) force either (a flat
+    weight's `split_k` alone where the selector would dequantize runs the mma path, or the GEMV
+    where N % 128 != 0). Runs on the caller's current stream; results come back as the caller's array kind.
     """
     return _gemm(A, W, bias, out, dtype, split_k, path, tile, kw, None)
 
@@ -195,6 +196,8 @@ def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k
     if path is None:
         path = "mma" if tile is not None else "gemv" if kw is not None else select_gemm(
             info.arch.name, m, n, k, W.bits, dt, info.sm_count, lim).path
+        if path == "dequant" and split_k is not None:  # a forced split: a path that splits K
+            path = "gemv" if n % TILE_N_MIN else "mma"
     if tile is not None and path != "mma":
         raise ValueError(f"tile={tile}: only the mma path has tiles; path={path!r}")
     if kw is not None and path != "gemv":
