@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -79,9 +81,12 @@ def collect(fams: dict[str, Family], archs: list[str], specs: dict[str, dict[str
 
 
 # -- building ---------------------------------------------------------------------------------
-def _sync_env(env: dict[str, str]) -> None:
+def _init_worker(env: dict[str, str]) -> None:
     """Worker initializer: take the parent's KERNELGEN_* variables as they are now (a forkserver
-    started earlier would otherwise keep the ones of its own start)."""
+    started earlier would otherwise keep the ones of its own start), and leave Ctrl-C to the
+    parent, which stops the pool (a worker's KeyboardInterrupt would become a result, or kill it
+    between tasks and break the pool)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in [n for n in os.environ if n.startswith("KERNELGEN_")]:
         if name not in env:
             del os.environ[name]
@@ -128,20 +133,38 @@ def build_all(configs: list[KernelConfig], jobs: int, on_done: Callable[[Result]
             done(build_one(d))
         return results
     env = {k: v for k, v in os.environ.items() if k.startswith("KERNELGEN_")}
-    with ProcessPoolExecutor(max_workers=min(jobs, len(dicts)), mp_context=_pool_context(),
-                             initializer=_sync_env, initargs=(env,)) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(dicts)), mp_context=_pool_context(),
+                               initializer=_init_worker, initargs=(env,))
+    try:
         futures = {pool.submit(build_one, d): c for d, c in zip(dicts, configs, strict=True)}
-        try:
-            for fut in as_completed(futures):
-                try:
-                    done(fut.result())
-                except Exception as e:  # the worker process died (BrokenProcessPool, ...)
-                    cfg = futures[fut]
-                    done(Result(cfg.as_dict(), cfg.short(), "failed", 0.0, "", f"{type(e).__name__}: {e}"))
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+        for fut in as_completed(futures):
+            try:
+                done(fut.result())
+            except Exception as e:  # the worker process died (BrokenProcessPool, ...)
+                cfg = futures[fut]
+                done(Result(cfg.as_dict(), cfg.short(), "failed", 0.0, "", f"{type(e).__name__}: {e}"))
+    except BaseException:  # Ctrl-C (or a failing on_done): stop now, not after the queue
+        _stop(pool)
+        raise
+    pool.shutdown()
     return results
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and kill the workers: a half-built entry is only a private
+    temp folder (publish renames complete ones), so nothing in the cache is left inconsistent.
+    A second Ctrl-C meanwhile is ignored: the stop takes well under a second."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        workers = list((pool._processes or {}).values())  # no public way before Python 3.14
+        pool.shutdown(wait=False, cancel_futures=True)
+        for p in workers:
+            p.terminate()
+        pool.shutdown(wait=True)  # the pool sees its workers gone and winds down at once
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 class Progress:

@@ -111,3 +111,43 @@ def test_prewarm_reports_compile_failures(cache_dir, cli, templates_copy):
     assert f"{N - 1} compiled, 0 already cached, 1 failed" in out
     assert "FAILED KbitQuantizeConfig(arch=sm_90a, bits=2, dtype=float16)" in err
     assert "deliberately broken" in err  # the NVRTC log's first lines
+
+
+def test_ctrl_c_stops_a_parallel_prewarm(cache_dir):
+    """SIGINT to the process group (Ctrl-C) once the first config is done, then again: exit 130
+    at once, the queued configs not built, nothing hung, the cache consistent."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import REPO
+
+    args = ["prewarm", "--family", "kbit,mx", "--arch", "sm_90a", "-j", "2"]
+    total = 89  # kbit + mx on one arch: seconds of work on 2 cores
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cache_tools", *args], cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as on a terminal
+    try:
+        while not proc.stderr.readline().startswith("["):  # the first config is done
+            assert proc.poll() is None, proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        time.sleep(0.2)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+        seconds = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "kernelgen: interrupted" in err and "Traceback" not in err and "Exception" not in err, err
+    assert seconds < 5, f"took {seconds:.1f}s to stop"
+    built = len(list(cache_dir.glob("v1/??/*")))
+    assert built < total, "the queue was drained after Ctrl-C"
+    verify = run_module("cache", "verify")
+    assert verify.returncode == 0 and " 0 bad" in verify.stdout, verify.stdout
