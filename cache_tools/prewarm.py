@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
@@ -29,6 +30,9 @@ from . import UsageError, profile, values
 from .table import err, print_json
 
 ERROR_LINES = 8  # lines of a failure's message shown in the summary
+STATUSES = ("compiled", "cached", "unstored", "failed")
+# the cache's warnings about what prewarm reports itself as "not stored"
+UNSTORED_WARNING = r"kernelgen: (cache directory .* is not writable|could not write to cache)"
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class Plan:
 class Result:
     config: dict[str, Any]  # KernelConfig.as_dict()
     short: str
-    status: str  # "compiled" | "cached" | "failed"
+    status: str  # "compiled" | "cached" | "unstored" (compiled, the cache could not keep it) | "failed"
     seconds: float
     key: str = ""
     error: str = ""
@@ -96,7 +100,7 @@ def _init_worker(env: dict[str, str]) -> None:
 def build_one(config: dict[str, Any]) -> Result:
     """Build one config (in a worker process): never raises, failures become a Result."""
     from kernelgen.core.config import config_from_dict
-    from kernelgen.core.jit import build
+    from kernelgen.core.jit import build, default_cache
     from kernelgen.errors import CompileError
 
     t0 = time.perf_counter()
@@ -104,8 +108,13 @@ def build_one(config: dict[str, Any]) -> Result:
     try:
         cfg = config_from_dict(config)
         short = cfg.short()
-        res = build(cfg, allow_jit=True)  # prewarm compiles even where the server runs strict
+        cache = default_cache()
+        with warnings.catch_warnings():  # the summary names why once, not a warning per worker
+            warnings.filterwarnings("ignore", UNSTORED_WARNING, RuntimeWarning)
+            res = build(cfg, cache=cache, allow_jit=True)  # even where the server runs strict
         status, key, error = ("compiled" if res.compiled else "cached"), res.key, ""
+        if res.entry is None:  # compiled, but the writable layer did not take it
+            status, error = "unstored", cache.write_error or "the cache did not store it"
     except CompileError as e:
         status, key, error = "failed", "", e.log.strip() or str(e)
     except Exception as e:  # a worker must report, not die: the summary lists it
@@ -226,19 +235,23 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     results = build_all(plan.configs, jobs, Progress(len(plan.configs), workers, args.quiet))
     seconds = time.perf_counter() - t0
-    counts = {s: sum(r.status == s for r in results) for s in ("compiled", "cached", "failed")}
+    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
     for r in results:
         if r.status == "failed":
             err(f"FAILED {r.short}")
             for line in [ln for ln in r.error.splitlines() if ln.strip()][:ERROR_LINES]:
                 err(f"    {line}")
+    unstored = [r.error for r in results if r.status == "unstored"]
+    if unstored:  # one cache, one cause (the paths in it differ): --json has each
+        err(f"NOT STORED {len(unstored)} compiled config(s): {unstored[0]}")
     if args.json:
         print_json({"archs": plan.archs, "families": list(plan.specs), "total": len(results),
                     **counts, "seconds": round(seconds, 3), "results": [asdict(r) for r in results]})
     else:
+        lost = f", {counts['unstored']} not stored" if counts["unstored"] else ""
         print(f"prewarm: {counts['compiled']} compiled, {counts['cached']} already cached, "
-              f"{counts['failed']} failed in {seconds:.1f}s")
-    return 1 if counts["failed"] else 0
+              f"{counts['failed']} failed{lost} in {seconds:.1f}s")
+    return 1 if counts["failed"] or counts["unstored"] else 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

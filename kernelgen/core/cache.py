@@ -109,6 +109,9 @@ class DiskCache:
         self.readonly_roots = [Path(p) for p in (readonly if readonly is not None else knobs.readonly_cache_dirs())]
         self.max_bytes = knobs.cache_max_bytes() if max_bytes is None else max_bytes
         self._writable: bool | None = None
+        # why the last entry built here could not be stored ('' once one is): the unwritable
+        # probe's or the failed publish's error, for callers that must report it (prewarm)
+        self.write_error = ""
         self._warned: set[str] = set()
         self._touched: set[str] = set()
         self._since_gc = 15  # the first publish of a process checks the cap, then every 16th
@@ -146,6 +149,7 @@ class DiskCache:
                 self._writable = True
             except OSError as e:
                 self._writable = False
+                self.write_error = f"cache directory {self.root} is not writable ({e})"
                 self._warn(f"cache directory {self.root} is not writable ({e}); kernels will be "
                            f"compiled and kept in memory only. Set KERNELGEN_CACHE_DIR to a "
                            f"writable folder to keep them across runs.", "unwritable")
@@ -263,11 +267,13 @@ class DiskCache:
                 # Lost a race to another writer of the same key: theirs is as good as ours.
             _fsync_dir(final.parent)
         except OSError as e:
-            self._warn(f"could not write to cache {self.root} ({e}); continuing from memory", "write")
+            self.write_error = f"could not write to cache {self.root} ({e})"
+            self._warn(f"{self.write_error}; continuing from memory", "write")
             return None
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+        self.write_error = ""
         self._since_gc += 1
         if self.max_bytes > 0 and self._since_gc >= 16:
             self._since_gc = 0

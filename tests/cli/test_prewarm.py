@@ -151,3 +151,30 @@ def test_ctrl_c_stops_a_parallel_prewarm(cache_dir):
     assert built < total, "the queue was drained after Ctrl-C"
     verify = run_module("cache", "verify")
     assert verify.returncode == 0 and " 0 bad" in verify.stdout, verify.stdout
+
+
+def test_prewarm_fails_when_the_cache_cannot_store(cache_dir, cli, monkeypatch):
+    """A cache dir that is a file, or a full disk: the builds are 'not stored', the reason is
+    printed once, exit 1 (and --check agrees that they are missing)."""
+    import errno
+
+    from kernelgen.core import cache as cache_mod
+
+    cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    cache_dir.write_text("not a folder")
+    rc, out, err = cli("prewarm", *PREWARM_ARGS, "-j", "1")
+    assert rc == 1, out
+    assert f"0 compiled, 0 already cached, 0 failed, {N} not stored" in out
+    assert err.count(f"NOT STORED {N} compiled config(s): cache directory {cache_dir} is not writable") == 1, err
+    assert "RuntimeWarning" not in err
+    monkeypatch.setenv("KERNELGEN_CACHE_DIR", str(cache_dir.parent / "full"))
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(cache_mod, "_write_synced", full)
+    rc, out, err = cli("prewarm", *PREWARM_ARGS, "-j", "1", "--json", "--quiet")
+    summary = json.loads(out)
+    assert rc == 1 and (summary["compiled"], summary["unstored"]) == (0, N), out
+    assert "No space left on device" in err and err.count("NOT STORED") == 1, err
+    assert cli("prewarm", *PREWARM_ARGS, "--check")[0] == 1
