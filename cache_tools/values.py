@@ -5,6 +5,7 @@ Every failure raises UsageError naming the flag, the value and what is accepted.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 
@@ -46,7 +47,7 @@ def parse_days(text: str) -> float:
         days = float(text)
     except ValueError:
         days = -1.0
-    if days < 0:
+    if not 0 <= days < math.inf:  # nan would match every entry (every comparison is False)
         raise UsageError(f"--older-than {text!r}: expected a number of days such as 7 or 0.5")
     return days * 86400.0
 

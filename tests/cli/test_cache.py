@@ -200,3 +200,13 @@ def test_removal_works_in_a_layer_without_tmp(warm_cache, cli):
     shutil.rmtree(warm_cache / "v1" / "tmp")
     assert cli("cache", "purge", "--arch", "sm_80")[0] == 0
     assert {r["arch"] for r in ls_json(cli)} == {"sm_90a"}
+
+
+def test_older_than_takes_finite_days_only(warm_cache, cli):
+    """nan compares False with every age, so it matched every entry (and got past purge's --all
+    guard); inf matched none. Both are usage errors, as -1 and abc."""
+    for value in ("nan", "inf", "1e400", "-1", "abc"):
+        for cmd in (["purge"], ["gc"], ["ls"], ["export", warm_cache.parent / "x.tar.gz"]):
+            rc, _, err = cli("cache", *cmd, "--older-than", value)
+            assert rc == 2 and f"--older-than {value!r}: expected a number of days" in err, (cmd, err)
+    assert len(keys_in(warm_cache)) == N
