@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from kernelgen import __version__
 from kernelgen.core.cache import DiskCache, Entry
 from kernelgen.core.jit import default_cache
+from kernelgen.errors import CacheError
 
 from . import UsageError, entries
 from .table import err, human_bytes, print_json
@@ -58,9 +59,10 @@ def remove(cache: DiskCache, victims: Iterable[Entry], dry_run: bool) -> list[tu
     for e in victims:
         n = e.disk_bytes
         if not dry_run:
-            cache.remove(e)
-            if e.path.exists():  # the cache swallows OSError (permissions, busy filesystem)
-                err(f"kernelgen: could not remove {e.path}")
+            try:
+                cache.remove(e)
+            except CacheError as why:  # permissions, a busy filesystem: named, the rest go on
+                err(f"kernelgen: {why}")
                 continue
         out.append((e, n))
     return out
@@ -86,19 +88,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     cache = default_cache()
     flt = entries.make_filter(args, cache)
-    removed, victims = [], []
+    removed, failed = [], 0
     if not flt.empty:
         victims = list(entries.select(cache, flt, include_readonly=False))
         removed = remove(cache, victims, args.dry_run)
+        failed = len(victims) - len(removed)
     # No flags: enforce the configured cap (KERNELGEN_CACHE_MAX_BYTES; 0 means no cap).
     if args.max_bytes is not None or (flt.empty and cache.max_bytes > 0):
         cap = parse_size(args.max_bytes) if args.max_bytes is not None else cache.max_bytes
         sizes = {e.key: e.disk_bytes for e in cache.entries(include_readonly=False)}
         gone = {e.key for e, _ in removed}  # a dry run's filter step left them in place
-        removed += [(e, sizes.get(e.key, 0)) for e in cache.gc(cap, dry_run=args.dry_run)
-                    if e.key not in gone]
+        # the LRU entries over the cap, removed here so that each failure is named
+        victims = [e for e in cache.gc(cap, dry_run=True) if e.key not in gone]
+        evicted = remove(cache, victims, args.dry_run)
+        failed += len(victims) - len(evicted)
+        removed += evicted
+        if not args.dry_run:  # stale build folders; past entries it could not remove, the next
+            gone |= {e.key for e, _ in evicted}
+            removed += [(e, sizes.get(e.key, 0)) for e in cache.gc(cap) if e.key not in gone]
     report(cache, removed, args.dry_run, args.json, "gc")
-    return 1 if len(removed) < len(victims) else 0  # some could not be removed
+    return 1 if failed else 0  # some could not be removed
 
 
 def cmd_purge(args: argparse.Namespace) -> int:

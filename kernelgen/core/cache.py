@@ -219,15 +219,17 @@ class DiskCache:
             return _CORRUPT
         return Entry(path.name, path, manifest, readonly), cubin
 
-    def _discard(self, path: Path) -> None:
-        """Remove an entry folder: rename aside first so no reader sees half of it."""
+    def _discard(self, path: Path) -> str:
+        """Remove an entry folder: rename aside first so no reader sees half of it. Returns ''
+        once it is gone, else why it is not (a read-only folder, a busy filesystem)."""
         trash = self._base(self.root) / "tmp" / f"trash-{path.name}-{os.getpid()}-{time.monotonic_ns()}"
         try:
             trash.parent.mkdir(parents=True, exist_ok=True)  # a layer unpacked by hand has no tmp/
             os.rename(path, trash)
-        except OSError:
-            return
+        except OSError as e:
+            return "" if not path.exists() else str(e)  # gone already: another process took it
         shutil.rmtree(trash, ignore_errors=True)
+        return ""
 
     # -- write -------------------------------------------------------------------------------
     def publish(self, key: str, parts: dict, cubin: bytes, *, symbols: list[str], log: str,
@@ -330,7 +332,9 @@ class DiskCache:
     def remove(self, entry: Entry) -> None:
         if entry.readonly:
             raise CacheError(f"{entry.path} is in a read-only layer")
-        self._discard(entry.path)
+        why = self._discard(entry.path)
+        if why:
+            raise CacheError(f"could not remove {entry.path} ({why})")
 
     def verify(self, fix: bool = False) -> list[tuple[Entry, str]]:
         """(entry, problem) for every entry whose files do not match its manifest."""
@@ -349,7 +353,8 @@ class DiskCache:
     def gc(self, max_bytes: int, dry_run: bool = False) -> list[Entry]:
         """Evict least-recently-used entries of the writable layer until it fits `max_bytes`.
 
-        `dry_run`: only return what would be evicted.
+        Returns the entries removed (`dry_run`: only return what would be evicted); one that
+        cannot be removed stays, and the next least recently used is tried.
         """
         entries = [(e, _dir_bytes(e.path)) for e in self.entries(include_readonly=False)]
         total = sum(s for _, s in entries)
@@ -357,8 +362,8 @@ class DiskCache:
         for entry, size in sorted(entries, key=lambda es: es[0].last_used):
             if total <= max_bytes:
                 break
-            if not dry_run:
-                self._discard(entry.path)
+            if not dry_run and self._discard(entry.path):
+                continue
             total -= size
             removed.append(entry)
         if not dry_run:

@@ -210,3 +210,23 @@ def test_older_than_takes_finite_days_only(warm_cache, cli):
             rc, _, err = cli("cache", *cmd, "--older-than", value)
             assert rc == 2 and f"--older-than {value!r}: expected a number of days" in err, (cmd, err)
     assert len(keys_in(warm_cache)) == N
+
+
+def test_gc_names_what_it_could_not_remove(warm_cache, cli, monkeypatch):
+    """A layer whose folders cannot be renamed away (read-only, busy): gc removes nothing, says
+    so with the reason and exits 1 (it used to report every entry removed, exit 0)."""
+    import errno
+
+    rename = os.rename
+
+    def deny(src, dst):
+        if Path(dst).name.startswith("trash-"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(src))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", deny)
+    for args in (["--max-bytes", "1K"], ["--arch", "sm_80"]):
+        rc, out, err = cli("cache", "gc", *args, "--json")
+        assert rc == 1 and json.loads(out)["removed"] == [], (args, out)
+        assert "could not remove" in err and "Permission denied" in err, err
+    assert len(keys_in(warm_cache)) == N and default_cache().gc(0) == []
