@@ -12,6 +12,7 @@ Specs: `--bits` / `--dtypes` (and a profile file, see profile.py) narrow what ea
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import signal
@@ -61,15 +62,51 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise UsageError("no target arch given; use --arch sm_90a (or all, native)")
     fams = values.resolve_families(
         values.split_list(args.family) or list(prof.families) or sorted(families()))
-    specs = {}
-    for name in fams:
-        spec = dict(prof.families.get(name, {}))
-        if args.bits:
-            spec["bits"] = values.int_list("--bits", args.bits)
-        if args.dtypes:
-            spec["dtypes"] = values.split_list(args.dtypes)
-        specs[name] = spec
+    flags = {}
+    if args.bits:
+        flags["bits"] = values.int_list("--bits", args.bits)
+    if args.dtypes:
+        flags["dtypes"] = values.split_list(args.dtypes)
+    specs = {name: {**prof.families.get(name, {}), **flags} for name in fams}
+    check_specs(fams, specs, flags, args.profile)
     return Plan(archs, specs, collect(fams, archs, specs))
+
+
+def check_specs(fams: dict[str, Family], specs: dict[str, dict[str, Any]], flags: dict[str, Any],
+                profile_path: str | None) -> None:
+    """Against each family's Family.spec_keys: a profile's key must be one its family reads, and
+    each value must be taken by some family it was given to (a dtype the others skip is fine:
+    --dtypes float32 builds kbit's and skips moe's). A typo must not build nothing, or the
+    whole default table, in silence."""
+    for name, fam in fams.items():
+        known = fam.spec_keys if fam.spec_keys is not None else specs[name]
+        unknown = [k for k in specs[name] if k not in known and k not in flags]
+        if unknown:  # flags go to every family, read or not: only a profile's keys are checked
+            raise UsageError(f"--profile {profile_path}: families.{name}: unknown key "
+                             f"{unknown[0]!r}; {name} reads {', '.join(known)}")
+    given: dict[tuple[str, str], tuple[Any, list[str]]] = {}  # (key, value's JSON) -> families
+    for name in fams:
+        for key, vals in specs[name].items():
+            for v in vals if isinstance(vals, list) else [vals]:
+                v = tuple(v) if isinstance(v, list) else v  # a pair of formats
+                given.setdefault((key, json.dumps(v, sort_keys=True)), (v, []))[1].append(name)
+    for (key, _), (v, names) in given.items():
+        takes = [fams[n].spec_keys for n in names]
+        if any(t is None or t.get(key, ()) is None or v in t.get(key, ()) for t in takes):
+            continue
+        readers = [n for n in names if key in fams[n].spec_keys]
+        accepted = list(dict.fromkeys(a for n in readers for a in fams[n].spec_keys[key]))
+        where = (f"--{key} {_show(v)}" if key in flags else
+                 f"--profile {profile_path}: families.{names[0]}.{key}: {_show(v)}")
+        if not readers:
+            raise UsageError(f"{where}: {', '.join(names)} read{'s' if len(names) == 1 else ''} "
+                             f"no {key!r}")
+        raise UsageError(f"{where}: not accepted by {', '.join(readers)} "
+                         f"(accepted: {', '.join(map(_show, accepted))})")
+
+
+def _show(v: Any) -> str:
+    return json.dumps(list(v)) if isinstance(v, tuple) else str(v)
 
 
 def collect(fams: dict[str, Family], archs: list[str], specs: dict[str, dict[str, Any]]) -> list[KernelConfig]:

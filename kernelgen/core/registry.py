@@ -28,6 +28,10 @@ class Family:
     # weights, fp32 dequantize). Forced knobs (a path, split or tile for tuning) may still
     # compile others on first use.
     matrix_spec: dict[str, Any] | None = None
+    # the spec keys prewarm_configs reads, each with the values it takes (None: any, the family
+    # checks them); `kernelgen prewarm` refuses other keys and values no family of the run takes.
+    # None: not declared, the spec goes through unchecked
+    spec_keys: dict[str, tuple[Any, ...] | None] | None = None
 
 
 _FAMILIES: dict[str, Family] = {}

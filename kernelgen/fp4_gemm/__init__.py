@@ -7,13 +7,14 @@ decodes each step's weights into shared memory for warpgroup MMA."""
 
 from ..core.registry import Family, register_family
 from .config import Fp4DequantConfig, Fp4GemvConfig, Fp4TileConfig, Fp4WgmmaConfig
-from .select import prewarm_configs
+from .select import SPEC_KEYS, prewarm_configs
 
 register_family(
     Family(
         name="fp4_gemm",
         config_classes=(Fp4GemvConfig, Fp4TileConfig, Fp4DequantConfig, Fp4WgmmaConfig),
         prewarm_configs=prewarm_configs,
+        spec_keys=SPEC_KEYS,
         description="FP4-weight (NVFP4 / MXFP4) GEMM: bandwidth path for small M, mma tiles above (wgmma on sm_90a), dequantize + cuBLAS at large M",
     )
 )

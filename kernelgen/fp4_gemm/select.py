@@ -628,6 +628,10 @@ def wgmma_configs(arch: str, fmt: str, dtype: str) -> list[Fp4WgmmaConfig]:
     return [plan(arch, bm, 4096, 4096, fmt, dtype, 132, path="wgmma").config for bm in WGMMA_BMS]
 
 
+# prewarm_configs' spec keys and values (Family.spec_keys)
+SPEC_KEYS = {"fmts": FMTS, "dtypes": DTYPES, "shapes": None, "sm_counts": None}
+
+
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
                     ) -> Iterator[Fp4GemvConfig | Fp4TileConfig | Fp4DequantConfig | Fp4WgmmaConfig]:
     """Configs the selector can return on the parts of each arch (kernelgen.arch.parts_of).

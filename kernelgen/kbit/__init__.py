@@ -2,13 +2,14 @@
 
 from ..core.registry import Family, register_family
 from .config import E4M4Config, KbitDequantizeConfig, KbitQuantizeConfig, KbitRepackConfig
-from .select import prewarm_configs
+from .select import SPEC_KEYS, prewarm_configs
 
 register_family(
     Family(
         name="kbit",
         config_classes=(KbitQuantizeConfig, KbitDequantizeConfig, KbitRepackConfig, E4M4Config),
         prewarm_configs=prewarm_configs,
+        spec_keys=SPEC_KEYS,
         description="2-5 bit codebook quantize / dequantize / repack, E4M4 absmax codec",
     )
 )

@@ -18,6 +18,7 @@ from .config import (
 
 # (tile_n, tile_k) of the tiled layout the GEMM consumes; one entry until the GEMM lands.
 REPACK_TILES = ((128, 64),)
+SPEC_KEYS = {"bits": BITS, "dtypes": FLOAT_DTYPES}  # what prewarm_configs reads (Family.spec_keys)
 
 
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator:

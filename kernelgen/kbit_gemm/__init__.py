@@ -4,11 +4,15 @@ default in the tiled layout of the FP4 kernels (tiled.py)."""
 
 from ..core.registry import Family, register_family
 from ..errors import UnsupportedConfigError
-from .config import BITS, KbitGemvConfig, KbitTiledDequantConfig
+from .config import BITS, DTYPES, KbitGemvConfig, KbitTiledDequantConfig
 from .select import prewarm_configs
 from .tc_config import KbitMmaConfig
 from .tc_select import prewarm_dequant_configs, prewarm_mma_configs
 from .tiled import prewarm_tiled_configs
+
+# prewarm_all's spec keys and values (Family.spec_keys); "float32": the tiled dequantize's output
+SPEC_KEYS = {"bits": BITS, "dtypes": (*DTYPES, "float32"), "layouts": None, "shapes": None,
+             "sm_counts": None}
 
 
 def prewarm_all(archs, spec):  # type: ignore[no-untyped-def]
@@ -46,6 +50,7 @@ register_family(
         name="kbit_gemm",
         config_classes=(KbitGemvConfig, KbitMmaConfig, KbitTiledDequantConfig),
         prewarm_configs=prewarm_all,
+        spec_keys=SPEC_KEYS,
         description="kbit weight GEMM: bandwidth (GEMV) path for small M, mma.sync tiles above; "
                     "4-bit weights tiled for the FP4 kernels",
         matrix_spec={"layouts": ["flat", "tiled"], "dtypes": ["float16", "bfloat16", "float32"]},

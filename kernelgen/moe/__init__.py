@@ -4,13 +4,14 @@ for small tiles, SwiGLU fused into the W13 epilogue; bf16/fp16 or kbit experts) 
 
 from ..core.registry import Family, register_family
 from .config import MoeGemmConfig, MoeKbitConfig, MoeKbitGemvConfig
-from .select import prewarm_configs
+from .select import SPEC_KEYS, prewarm_configs
 
 register_family(
     Family(
         name="moe",
         config_classes=(MoeGemmConfig, MoeKbitConfig, MoeKbitGemvConfig),
         prewarm_configs=prewarm_configs,
+        spec_keys=SPEC_KEYS,
         description="MoE grouped GEMM (bf16/fp16 experts, fused SwiGLU) and fused_moe",
     )
 )

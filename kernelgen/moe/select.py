@@ -34,9 +34,11 @@ from ..arch import get_arch, parts_of, smem_limits
 from ..core.config import KernelConfig
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
+from ..moe_routing.config import ID_DTYPES, W_DTYPES
 from .config import (
     DTYPES,
     EPILOGUES,
+    KBIT_BITS,
     TILE_MS,
     TILES,
     WG_TILES,
@@ -336,6 +338,12 @@ def _layer_shapes(spec: dict[str, Any]) -> list[tuple[int, int, int, int]]:
             raise UnsupportedConfigError(f"moe spec: layer {list(sh)}: E, H, I, top_k must be >= 1")
         out.append((e, h, i, top_k))
     return out
+
+
+# prewarm_configs' spec keys and values (Family.spec_keys)
+SPEC_KEYS = {"shapes": None, "E": None, "H": None, "I": None, "top_k": None, "dtypes": DTYPES,
+             "bits": KBIT_BITS, "policy": POLICIES, "sm_counts": None, "id_dtypes": ID_DTYPES,
+             "w_dtypes": W_DTYPES}
 
 
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:

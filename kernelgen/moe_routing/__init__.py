@@ -3,13 +3,14 @@ dispatch (gather rows into expert order), combine (weighted sum back per token).
 
 from ..core.registry import Family, register_family
 from .config import MoeCombineConfig, MoeDispatchConfig, MoeLayoutConfig, MoeRouteConfig
-from .select import prewarm_configs
+from .select import SPEC_KEYS, prewarm_configs
 
 register_family(
     Family(
         name="moe_routing",
         config_classes=(MoeLayoutConfig, MoeRouteConfig, MoeDispatchConfig, MoeCombineConfig),
         prewarm_configs=prewarm_configs,
+        spec_keys=SPEC_KEYS,
         description="MoE routing: two-phase layout + dispatch (fused for decode), combine",
     )
 )

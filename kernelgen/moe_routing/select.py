@@ -154,6 +154,10 @@ def move_grid(rows: int, sm_count: int) -> int:
     return max(1, min(rows, sm_count * MOVE_CTAS_PER_SM))
 
 
+# prewarm_configs' spec keys and values (Family.spec_keys)
+SPEC_KEYS = {"num_experts": None, "id_dtypes": ID_DTYPES, "dtypes": DTYPES, "w_dtypes": W_DTYPES}
+
+
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Any]:
     """Every config dispatch can pick. spec: "num_experts" (list; default: every warps bucket),
     "id_dtypes", "dtypes" (fp16/bf16 kept), "w_dtypes"."""

@@ -8,13 +8,14 @@ scaled GEMMs consume; `templates/mx/mx.cuh` holds the device codecs they share.
 
 from ..core.registry import Family, register_family
 from .config import MxDequantizeConfig, MxQuantizeConfig
-from .select import prewarm_configs
+from .select import SPEC_KEYS, prewarm_configs
 
 register_family(
     Family(
         name="mx",
         config_classes=(MxQuantizeConfig, MxDequantizeConfig),
         prewarm_configs=prewarm_configs,
+        spec_keys=SPEC_KEYS,
         description="NVFP4 / MXFP4 / MXFP6 / MXFP8 quantize (swizzled or row-major scales) and "
                     "dequantize",
     )

@@ -298,6 +298,9 @@ def dequantize_plan(arch: str, fmt: str, dtype: str, rows: int, k: int) -> Dequa
     return DequantizePlan(cfg, max(1, _cdiv(total, per_block)), THREADS)
 
 
+SPEC_KEYS = {"fmts": tuple(FORMATS), "dtypes": FLOAT_DTYPES}  # prewarm_configs' (Family.spec_keys)
+
+
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator:
     """Every config the mx API can launch: quantize and dequantize per (format, dtype);
     narrowed by spec "fmts" and "dtypes" when given."""

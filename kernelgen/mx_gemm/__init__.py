@@ -6,13 +6,14 @@ mma.sync of sm_120a (FP8 x FP8, FP8 x FP4, MXFP4 x MXFP4, NVFP4 x NVFP4). See se
 
 from ..core.registry import Family, register_family
 from .config import MxBsGemmConfig, MxFp8GemmConfig
-from .select import prewarm_configs
+from .select import SPEC_KEYS, prewarm_configs
 
 register_family(
     Family(
         name="mx_gemm",
         config_classes=(MxFp8GemmConfig, MxBsGemmConfig),
         prewarm_configs=prewarm_configs,
+        spec_keys=SPEC_KEYS,
         archs=("sm_90a", "sm_100a", "sm_120a"),  # fp8 mma needs sm_89+: nothing for sm_80
         description="block-scaled GEMM: MXFP8 via scaled f16 tiles (sm_90a/sm_100a), native "
                     "block-scaled mma.sync on sm_120a",

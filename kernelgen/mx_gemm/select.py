@@ -176,6 +176,11 @@ SM_COUNTS: dict[str, tuple[int, ...]] = {"sm_90a": (132, 114, 78), "sm_100a": (1
                                          "sm_120a": (170, 188, 84), "sm_80": (108,)}
 
 
+# prewarm_configs' spec keys and values (Family.spec_keys): "formats" takes the pairs of any arch
+SPEC_KEYS = {"formats": tuple(sorted({p for pairs in PAIRS.values() for p in pairs})),
+             "out_dtypes": OUT_DTYPES, "dtypes": OUT_DTYPES, "shapes": None, "sm_counts": None}
+
+
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MxFp8GemmConfig | MxBsGemmConfig]:
     """Configs the selector can return. spec: "formats" ([[A, B], ...]; default: every pair
     the arch runs), "out_dtypes" / "dtypes" (default both), "shapes" ([M, N, K]; default:

@@ -82,7 +82,7 @@ def test_prewarm_deduplicates(cache_dir, cli, monkeypatch):
 @pytest.mark.parametrize("args, message", [
     (["--family", "nope"], "--family 'nope': unknown"),
     (["--arch", "sm_70"], "--arch 'sm_70': not a kernelgen target"),
-    (["--bits", "9", "--arch", "sm_90a"], "bits=9"),
+    (["--bits", "9", "--arch", "sm_90a"], "--bits 9: not accepted by kbit, kbit_gemm, moe"),
     (["--bits", "four", "--arch", "sm_90a"], "--bits four: expected integers"),
     (["-j", "0", "--arch", "sm_90a"], "-j 0"),
 ])
@@ -178,3 +178,52 @@ def test_prewarm_fails_when_the_cache_cannot_store(cache_dir, cli, monkeypatch):
     assert rc == 1 and (summary["compiled"], summary["unstored"]) == (0, N), out
     assert "No space left on device" in err and err.count("NOT STORED") == 1, err
     assert cli("prewarm", *PREWARM_ARGS, "--check")[0] == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--family", "kbit_gemm", "--bits", "7"], "--bits 7: not accepted by kbit_gemm (accepted: 2, 3, 4, 5)"),
+    (["--family", "kbit_gemm", "--bits", "1"], "--bits 1: not accepted"),
+    (["--family", "moe", "--bits", "5"], "--bits 5: not accepted by moe (accepted: 2, 3, 4)"),
+    (["--family", "mx", "--dtypes", "flaot16"], "--dtypes flaot16: not accepted by mx (accepted: float16,"),
+    (["--family", "fp4_gemm,mx_gemm", "--dtypes", "float32"], "not accepted by fp4_gemm, mx_gemm"),
+    (["--family", "mx", "--bits", "4"], "--bits 4: mx reads no 'bits'"),
+])
+def test_spec_values_no_family_takes_are_usage_errors(cache_dir, cli, args, message):
+    """A value no family of the run takes is an error (it built nothing, or crashed in a table
+    lookup: kbit_gemm --bits 7 raised KeyError), naming the accepted values."""
+    rc, out, err = cli("prewarm", *args, "--arch", "sm_90a", "--check")
+    assert rc == 2 and err.startswith("kernelgen: error: ") and message in err, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_spec_value_some_family_takes_is_skipped_by_the_others(cache_dir, cli):
+    rc, out, err = cli("prewarm", "--family", "kbit,moe", "--bits", "5", "--dtypes", "float32",
+                       "--arch", "sm_90a", "--check", "--json")
+    assert rc == 1 and err == ""  # kbit builds 5 bits / float32; moe takes neither and skips them
+    missing = json.loads(out)["missing"]
+    assert missing and all(c["family"] == "kbit" for c in missing)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"fp4_gemm": {"fmts": ["nvfp5"]}}, "families.fp4_gemm.fmts: nvfp5: not accepted by fp4_gemm"),
+    ({"mx_gemm": {"formats": [["foo", "bar"]]}}, 'families.mx_gemm.formats: ["foo", "bar"]: not accepted'),
+    ({"kbit_gemm": {"bits": [7]}}, "families.kbit_gemm.bits: 7: not accepted"),
+    ({"kbit": {"bits": [4]}, "moe": {"bits": [5]}}, "families.moe.bits: 5: not accepted by moe"),
+    ({"kbit": {"bitz": [4]}}, "families.kbit: unknown key 'bitz'; kbit reads bits, dtypes"),
+    ({"mx": {"fmts": [{"a": 1}]}}, "families.mx.fmts: {'a': 1}: not accepted"),
+])
+def test_profile_spec_keys_and_values_are_checked(cache_dir, cli, tmp_path, spec, message):
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"archs": ["sm_90a"], "families": spec}))
+    rc, _, err = cli("prewarm", "--profile", prof, "--check")
+    assert rc == 2 and message in err, err
+
+
+def test_every_family_declares_the_spec_it_reads():
+    """Family.spec_keys is what prewarm checks a spec against: the builtin families declare it,
+    and it takes their matrix specs."""
+    for name, fam in registry.families().items():
+        assert fam.spec_keys is not None, name
+        for key, vals in (fam.matrix_spec or {}).items():
+            allowed = fam.spec_keys[key]
+            assert allowed is None or set(vals) <= set(allowed), (name, key)
