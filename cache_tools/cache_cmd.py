@@ -85,8 +85,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     counts: Counter[tuple[str, str]] = Counter()
     sizes: Counter[tuple[str, str]] = Counter()
     for e in cache.entries():
-        counts[entries.family(e), entries.arch(e)] += 1
-        sizes[entries.family(e), entries.arch(e)] += e.size
+        if not e.problem:
+            counts[entries.family(e), entries.arch(e)] += 1
+            sizes[entries.family(e), entries.arch(e)] += e.size
+    entries.note_damaged(cache)
     info = {
         "package_version": __version__,
         "nvrtc": nvrtc_text(),

@@ -14,7 +14,7 @@ from kernelgen.core.compile import resource_summary
 from kernelgen.core.registry import families
 
 from . import UsageError
-from .table import human_age, human_bytes
+from .table import err, human_age, human_bytes
 from .values import parse_days, split_list
 
 
@@ -115,7 +115,7 @@ class Filter:
 def check_names(cache: DiskCache, flt: Filter, known_families: Iterable[str], known_archs: Iterable[str]) -> None:
     """A --family/--arch value must be registered or seen in the cache: a typo must not match
     nothing silently (above all in purge)."""
-    seen = list(cache.entries())
+    seen = [e for e in cache.entries() if not e.problem]
     for flag, values, known, getter in (
         ("--family", flt.families, set(known_families), family),
         ("--arch", flt.archs, set(known_archs), arch),
@@ -127,10 +127,20 @@ def check_names(cache: DiskCache, flt: Filter, known_families: Iterable[str], kn
 
 
 def select(cache: DiskCache, flt: Filter, include_readonly: bool = True) -> Iterator[Entry]:
+    """The entries `flt` matches; damaged ones (no usable manifest) never: see note_damaged."""
     now = time.time()
     for e in cache.entries(include_readonly=include_readonly):
-        if flt(e, now):
+        if not e.problem and flt(e, now):
             yield e
+
+
+def note_damaged(cache: DiskCache) -> None:
+    """One line on stderr when some entries are damaged, which the commands that read manifests
+    skip (ls, info, gc and purge filters, export)."""
+    n = sum(1 for e in cache.entries() if e.problem)
+    if n:
+        err(f"kernelgen: skipped {n} damaged entr{'y' if n == 1 else 'ies'} (manifest unusable); "
+            f"`kernelgen cache verify` names them, `--fix` removes them")
 
 
 def by_prefix(cache: DiskCache, prefix: str) -> Entry:
@@ -165,6 +175,7 @@ def make_filter(args: argparse.Namespace, cache: DiskCache, **extra: Any) -> Fil
         **extra,
     )
     check_names(cache, flt, families(), ALL_ARCHS)
+    note_damaged(cache)
     return flt
 
 

@@ -65,12 +65,38 @@ def key_of(parts: dict) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
+# manifest fields the cache and its tools read: (types, what that is, may be absent); another
+# value makes the entry damaged, as an unreadable manifest does
+_MANIFEST_FIELDS: dict[str, tuple[tuple[type, ...], str, bool]] = {
+    "parts": ((dict,), "an object", False),
+    "cubin_size": ((int,), "an integer", False),
+    "cubin_sha256": ((str,), "a string", False),
+    "compile_log": ((str,), "a string", True),
+    "compile_seconds": ((int, float), "a number", True),
+    "created": ((int, float), "a number", True),
+}
+
+
+def _manifest_problem(manifest: object) -> str:
+    """'' if `manifest` has the shape the cache writes, else what is wrong with it."""
+    if not isinstance(manifest, dict):
+        return "manifest is not a JSON object"
+    for name, (types, what, optional) in _MANIFEST_FIELDS.items():
+        value = manifest.get(name)
+        if not ((value is None and optional) or (isinstance(value, types) and not isinstance(value, bool))):
+            return f"manifest field {name!r} is {json.dumps(value)}, expected {what}"
+    if not isinstance(manifest["parts"].get("config"), dict):
+        return "manifest field 'parts' has no 'config' object"
+    return ""
+
+
 @dataclass
 class Entry:
     key: str
     path: Path  # the entry folder
-    manifest: dict
+    manifest: dict  # {} when damaged
     readonly: bool
+    problem: str = ""  # why the manifest is unusable (the entry is damaged), '' if it is not
 
     @property
     def cubin_path(self) -> Path:
@@ -162,14 +188,15 @@ class DiskCache:
             warnings.warn(f"kernelgen: {msg}", RuntimeWarning, stacklevel=3)
 
     # -- read --------------------------------------------------------------------------------
-    def _read_entry(self, path: Path, readonly: bool) -> Entry | None:
+    def _read_entry(self, path: Path, readonly: bool) -> Entry:
+        """The entry of a folder; damaged (empty manifest, `problem` says why) if its manifest is
+        unreadable or valid JSON of another shape, which verify reports and --fix removes."""
         try:
             manifest = json.loads((path / MANIFEST).read_text())
         except (OSError, ValueError):
-            return None
-        if not isinstance(manifest, dict):  # valid JSON, but not a manifest: corrupt
-            return None
-        return Entry(path.name, path, manifest, readonly)
+            return Entry(path.name, path, {}, readonly, "manifest missing or unreadable")
+        problem = _manifest_problem(manifest)
+        return Entry(path.name, path, {} if problem else manifest, readonly, problem)
 
     def load(self, key: str, *, peek: bool = False) -> tuple[Entry, bytes] | None:
         """Find `key` in the layers, verify size and sha256, return the entry and the cubin.
@@ -212,7 +239,7 @@ class DiskCache:
         except OSError:
             return None
         if (
-            not isinstance(manifest, dict)
+            _manifest_problem(manifest)
             or len(cubin) != manifest.get("cubin_size")
             or hashlib.sha256(cubin).hexdigest() != manifest.get("cubin_sha256")
         ):
@@ -324,10 +351,7 @@ class DiskCache:
                 if len(fan.name) != 2 or not fan.is_dir():
                     continue
                 for path in sorted(fan.iterdir()):
-                    entry = self._read_entry(path, ro)
-                    if entry is None:
-                        entry = Entry(path.name, path, {}, ro)  # broken: shown by verify
-                    yield entry
+                    yield self._read_entry(path, ro)
 
     def remove(self, entry: Entry) -> None:
         if entry.readonly:
@@ -385,8 +409,8 @@ class DiskCache:
 
 
 def _check_entry(entry: Entry) -> str:
-    if not entry.manifest:
-        return "manifest missing or unreadable"
+    if entry.problem or not entry.manifest:
+        return entry.problem or "manifest missing or unreadable"
     try:
         data = entry.cubin_path.read_bytes()
     except OSError:

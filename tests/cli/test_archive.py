@@ -97,3 +97,19 @@ def test_import_of_a_non_archive_is_a_usage_error(cache_dir, cli, tmp_path):
     assert rc == 2 and "not a readable .tar.gz" in err
     rc, _, err = cli("cache", "import", tmp_path / "absent.tar.gz")
     assert rc == 2 and "no such file" in err
+
+
+def test_import_rejects_a_damaged_manifest_and_keeps_the_rest(warm_cache, cli, tmp_path, monkeypatch):
+    from .test_cache import damage
+
+    archive = tmp_path / "kernels.tar.gz"
+    bad = sorted(keys_in(warm_cache))[:3]
+    damage(warm_cache, bad)  # parts "x"; parts {"config": []}; cubin_size "abc" (aborted it)
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(warm_cache / "v1", arcname="v1", filter=lambda i: None if "/tmp" in i.name or
+                "/locks" in i.name else i)
+    monkeypatch.setenv("KERNELGEN_CACHE_DIR", str(tmp_path / "other"))
+    rc, out, err = cli("cache", "import", archive)
+    assert rc == 1 and "Traceback" not in err, err
+    assert f"{len(SEED_CONFIGS) - 3} imported, 0 skipped, 3 rejected" in out, out
+    assert keys_in(tmp_path / "other") == keys_in(warm_cache) - set(bad)

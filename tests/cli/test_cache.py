@@ -230,3 +230,39 @@ def test_gc_names_what_it_could_not_remove(warm_cache, cli, monkeypatch):
         assert rc == 1 and json.loads(out)["removed"] == [], (args, out)
         assert "could not remove" in err and "Permission denied" in err, err
     assert len(keys_in(warm_cache)) == N and default_cache().gc(0) == []
+
+
+DAMAGES = {  # valid JSON manifests of the wrong shape
+    "parts": lambda m: m.update(parts="x"),
+    "config": lambda m: m.update(parts={"config": []}),
+    "cubin_size": lambda m: m.update(cubin_size="abc"),
+    "compile_seconds": lambda m: m.update(compile_seconds="slow"),
+}
+
+
+def damage(root: Path, keys: list[str]) -> None:
+    for key, how in zip(keys, DAMAGES.values(), strict=False):  # the first len(keys) damages
+        path = root / "v1" / key[:2] / key / MANIFEST
+        manifest = json.loads(path.read_text())
+        how(manifest)
+        path.write_text(json.dumps(manifest))
+
+
+def test_manifests_of_the_wrong_shape_are_damaged_entries(warm_cache, cli, tmp_path):
+    """They used to raise AttributeError / ValueError in every command (even verify --fix):
+    now ls / info / gc / purge / export skip them with a note, verify names them, --fix
+    removes them."""
+    bad = sorted(keys_in(warm_cache))[:len(DAMAGES)]
+    damage(warm_cache, bad)
+    good = N - len(bad)
+    note = f"skipped {len(bad)} damaged entries"
+    for args in (["ls"], ["info"], ["gc", "--max-bytes", "1G"], ["purge", "--arch", "sm_80", "--dry-run"],
+                 ["export", tmp_path / "a.tar.gz"]):
+        rc, out, err = cli("cache", *args)
+        assert rc == 0 and note in err and "Traceback" not in err, (args, err)
+    assert len(ls_json(cli)) == good
+    rc, out, _ = cli("cache", "verify")
+    assert rc == 1 and all(k[:12] in out for k in bad) and "expected an integer" in out, out
+    rc, out, _ = cli("cache", "verify", "--fix")
+    assert rc == 0 and f"{len(bad)} removed" in out
+    assert len(keys_in(warm_cache)) == good and cli("cache", "verify")[0] == 0

@@ -147,6 +147,18 @@ def _manifest_wrong_size(p: Path) -> None:
     (p / MANIFEST).write_text(json.dumps(m))
 
 
+def _manifest_parts_not_an_object(p: Path) -> None:
+    m = json.loads((p / MANIFEST).read_text())
+    m["parts"] = "x"
+    (p / MANIFEST).write_text(json.dumps(m))
+
+
+def _manifest_size_not_a_number(p: Path) -> None:
+    m = json.loads((p / MANIFEST).read_text())
+    m["cubin_size"] = str(m["cubin_size"])
+    (p / MANIFEST).write_text(json.dumps(m))
+
+
 def _only_cubin(p: Path) -> None:
     """A half-written entry: the folder exists with the binary and nothing else."""
     for f in p.iterdir():
@@ -156,7 +168,7 @@ def _only_cubin(p: Path) -> None:
 
 CORRUPTIONS = [_flip_byte, _truncate, _empty_cubin, _extend, _delete_cubin, _delete_manifest,
                _truncate_manifest, _manifest_not_an_object, _manifest_wrong_sha, _manifest_wrong_size,
-               _only_cubin]
+               _manifest_parts_not_an_object, _manifest_size_not_a_number, _only_cubin]
 
 
 @pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__.strip("_"))
@@ -185,7 +197,8 @@ def test_half_written_entry_before_first_build(cache_env):
     assert_valid_entry(path, res.key, res.cubin, "half-written")
 
 
-@pytest.mark.parametrize("corrupt", [_flip_byte, _delete_manifest, _only_cubin],
+@pytest.mark.parametrize("corrupt", [_flip_byte, _delete_manifest, _only_cubin,
+                                     _manifest_parts_not_an_object, _manifest_size_not_a_number],
                          ids=lambda f: f.__name__.strip("_"))
 def test_verify_reports_and_fixes(corrupt, cache_env):
     good = build(E4M4)
