@@ -47,7 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, or argparse's own usage error (code 2)
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a reader that left shows here, not at exit
+        return code
+    except BrokenPipeError:  # `kernelgen cache ls | head`: the reader left, not an error
+        # Python's recipe: further writes (the flush at exit) go nowhere instead of failing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (UsageError, UnsupportedConfigError) as e:
         return _fail(str(e), 2)
     except KernelgenError as e:
@@ -56,9 +62,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(e), 2)
     except OSError as e:  # a path that is a folder, unreadable, missing, a full disk, ...
         return _fail(f"{e.filename or ''}: {e.strerror or e}" if e.filename else str(e), 1)
-    except BrokenPipeError:  # `kernelgen cache ls | head`: the reader left, not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     except KeyboardInterrupt:
         print("kernelgen: interrupted", file=sys.stderr)
         return 130

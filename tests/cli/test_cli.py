@@ -48,3 +48,19 @@ def test_doctor_fails_without_headers(cache_dir, cli, monkeypatch):
     monkeypatch.setattr(compile_mod, "cuda_include_dir", missing)
     rc, out, err = cli("doctor")
     assert rc == 1 and "FAIL" in out and "cuda_fp16.h" in out and "cannot build" in err
+
+
+def test_a_reader_that_leaves_is_not_an_error(warm_cache):
+    """`kernelgen cache ls --json | head -2`: the pipe closes before the output is written; that
+    exits 0 without a message (BrokenPipeError was caught as an OSError: exit 1, an error)."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    for args in (["cache", "ls", "--json"], ["cache", "ls"], ["cache", "info"]):
+        proc = subprocess.Popen([sys.executable, "-m", "cache_tools", *args], cwd=REPO, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.stdout.close()  # the reader left before the command printed anything
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 0 and err == "", (args, err)
