@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -52,6 +53,8 @@ def layer_info(cache: DiskCache) -> list[dict[str, Any]]:
         es = per_root.get(root, [])
         if ro:
             writable = False
+        elif not root.exists():  # the probe would create it (a typo in KERNELGEN_CACHE_DIR)
+            writable = _creatable(root)
         else:
             with warnings.catch_warnings():  # the probe warns; here it is the answer, not news
                 warnings.simplefilter("ignore")
@@ -59,6 +62,12 @@ def layer_info(cache: DiskCache) -> list[dict[str, Any]]:
         out.append({"path": str(root), "readonly": ro, "exists": root.is_dir(), "writable": writable,
                     "entries": len(es), "bytes": sum(e.disk_bytes for e in es)})
     return out
+
+
+def _creatable(path: Path) -> bool:
+    """Could the first build create `path`? Its nearest existing ancestor is a writable folder."""
+    parent = next((p for p in path.parents if p.exists()), None)
+    return parent is not None and parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -105,7 +114,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(format_table(
         ("PATH", "LAYER", "WRITABLE", "ENTRIES", "SIZE"),
         [(la["path"], "read-only" if la["readonly"] else "writable",
-          "yes" if la["writable"] else ("-" if la["readonly"] else "NO"), la["entries"],
+          ("yes" if la["writable"] else ("-" if la["readonly"] else "NO"))
+          + ("" if la["exists"] else " (absent)"), la["entries"],
           human_bytes(la["bytes"])) for la in info["layers"]],
         right=("ENTRIES", "SIZE")))
     print(f"\nsize cap of the writable layer: {human_bytes(info['max_bytes'])} "

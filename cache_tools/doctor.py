@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     layers = layer_info(cache)
     for la in layers:
         state = "read-only layer" if la["readonly"] else ("writable" if la["writable"] else "NOT WRITABLE")
+        state += "" if la["exists"] else ", absent"
         checks.append(Check("cache", None if la["readonly"] else la["writable"],
                             f"{la['path']} ({state}, {la['entries']} entries, {human_bytes(la['bytes'])})"))
     essential = {"nvrtc", "cuda headers", "test compile"}

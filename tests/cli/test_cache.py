@@ -266,3 +266,13 @@ def test_manifests_of_the_wrong_shape_are_damaged_entries(warm_cache, cli, tmp_p
     rc, out, _ = cli("cache", "verify", "--fix")
     assert rc == 0 and f"{len(bad)} removed" in out
     assert len(keys_in(warm_cache)) == good and cli("cache", "verify")[0] == 0
+
+
+def test_info_does_not_create_a_missing_cache_dir(cache_dir, cli):
+    """A typo in KERNELGEN_CACHE_DIR: info reports the folder absent (and whether a build could
+    create it) without creating it, as ls / verify / gc."""
+    rc, out, _ = cli("cache", "info")
+    assert rc == 0 and "yes (absent)" in out
+    (layer,) = json.loads(cli("cache", "info", "--json")[1])["layers"]
+    assert (layer["exists"], layer["writable"]) == (False, True)
+    assert not cache_dir.exists()
