@@ -63,6 +63,19 @@ GEMV_VERY_FEW_CTAS_MAX_M = 128  # and up to here where 4 ceil(N / 128) <= SMs
 # tiles, long K) are K ranges also split across CTAs (fp32 partials + a counter, summed in split
 # order by the last CTA).
 MIN_STEPS = 4
+# ... except on a short K: where a split's K range is at most SHORT_K_STEPS quad steps, the
+# dense launch's KW may leave a warp one step (short_k_kw; the MoE experts keep MIN_STEPS). The
+# planner first settles TPW, warps an SM and the split as before, then raises KW within them:
+# H100, session 24 (`build/ab_kwmin.py`, graph-timed, rotated), M = 1 / 8 / 16, us:
+# 4096x1024 nvfp4 3.96 / 3.97 / 6.11 -> 3.07 / 3.17 / 4.70, mxfp4 3.78 -> 2.70, kbit4 3.86 /
+# 4.05 / 5.08 -> 3.22 / 3.45 / 4.49; 2048x2048 nvfp4 4.08 -> 3.30, kbit4 4.00 -> 3.09;
+# 4096x2048 nvfp4 4.65 -> 3.94, kbit4 4.50 -> 3.95. Only where the plan launches fewer than
+# SHORT_K_BUSY_WARPS warps an SM: 8192x2048 M = 16 (15.5 an SM) ran 2-5% slower at the larger
+# KW. (Relaxed before TPW / warps an SM were chosen it also moved 8192x2048 M = 1 / 8 to 32
+# warps an SM or TPW 2, 11-25% slower; at K = 4096 it was 16% faster on 1024x4096 M = 16 but 4-7%
+# slower on 4096x4096 M = 16.)
+SHORT_K_STEPS = 16
+SHORT_K_BUSY_WARPS = 12
 KW_CHOICES = (16, 8, 4, 2, 1)
 # The largest KW by (m_tile, warps an SM); KW 16 runs 16-warp CTAs. Measured on H100 (session
 # 12, same run, twice, graph-timed, bit-exact), 4096x14336, KW 16 at 32 warps an SM (31
@@ -282,17 +295,18 @@ def pf_for(arch: str, m: int, n: int, k: int) -> int:
     return PF_STEPS if arch in PF_ARCHS and m <= PF_MAX_M and n * k <= PF_MAX_ELEMS else 0
 
 
-def kw_steps_ok(kw: int, steps: int, kw_max: int) -> bool:
-    """kw warps may share a unit's steps of 128 k: kw 1, or up to kw_max with MIN_STEPS each."""
-    return kw == 1 or (kw <= kw_max and -(-steps // kw) >= MIN_STEPS)
+def kw_steps_ok(kw: int, steps: int, kw_max: int, min_steps: int = MIN_STEPS) -> bool:
+    """kw warps may share a unit's steps of 128 k: kw 1, or up to kw_max with min_steps each."""
+    return kw == 1 or (kw <= kw_max and -(-steps // kw) >= min_steps)
 
 
-def kw_for(units: int, steps: int, ctas_cap: int, kw_max: int) -> int:
+def kw_for(units: int, steps: int, ctas_cap: int, kw_max: int, min_steps: int = MIN_STEPS) -> int:
     """Warps a tile unit along K: the largest up to kw_max whose CTAs (counted in CTAs of
-    GEMV_WARPS) fit ctas_cap and whose warps get MIN_STEPS (also the MoE experts' rule,
-    kernelgen/moe/kbit.py plan_kbit_gemv)."""
+    GEMV_WARPS) fit ctas_cap and whose warps get min_steps (MIN_STEPS: also the MoE experts'
+    rule, kernelgen/moe/kbit.py plan_kbit_gemv; the dense launch passes GEMV_KW_MIN_STEPS)."""
     for kw in KW_CHOICES:
-        if kw == 1 or (kw_steps_ok(kw, steps, kw_max) and -(-units * kw // GEMV_WARPS) <= ctas_cap):
+        if kw == 1 or (kw_steps_ok(kw, steps, kw_max, min_steps)
+                       and -(-units * kw // GEMV_WARPS) <= ctas_cap):
             return kw
     raise AssertionError("unreachable")
 
@@ -418,6 +432,13 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit=
     sps = -(-q // split)
     split = -(-q // sps)
     kw = kw_for(units, sps, max(1, one_wave // (m_tiles * split)), KW_MAX[m_tile, wps])
+    return _gemv_plan(arch, m, n, k, fmt, dtype, enc, m_tile, tpw, wps, split, sps, kw, smem_limit)
+
+
+def _gemv_plan(arch, m, n, k, fmt, dtype, enc, m_tile, tpw, wps, split, sps, kw, smem_limit) -> Plan:
+    """The K-slice GEMV's launch for a settled TPW, warps an SM, K split and KW."""
+    units = -(-n // (16 * tpw))
+    m_tiles = -(-m // m_tile)
     cta_warps = GEMV_CTA_WARPS[m_tile, wps] if fmt in FMTS else GEMV_WARPS  # kbit4: 32 KB table a CTA
     warps = cta_warps if kw <= cta_warps else max(GEMV_WARPS, kw)  # KW 16: 16-warp CTAs
     cfg = Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=enc, m_tile=m_tile, warps=warps,
@@ -426,6 +447,26 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit=
     cfg.check()
     grid = (-(-units * kw // warps), split, m_tiles)
     return Plan(cfg, split, sps, grid, (warps * 32, 1, 1), cfg.smem_bytes(), kw)
+
+
+def short_k_kw(p: Plan, arch, m, n, k, fmt, dtype, enc, sm_count, smem_limit) -> Plan:
+    """A K-slice GEMV plan whose split's K range is at most SHORT_K_STEPS quad steps and whose
+    warps are fewer than SHORT_K_BUSY_WARPS an SM, with the largest KW whose CTAs fit one wave
+    at its TPW, warps an SM and split even where a warp gets fewer than MIN_STEPS (KW may pass
+    the steps: 4096x1024 M = 16, 8 steps, ran fastest at KW 16, the idle warps adding zero
+    sums); other plans as they are."""
+    cfg = p.config
+    if (not isinstance(cfg, Fp4GemvConfig) or cfg.balanced or p.sps > SHORT_K_STEPS
+            or p.warps_launched >= SHORT_K_BUSY_WARPS * sm_count):
+        return p
+    units = -(-n // (16 * cfg.tpw))
+    one_wave = cfg.warps_per_sm // GEMV_WARPS * sm_count
+    kw = kw_for(units, p.sps, max(1, one_wave // (p.grid[2] * p.split)),
+                KW_MAX[cfg.m_tile, cfg.warps_per_sm], min_steps=1)
+    if kw <= p.kw:
+        return p
+    return _gemv_plan(arch, m, n, k, fmt, dtype, enc, cfg.m_tile, cfg.tpw, cfg.warps_per_sm,
+                      p.split, p.sps, kw, smem_limit)
 
 
 def _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit):
@@ -569,7 +610,8 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
             raise ValueError(f"split_k={split}: the dequant path (dequantize + cuBLAS) has no K split")
         return _dequant(arch, n, k, fmt, dtype, sm_count, enc)
     if path == "gemv":
-        return _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit, balanced)
+        p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit, balanced)
+        return short_k_kw(p, arch, m, n, k, fmt, dtype, enc, sm_count, smem_limit)
     if path == "tile":
         return _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit)
     if path == "wgmma":

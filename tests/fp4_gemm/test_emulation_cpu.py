@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kernelgen.fp4_gemm import reference as GR
+from kernelgen.fp4_gemm import select as S
 from kernelgen.fp4_gemm.layout import (
     ARRANGEMENTS,
     arrange,
@@ -226,7 +227,15 @@ def test_gemv_emulation_32_warps_an_sm(fmt, m, split, n, k, kw):
     _check_gemv(fmt, "float16", m, split, n, k, kw, wps=32)
 
 
-def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None, wps=None):
+def test_gemv_emulation_short_k_plans():
+    """Short K (select.short_k_kw): KW 8 over 3 steps (five warps with none), KW 8 over 8
+    steps at m_tile 8 and KW 16 over 8 steps at m_tile 16 (16-warp CTAs)."""
+    _check_gemv("nvfp4", "float16", 3, 1, 40, 384, 8, short_k=True)
+    _check_gemv("mxfp4", "float16", 5, 1, 200, 1024, 8, short_k=True)
+    _check_gemv("nvfp4", "bfloat16", 16, 1, 200, 1024, 16, wps=32, short_k=True)
+
+
+def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None, wps=None, short_k=False):
     packed, scales, gs, w64 = host_weight(fmt, n, k)
     sb = 8 if fmt == "nvfp4" else 4
     if fmt == "mxfp4":
@@ -238,6 +247,8 @@ def _check_gemv(fmt, dtype, m, split, n, k, kw, tpw=None, wps=None):
     a = rng.standard_normal((m, k)).astype(np.float16).astype(np.float64)
     bias = rng.standard_normal(n)
     p = plan("sm_90a", m, n, k, fmt, dtype, 132, path="gemv", split=split, tpw=tpw, wps=wps)
+    if not short_k:  # the K-slice plan before short_k_kw raises its KW (these shapes' K is short)
+        p = S._gemv("sm_90a", m, n, k, fmt, dtype, 132, split, tpw, wps, dtype)
     assert p.kw == kw and (wps is None or p.config.warps_per_sm == wps), p.short()
     assert p.config.enc == dtype  # words encoded for the activations (the default)
     got = emulate_gemv(p, td, ts, post, a, bias, 0.5, fmt, dtype, m, n, k, enc=dtype)

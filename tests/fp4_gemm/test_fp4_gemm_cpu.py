@@ -35,6 +35,7 @@ from kernelgen.fp4_gemm.select import (
     GEMV_TPW,
     KW_MAX,
     MIN_STEPS,
+    SHORT_K_STEPS,
     bm_for,
     path_for,
     plan,
@@ -237,7 +238,8 @@ def test_plans_are_consistent(n, k, fmt):
                 per = -(-p.sps // p.kw)
                 assert cfg.depth == GEMV_DEPTH, ctx
                 assert cfg.tpw == GEMV_TPW[cfg.m_tile] or (cfg.tpw == 1 and p.split == 1), ctx
-                assert p.kw == 1 or per >= MIN_STEPS, ctx  # every K slice has a full ring
+                # every K slice has a full ring, except on a short K (select.short_k_kw)
+                assert p.kw == 1 or per >= MIN_STEPS or p.sps <= SHORT_K_STEPS, ctx
                 if p.split > 1:  # split only past the largest KW
                     kw_max = KW_MAX[cfg.m_tile, cfg.warps_per_sm]
                     assert p.kw == kw_max and p.sps >= kw_max * MIN_STEPS, ctx
@@ -296,8 +298,8 @@ def test_two_tiles_a_warp_plan():
     assert (wide.kw, wide.grid) == (8, (128, 2, 1)), wide.short()
     p = select_fp4("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132)
     assert (p.config.tpw, p.kw, p.grid, p.config.warps_per_sm) == (1, 16, (256, 1, 1), 32), p.short()
-    p = plan("sm_90a", 1, 40, 384, "mxfp4", "float16", 132, tpw=2)  # 3 tiles: 2 units
-    assert p.grid == (1, 1, 1), p.short()
+    p = plan("sm_90a", 1, 40, 384, "mxfp4", "float16", 132, tpw=2)  # 3 tiles: 2 units, KW 8
+    assert (p.kw, p.grid) == (8, (2, 1, 1)), p.short()  # (short K: select.short_k_kw)
     with pytest.raises(ValueError, match="tpw=3: expected one of"):
         plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, tpw=3)
     with pytest.raises(ValueError, match="bandwidth path only"):
@@ -648,3 +650,20 @@ def test_wgmma_two_ctas_an_sm_compile_within_128_registers(cfg):
 
     res = resource_summary(compile_cubin(cfg, render(cfg)).log)
     assert 0 < res["registers"] <= 128 and res["spill_bytes"] == 0, (cfg.short(), res)
+
+
+def test_short_k_raises_kw_where_few_warps_run():
+    """short_k_kw: a K range of <= SHORT_K_STEPS steps gets the largest KW whose CTAs fit one
+    wave at the settled TPW / warps an SM / split, where the K-slice plan launches fewer than
+    SHORT_K_BUSY_WARPS warps an SM; busier plans, longer K and the MoE experts' rule stay."""
+    from kernelgen.fp4_gemm import select as S
+
+    for fmt in ("nvfp4", "kbit4"):
+        p = select_fp4("sm_90a", 1, 4096, 1024, fmt, "float16", 132)
+        assert (p.kw, p.grid, p.config.tpw, p.config.warps_per_sm) == (8, (256, 1, 1), 1, 16), p.short()
+    p = select_fp4("sm_90a", 16, 2048, 2048, "mxfp4", "float16", 132)
+    assert (p.kw, p.config.warps, p.config.warps_per_sm) == (16, 16, 32), p.short()
+    busy = select_fp4("sm_90a", 16, 8192, 2048, "nvfp4", "float16", 132)  # 15.5 warps an SM
+    assert busy.kw == 4 and busy.warps_launched >= S.SHORT_K_BUSY_WARPS * 132, busy.short()
+    assert select_fp4("sm_90a", 16, 4096, 4096, "nvfp4", "float16", 132).kw == 8  # K = 4096
+    assert S.kw_for(256, 8, 264, 8) == 2  # the experts' rule keeps MIN_STEPS
