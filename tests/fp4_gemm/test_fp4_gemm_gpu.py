@@ -619,7 +619,7 @@ def test_static_plus_dynamic_smem_over_48k():
     from kernelgen.arch import device_info
     from kernelgen.fp4_gemm import fp4_gemm, plan, prepare_weight
 
-    n, k, m = 256, 2048, 16
+    n, k, m = 256, 2560, 16  # 20 steps: past select.SHORT_K_STEPS, so KW stays 4 (4-warp CTAs)
     t, w64 = _weight("nvfp4", n, k)
     w = prepare_weight(t, act_dtype="float16")
     a = cupy.asarray(_host(np.random.default_rng(), (m, k), "float16"))
