@@ -36,7 +36,8 @@ LAUNCH: dict[tuple[int, int], tuple[int, int, int]] = {
 
 # (m_tile, bits) -> the launch of K-warp configs (kw > 1): 8-warp CTAs x 2 at <= 128 registers
 # (the loop's SASS is the same as at 168 registers), except 5 bits at m_tile 8, which spills
-# at 128 and keeps 4 warps x 3. The planner weighs K warps at m_tile 8 only (select.py).
+# at 128 and keeps 4 warps x 3. The planner weighs K warps at both m_tiles (select.py
+# kw_choices: not 5 bits at m_tile 16).
 KW_LAUNCH: dict[tuple[int, int], tuple[int, int, int]] = {
     (8, 2): (8, 2, 96 * KB), (8, 3): (8, 2, 96 * KB), (8, 4): (8, 2, 96 * KB),
     (8, 5): (4, 3, 96 * KB),
