@@ -38,7 +38,7 @@ from .config import (
     MoeKbitGemvConfig,
     kbit_stage_bytes,
 )
-from .select import ItemLaunch, TileItems
+from .select import ItemLaunch, TileItems, check_forced
 
 # measured (BENCHMARKS.md): the kbit kernel is decode-bound, so TILE_M=8 stays faster than 16
 # even where some experts then take two passes over their weights (E=8, top-2, T=16)
@@ -128,12 +128,8 @@ def check_kbit_epilogue(n: int, epilogue: str, layout: str = "flat", name: str =
 def forced_kbit_gemv_plan(config: MoeKbitGemvConfig, arch: str, dtype: str, epilogue: str, e: int,
                           n: int, k: int, kw: int = 1) -> KbitGemvPlan:
     """The plan of a forced MoeKbitGemvConfig (tiled experts; grouped_gemm(config=...))."""
-    if not isinstance(config, MoeKbitGemvConfig):
-        raise ValueError(f"config: {type(config).__name__}; tiled kbit experts take a "
-                         f"MoeKbitGemvConfig")
-    if config.dtype != dtype or config.epilogue != epilogue or config.arch != arch:
-        raise ValueError(f"config: {config.short()} does not match dtype={dtype}, "
-                         f"epilogue={epilogue}, arch={arch} (this device)")
+    check_forced(config, MoeKbitGemvConfig, "tiled kbit experts", dtype=dtype, epilogue=epilogue,
+                 arch=arch)
     config.check()
     check_kbit_shape(e, n, k, 4, layout="tiled")
     check_kbit_epilogue(n, epilogue, "tiled")
@@ -148,12 +144,8 @@ def forced_kbit_plan(config: MoeKbitConfig, arch: str, dtype: str, epilogue: str
     """The plan of a forced MoeKbitConfig (grouped_gemm(config=...)), after the rules the
     planner applies: dtype, epilogue, bits and arch (this device) of the call, the shape and
     the swiglu rule."""
-    if not isinstance(config, MoeKbitConfig):
-        raise ValueError(f"config: {type(config).__name__}; kbit experts take a MoeKbitConfig")
-    if (config.dtype != dtype or config.epilogue != epilogue or config.bits != bits
-            or config.arch != arch):
-        raise ValueError(f"config: {config.short()} does not match dtype={dtype}, "
-                         f"epilogue={epilogue}, bits={bits}, arch={arch} (this device)")
+    check_forced(config, MoeKbitConfig, "kbit experts", dtype=dtype, epilogue=epilogue, bits=bits,
+                 arch=arch)
     check_kbit_shape(e, n, k, bits)
     check_kbit_epilogue(n, epilogue)
     return KbitPlan(config, e, -(-n // config.tile_n))

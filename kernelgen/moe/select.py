@@ -134,16 +134,23 @@ def check_shape(e: int, n: int, k: int, epilogue: str, name: str = "w") -> None:
                          f"{what} a positive multiple of {step} and K a positive multiple of 8")
 
 
+def check_forced(config: Any, cls: type, experts: str, **call: Any) -> None:
+    """A config forced on grouped_gemm(config=...): a `cls` (the kind `experts` take) whose
+    fields equal the call's (dtype, epilogue, ..., and last arch: this device's), else
+    ValueError naming them."""
+    if not isinstance(config, cls):
+        raise ValueError(f"config: {type(config).__name__}; {experts} take a {cls.__name__}")
+    if any(getattr(config, f) != v for f, v in call.items()):
+        raise ValueError(f"config: {config.short()} does not match "
+                         f"{', '.join(f'{f}={v}' for f, v in call.items())} (this device)")
+
+
 def forced_grouped(config: MoeGemmConfig, arch: str, dtype: str, epilogue: str, e: int, n: int,
                    k: int) -> GroupedPlan:
     """The plan of a forced MoeGemmConfig (bf16 / fp16 experts; grouped_gemm(config=...)):
     dtype, epilogue and arch of the call (this device), and the shape rules."""
-    if not isinstance(config, MoeGemmConfig):
-        raise ValueError(f"config: {type(config).__name__}; bf16 / fp16 experts take a "
-                         f"MoeGemmConfig")
-    if config.dtype != dtype or config.epilogue != epilogue or config.arch != arch:
-        raise ValueError(f"config: {config.short()} does not match dtype={dtype}, "
-                         f"epilogue={epilogue}, arch={arch} (this device)")
+    check_forced(config, MoeGemmConfig, "bf16 / fp16 experts", dtype=dtype, epilogue=epilogue,
+                 arch=arch)
     check_shape(e, n, k, epilogue)
     return GroupedPlan(config, e, -(-n // config.tile_n))
 
