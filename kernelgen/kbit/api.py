@@ -149,7 +149,10 @@ def quantize_kbit(x: Any, bits: int = 4, *, codebook: Any = None, dtype: str | N
     """
     bits = check_bits(bits)
     ctx = context_of(x, "x")
+    dtype = dtype_name(dtype)
     xa, dt = device_array(x, "x", ctx, FLOAT_DTYPES, hint=dtype)
+    if dtype is not None and dtype != dt:  # as quantize_mx: a hint names x's dtype
+        raise ValueError(f"x: dtype={dtype!r} given for an array of {dt}")
     n = xa.size
     if n == 0:
         raise ValueError("x: has no elements; kbit quantization needs at least 1")

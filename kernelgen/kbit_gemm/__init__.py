@@ -21,10 +21,14 @@ def prewarm_all(archs, spec):  # type: ignore[no-untyped-def]
     tiled 4-bit weights those of tiled.py. spec "layouts" lists the layouts of 4-bit weights
     (default ["tiled"], api.default_layout; add "flat" for weights quantized with
     layout="flat"); 2, 3 and 5-bit weights are always flat."""
+    from ..kbit.api import check_bits
     from .api import LAYOUTS, default_layout
 
     archs = tuple(archs)
-    bits_list = tuple(spec.get("bits") or BITS)
+    try:  # bits 7: a spec error, not a KeyError of the launch tables
+        bits_list = tuple(check_bits(b) for b in spec.get("bits") or BITS)
+    except ValueError as e:
+        raise UnsupportedConfigError(f"kbit_gemm spec: {e}") from None
     layouts = spec.get("layouts")
     if layouts is not None and (not isinstance(layouts, (list, tuple)) or
                                 any(v not in LAYOUTS for v in layouts)):

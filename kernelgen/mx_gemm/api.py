@@ -47,6 +47,8 @@ def _operand(x: Any, name: str, ctx: Ctx | None) -> tuple[Ctx, str, int, int, An
         raise ValueError(f"{name}: format {fmt!r} is not supported by mx_gemm; expected one of "
                          f"{sorted(FORMATS)}")
     elem, _, group = FORMATS[fmt]
+    if len(x.shape) != 2:
+        raise ValueError(f"{name}: shape {tuple(x.shape)}; mx_gemm takes 2-D operands [rows, K]")
     rows, k = (int(s) for s in x.shape)
     if ctx is None:
         ctx = context_of(x.data, f"{name}.data")

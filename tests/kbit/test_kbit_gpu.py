@@ -143,6 +143,9 @@ def test_bad_inputs():
         kg.quantize_kbit(x[:, ::2], 4)
     with pytest.raises(ValueError, match="no elements"):
         kg.quantize_kbit(cupy.ones(0, cupy.float16), 4)
+    with pytest.raises(ValueError, match="x: dtype='float32' given for an array of float16"):
+        kg.quantize_kbit(x, 4, dtype="float32")
+    assert kg.quantize_kbit(x, 4, dtype=np.dtype("float16")).dtype == "float16"
     with pytest.raises(ValueError, match="cupy.asarray"):
         kg.quantize_kbit(np.ones(64, np.float16), 4)
     q = kg.quantize_kbit(x, 4)

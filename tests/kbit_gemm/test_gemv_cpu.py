@@ -194,6 +194,11 @@ def test_prewarm_rejects_bad_shapes():
         list(prewarm_configs(["sm_90a"], {"shapes": [[4096, 100]]}))
     with pytest.raises(UnsupportedConfigError, match=r"expected \[N, K\]"):
         list(prewarm_configs(["sm_90a"], {"shapes": [[1, 2, 3, 4]]}))
+    from kernelgen.kbit_gemm import prewarm_all
+
+    for bits in (7, 1, 4.0):  # the family's entry point names the rule (was KeyError for 7)
+        with pytest.raises(UnsupportedConfigError, match=f"kbit_gemm spec: bits={bits!r}"):
+            list(prewarm_all(["sm_90a"], {"bits": [bits]}))
 
 
 @pytest.mark.parametrize("field,value", [("bits", 6), ("dtype", "float32"), ("m_tile", 12),

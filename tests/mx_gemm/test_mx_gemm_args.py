@@ -63,6 +63,13 @@ def test_empty_arrays_need_no_alignment():
         api.check_aligned(_dev((1, 64), np.uint8, 3), "A.data", 16, "x")
 
 
+def test_operand_of_other_rank_names_the_rule():
+    op = _operand()
+    op.shape = (1, 3, 64)
+    with pytest.raises(ValueError, match=r"A: shape \(1, 3, 64\); mx_gemm takes 2-D operands"):
+        api._operand(op, "A", CTX)
+
+
 def test_nvfp4_operand_without_global_scale_names_the_rule():
     with pytest.raises(ValueError, match="nvfp4 operand needs global_scale") as exc:
         api._operand(_operand("nvfp4", global_scale=None), "B", CTX)
