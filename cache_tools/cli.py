@@ -1,7 +1,9 @@
 """`kernelgen` entry point: argparse wiring and error reporting. The commands live in their modules.
 
 Results go to stdout (tables, or JSON with --json); progress and errors to stderr. Exit codes:
-0 ok, 1 a build failed / something is missing or bad, 2 usage error, 130 interrupted.
+0 ok, 1 a build failed / something is missing or bad, 2 usage error, 130 interrupted. A reader
+that leaves (`kernelgen cache ls | head`, `kernelgen prewarm 2>&1 | head`) only silences the
+output: the command finishes its work and exits with its own code.
 Set KERNELGEN_VERBOSE=1 to get a traceback with an error.
 """
 
@@ -12,6 +14,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from kernelgen import __version__, knobs
 from kernelgen.errors import KernelgenError, UnsupportedConfigError
@@ -33,6 +36,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _LeftReader:
+    """A text stream that turns into /dev/null once its reader leaves (EPIPE), so a command's
+    work and exit code do not depend on whether anyone still reads what it prints."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:  # Python's recipe: later writes (and the flush at exit) go nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def _fail(msg: str, code: int) -> int:
     if knobs.verbose():
         traceback.print_exc()
@@ -46,14 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, or argparse's own usage error (code 2)
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _LeftReader(out), _LeftReader(err)
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # a reader that left shows here, not at exit
         return code
-    except BrokenPipeError:  # `kernelgen cache ls | head`: the reader left, not an error
-        # Python's recipe: further writes (the flush at exit) go nowhere instead of failing
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     except (UsageError, UnsupportedConfigError) as e:
         return _fail(str(e), 2)
     except KernelgenError as e:
@@ -65,6 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kernelgen: interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = out, err
 
 
 if __name__ == "__main__":

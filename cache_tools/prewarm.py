@@ -207,7 +207,8 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         pool.shutdown(wait=False, cancel_futures=True)
         for p in workers:
             p.terminate()
-        pool.shutdown(wait=True)  # the pool sees its workers gone and winds down at once
+        for p in workers:  # (a second shutdown would wait for nothing: the first let go of
+            p.join(5)      # the pool's manager thread; its futures end as BrokenProcessPool)
     finally:
         if main:
             signal.signal(signal.SIGINT, previous)

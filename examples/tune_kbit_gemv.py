@@ -6,7 +6,11 @@
 
 measure: for every (shape, bits, M) the GEMV with kw = 1 / 2 / 4 warps a tile along K, each at
 the planner's split for that kw and at splits 1 / 2 / 4 (and 8 past M = 8) where the A slice
-fits, plus the planner's own pick; median us of graph replays over weights rotated past L2.
+fits, plus the planner's own pick, each launched as planned (`gemm_with_plan`) and keyed
+"kw<kw>s<split>g<groups of 128 k a split>"; median us of graph replays over weights rotated
+past L2. (Session 24's grids were timed through gemm(kw=, split_k=) and keyed "kw<kw>s<split>":
+a forced split keeps K slices unrounded, so 33 of 216 picks there ran a K slicing a few groups
+off dispatch's; judge reads those keys too.)
 judge: for each measured row, how far the planner's current pick is from the fastest measured
 config (rows whose pick was not measured are counted apart), the mean and the worst rows: the
 number to compare when the planner's constants change (BENCHMARKS.md, session 24).
@@ -19,6 +23,10 @@ import json
 
 
 def _key(plan) -> str:
+    return f"kw{plan.config.kw}s{plan.split}g{plan.gps}"
+
+
+def _legacy_key(plan) -> str:  # session 24's grids
     return f"kw{plan.config.kw}s{plan.split}"
 
 
@@ -31,6 +39,7 @@ def measure(args: argparse.Namespace) -> None:
     from kernelgen.arch import device_info
     from kernelgen.bench import graph_time
     from kernelgen.kbit_gemm import select as S
+    from kernelgen.kbit_gemm.api import gemm_with_plan
 
     info = device_info()
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -67,9 +76,8 @@ def measure(args: argparse.Namespace) -> None:
                         cands.setdefault(_key(p), p)
                 us = {}
                 for name, p in cands.items():
-                    t, _ = graph_time(lambda i, p=p, a=a, ws=weights: kg.gemm(
-                        a, ws[i % len(ws)], path="gemv", kw=p.config.kw, split_k=p.split,
-                        dtype=args.dtype), len(weights), stream)
+                    t, _ = graph_time(lambda i, p=p, a=a, ws=weights: gemm_with_plan(
+                        a, ws[i % len(ws)], p, dtype=args.dtype), len(weights), stream)
                     us[name] = t * 1e6
                 best = min(us, key=us.get)
                 rows.append(dict(n=n, k=k, bits=bits, m=m, dtype=args.dtype, arch=info.arch.name,
@@ -99,7 +107,8 @@ def judge(paths: list[str], show: float) -> None:
                     us[c] = min(us.get(c, t), t)
     dist, unmeasured = [], 0
     for (arch, sms, n, k, bits, m, dtype), us in sorted(merged.items()):
-        pick = _key(S.plan_gemv(arch, m, n, k, bits, dtype, sms))
+        p = S.plan_gemv(arch, m, n, k, bits, dtype, sms)
+        pick = _key(p) if _key(p) in us else _legacy_key(p)
         best = min(us, key=us.get)
         if pick not in us:
             unmeasured += 1

@@ -303,7 +303,7 @@ def kw_steps_ok(kw: int, steps: int, kw_max: int, min_steps: int = MIN_STEPS) ->
 def kw_for(units: int, steps: int, ctas_cap: int, kw_max: int, min_steps: int = MIN_STEPS) -> int:
     """Warps a tile unit along K: the largest up to kw_max whose CTAs (counted in CTAs of
     GEMV_WARPS) fit ctas_cap and whose warps get min_steps (MIN_STEPS: also the MoE experts'
-    rule, kernelgen/moe/kbit.py plan_kbit_gemv; the dense launch passes GEMV_KW_MIN_STEPS)."""
+    rule, kernelgen/moe/kbit.py plan_kbit_gemv; short_k_kw passes 1)."""
     for kw in KW_CHOICES:
         if kw == 1 or (kw_steps_ok(kw, steps, kw_max, min_steps)
                        and -(-units * kw // GEMV_WARPS) <= ctas_cap):

@@ -28,6 +28,7 @@ from .tensor import (
 def _input(x: Any, dtype: str | None, fmt: str) -> tuple[Ctx, Any, str, int, int]:
     """(ctx, cupy view, logical dtype, rows, K) of an [..., K] input, checked; rows may be 0."""
     ctx = context_of(x, "x")
+    dtype = dtype_name(dtype)
     xa, dt = device_array(x, "x", ctx, FLOAT_DTYPES, hint=dtype)
     if dtype is not None and dtype != dt:
         raise ValueError(f"x: dtype={dtype!r} given for an array of {dt}")

@@ -51,8 +51,9 @@ def test_doctor_fails_without_headers(cache_dir, cli, monkeypatch):
 
 
 def test_a_reader_that_leaves_is_not_an_error(warm_cache):
-    """`kernelgen cache ls --json | head -2`: the pipe closes before the output is written; that
-    exits 0 without a message (BrokenPipeError was caught as an OSError: exit 1, an error)."""
+    """`kernelgen cache ls --json | head -2`: the pipe closes before the output is written; the
+    command exits with its own code (0) without a message (BrokenPipeError was caught as an
+    OSError: exit 1, an error)."""
     import subprocess
     import sys
 
@@ -64,3 +65,24 @@ def test_a_reader_that_leaves_is_not_an_error(warm_cache):
         proc.stdout.close()  # the reader left before the command printed anything
         err = proc.stderr.read()
         assert proc.wait(timeout=60) == 0 and err == "", (args, err)
+
+
+def test_prewarm_whose_progress_reader_leaves_builds_everything(cache_dir):
+    """`kernelgen prewarm -j 2 2>&1 | head -1`: the progress lines on stderr lose their reader
+    after the first; the prewarm still builds every config and exits 0 (a broken pipe once
+    stopped the pool after one config and exited 0 silently)."""
+    import subprocess
+    import sys
+
+    from .conftest import PREWARM_ARGS, PREWARM_CONFIGS, REPO
+
+    proc = subprocess.Popen([sys.executable, "-m", "cache_tools", "prewarm", *PREWARM_ARGS,
+                             "-j", "2"], cwd=REPO, text=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    proc.stderr.readline()
+    proc.stderr.close()  # the reader left after one line
+    assert proc.wait(timeout=300) == 0
+    check = subprocess.run([sys.executable, "-m", "cache_tools", "prewarm", *PREWARM_ARGS,
+                            "--check"], cwd=REPO, text=True, capture_output=True)
+    assert check.returncode == 0 and f"{len(PREWARM_CONFIGS)} cached, 0 missing" in check.stdout, \
+        check.stdout + check.stderr
