@@ -62,8 +62,8 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # BENCHMARKS.md "Session 24") to measured grids: m_tile 8 (M = 1 / 4 / 8) over 25 shapes x 2 /
 # 3 / 5 bits, every kw at the planner's split and at splits 1 / 2 / 4; m_tile 16 (M = 9 / 12 /
 # 16) over 23 shapes x 2-5 bits, the same kw x splits (and 8); examples/tune_kbit_gemv.py
-# measures and judges such grids. The planner's pick is now 1.8% (m_tile 8) / 2.1% (m_tile 16)
-# from the fastest measured config on average, against 4.4% / 16.7% with session 23's
+# measures and judges such grids. The planner's pick is now 1.8% (either m_tile) from the
+# fastest measured config on average, against 4.4% / 16.7% (m_tile 8 / 16) with session 23's
 # constants (kw 1 only at m_tile 16; kw 2 only in place of a K split at m_tile 8). m_tile 8:
 # changed picks up to 42% faster (5120x13824 2 bits M = 8 28.1 -> 19.8 us; 5 bits M = 1:
 # 18432x5120 49.2 -> 34.9, 12288x4096 29.0 -> 22.6; 11008x4096 2 / 3 bits +11-17%), the
