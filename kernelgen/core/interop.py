@@ -129,7 +129,8 @@ class Ctx:
         such a kernel raises it first)."""
         if smem > 48 * 1024:
             check_smem(self.device, smem)
-        if not isinstance(grid, int) and len(grid) > 1 and max(grid[1:]) > MAX_GRID_YZ:
+        if not isinstance(grid, int) and len(grid) > 1 and (
+                grid[1] > MAX_GRID_YZ or (len(grid) > 2 and grid[2] > MAX_GRID_YZ)):
             raise ValueError(f"grid {tuple(grid)}: CUDA allows at most {MAX_GRID_YZ} blocks along y "
                              f"and z (a forced path over this many passes or splits; the "
                              f"selector's choice does not need it)")
@@ -243,8 +244,6 @@ def dtype_name(dtype: Any) -> Any:
     if text.startswith("torch."):  # torch.float16 -> "float16"
         return text[len("torch."):]
     try:
-        import numpy as np
-
         return np.dtype(dtype).name  # numpy scalar types (np.float16)
     except TypeError:
         return dtype
