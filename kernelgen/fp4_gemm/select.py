@@ -76,6 +76,17 @@ MIN_STEPS = 4
 # slower on 4096x4096 M = 16.)
 SHORT_K_STEPS = 16
 SHORT_K_BUSY_WARPS = 12
+# No K split where the unsplit plan already gives (nearly) every SM a CTA and a warp at most
+# NOSPLIT_MAX_STEPS[m_tile] steps: the split's finish (fp32 partials, a counter, the last CTA's
+# sum: ~1.5 us at M = 1) costs more than the doubled warps an SM save on so short a K. H100,
+# session 25 (`build/ab_split.py`, graph-timed, rotated; planner's split 2 -> 1, us): 2048x8192
+# M = 1 / 8 / 16 nvfp4 7.32 / 7.59 / 10.22 -> 7.04 / 7.06 / 9.32, mxfp4 7.39 / 7.76 / 10.14 ->
+# 6.74 / 6.88 / 9.27, kbit4 7.22 / 7.70 / 9.89 -> 7.04 / 7.30 / 8.86; M = 16: 2048x14336 15.62 ->
+# 13.75 (nvfp4), 14.85 -> 13.75 (kbit4), 2048x16384 15.96 -> 14.34. The split still wins where
+# K is longer (2048x14336 M = 1: 10.02 vs 10.63 unsplit; 2048x28672 16.09 vs 18.87) and where
+# the unsplit CTAs leave SMs idle (1024xK: 64 CTAs, kbit4 5-32% faster split).
+NOSPLIT_MAX_STEPS = {8: 8, 16: 16}
+NOSPLIT_SM_FILL = 0.9
 KW_CHOICES = (16, 8, 4, 2, 1)
 # The largest KW by (m_tile, warps an SM); KW 16 runs 16-warp CTAs. Measured on H100 (session
 # 12, same run, twice, graph-timed, bit-exact), 4096x14336, KW 16 at 32 warps an SM (31
@@ -449,6 +460,20 @@ def _gemv_plan(arch, m, n, k, fmt, dtype, enc, m_tile, tpw, wps, split, sps, kw,
     return Plan(cfg, split, sps, grid, (warps * 32, 1, 1), cfg.smem_bytes(), kw)
 
 
+def no_split(p: Plan, arch, m, n, k, fmt, dtype, enc, sm_count, smem_limit) -> Plan:
+    """A K-split GEMV plan of one pass replaced by the unsplit plan (its own TPW, warps an SM
+    and KW) where that one gives at least NOSPLIT_SM_FILL of the SMs a CTA and a warp at most
+    NOSPLIT_MAX_STEPS[m_tile] steps; other plans as they are."""
+    cfg = p.config
+    if not isinstance(cfg, Fp4GemvConfig) or cfg.balanced or p.split == 1 or p.grid[2] != 1:
+        return p
+    alt = _gemv(arch, m, n, k, fmt, dtype, sm_count, 1, None, None, enc, smem_limit, False)
+    steps = -(-(k // STEP_K) // alt.kw)
+    if alt.grid[0] >= NOSPLIT_SM_FILL * sm_count and steps <= NOSPLIT_MAX_STEPS[cfg.m_tile]:
+        return alt
+    return p
+
+
 def short_k_kw(p: Plan, arch, m, n, k, fmt, dtype, enc, sm_count, smem_limit) -> Plan:
     """A K-slice GEMV plan whose split's K range is at most SHORT_K_STEPS quad steps and whose
     warps are fewer than SHORT_K_BUSY_WARPS an SM, with the largest KW whose CTAs fit one wave
@@ -611,6 +636,8 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
         return _dequant(arch, n, k, fmt, dtype, sm_count, enc)
     if path == "gemv":
         p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit, balanced)
+        if split is None and tpw is None and wps is None:
+            p = no_split(p, arch, m, n, k, fmt, dtype, enc, sm_count, smem_limit)
         return short_k_kw(p, arch, m, n, k, fmt, dtype, enc, sm_count, smem_limit)
     if path == "tile":
         return _tile(arch, m, n, k, fmt, dtype, sm_count, split, enc, smem_limit)

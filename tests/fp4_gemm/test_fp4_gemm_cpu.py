@@ -280,6 +280,21 @@ def test_forced_path_and_split():
         plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, path="wmma")
 
 
+def test_no_k_split_where_the_unsplit_plan_fills_the_sms():
+    """2048x8192: the unsplit plan gives 128 of 132 SMs a CTA and a warp 8 steps, so the K split
+    (whose finish cost more than it saved: BENCHMARKS.md, session 25) is not taken; on a longer
+    K, or where the unsplit CTAs leave SMs idle (N = 1024), the split stays."""
+    for fmt in ("nvfp4", "mxfp4", "kbit4"):
+        for m in (1, 8, 16):
+            p = select_fp4("sm_90a", m, 2048, 8192, fmt, "float16", 132)
+            assert p.path == "gemv" and p.split == 1, p.short()
+            assert p == plan("sm_90a", m, 2048, 8192, fmt, "float16", 132, split=1), p.short()
+        assert select_fp4("sm_90a", 1, 2048, 14336, fmt, "float16", 132).split == 2
+        assert select_fp4("sm_90a", 1, 1024, 8192, fmt, "float16", 132).split == 2
+    # a forced TPW / warps an SM keeps the split the planner gives it
+    assert plan("sm_90a", 1, 2048, 8192, "nvfp4", "float16", 132, wps=16).split == 2
+
+
 def test_two_tiles_a_warp_plan():
     """TPW = 2 covers the same warps with half the tile units: 14336x4096 at M = 16 goes from
     KW 2 to KW 4 (224 CTAs either way) at 16 warps an SM; on 4096x14336 it would need a global
