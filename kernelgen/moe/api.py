@@ -25,7 +25,7 @@ from .kbit import (
     select_kbit,
     select_kbit_gemv,
 )
-from .select import check_shape, forced_grouped, plan_grouped, select_grouped
+from .select import check_policy, check_shape, forced_grouped, plan_grouped, select_grouped
 
 
 def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None, out: Any = None,
@@ -95,36 +95,19 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     if m == 0:
         return out
     info = device_info(ctx.device)
-    lim = smem_limit(ctx.device)
     r = m if rows is None else max(1, int(rows))
-    if kbit:
-        if swap_ab is False:
-            raise ValueError("swap_ab=False: kbit experts always run swap_ab (decode kernel)")
-        if wgmma:
-            raise ValueError("wgmma=True: kbit experts run their own decode kernel (mma.sync)")
-        if w.layout == "tiled":
-            launch_tiled(ctx, info, xa, w, off, ya, dt, epilogue, m, r, tile_m, config)
-            return out
-        if config is not None:
-            kplan = forced_kbit_plan(config, info.arch.name, dt, epilogue, w.bits, e, n, k)
-        elif tile_m is None:
-            kplan = select_kbit(info.arch.name, info.sm_count, dt, w.bits, e, n, k, r, epilogue, lim)
-        else:
-            kplan = plan_kbit(info.arch.name, info.sm_count, dt, w.bits, e, n, k, r, epilogue,
-                              tile_m, smem_limit=lim)
-        packed, absmax, cb = w.q._views(ctx)
-        fn = get_kernel(kplan.config, ctx.device, ctx.stream).fn("moe_grouped_kbit")
-        ctx.launch(fn, kplan.grid(m), kplan.block, (xa, packed, absmax, cb, off, ya, np.int32(e),
-                                                    np.int32(n), np.int32(k), np.int32(m)),
-                   smem=kplan.smem)
+    plan = plan_experts(info, smem_limit(ctx.device), w, dt, epilogue, r, tile_m, swap_ab, tile_n,
+                        policy, wgmma, config)
+    if kbit and w.layout == "tiled":
+        launch_tiled(ctx, xa, w, off, ya, m, plan)
         return out
-    if config is not None:
-        plan = forced_grouped(config, info.arch.name, dt, epilogue, e, n, k)
-    elif tile_m is None and swap_ab is None and tile_n is None and wgmma is None:
-        plan = select_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, policy, lim)
-    else:
-        plan = plan_grouped(info.arch.name, info.sm_count, dt, e, n, k, r, epilogue, tile_m,
-                            swap_ab, tile_n, policy, wgmma, lim)
+    if kbit:
+        packed, absmax, cb = w.q._views(ctx)
+        fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_kbit")
+        ctx.launch(fn, plan.grid(m), plan.block, (xa, packed, absmax, cb, off, ya, np.int32(e),
+                                                  np.int32(n), np.int32(k), np.int32(m)),
+                   smem=plan.smem)
+        return out
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_gemm")
     if plan.config.tma:
         tx, tw = tensor_maps(plan.config, xa, wa, m, e, n, k)
@@ -134,6 +117,45 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     ctx.launch(fn, plan.grid(m), plan.block,
                (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem)
     return out
+
+
+def plan_experts(info: Any, lim: int | None, w: Any, dt: str, epilogue: str, rows: int,
+                 tile_m: int | None, swap_ab: bool | None, tile_n: int | None, policy: str,
+                 wgmma: bool | None, config: Any) -> Any:
+    """The launch plan of grouped_gemm for weights w (dense [E, N, K] or KbitExperts) at `rows`
+    selector rows: host work only, so fused_moe checks both of its GEMMs' arguments before its
+    first launch. Raises ValueError on a forced choice the weights cannot take."""
+    check_policy(policy)
+    arch = info.arch.name
+    if not isinstance(w, KbitExperts):
+        e, n, k = (int(s) for s in w.shape)
+        if config is not None:
+            return forced_grouped(config, arch, dt, epilogue, e, n, k)
+        if tile_m is None and swap_ab is None and tile_n is None and wgmma is None:
+            return select_grouped(arch, info.sm_count, dt, e, n, k, rows, epilogue, policy, lim)
+        return plan_grouped(arch, info.sm_count, dt, e, n, k, rows, epilogue, tile_m, swap_ab,
+                            tile_n, policy, wgmma, lim)
+    e, n, k = w.shape
+    if swap_ab is False:
+        raise ValueError("swap_ab=False: kbit experts always run swap_ab (decode kernel)")
+    if wgmma:
+        raise ValueError("wgmma=True: kbit experts run their own decode kernel (mma.sync)")
+    if tile_n is not None:
+        raise ValueError(f"tile_n={tile_n}: kbit experts take no tile_n (their tile is 16 W rows)")
+    if w.layout == "tiled":  # the FP4 bandwidth kernel over find_tile's work items
+        if isinstance(config, KbitGemvPlan):  # a whole plan (kw too): tests, benchmarks
+            return forced_kbit_gemv_plan(config.config, arch, dt, epilogue, e, n, k, config.kw)
+        if config is not None:
+            return forced_kbit_gemv_plan(config, arch, dt, epilogue, e, n, k)
+        if tile_m is None:
+            return select_kbit_gemv(arch, info.sm_count, dt, e, n, k, rows, epilogue)
+        return plan_kbit_gemv(arch, info.sm_count, dt, e, n, k, rows, epilogue, tile_m)
+    if config is not None:
+        return forced_kbit_plan(config, arch, dt, epilogue, w.bits, e, n, k)
+    if tile_m is None:
+        return select_kbit(arch, info.sm_count, dt, w.bits, e, n, k, rows, epilogue, lim)
+    return plan_kbit(arch, info.sm_count, dt, w.bits, e, n, k, rows, epilogue, tile_m,
+                     smem_limit=lim)
 
 
 def tensor_maps(config: MoeGemmConfig, xa: Any, wa: Any, m: int, e: int, n: int, k: int) -> tuple:
@@ -155,20 +177,9 @@ def tensor_maps(config: MoeGemmConfig, xa: Any, wa: Any, m: int, e: int, n: int,
     return tx, tw
 
 
-def launch_tiled(ctx: Any, info: Any, xa: Any, w: KbitExperts, off: Any, ya: Any, dt: str,
-                 epilogue: str, m: int, rows: int, tile_m: int | None,
-                 config: MoeKbitGemvConfig | KbitGemvPlan | None) -> None:
+def launch_tiled(ctx: Any, xa: Any, w: KbitExperts, off: Any, ya: Any, m: int, plan: Any) -> None:
     """Tiled kbit4 experts: the FP4 bandwidth kernel over find_tile's work items."""
     e, n, k = w.shape
-    arch = info.arch.name
-    if isinstance(config, KbitGemvPlan):  # a whole plan (kw too): tests, benchmarks
-        plan = forced_kbit_gemv_plan(config.config, arch, dt, epilogue, e, n, k, config.kw)
-    elif config is not None:
-        plan = forced_kbit_gemv_plan(config, arch, dt, epilogue, e, n, k)
-    elif tile_m is None:
-        plan = select_kbit_gemv(info.arch.name, info.sm_count, dt, e, n, k, rows, epilogue)
-    else:
-        plan = plan_kbit_gemv(info.arch.name, info.sm_count, dt, e, n, k, rows, epilogue, tile_m)
     t = w.tiled
     if t.device != ctx.device:
         raise ValueError(f"w: tiled experts on device {t.device}, x on device {ctx.device}")
@@ -253,8 +264,6 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
         raise ValueError(f"topk_weights: shape {tuple(wts.shape)}; expected [{t}, {top_k}] like "
                          f"topk_ids")
     rows_of(xa, "x")  # moe_dispatch's rules: rows of 16-byte vectors, 16-byte aligned
-    layout = moe_layout(topk_ids, e, pad_to=1)
-    x_perm = moe_dispatch(x, layout, exact=not graph_safe, dtype=dt)
     rows = t * top_k
 
     def forced(wt: Any) -> dict[str, Any]:  # kbit experts: tile_m 8..32 (tiled 8 / 16), swap_ab
@@ -262,6 +271,17 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
             return dict(tile_m=None if tile_m is None else min(tile_m, 16 if wt.layout == "tiled" else 32))
         return dict(tile_m=tile_m, swap_ab=swap_ab)
 
+    # both GEMMs' plans (host work, memoised): a forced tile_m / swap_ab or a policy the
+    # weights cannot take raises here, not after the routing kernels ran
+    check_policy(policy)
+    if rows:
+        info, lim = device_info(ctx.device), smem_limit(ctx.device)
+        for wt, epilogue in ((w13, "swiglu"), (w2, "none")):
+            f = forced(wt)
+            plan_experts(info, lim, wt, dt, epilogue, rows, f["tile_m"], f.get("swap_ab"), None,
+                         policy, None, None)
+    layout = moe_layout(topk_ids, e, pad_to=1)
+    x_perm = moe_dispatch(x, layout, exact=not graph_safe, dtype=dt)
     kw = dict(rows=rows, policy=policy, dtype=dt)
     hid = grouped_gemm(x_perm, w13, layout, activation="swiglu", **kw, **forced(w13))
     y_perm = grouped_gemm(hid, w2, layout, **kw, **forced(w2))

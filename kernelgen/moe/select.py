@@ -169,6 +169,12 @@ def tile_m_for(rows: int, experts: int, policy: str = "threshold") -> int:
     raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
 
 
+def check_policy(policy: str) -> None:
+    """The TILE_M policies: "threshold" (the table) or "waste" (least padding)."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
+
+
 def uses_wgmma(arch: str, tile_m: int, swap_ab: bool, tile_n: int | None = None) -> bool:
     """The selector's path choice: wgmma on WGMMA_ARCHS for a TILE_M of WGMMA_TILE_N without
     swap_ab (and a forced tile_n of WG_TILES, if any)."""
@@ -221,7 +227,14 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
         wg = wg or tm not in TILE_MS  # a wgmma-only TILE_M: WG_TILES names its tile_n
         if tn is None:
             tn = (WGMMA_TILE_N.get(tm, PLAIN_TILE_N.get(tm)) if wg else
-                  SWAP_TILE_N if swap else PLAIN_TILE_N[tm])
+                  SWAP_TILE_N if swap else PLAIN_TILE_N.get(tm))
+        if tn is None and wg:
+            raise ValueError(f"tile_m={tm}, wgmma=True: no wgmma tile of TILE_M {tm} (wgmma "
+                             f"tiles: tile_m in {tuple(sorted({m for m, _ in WG_TILES}))}, no "
+                             f"swap_ab)")
+        if tn is None:
+            raise ValueError(f"tile_m={tm}, swap_ab=False: TILE_M {tm} runs with swap_ab only "
+                             f"(the tiles without it: tile_m in {tuple(PLAIN_TILE_N)})")
         return tm, swap, tn, wg
 
     def config(r: tuple[int, bool, int, bool], limit: int | None = smem_limit) -> MoeGemmConfig:

@@ -634,7 +634,17 @@ def _stub_fused_moe(monkeypatch, calls):
             return a, "bfloat16"
         return interop.device_array(a, name, ctx, dtypes, hint, ndim)
 
-    monkeypatch.setattr(api, "context_of", lambda a, name: None)
+    class Info:  # the host-side planning fused_moe does before its first launch
+        class arch:
+            name = "sm_90a"
+        sm_count = 132
+
+    class Ctx:
+        device = 0
+
+    monkeypatch.setattr(api, "context_of", lambda a, name: Ctx)
+    monkeypatch.setattr(api, "device_info", lambda device: Info)
+    monkeypatch.setattr(api, "smem_limit", lambda device: None)
     monkeypatch.setattr(api, "device_array", fake_array)
     monkeypatch.setattr(api, "moe_layout", lambda ids, ne, pad_to: calls.append(("layout", ne, pad_to))
                         or lay)
@@ -700,11 +710,51 @@ def test_fused_moe_checks_every_argument_before_the_layout(monkeypatch):
         (dict(w13=_Arr(e, 2 * i, h, ptr=8)), "w13: data pointer must be 16-byte aligned"),
         (dict(w2=_Arr(e, h, i, ptr=4)), "w2: data pointer must be 16-byte aligned"),
         (dict(topk_ids=[[0, 1]] * t), "topk_ids: expected a cupy.ndarray or a CUDA torch.Tensor"),
+        # the GEMMs' forced choices and policy: planned on the host before the layout
+        (dict(tile_m=7), r"tile_m=7: expected one of \(8, 16"),
+        (dict(tile_m=8, swap_ab=False), "TILE_M 8 runs with swap_ab only"),
+        (dict(policy="fewest"), r"policy='fewest': expected one of \('threshold', 'waste'\)"),
     ]
     for bad, msg in cases:
         with pytest.raises(ValueError, match=msg):
             api.fused_moe(**{**ok, **bad})
         assert calls == [], f"{bad}: launched {calls}"
+
+
+def test_forced_choices_plan_or_raise_value_error():
+    """Every forced (tile_m, swap_ab, tile_n, wgmma, policy) of the dense planner, and every
+    forced tile_m / row count of the kbit planners, either plans or raises ValueError naming
+    the rule (tile_m 8 without swap_ab, or with wgmma, was a KeyError / TypeError)."""
+    import itertools
+
+    from kernelgen.moe.kbit import plan_kbit, plan_kbit_gemv
+    from kernelgen.moe.select import plan_grouped
+
+    planned = 0
+    for arch in ("sm_80", "sm_90a", "sm_120a"):
+        for tm, sw, tn, wg, pol, epi in itertools.product(
+                (None, 7, 8, 16, 64, 128, 192, 512), (None, True, False), (None, 32, 128, 256, 100),
+                (None, True, False), ("threshold", "waste", "x"), ("swiglu", "none")):
+            try:
+                plan_grouped(arch, 132, "bfloat16", 8, 256, 512, 100, epi, tm, sw, tn, pol, wg)
+                planned += 1
+            except ValueError:
+                pass
+        for tm, bits, rows, epi in itertools.product((None, 0, 7, 8, 16, 32, 64), (2, 3, 4),
+                                                     (0, 1, 100, 100000), ("swiglu", "none")):
+            for fn, args in ((plan_kbit, (arch, 132, "bfloat16", bits, 8, 256, 512, rows, epi, tm)),
+                             (plan_kbit_gemv, (arch, 132, "bfloat16", 8, 256, 512, rows, epi, tm))):
+                try:
+                    fn(*args)
+                    planned += 1
+                except ValueError:
+                    pass
+    assert planned > 100  # the sweep reaches real plans, not only errors
+    with pytest.raises(ValueError, match="TILE_M 8 runs with swap_ab only"):
+        plan_grouped("sm_90a", 132, "bfloat16", 8, 256, 512, 100, "none", 8, False)
+    with pytest.raises(ValueError, match=r"tile_m=8, wgmma=True: no wgmma tile of TILE_M 8"):
+        plan_grouped("sm_90a", 132, "bfloat16", 8, 256, 512, 100, "none", 8, None, None,
+                     "threshold", True)
 
 
 def test_kbit_scale_bits_model():
