@@ -25,6 +25,7 @@ from .config import (
     FMTS,
     GEMV_FMTS,
     GEMV_WARPS,
+    GEMV_WARPS_PER_SM,
     KBIT4_WIDE_LUT_BYTES,
     M_TILES,
     STEP_K,
@@ -620,8 +621,9 @@ def plan(arch: str, m: int, n: int, k: int, fmt: str, dtype: str, sm_count: int,
             path = "tile"
     if tpw is not None and (path != "gemv" or tpw not in TPWS):
         raise ValueError(f"tpw={tpw!r}: expected one of {TPWS}, bandwidth path only (path={path!r})")
-    if wps is not None and path != "gemv":
-        raise ValueError(f"wps={wps!r}: bandwidth path only (path={path!r})")
+    if wps is not None and (path != "gemv" or wps not in GEMV_WARPS_PER_SM):
+        raise ValueError(f"wps={wps!r}: expected one of {GEMV_WARPS_PER_SM}, bandwidth path only "
+                         f"(path={path!r})")
     if balanced is not None and (path != "gemv" or not isinstance(balanced, bool)):
         raise ValueError(f"balanced={balanced!r}: a bool, bandwidth path only (path={path!r})")
     if balanced and (split is not None or tpw is not None or wps is not None):

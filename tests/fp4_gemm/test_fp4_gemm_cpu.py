@@ -478,8 +478,10 @@ def test_warps_per_sm_plan_and_rules():
         Fp4GemvConfig(arch="sm_90a", m_tile=8, tpw=1, depth=2, warps_per_sm=32, a_ring=True).check()
     with pytest.raises(UnsupportedConfigError, match="warps_per_sm=24"):
         Fp4GemvConfig(arch="sm_90a", warps_per_sm=24).check()
-    with pytest.raises(ValueError, match="wps=32: bandwidth path only"):
+    with pytest.raises(ValueError, match=r"wps=32: expected one of \(16, 32\), bandwidth path only"):
         plan("sm_90a", 200, 4096, 4096, "nvfp4", "float16", 132, wps=32)  # the tile path
+    with pytest.raises(ValueError, match=r"wps=8: expected one of \(16, 32\)"):  # was a KeyError
+        plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, wps=8)
 
 
 # -- weights encoded for the other activation type: not prewarmed, compiled on first use --------
