@@ -64,7 +64,7 @@ def smem_per_sm(arch: str, smem_limit: int | None = None) -> int:
     """Shared memory the resident CTAs of an SM share: the target's SMEM_PER_SM, or on a part
     whose blocks get less (`smem_limit`, the device's opt-in) that plus the 1 KB the driver keeps
     a block (every part: 8.6 / 8.9 and sm_120a 99 + 1 KB, A100 163 + 1, H100 227 + 1)."""
-    per = SMEM_PER_SM[arch]
+    per = SMEM_PER_SM[get_arch(arch).name]
     return per if smem_limit is None else min(per, smem_limit + KB)
 
 
@@ -77,7 +77,7 @@ def smem_cap(arch: str, smem_limit: int | None = None) -> int:
 def get_arch(name: str) -> Arch:
     try:
         return ARCHS[name]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: an unhashable name (a list)
         raise UnsupportedConfigError(
             f"arch={name!r}: not a kernelgen target; choose one of {', '.join(ALL_ARCHS)}"
         ) from None

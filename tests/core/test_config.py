@@ -145,3 +145,14 @@ def test_short_names_every_field(cfg):
     for k, v in cfg.as_dict().items():
         if k not in ("family", "kind"):
             assert f"{k}={v}" in s, f"{cfg}: short() lacks {k}: {s}"
+
+
+@pytest.mark.parametrize("name", ["sm_75", ["sm_90a"], None])
+def test_unknown_arch_is_a_config_error(name):
+    """get_arch and the shared-memory helpers the planners call name the arch (an unhashable
+    name was a TypeError, smem_per_sm's unknown one a KeyError)."""
+    from kernelgen.arch import get_arch, smem_per_sm
+
+    for fn in (get_arch, smem_per_sm):
+        with pytest.raises(UnsupportedConfigError, match=r"arch=.*not a kernelgen target"):
+            fn(name)
