@@ -9,6 +9,7 @@ each target (kernelgen.arch.PARTS), so prewarm builds exactly what dispatch can 
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -152,7 +153,13 @@ def plan_mma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count:
                                if t[0] <= tile_m and t[1] <= tile_n and smem_for(bits, *t, 2) <= cap),
                               (tile_m, tile_n))
     else:
-        tile_m, tile_n = int(tile[0]), int(tile[1])
+        try:
+            tile_m, tile_n = tile
+        except (TypeError, ValueError):  # not a pair
+            tile_m = tile_n = None
+        if not all(isinstance(t, numbers.Integral) for t in (tile_m, tile_n)):
+            raise ValueError(f"tile={tile!r}: expected (tile_m, tile_n), one of {sorted(TILES)}")
+        tile_m, tile_n = int(tile_m), int(tile_n)
     if (tile_m, tile_n) not in TILES:
         raise ValueError(f"tile={tile}: expected one of {sorted(TILES)}")
     if n % tile_n:

@@ -95,6 +95,19 @@ def test_forced_tiles_and_splits():
         S.plan_mma("sm_90a", 5, 384, 1024, 4, "float16", 132, split=17)
 
 
+@pytest.mark.parametrize("tile", [64, (64,), (64, 128, 1), "ab", (64.5, 128), ("64", "128"),
+                                  (None, None)])
+def test_forced_tile_not_a_pair_of_ints(tile):
+    """gemm(tile=...) hands the tile to plan_mma as given: anything but two ints is a
+    ValueError naming it (was TypeError / IndexError / KeyError, and (64.5, 128) ran as 64)."""
+    import numpy as np
+
+    p = S.plan_mma("sm_90a", 64, 4096, 4096, 4, "float16", 132, tile=np.array([64, 256]))
+    assert (p.config.tile_m, p.config.tile_n) == (64, 256)  # numpy integers: as before
+    with pytest.raises(ValueError, match=r"tile=.*: expected \(tile_m, tile_n\), one of"):
+        S.plan_mma("sm_90a", 64, 4096, 4096, 4, "float16", 132, tile=tile)
+
+
 @pytest.mark.parametrize("n,k,rule", [(200, 1024, "multiple of 128"), (384, 1000, "multiple of 128"),
                                       (384, 0, "multiple of 128")])
 def test_mma_shape_rule_names_it(n, k, rule):
