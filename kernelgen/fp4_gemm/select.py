@@ -12,6 +12,7 @@ target (kernelgen.arch.PARTS), so prewarm builds exactly what dispatch can pick.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -439,8 +440,8 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit=
         kw = kw_for(units, q, max(1, one_wave // m_tiles), KW_MAX[m_tile, wps])
         ctas = -(-units * kw // GEMV_WARPS) * m_tiles
         split = max(1, min(one_wave // ctas, q // (kw * MIN_STEPS)))
-    elif not 1 <= split <= q:
-        raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
+    elif not (isinstance(split, numbers.Integral) and 1 <= split <= q):
+        raise ValueError(f"split_k={split!r}: must be in 1..{q} (K/{STEP_K}) for K={k}")
     sps = -(-q // split)
     split = -(-q // sps)
     kw = kw_for(units, sps, max(1, one_wave // (m_tiles * split)), KW_MAX[m_tile, wps])
@@ -512,8 +513,8 @@ def _tile_plan(cfg: Fp4TileConfig | Fp4WgmmaConfig, m: int, n: int, k: int, spli
     q = k // STEP_K
     if split is None:
         split = _auto_split(q, -(-n // TILE_BN) * -(-m // cfg.bm), splits_to_fill)
-    elif not 1 <= split <= q:
-        raise ValueError(f"split_k={split}: must be in 1..{q} (K/{STEP_K}) for K={k}")
+    elif not (isinstance(split, numbers.Integral) and 1 <= split <= q):
+        raise ValueError(f"split_k={split!r}: must be in 1..{q} (K/{STEP_K}) for K={k}")
     sps = -(-q // split)
     split = -(-q // sps)
     grid = (-(-n // TILE_BN), -(-m // cfg.bm), split)

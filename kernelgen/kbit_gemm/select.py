@@ -9,6 +9,7 @@ spec and the parts of each target, so prewarm builds exactly what dispatch can p
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -204,8 +205,8 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
         if gps4 <= max_gps and -(-groups // gps4) == split:
             gps = min(gps4, groups)
     else:
-        if not 1 <= split <= groups:
-            raise ValueError(f"split_k={split}: must be in 1..{groups} (K/{GROUP_K}) for K={k}")
+        if not (isinstance(split, numbers.Integral) and 1 <= split <= groups):
+            raise ValueError(f"split_k={split!r}: must be in 1..{groups} (K/{GROUP_K}) for K={k}")
         gps = -(-groups // split)
         if gps > max_gps:
             need = -(-groups // max_gps)

@@ -177,8 +177,8 @@ def plan_mma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count:
 
         hi = max(1, min(kt // MIN_KT_PER_SPLIT, MAX_WS_BYTES // (4 * m * n)))
         split = min(range(1, hi + 1), key=lambda s: (cost(s), s))
-    elif not 1 <= split <= kt:
-        raise ValueError(f"split_k={split}: must be in 1..{kt} (K/{TILE_K}) for K={k}")
+    elif not (isinstance(split, numbers.Integral) and 1 <= split <= kt):
+        raise ValueError(f"split_k={split!r}: must be in 1..{kt} (K/{TILE_K}) for K={k}")
     kps = -(-kt // split)
     return MmaPlan(cfg, -(-kt // kps), kps, m_tiles, n_tiles)  # every split non-empty
 

@@ -273,6 +273,10 @@ def test_forced_path_and_split():
     assert p.path == "gemv" and p.split == 3 and p.grid[2] == 3
     with pytest.raises(ValueError, match=r"split_k=33: must be in 1\.\.32"):
         plan("sm_90a", 1, 4096, 4096, "nvfp4", "float16", 132, split=33)
+    for bad in ("2", 1.5, [2]):  # was TypeError (1.5: a float split)
+        for path in (None, "gemv", "tile", "wgmma"):
+            with pytest.raises(ValueError, match=r"split_k=.*: must be in 1\.\.32"):
+                plan("sm_90a", 40, 4096, 4096, "nvfp4", "float16", 132, path=path, split=bad)
     p = plan("sm_90a", 16, 4096, 14336, "nvfp4", "float16", 132, path="gemv", split=1)
     # K split inside the CTAs: KW 16 (16-warp CTAs) at m_tile 16
     assert p.split == 1 and (p.kw, p.config.warps, p.grid) == (16, 16, (256, 1, 1)), p.short()

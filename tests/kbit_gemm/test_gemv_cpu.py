@@ -95,6 +95,9 @@ def test_forced_split_rules():
         plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, split=33)
     with pytest.raises(ValueError, match="does not fit shared memory"):
         plan_gemv("sm_90a", 16, 4096, 14336, 4, "float16", 132, split=1)
+    for bad in ("2", 1.5, [2]):  # was TypeError (1.5: a float split)
+        with pytest.raises(ValueError, match=r"split_k=.*: must be in 1\.\.32"):
+            plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, split=bad)
 
 
 def _decoded_groups(p, n, k, m):

@@ -108,6 +108,14 @@ def test_forced_tile_not_a_pair_of_ints(tile):
         S.plan_mma("sm_90a", 64, 4096, 4096, 4, "float16", 132, tile=tile)
 
 
+@pytest.mark.parametrize("split", ["2", 1.5, [2], (2,)])
+def test_forced_split_not_an_int(split):
+    """A split_k that is not an integer is a ValueError naming it (was TypeError, and 1.5 ran as
+    a float split)."""
+    with pytest.raises(ValueError, match=r"split_k=.*: must be in 1\.\.64"):
+        S.plan_mma("sm_90a", 64, 4096, 4096, 4, "float16", 132, split=split)
+
+
 @pytest.mark.parametrize("n,k,rule", [(200, 1024, "multiple of 128"), (384, 1000, "multiple of 128"),
                                       (384, 0, "multiple of 128")])
 def test_mma_shape_rule_names_it(n, k, rule):

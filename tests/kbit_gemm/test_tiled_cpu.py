@@ -97,6 +97,9 @@ def test_path_rule_and_forced_paths():
         TL.plan_tiled("sm_90a", 400, 1152, 4224, "float16", sms, path="dequant", split=2)
     with pytest.raises(ValueError, match="M=0"):
         TL.plan_tiled("sm_90a", 0, 1152, 4224, "float16", sms)
+    for path in (None, "gemv", "tile", "wgmma"):  # a split that is not an int: was TypeError
+        with pytest.raises(ValueError, match=r"split_k='2': must be in 1\.\.33"):
+            TL.plan_tiled("sm_90a", 40, 1152, 4224, "float16", sms, path=path, split="2")
 
 
 def test_gemv_tiles_a_warp():
