@@ -119,6 +119,12 @@ def check_shape(n: int, k: int, name: str = "W") -> None:
                          f"positive multiple of {GROUP_K} (4 blocks of 32, 16-byte aligned)")
 
 
+def _check_bits(bits: int) -> None:
+    """The planners' bit widths: the launch tables have rows for 2..5 only."""
+    if bits not in BITS:
+        raise ValueError(f"bits={bits!r}: kbit supports bits in 2..5")
+
+
 def m_tile_for(m: int) -> int:
     for max_m, tile in M_TILE_TABLE:
         if m <= max_m:
@@ -134,6 +140,7 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
     device's shared memory a block (None: the target's): it caps the A slice and, with the 1 KB
     a block the driver keeps, the CTAs an SM holds (kernelgen.arch.smem_per_sm)."""
     check_shape(n, k)
+    _check_bits(bits)
     if m < 1:
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
     if kw is not None and kw not in KWS:

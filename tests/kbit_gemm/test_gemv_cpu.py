@@ -98,6 +98,8 @@ def test_forced_split_rules():
     for bad in ("2", 1.5, [2]):  # was TypeError (1.5: a float split)
         with pytest.raises(ValueError, match=r"split_k=.*: must be in 1\.\.32"):
             plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, split=bad)
+    with pytest.raises(ValueError, match=r"bits=6: kbit supports bits in 2\.\.5"):  # was KeyError
+        plan_gemv("sm_90a", 1, 4096, 4096, 6, "float16", 132)
 
 
 def _decoded_groups(p, n, k, m):

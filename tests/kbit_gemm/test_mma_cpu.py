@@ -116,6 +116,20 @@ def test_forced_split_not_an_int(split):
         S.plan_mma("sm_90a", 64, 4096, 4096, 4, "float16", 132, split=split)
 
 
+@pytest.mark.parametrize("bits", [0, 1, 6, 2**31, None])
+def test_planners_name_bad_bits(bits):
+    """bits outside 2..5 raised KeyError from the crossover / launch tables (plan_gemm at every
+    M, path_for, dequant_min_m), and plan_mma hung building a 2 ** (2 * bits) table size."""
+    for m in (1, 100, 1000):
+        with pytest.raises(ValueError, match=rf"bits={bits!r}: kbit supports bits in 2\.\.5"):
+            S.plan_gemm("sm_90a", m, 4096, 4096, bits, "float16", 132)
+    for fn in (S.path_for, lambda *a: S.dequant_min_m(*a[1:]), lambda *a: S.gemv_max_m(*a[1:])):
+        with pytest.raises(ValueError, match=rf"bits={bits!r}"):
+            fn(100, 4096, 4096, bits)
+    with pytest.raises(ValueError, match=rf"bits={bits!r}"):
+        S.plan_mma("sm_90a", 64, 4096, 4096, bits, "float16", 132)
+
+
 @pytest.mark.parametrize("n,k,rule", [(200, 1024, "multiple of 128"), (384, 1000, "multiple of 128"),
                                       (384, 0, "multiple of 128")])
 def test_mma_shape_rule_names_it(n, k, rule):
