@@ -145,6 +145,13 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
     if kw is not None and kw not in KWS:
         raise ValueError(f"kw={kw}: expected one of {KWS}")
+    if launch is not None:
+        try:
+            warps, blocks = launch
+        except (TypeError, ValueError):  # not a pair
+            warps = blocks = None
+        if not all(isinstance(v, numbers.Integral) and v >= 1 for v in (warps, blocks)):
+            raise ValueError(f"launch={launch!r}: expected (warps, min_blocks), two ints >= 1")
     m_tile = m_tile_for(m)
     if -(-m // m_tile) > MAX_GRID_YZ:
         raise ValueError(f"A: M={m} takes {-(-m // m_tile)} GEMV passes of {m_tile} tokens, more "

@@ -147,6 +147,9 @@ def test_k_warp_rules():
         plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, kw=4, launch=(2, 4))
     with pytest.raises(ValueError, match="leave no shared memory for A"):
         plan_gemv("sm_90a", 1, 4096, 4096, 5, "float16", 132, kw=2, launch=(4, 4))
+    for bad in (8, (8,), (8, 0), (0, 1), (8.0, 2), "ab"):  # was ZeroDivisionError / TypeError / ...
+        with pytest.raises(ValueError, match=r"launch=.*: expected \(warps, min_blocks\), two ints >= 1"):
+            plan_gemv("sm_90a", 1, 4096, 4096, 4, "float16", 132, launch=bad)
     p = plan_gemv("sm_90a", 1, 14336, 4096, 4, "float16", 132, kw=2)
     assert p.smem == lut_bytes(4) + 4096 * 2 + kw_red_bytes(p.config.warps, 2, 8)
     assert p.smem <= p.config.smem_bytes() and p.gps % 8 == 0
