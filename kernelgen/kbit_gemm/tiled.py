@@ -55,6 +55,7 @@ from ..fp4_gemm.select import (
 )
 from ..fp4_gemm.select import plan as fp4_plan
 from .config import DTYPES, KbitTiledDequantConfig
+from .select import check_shape
 
 ARRANGEMENT = "step_major"  # as MXFP4's (fp4_gemm.api.ARRANGEMENT): the same bytes a block
 TILED_PATHS = ("gemv", "tile", "dequant", "wgmma")
@@ -208,6 +209,7 @@ def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
     `smem_limit`: shared memory a block of the device (None: the target's; less on 8.6 / 8.9
     parts under sm_80): the tile path keeps the stages (and BM) that fit it; where none does, the
     rule's tile path becomes the GEMV's (a forced one raises UnsupportedConfigError)."""
+    check_shape(n, k)  # before the wgmma rule, which divides by N's tiles
     if m < 1:
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
     if dtype not in DTYPES:
@@ -291,8 +293,6 @@ def prewarm_tiled_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterato
     config of each BM (sm_90a), and the dequantize kernel ("float32" among the dtypes: also its
     fp32 output, for KbitLinear.dequantize). With shapes: every part's plans
     (kernelgen.arch.parts_of)."""
-    from .select import check_shape
-
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = weight_shapes(spec, "kbit_gemm", check_shape)
     seen: set = set()

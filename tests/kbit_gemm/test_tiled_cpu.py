@@ -100,6 +100,9 @@ def test_path_rule_and_forced_paths():
     for path in (None, "gemv", "tile", "wgmma"):  # a split that is not an int: was TypeError
         with pytest.raises(ValueError, match=r"split_k='2': must be in 1\.\.33"):
             TL.plan_tiled("sm_90a", 40, 1152, 4224, "float16", sms, path=path, split="2")
+    for n, k in ((0, 4096), (1152, 100)):  # N = 0 was a ZeroDivisionError in the wgmma rule
+        with pytest.raises(ValueError, match=rf"shape \[N={n}, K={k}\]; the kbit GEMM needs N >= 1"):
+            TL.plan_tiled("sm_90a", 64, n, k, "float16", sms)
 
 
 def test_gemv_tiles_a_warp():
