@@ -10,6 +10,7 @@ n <= ROUTE_FUSED_MAX. The tables are measured on an H100 (BENCHMARKS.md, moe_rou
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -128,10 +129,10 @@ def plan_route(arch: str, pairs: int, num_experts: int, id_dtype: str, sm_count:
         raise ValueError(f"fused route: {pairs} pairs; it takes at most {FUSED_MAX}")
     if pairs_per_cta is None:
         per = min(ROUTE_MAX_CTA_PAIRS, max(1, -(-pairs // (sm_count * ROUTE_CTAS_PER_SM))))
-    elif 1 <= pairs_per_cta <= ROUTE_MAX_CTA_PAIRS:
-        per = pairs_per_cta
+    elif isinstance(pairs_per_cta, numbers.Integral) and 1 <= pairs_per_cta <= ROUTE_MAX_CTA_PAIRS:
+        per = int(pairs_per_cta)
     else:
-        raise ValueError(f"pairs_per_cta={pairs_per_cta}: must be in 1..{ROUTE_MAX_CTA_PAIRS}")
+        raise ValueError(f"pairs_per_cta={pairs_per_cta!r}: must be an int in 1..{ROUTE_MAX_CTA_PAIRS}")
     side = 1 if pad_to == 1 else max(1, min(num_experts, sm_count))
     return RoutePlan(MoeRouteConfig(arch=arch, id_dtype=id_dtype), per, side,
                      side + -(-pairs // per), route_smem(num_experts))

@@ -191,6 +191,9 @@ def test_planner():
         plan_route("sm_90a", FUSED_MAX + 1, 8, "int32", 132)
     with pytest.raises(ValueError, match="pairs_per_cta=9"):
         plan_route("sm_90a", 100, 8, "int32", 132, pairs_per_cta=9)
+    for bad in ("2", [2], 1.5):  # moe_route hands it over as given: was TypeError / a float split
+        with pytest.raises(ValueError, match=r"pairs_per_cta=.*: must be an int in 1\.\.8"):
+            plan_route("sm_90a", 100, 8, "int32", 132, pairs_per_cta=bad)
     assert combine_launch(1, 896, 132) == (True, (1, 7, 1))  # T = 1, H = 7168 bf16
     assert combine_launch(16, 896, 132) == (True, (16, 7, 1))  # one wave: columns split
     assert combine_launch(64, 896, 132) == (True, (64, 7, 1))
