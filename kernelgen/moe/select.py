@@ -25,6 +25,7 @@ so prewarm builds what dispatch can pick.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from .config import (
     EPILOGUES,
     KBIT_BITS,
     TILE_MS,
+    TILE_NS,
     TILES,
     WG_TILES,
     WGMMA_ARCHS,
@@ -207,17 +209,20 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
         raise ValueError(f"activation: {epilogue!r}; expected None or 'swiglu'")
     if rows < 1:
         raise ValueError(f"rows={rows}: a launch needs at least one row")
+    if tile_n is not None and not (isinstance(tile_n, numbers.Integral) and tile_n in TILE_NS):
+        raise ValueError(f"tile_n={tile_n!r}: expected one of {TILE_NS}")
     tm = tile_m if tile_m is not None else tile_m_for(rows, e, policy)
     if (tile_m is None and tile_n is None and policy == "threshold" and tm == 128
             and not swap_ab and wgmma is not False and uses_wgmma(arch, 192, False)
             and band[0] < rows / e <= band[1]
             and _keeps_stages(arch, dtype, 192, epilogue, smem_limit, use_tma)):
         tm = 192
-    if tm not in TILE_MS and not (tm in WGMMA_TILE_N and uses_wgmma(arch, tm, False)
-                                  and wgmma is not False and not swap_ab):
-        raise ValueError(f"tile_m={tm}: expected one of {TILE_MS}"
+    wg_only = isinstance(tm, numbers.Integral) and tm in WGMMA_TILE_N  # (a list: unhashable)
+    if not isinstance(tm, numbers.Integral) or tm not in TILE_MS and not (
+            wg_only and uses_wgmma(arch, tm, False) and wgmma is not False and not swap_ab):
+        raise ValueError(f"tile_m={tm!r}: expected one of {TILE_MS}"
                          + (f" ({tm}: the wgmma path only, on {WGMMA_ARCHS}, no swap_ab)"
-                            if tm in WGMMA_TILE_N else ""))
+                            if wg_only else ""))
     touched = min(e, rows)
 
     def row(tm: int, tn: int | None) -> tuple[int, bool, int, bool]:

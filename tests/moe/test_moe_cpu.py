@@ -242,6 +242,14 @@ def test_forced_rows_and_errors():
         plan_grouped("sm_90a", 132, "float16", 8, 200, 256, 100, "swiglu")
     with pytest.raises(ValueError, match="rows=0"):
         plan_grouped("sm_90a", 132, "float16", 8, 256, 256, 0)
+    # grouped_gemm hands tile_m / tile_n over as given: tile_n 0 was a ZeroDivisionError, a
+    # string or list tile_n / tile_m a TypeError
+    for bad in (0, 100, "128", [128], 128.0):
+        with pytest.raises(ValueError, match=r"tile_n=.*: expected one of \(32, 64, 128, 256\)"):
+            plan_grouped("sm_90a", 132, "float16", 8, 256, 256, 100, tile_n=bad)
+    for bad in ("64", [64], 64.0):
+        with pytest.raises(ValueError, match=r"tile_m=.*: expected one of \(8, 16"):
+            plan_grouped("sm_90a", 132, "float16", 8, 256, 256, 100, tile_m=bad)
 
 
 def test_prewarm_default_set_is_modest_and_valid():
