@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import smem_cap
+from ..arch import get_arch, smem_cap
 from ..core.interop import context_of
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
@@ -210,8 +210,16 @@ def plan_kbit(arch: str, sm_count: int, dtype: str, bits: int, e: int, n: int, k
     tm = kbit_tile_m(rows, e) if tile_m is None else tile_m
     if tm not in KBIT_TILE_MS:
         raise ValueError(f"tile_m={tm}: kbit experts take tile_m in {KBIT_TILE_MS}")
+    if warps is not None:
+        try:
+            forced = tuple(warps)
+        except TypeError:  # not a pair
+            forced = None
+        if forced not in KBIT_WARPS:
+            raise ValueError(f"warps={warps!r}: kbit experts take (warps_p, warps_k) in {KBIT_WARPS}")
+        warps = forced
     touched = min(e, rows)
-    budget = min(SMEM_BUDGET[arch], smem_cap(arch, smem_limit))
+    budget = min(SMEM_BUDGET[get_arch(arch).name], smem_cap(arch, smem_limit))
     room = budget - KBIT_LUT_BYTES - 16
 
     def fits(w: tuple[int, int]) -> bool:  # two stages at least

@@ -355,6 +355,14 @@ def test_kbit_configs_and_selector():
     assert select_kbit("sm_90a", 132, "bfloat16", 4, 8, 4096, 14336, 2).config.warps_k == 4
     with pytest.raises(ValueError, match="K a positive multiple of 128"):
         plan_kbit("sm_90a", 132, "bfloat16", 4, 8, 256, 200, 8)
+    # a forced warps that is not a row of KBIT_WARPS was TypeError / IndexError / KeyError (8,
+    # "x", {}), an unknown arch a KeyError of SMEM_BUDGET
+    assert plan_kbit("sm_90a", 132, "bfloat16", 4, 8, 256, 256, 8, warps=[4, 2]).config.warps_k == 2
+    for bad in (8, (8,), "x", {}, (8, 2)):
+        with pytest.raises(ValueError, match=r"warps=.*: kbit experts take \(warps_p, warps_k\) in"):
+            plan_kbit("sm_90a", 132, "bfloat16", 4, 8, 256, 256, 8, warps=bad)
+    with pytest.raises(UnsupportedConfigError, match="arch='sm_75': not a kernelgen target"):
+        plan_kbit("sm_75", 132, "bfloat16", 4, 8, 256, 256, 8)
 
 
 def test_kbit_prewarm_is_what_dispatch_picks():
