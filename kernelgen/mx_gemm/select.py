@@ -158,6 +158,9 @@ def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: s
 
 def forced(p: MxGemmPlan, cfg: MxFp8GemmConfig | MxBsGemmConfig) -> MxGemmPlan:
     """`p` with `cfg` in place of the selector's config (same path, formats and out dtype)."""
+    if not isinstance(cfg, (MxFp8GemmConfig, MxBsGemmConfig)):
+        raise ValueError(f"config: {type(cfg).__name__}; this call ({p.config.short()}) takes a "
+                         f"{type(p.config).__name__}")
     keep = ("arch", "a_elem", "b_elem", "out_dtype") + (("kind",) if p.path == "bs_mma" else ())
     if type(cfg) is not type(p.config) or any(getattr(cfg, f) != getattr(p.config, f) for f in keep):
         raise ValueError(f"config {cfg.short()} does not fit this call ({p.config.short()}): "

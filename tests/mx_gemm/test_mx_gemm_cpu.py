@@ -122,6 +122,22 @@ def test_out_dtype_rule():
         plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 16, 256, 256, "float32", 132)
 
 
+def test_forced_config_must_be_a_config():
+    """mx_gemm(config=...) hands the object to forced(): one that is not a config raised
+    AttributeError (its .short() in the message)."""
+    from kernelgen.mx_gemm.select import forced
+
+    p = plan("sm_90a", "mxfp8_e4m3", "mxfp8_e4m3", 16, 256, 256, "bfloat16", 132)
+    assert forced(p, p.config).config == p.config
+    for bad in (None, 5, "MxFp8GemmConfig", p.config.as_dict()):
+        with pytest.raises(ValueError, match=r"config: \w+; this call \(MxFp8GemmConfig\(.*takes a "
+                                             r"MxFp8GemmConfig"):
+            forced(p, bad)
+    bs = MxBsGemmConfig(arch="sm_120a")
+    with pytest.raises(ValueError, match="does not fit this call"):  # a config of the other kind
+        forced(p, bs)
+
+
 # -- prewarm ---------------------------------------------------------------------------------
 def test_prewarm_table():
     assert list(prewarm_configs(["sm_80"], {})) == []
