@@ -100,6 +100,9 @@ class MxQuantizeConfig(KernelConfig):
 
     def check(self) -> None:
         _check(self, self.fmt, self.dtype)
+        if self.loop is not None and type(self.loop) is not bool:  # validate() skips `bool | None`
+            raise UnsupportedConfigError(f"{self.short()}: loop={self.loop!r}; expected None, True "
+                                         f"or False")
         if self.hw_cvt and not hw_fp8_cvt(self.arch, self.fmt):
             raise UnsupportedConfigError(f"{self.short()}: hw_cvt needs an mxfp8 format and "
                                          f"sm_90a or newer (cvt.rn.satfinite.e4m3x2/e5m2x2)")

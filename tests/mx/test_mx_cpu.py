@@ -45,6 +45,10 @@ DTYPES = ("float16", "bfloat16", "float32")
     ({"fmt": "nvfp4", "dtype": "float32", "h2": True}, "h2"),
     ({"fmt": "mxfp8_e4m3", "h2": True}, "h2"),
     ({"fmt": "mxfp4", "dtype": "float32", "h2": True}, "h2"),
+    # loop is `bool | None`, which validate()'s plain-type check skips: 1 / "x" were taken (and
+    # 1 keys the cache apart from True)
+    ({"loop": 1}, r"loop=1; expected None, True or False"),
+    ({"loop": "x"}, r"loop='x'; expected None, True or False"),
 ])
 def test_quantize_config_rejects(kw, match):
     kw = {"arch": "sm_90a", **kw}
