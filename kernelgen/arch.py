@@ -52,7 +52,26 @@ def parts_of(arch: str, sm_counts: Iterable[int] | None = None) -> tuple[tuple[i
     alone does not say which part: 8.x parts of 99 KB and 163 KB both run sm_80)."""
     if not sm_counts:
         return PARTS[arch]
-    return tuple((int(s), lim) for s in sm_counts for lim in smem_limits(arch))
+    return tuple((s, lim) for s in sm_counts_of(sm_counts) for lim in smem_limits(arch))
+
+
+def sm_counts_of(sm_counts: Iterable[int] | None) -> tuple[int, ...]:
+    """A prewarm spec's "sm_counts" as ints, each >= 1; UnsupportedConfigError (what prewarm
+    reports as a bad spec) naming one that is not."""
+    try:
+        counts = list(sm_counts or ())
+    except TypeError:  # not a list
+        counts = [sm_counts]
+    out = []
+    for s in counts:
+        try:
+            v = int(s)
+        except (TypeError, ValueError):
+            v = 0
+        if v < 1:
+            raise UnsupportedConfigError(f"spec sm_counts: {s!r}; expected SM counts, integers >= 1")
+        out.append(v)
+    return tuple(out)
 
 
 def smem_limits(arch: str) -> tuple[int, ...]:

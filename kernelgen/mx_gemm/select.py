@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import get_arch
+from ..arch import get_arch, sm_counts_of
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
 from .config import (
@@ -202,7 +202,7 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MxFp
                     for s in shapes:
                         if len(s) != 3:
                             raise UnsupportedConfigError(f"mx_gemm spec shapes: {s!r}; expected [M, N, K]")
-                        for sms in spec.get("sm_counts") or SM_COUNTS.get(arch, (132,)):
+                        for sms in sm_counts_of(spec.get("sm_counts")) or SM_COUNTS.get(arch, (132,)):
                             cfg = plan(arch, a_fmt, b_fmt, *map(int, s), out, sms).config
                             if cfg not in seen:
                                 seen.add(cfg)

@@ -210,6 +210,18 @@ def test_prewarm_equals_dispatch(arch):
 def test_prewarm_rejects_bad_shapes():
     with pytest.raises(UnsupportedConfigError, match="multiple of 128"):
         list(prewarm_configs(["sm_90a"], {"shapes": [[4096, 100]]}))
+
+
+@pytest.mark.parametrize("bad", [0, -1, None, "x", [132]])
+def test_prewarm_rejects_bad_sm_counts(bad):
+    """A profile's sm_counts reach every part walk (kernelgen.arch.parts_of): 0 was a
+    ZeroDivisionError of the GEMV planner, None / a list a TypeError of int()."""
+    from kernelgen.kbit_gemm import prewarm_all
+
+    spec = {"shapes": [[4096, 4096]], "sm_counts": [132, bad]}
+    with pytest.raises(UnsupportedConfigError, match=r"spec sm_counts: .*; expected SM counts, "
+                                                     r"integers >= 1"):
+        list(prewarm_all(["sm_90a"], spec))
     with pytest.raises(UnsupportedConfigError, match=r"expected \[N, K\]"):
         list(prewarm_configs(["sm_90a"], {"shapes": [[1, 2, 3, 4]]}))
     from kernelgen.kbit_gemm import prewarm_all

@@ -139,6 +139,15 @@ def test_forced_config_must_be_a_config():
 
 
 # -- prewarm ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [0, None, "x", [132]])
+def test_prewarm_rejects_bad_sm_counts(bad):
+    """A profile's sm_counts went to plan() as given: None / 'x' raised TypeError comparing
+    with the tile counts."""
+    spec = {"shapes": [[64, 4096, 4096]], "sm_counts": [bad]}
+    with pytest.raises(UnsupportedConfigError, match=r"spec sm_counts: .*; expected SM counts"):
+        list(prewarm_configs(["sm_90a"], spec))
+
+
 def test_prewarm_table():
     assert list(prewarm_configs(["sm_80"], {})) == []
     for arch in ("sm_90a", "sm_100a", "sm_120a"):
