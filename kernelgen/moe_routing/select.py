@@ -166,8 +166,13 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Any]
     if isinstance(experts, int):
         experts = [experts]
     if experts:  # the multi-CTA size and every single-CTA size the table can pick
-        warps_list = sorted({min(w, warps_for(int(e))) for e in experts
-                             for w in (warps_for(int(e)), *(w for _, w in SINGLE_WARPS))})
+        try:
+            experts = [int(e) for e in experts]
+        except (TypeError, ValueError):  # None, a list, 'x'
+            raise UnsupportedConfigError(f"moe_routing spec num_experts: {spec['num_experts']!r}; "
+                                         f"expected integers in 1..{MAX_EXPERTS}") from None
+        warps_list = sorted({min(w, warps_for(e)) for e in experts
+                             for w in (warps_for(e), *(w for _, w in SINGLE_WARPS))})
     else:
         warps_list = list(WARPS)
     id_dtypes = tuple(spec.get("id_dtypes") or ID_DTYPES)

@@ -225,6 +225,10 @@ def test_prewarm_set():
             assert plan_layout("sm_90a", n, e, "int64").config in cfgs, (e, n)
     with pytest.raises(UnsupportedConfigError, match="id_dtypes"):
         list(prewarm_configs(["sm_90a"], {"id_dtypes": ["int8"]}))
+    for bad in ([None], [[8]], ["x"]):  # a profile's num_experts: was TypeError (None, a list)
+        with pytest.raises(UnsupportedConfigError, match=r"num_experts: .*; expected integers in "
+                                                         r"1\.\.2048"):
+            list(prewarm_configs(["sm_90a"], {"num_experts": bad}))
 
 
 @pytest.mark.parametrize("t,max_bytes,e,pad_to", [(0, 1 << 20, 8, 1), (1, 1 << 20, 8, 1),
