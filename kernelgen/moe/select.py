@@ -35,7 +35,7 @@ from ..arch import get_arch, parts_of, smem_limits
 from ..core.config import KernelConfig
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
-from ..moe_routing.config import ID_DTYPES, W_DTYPES
+from ..moe_routing.config import ID_DTYPES, MAX_EXPERTS, W_DTYPES
 from .config import (
     DTYPES,
     EPILOGUES,
@@ -361,6 +361,9 @@ def _layer_shapes(spec: dict[str, Any]) -> list[tuple[int, int, int, int]]:
                                          f"integers") from None
         if min(e, h, i, top_k) < 1:
             raise UnsupportedConfigError(f"moe spec: layer {list(sh)}: E, H, I, top_k must be >= 1")
+        if e > MAX_EXPERTS:  # (its row walk is O(E): E = 10**9 ran out of memory)
+            raise UnsupportedConfigError(f"moe spec: layer {list(sh)}: E={e}; fused_moe's routing "
+                                         f"takes num_experts in 1..{MAX_EXPERTS}")
         out.append((e, h, i, top_k))
     return out
 

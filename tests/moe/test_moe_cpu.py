@@ -621,6 +621,9 @@ def test_prewarm_spec_covers_fused_moe_routing():
     with pytest.raises(UnsupportedConfigError, match="num_experts"):
         list(prewarm_configs(["sm_90a"], {"E": 2049, "H": 128, "I": 64, "top_k": 2,
                                           "dtypes": ["bfloat16"], "sm_counts": [132]}))
+    # refused before the O(E) row walk (E = 10**9 ran out of memory)
+    with pytest.raises(UnsupportedConfigError, match=r"E=1000000000; .*num_experts in 1\.\.2048"):
+        list(prewarm_configs(["sm_90a"], {"shapes": [[10**9, 128, 64, 2]]}))
 
 
 class _Arr:
