@@ -231,6 +231,17 @@ def _torch_to_cupy(t: Any) -> Any:
     return view
 
 
+def optional_int(value: Any, name: str) -> int | None:
+    """A forced count of an API call (split_k, kw): None, or the value as int() makes it (numpy
+    integers too); a ValueError naming it where int() cannot (a list was a TypeError)."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r}: expected an integer") from None
+
+
 def dtype_name(dtype: Any) -> Any:
     """A dtype argument as the name the API checks ("float16", ...): numpy dtypes and scalar
     types and torch dtypes give their names; None, strings and anything else come back as they

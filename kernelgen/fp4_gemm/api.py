@@ -18,6 +18,7 @@ from ..core.interop import (
     dtype_name,
     gemm_bias_out,
     on_stream,
+    optional_int,
     scratch,
     smem_limit,
 )
@@ -280,6 +281,7 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     both, for benchmarks of variants). Runs on the caller's current stream; returns the caller's
     array kind.
     """
+    split_k = optional_int(split_k, "split_k")
     if isinstance(W, Fp4Weight):
         wn, wk, wdev = W.n, W.k, W.device
     else:  # W's errors before A's; A's before an MxTensor is prepared (a copy and launches)

@@ -10,7 +10,15 @@ import numpy as np
 from ..arch import device_info
 from ..core import interop
 from ..core.dense import dense_gemm
-from ..core.interop import Ctx, context_of, device_array, dtype_name, gemm_bias_out, scratch
+from ..core.interop import (
+    Ctx,
+    context_of,
+    device_array,
+    dtype_name,
+    gemm_bias_out,
+    optional_int,
+    scratch,
+)
 from ..core.jit import get_kernel
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
 from .config import DTYPES, GROUP_K, TILE_ROWS
@@ -156,12 +164,15 @@ def gemm_with_plan(A: Any, W: KbitLinear, plan: GemvPlan, bias: Any = None, *, o
                    dtype: str | None = None) -> Any:
     """`gemm` on the GEMV path with a plan of `plan_gemv` (tuning scripts and tests: a
     forced CTA shape); the plan must be for this M, N, K, bits and dtype."""
+    if not isinstance(plan, GemvPlan):
+        raise ValueError(f"plan: {type(plan).__name__}; expected a GemvPlan of plan_gemv")
     return _gemm(A, W, bias, out, dtype, None, "gemv", None, None, plan)
 
 
 def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k: int | None,
           path: str | None, tile: tuple[int, int] | None, kw: int | None,
           plan: GemvPlan | None) -> Any:
+    split_k, kw = optional_int(split_k, "split_k"), optional_int(kw, "kw")
     if not isinstance(W, KbitLinear):
         raise ValueError(f"W: expected a KbitLinear from quantize_weight, got {type(W).__name__}")
     ctx = context_of(A, "A")

@@ -416,6 +416,8 @@ def test_api_rules_before_launch():
 
     with pytest.raises(ValueError, match="expected an MxTensor"):
         fp4_gemm(np.ones((1, 128), np.float16), object())
+    with pytest.raises(ValueError, match=r"split_k=\[2\]: expected an integer"):  # was TypeError
+        fp4_gemm(np.ones((1, 128), np.float16), object(), split_k=[2])
     t = FakeMxTensor("mxfp6_e2m3", (16, 128), None, None, "row_major", None)
     with pytest.raises(ValueError, match="format 'mxfp6_e2m3'"):
         prepare_weight(t, act_dtype="float16")

@@ -256,6 +256,16 @@ def test_quantize_weight_rules():
 def test_gemm_rules_before_launch():
     with pytest.raises(ValueError, match="W: expected a KbitLinear"):
         kg.gemm(np.ones((1, 128), np.float16), object())
+    # forced counts int() cannot take, and a plan that is not a plan: were TypeError (int of a
+    # list) / AttributeError (plan.config) on the device path
+    a = np.ones((1, 128), np.float16)
+    with pytest.raises(ValueError, match=r"split_k=\[2\]: expected an integer"):
+        kg.gemm(a, object(), split_k=[2])
+    with pytest.raises(ValueError, match=r"kw=\(2,\): expected an integer"):
+        kg.gemm(a, object(), kw=(2,))
+    from kernelgen.kbit_gemm.api import gemm_with_plan
+    with pytest.raises(ValueError, match="plan: int; expected a GemvPlan of plan_gemv"):
+        gemm_with_plan(a, object(), 5)
     with pytest.raises(ValueError, match=r"KbitLinear: exactly one of q \(flat layout\) and tiled"):
         kg.KbitLinear(q=None, n=16, k=128)  # gemm trusts n, k: they are checked at construction
     with pytest.raises(ValueError, match=r"KbitLinear: q must be a KbitTensor of shape \(16, 128\)"):
