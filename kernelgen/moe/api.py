@@ -214,8 +214,13 @@ def check_weight(w: Any, name: str, ctx: Any, dt: str, epilogue: str) -> tuple[i
 def check_rows(m: int, rows: int | None, known_total: int | None = None) -> None:
     """Host-side bounds of offsets[E] against x's M rows: `rows` (the selector's row count)
     and offsets[E] where the host knows it must not exceed M."""
-    if rows is not None and not 0 <= int(rows) <= m:
-        raise ValueError(f"rows={rows}: must be in 0..M={m} (x's rows; offsets[E] <= M)")
+    if rows is not None:
+        try:
+            r = int(rows)
+        except (TypeError, ValueError):  # None, a list, 'x': not a row count
+            r = -1
+        if not 0 <= r <= m:
+            raise ValueError(f"rows={rows!r}: must be in 0..M={m} (x's rows; offsets[E] <= M)")
     if known_total is not None and known_total > m:
         raise ValueError(f"offsets: offsets[E]={known_total} rows exceed x's M={m} rows")
 

@@ -500,6 +500,9 @@ def test_host_row_bounds():
     check_rows(0, 0)
     with pytest.raises(ValueError, match=r"rows=11: must be in 0..M=10"):
         check_rows(10, 11)
+    for bad in ([5], "x", {}):  # was TypeError (int of a list) / int()'s unnamed ValueError
+        with pytest.raises(ValueError, match=r"rows=.*: must be in 0..M=10"):
+            check_rows(10, bad)
     with pytest.raises(ValueError, match=r"offsets\[E\]=11 rows exceed x's M=10"):
         check_rows(10, None, 11)
 
