@@ -13,6 +13,7 @@ check `layout.invalid` (or call `layout.check()`) outside the graph.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -349,10 +350,20 @@ def moe_combine(y_perm: Any, layout: MoeLayout, topk_weights: Any, *, out: Any =
     return out
 
 
+def _check_counts(fn: str, **counts: Any) -> None:
+    """block_bytes / moe_blocks: every count an int (numpy integers too; a string or None was a
+    TypeError of the arithmetic)."""
+    for name, v in counts.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise ValueError(f"{fn}: {name}={v!r}; expected an int")
+
+
 def block_bytes(tokens: int, top_k: int, hidden: int, *, num_experts: int = 0, pad_to: int = 1,
                 itemsize: int = 2) -> int:
     """Device bytes one block of `tokens` needs beyond x and out: x_perm and y_perm (capacity
     rows each), the layout buffer and the multi-CTA histograms."""
+    _check_counts("block_bytes", tokens=tokens, top_k=top_k, hidden=hidden,
+                  num_experts=num_experts, pad_to=pad_to, itemsize=itemsize)
     pairs = tokens * top_k
     cap = pairs + num_experts * (pad_to - 1)
     hist = (-(-pairs // CHUNK)) * (num_experts + 2) * 4
@@ -371,6 +382,8 @@ def moe_blocks(num_tokens: int, top_k: int, hidden: int, max_bytes: int, *,
 
     Row slices of contiguous arrays are contiguous views, so nothing is copied.
     """
+    _check_counts("moe_blocks", num_tokens=num_tokens, top_k=top_k, hidden=hidden,
+                  max_bytes=max_bytes, num_experts=num_experts, pad_to=pad_to, itemsize=itemsize)
     if num_tokens < 0 or top_k < 1 or hidden < 1:
         raise ValueError(f"moe_blocks: num_tokens={num_tokens}, top_k={top_k}, hidden={hidden}; "
                          f"expected >= 0, >= 1, >= 1")

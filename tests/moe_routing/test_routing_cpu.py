@@ -252,6 +252,16 @@ def test_moe_blocks_errors():
         list(moe_blocks(10, 8, 7168, 1000))
     with pytest.raises(ValueError, match="num_tokens"):
         list(moe_blocks(-1, 8, 7168, 1 << 30))
+    # counts that are not ints: were TypeErrors of the arithmetic (1.5 tokens: of range())
+    for kw, name in ((dict(num_tokens="10"), "num_tokens='10'"), (dict(num_tokens=1.5), "num_tokens=1.5"),
+                     (dict(max_bytes=None), "max_bytes=None"), (dict(pad_to="x"), "pad_to='x'"),
+                     (dict(num_experts=[8]), r"num_experts=\[8\]")):
+        args = {"num_tokens": 10, "top_k": 8, "hidden": 7168, "max_bytes": 1 << 30, **kw}
+        with pytest.raises(ValueError, match=rf"moe_blocks: {name}; expected an int"):
+            list(moe_blocks(**args))
+    with pytest.raises(ValueError, match="block_bytes: hidden=None; expected an int"):
+        block_bytes(10, 8, None)
+    assert list(moe_blocks(np.int64(10), 8, 7168, 1 << 30)) == [(0, 10)]  # numpy ints: as before
 
 
 class _Stream:
