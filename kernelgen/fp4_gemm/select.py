@@ -85,8 +85,12 @@ SHORT_K_BUSY_WARPS = 12
 # M = 1 / 8 / 16 nvfp4 7.32 / 7.59 / 10.22 -> 7.04 / 7.06 / 9.32, mxfp4 7.39 / 7.76 / 10.14 ->
 # 6.74 / 6.88 / 9.27, kbit4 7.22 / 7.70 / 9.89 -> 7.04 / 7.30 / 8.86; M = 16: 2048x14336 15.62 ->
 # 13.75 (nvfp4), 14.85 -> 13.75 (kbit4), 2048x16384 15.96 -> 14.34. The split still wins where
-# K is longer (2048x14336 M = 1: 10.02 vs 10.63 unsplit; 2048x28672 16.09 vs 18.87) and where
-# the unsplit CTAs leave SMs idle (1024xK: 64 CTAs, kbit4 5-32% faster split).
+# K is longer (2048x14336 M = 1: 10.02 vs 10.63 unsplit; 2048x28672 16.09 vs 18.87). Where the
+# unsplit CTAs leave SMs idle (1024xK: 64 CTAs) kbit4 ran 5-32% faster split and the FP4
+# formats were mixed (mxfp4 1024x8192 3-6% faster unsplit, M = 16 on 1024x8192 / 14336 6-11%,
+# 1024x16384 split faster): not taken up. The rule fires where N / 16 tiles land on 90-100% of
+# the SMs (N = 1920 / 2048 on an H100; 1152 on 72-78 SMs, 2560 / 2688 on 170, ...); measured
+# on the H100 only, other parts inherit it.
 NOSPLIT_MAX_STEPS = {8: 8, 16: 16}
 NOSPLIT_SM_FILL = 0.9
 KW_CHOICES = (16, 8, 4, 2, 1)

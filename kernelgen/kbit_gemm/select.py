@@ -49,8 +49,10 @@ SPLIT_ITEM_OVERHEAD_STEPS = 2.5
 # ... plus this much a split beyond the first: the warp that finishes a split tile reads every
 # split's partials (common/splitk.cuh). Without it, K warps and K splits that deal out the same
 # items tied, and the tie went to fewer K warps, i.e. more splits: 1024x8192 M = 9..16 took
-# kw 2 x 8 splits, 18-22% slower than kw 4 x 4 (session 25, on session 24's grids).
-SPLIT_SUM_STEPS = 0.25
+# kw 2 x 8 splits, 18-22% slower than kw 4 x 4 (session 25, on session 24's grids). 0.1-0.24
+# score the same on the grids; from 0.25 kw 4 unsplit (32 CTAs) ties kw 4 x 4 on 1024x8192 M
+# = 1 / 4 and wins the tie, measured 19-27% slower.
+SPLIT_SUM_STEPS = 0.2
 KW_ITEM_OVERHEAD_STEPS = -0.25
 # ... and an SM runs about 8 busy warps before the decode saturates it (H100, 4 bits M = 1:
 # 128 CTAs x 7 warps and 224 x 4 both 19.4 us on 14336x4096, 16 warps an SM no faster), so
@@ -76,8 +78,10 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # slower ones by up to 7.5% (1024x4096 5 bits M = 4; 4096x14336 2 bits M = 4 -5%). m_tile 16:
 # 87 of 186 changed, 75 faster by up to 2x (small weights: 4096x1024, 1024x8192 2-4 bits
 # +30-40%; 4096x4096 2 / 3 bits +9%), the 10 slower ones all 5 bits, now excluded.
-# Session 25's SPLIT_SUM_STEPS took the mean to 1.15% on the same grids (22 picks changed, 21
-# faster by up to 22%, 1024x4096 5 bits M = 8 6.8% slower).
+# Session 25's SPLIT_SUM_STEPS took the mean to 1.15% on the same grids plus 1024x8192 /
+# 2048x8192 at M = 1 / 4 / 8 (30 picks changed: 21 measured faster by up to 22%, 8 new picks
+# the fastest of their rows where the old one was not measured, 1024x4096 5 bits M = 8 6.8%
+# slower).
 
 
 def kw_choices(m_tile: int, bits: int, arch: str) -> tuple[int, ...]:

@@ -285,16 +285,21 @@ def test_forced_path_and_split():
 
 
 def test_no_k_split_where_the_unsplit_plan_fills_the_sms():
-    """2048x8192: the unsplit plan gives 128 of 132 SMs a CTA and a warp 8 steps, so the K split
-    (whose finish cost more than it saved: BENCHMARKS.md, session 25) is not taken; on a longer
-    K, or where the unsplit CTAs leave SMs idle (N = 1024), the split stays."""
+    """2048x8192: the unsplit plan gives 128 of 132 SMs a CTA and a warp at most 8 steps (KW 8
+    at 16 warps an SM; 4 at M = 16, KW 16), so the K split (whose finish cost more than it
+    saved: BENCHMARKS.md, session 25) is not taken; on a longer K the split stays at M <= 8 (14
+    steps a warp) and goes at M = 16 up to 16 steps (kbit4, KW 8: 2048x16384); where the unsplit
+    CTAs leave SMs idle (N = 1024) it stays (kbit4 measured 5-32% faster split there)."""
     for fmt in ("nvfp4", "mxfp4", "kbit4"):
         for m in (1, 8, 16):
             p = select_fp4("sm_90a", m, 2048, 8192, fmt, "float16", 132)
             assert p.path == "gemv" and p.split == 1, p.short()
             assert p == plan("sm_90a", m, 2048, 8192, fmt, "float16", 132, split=1), p.short()
         assert select_fp4("sm_90a", 1, 2048, 14336, fmt, "float16", 132).split == 2
-        assert select_fp4("sm_90a", 1, 1024, 8192, fmt, "float16", 132).split == 2
+    assert select_fp4("sm_90a", 1, 1024, 8192, "kbit4", "float16", 132).split == 2
+    for k, split in ((14336, 1), (16384, 1), (28672, 2)):  # kbit4 M = 16: 14 / 16 / 28 steps
+        p = select_fp4("sm_90a", 16, 2048, k, "kbit4", "float16", 132)
+        assert (p.kw, p.split) == (8, split), p.short()
     # a forced TPW / warps an SM keeps the split the planner gives it
     assert plan("sm_90a", 1, 2048, 8192, "nvfp4", "float16", 132, wps=16).split == 2
 
