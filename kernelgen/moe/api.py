@@ -48,10 +48,11 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     activation="swiglu": w is W13 [E, 2I, K] (gate rows, then up rows) and Y [M, I] =
     silu(X . gate^T) * (X . up^T). Rows of Y outside every segment are not written.
     `rows`: the host-side row count the selector uses, <= M (default M; e.g. T * top_k when x
-    is a capacity-sized buffer). tile_m / swap_ab / tile_n force a table row; policy "threshold"
-    (default) or "waste" picks TILE_M (kernelgen.moe.select); wgmma True / False forces the
-    main loop (True: warpgroup MMA, sm_90a only, its stages copied by TMA; None: the
-    selector's; a MoeGemmConfig with tma=False keeps cp.async copies); `config` forces a whole
+    is a capacity-sized buffer). tile_m / swap_ab / tile_n (tile_n: dense weights only) force a
+    table row; policy "threshold" (default) or "waste" picks TILE_M (kernelgen.moe.select);
+    wgmma True / False forces the main loop (True: warpgroup MMA, sm_90a only, its stages
+    copied by TMA; None: the selector's; a MoeGemmConfig with tma=False keeps cp.async copies);
+    `config` forces a whole
     MoeGemmConfig / MoeKbitConfig / MoeKbitGemvConfig (tuning; dtype, epilogue and bits must
     match the call, arch the device's; the last with one warp a tile along K, or a whole
     KbitGemvPlan of plan_kbit_gemv with its kw).
