@@ -93,8 +93,8 @@ def check_bits(bits: Any) -> int:
     """bits as a plain int in 2..5 (numpy integers accepted; 4.0 or True are not)."""
     try:
         b = operator.index(bits)
-    except TypeError:
-        raise ValueError(f"bits={bits!r}: must be an integer in 2..5") from None
+    except TypeError:  # None, 4.0, a string
+        b = None
     if b not in BITS or isinstance(bits, bool):
         raise ValueError(f"bits={bits!r}: kbit supports bits in 2..5")
     return int(b)

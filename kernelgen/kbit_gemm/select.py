@@ -17,6 +17,7 @@ from typing import Any
 from ..arch import get_arch, parts_of, smem_cap, smem_per_sm
 from ..core.interop import MAX_GRID_YZ
 from ..core.select import selector, weight_shapes
+from ..kbit.api import check_bits
 from .config import (
     BITS,
     DTYPES,
@@ -123,12 +124,6 @@ def check_shape(n: int, k: int, name: str = "W") -> None:
                          f"positive multiple of {GROUP_K} (4 blocks of 32, 16-byte aligned)")
 
 
-def _check_bits(bits: int) -> None:
-    """The planners' bit widths: the launch tables have rows for 2..5 only."""
-    if bits not in BITS:
-        raise ValueError(f"bits={bits!r}: kbit supports bits in 2..5")
-
-
 def m_tile_for(m: int) -> int:
     for max_m, tile in M_TILE_TABLE:
         if m <= max_m:
@@ -144,7 +139,7 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
     device's shared memory a block (None: the target's): it caps the A slice and, with the 1 KB
     a block the driver keeps, the CTAs an SM holds (kernelgen.arch.smem_per_sm)."""
     check_shape(n, k)
-    _check_bits(bits)
+    check_bits(bits)  # the launch tables have rows for 2..5 only
     if m < 1:
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
     if kw is not None and kw not in KWS:

@@ -18,8 +18,9 @@ from ..arch import get_arch, parts_of, smem_cap, smem_limits, smem_per_sm
 from ..core.config import KernelConfig
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
+from ..kbit.api import check_bits
 from .config import BITS, DTYPES
-from .select import GemvPlan, _check_bits, _shapes, check_shape, plan_gemv
+from .select import GemvPlan, _shapes, check_shape, plan_gemv
 from .tc_config import TILE_K, TILES, KbitMmaConfig, smem_for, stages_for
 
 PATHS = ("gemv", "mma", "dequant")
@@ -144,7 +145,7 @@ def plan_mma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count:
     `smem_limit`: the device's shared memory a block (None: the target's); the tile keeps the
     stages that fit it (a tile the table picks whose 2 stages do not: the next smaller tile)."""
     check_mma_shape(n, k)
-    _check_bits(bits)  # before smem_for: 2 ** (2 * bits) table entries
+    check_bits(bits)  # before smem_for: 2 ** (2 * bits) table entries
     if m < 1:
         raise ValueError(f"A: M={m}; the kbit GEMM needs M >= 1")
     if tile is None:
@@ -187,7 +188,7 @@ def plan_mma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count:
 def gemv_max_m(n: int, k: int, bits: int) -> int:
     """The largest M the GEMV takes (where the mma path can run: N % 128 == 0); see
     GEMV_SMALL_WEIGHT."""
-    _check_bits(bits)
+    check_bits(bits)
     small = n * k <= GEMV_SMALL_WEIGHT
     if bits == 5:
         return GEMV_SMALL_5BIT_MAX_M if small else GEMV_MAX_M if n >= k else GEMV_5BIT_LONG_K_MAX_M
@@ -198,7 +199,7 @@ def gemv_max_m(n: int, k: int, bits: int) -> int:
 
 def dequant_min_m(n: int, k: int, bits: int) -> int:
     """The smallest M that dequantizes W for cuBLAS (DEQUANT_MIN_M, DEQUANT_SMALL_MIN_M)."""
-    _check_bits(bits)
+    check_bits(bits)
     return (DEQUANT_SMALL_MIN_M if n * k <= GEMV_SMALL_WEIGHT else DEQUANT_MIN_M)[bits]
 
 

@@ -159,16 +159,15 @@ def forced_grouped(config: MoeGemmConfig, arch: str, dtype: str, epilogue: str, 
 
 def tile_m_for(rows: int, experts: int, policy: str = "threshold") -> int:
     """TILE_M from host-side counts only."""
-    avg = rows / max(1, experts)
-    if policy == "threshold":
-        for bound, tile in TILE_M_TABLE:
-            if avg <= bound:
-                return tile
-        raise AssertionError("unreachable: the last row takes every average")
+    check_policy(policy)
     if policy == "waste":
         m = max(1, -(-rows // max(1, experts)))
         return min(TILE_MS, key=lambda tm: ((tm - m % tm) % tm, -tm))
-    raise ValueError(f"policy={policy!r}: expected one of {POLICIES}")
+    avg = rows / max(1, experts)
+    for bound, tile in TILE_M_TABLE:
+        if avg <= bound:
+            return tile
+    raise AssertionError("unreachable: the last row takes every average")
 
 
 def check_policy(policy: str) -> None:
