@@ -426,16 +426,15 @@ __device__ __forceinline__ uint32_t quantize_slot_h2(const InVec<T, E>& in,
   const uint32_t* x = reinterpret_cast<const uint32_t*>(in.raw);
   uint32_t y[E / 2];
   if constexpr (same_type<T, half>::value) {
-    if (k > 15) {  // a tiny group: 2^k is not an fp16; scale up in two exact steps
-      const auto m1 = as_t2<T>((uint32_t(k) << 10) * LANES2);  // 2^(k - 15)
-      const auto m2 = as_t2<T>((30u << 10) * LANES2);  // 2^15
+    // 2^k is an fp16 only up to k = 15 (k >= -13: amax <= 65504): times 2^min(k, 15), then
+    // 2^max(k - 15, 0). Both products are exact where a second one is not 1 (k > 15: |x| <
+    // 2^(EMAX + 1 - k), so x 2^15 and x 2^k stay below 2^(EMAX + 1): powers of two, no
+    // overflow), and for k <= 15 the first is the one multiply x 2^k: no branch, the same bits
+    // (a branch on k > 15 made the sector-order kernel ~7% slower than bf16's on the H100).
+    const auto m1 = as_t2<T>((uint32_t(min(k, 15) + 15) << 10) * LANES2);
+    const auto m2 = as_t2<T>((uint32_t(max(k - 15, 0) + 15) << 10) * LANES2);
 #pragma unroll
-      for (int i = 0; i < E / 2; ++i) y[i] = t2_bits(__hmul2_rn(__hmul2_rn(as_t2<T>(x[i]), m1), m2));
-    } else {
-      const auto m = as_t2<T>((uint32_t(k + 15) << 10) * LANES2);
-#pragma unroll
-      for (int i = 0; i < E / 2; ++i) y[i] = t2_bits(__hmul2_rn(as_t2<T>(x[i]), m));
-    }
+    for (int i = 0; i < E / 2; ++i) y[i] = t2_bits(__hmul2_rn(__hmul2_rn(as_t2<T>(x[i]), m1), m2));
   } else {
     const auto m = as_t2<T>((uint32_t(k + 127) << 7) * LANES2);
 #pragma unroll

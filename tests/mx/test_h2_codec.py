@@ -87,12 +87,11 @@ def encode_h2(y: np.ndarray, f: R.ElemFormat, dtype: str) -> np.ndarray:
 
 
 def scale_pairs(x: np.ndarray, k: int, dtype: str) -> np.ndarray:
-    """quantize_slot_h2's x * 2^k on pair words (fp16: two steps above k = 15)."""
+    """quantize_slot_h2's x * 2^k on pair words (fp16: times 2^min(k, 15), then 2^max(k - 15,
+    0), for every k: no branch in the kernel)."""
     if dtype == "float16":
-        if k > 15:
-            x = _op2(x, np.uint32((k << 10) * 0x10001), dtype, np.multiply)
-            k = 15
-        return _op2(x, np.uint32(((k + 15) << 10) * 0x10001), dtype, np.multiply)
+        x = _op2(x, np.uint32(((min(k, 15) + 15) << 10) * 0x10001), dtype, np.multiply)
+        return _op2(x, np.uint32(((max(k - 15, 0) + 15) << 10) * 0x10001), dtype, np.multiply)
     return _op2(x, np.uint32(((k + 127) << 7) * 0x10001), dtype, np.multiply)
 
 
