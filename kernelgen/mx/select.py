@@ -17,7 +17,7 @@ Quantize paths:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..core.select import selector
@@ -61,12 +61,17 @@ BALANCED_DEFAULT = True
 BALANCE_MIN_FILL = 0.5
 _balanced: bool | None = None  # tests / benchmarks: override BALANCED_DEFAULT
 # Swizzled scales in sector order (scale mode 2, mx.cuh Tiling): chunks of 8 rows whose scale
-# bytes fill whole 32-byte sectors, staged in shared memory, for configs that do not loop (fp8),
-# from this many rows (below it the last 128-row tile's padding rows would be a large share of
-# the chunks). H100, K = 4096: MXFP8 M = 4096 19.4 -> 18.8 us (88 -> 91% of copy), M = 16384
-# 70.5 -> 68.6 (97 -> 99%); looping fp4 / fp6 blocks staging per chunk were no faster (NVFP4
-# M = 4096 17.3 -> 17.8 us, M = 16384 61.0 -> 60.9; BENCHMARKS.md), so they keep the plain order.
-TILED_FORMATS = frozenset({"mxfp8_e4m3", "mxfp8_e5m2"})
+# bytes fill whole 32-byte sectors, staged in shared memory, a block a chunk, from this many rows
+# (below it the last 128-row tile's padding rows would be a large share of the chunks). Where a
+# format of TILED_FORMATS and the shape take it, a looping format (fp4 / fp6) drops its chunk
+# loop for it (the same config with loop=False); elsewhere it loops as before. H100, K = 4096
+# (BENCHMARKS.md): MXFP8 M = 4096 19.4 -> 18.8 us (88 -> 91% of copy), M = 16384 70.5 -> 68.6
+# (97 -> 99%); MXFP4 (loop -> sector order) M = 1024 5.95 -> 5.42, 4096 16.67 -> 16.20 (86 ->
+# 88%), 16384 59.4 -> 57.1; MXFP6 6.18 -> 5.76, 18.0 -> 17.4 (87 -> 90%), 65.5 -> 62.6. NVFP4
+# (heavier scales: 40 registers a block a chunk) loses at M = 1024-4096 (6.47 -> 6.91, 17.46 ->
+# 17.57) and keeps its loop and the plain order (staging per chunk in the loop was no faster:
+# M = 4096 17.3 -> 17.8 us).
+TILED_FORMATS = frozenset({"mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2"})
 TILED_MIN_ROWS = 512
 _tiled: bool | None = None  # tests / benchmarks: sector order wherever the shape allows (True),
 # never (False), or by TILED_FORMATS / TILED_MIN_ROWS (None)
@@ -261,13 +266,24 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
             n16 = rows * k * ESIZE[dtype] // 16
             amax_grid = max(1, min(_cdiv(n16, THREADS * AMAX_UNROLL), 4 * sm_count))
     # Full slots per thread (loads in flight) once the grid fills the GPU twice over; below
-    # that one slot per thread: more blocks, shorter dependent chains (small-M latency). A
-    # looping config (fp4 / fp6) gets at most LOOP_GRID's blocks an SM (and slots), each looping
-    # over chunks with the next chunk's loads in flight (one wave: no lock-step
-    # load-then-compute waves, no partial last wave); fp8 a block a chunk.
+    # that one slot per thread: more blocks, shorter dependent chains (small-M latency).
     slots = cfg.slots
     if _cdiv(total, THREADS * slots) < 2 * sm_count:
         slots = 1
+    # Sector order (TILED_FORMATS): a block a chunk of 8 rows x 32 * slots lane slots over the
+    # padded rows, no padding pass; a looping format's config without its loop (unless a grid
+    # cap is forced)
+    want_tiled = (fmt in TILED_FORMATS and rows >= TILED_MIN_ROWS) if _tiled is None else _tiled
+    tiled_slots = slots if _slots is None else min(_slots, cfg.slots)
+    if swizzled and want_tiled and tiled_slots == cfg.slots and \
+            (not cfg.loops or (cfg.loop is None and _blocks_per_sm is None)) and \
+            tiled_applies(fmt, rows, k, cfg.lane_elems, tiled_slots):
+        chunks = _cdiv(rows, 128) * 16 * (k // cfg.lane_elems // (THREADS * tiled_slots // 8))
+        return QuantizePlan(replace(cfg, loop=False) if cfg.loops else cfg, path, chunks, THREADS,
+                            tiled_slots, amax_grid, 2)
+    # A looping config (fp4 / fp6) gets at most LOOP_GRID's blocks an SM (and slots), each
+    # looping over chunks with the next chunk's loads in flight (one wave: no lock-step
+    # load-then-compute waves, no partial last wave); fp8 a block a chunk.
     per_sm, loop_slots = LOOP_GRID.get(elem_bits(fmt), (0, 0)) if cfg.loops else (0, 0)
     if cfg.loops and _blocks_per_sm is not None:
         per_sm, loop_slots = _blocks_per_sm, 0
@@ -276,12 +292,6 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
     if _slots is not None:
         slots = min(_slots, cfg.slots)
     balanced = BALANCED_DEFAULT if _balanced is None else _balanced
-    want_tiled = (fmt in TILED_FORMATS and rows >= TILED_MIN_ROWS) if _tiled is None else _tiled
-    if swizzled and want_tiled and not cfg.loops and slots == cfg.slots and \
-            tiled_applies(fmt, rows, k, cfg.lane_elems, slots):
-        # a block a chunk of 8 rows x 32 * slots lane slots over the padded rows; no padding pass
-        chunks = _cdiv(rows, 128) * 16 * (k // cfg.lane_elems // (THREADS * slots // 8))
-        return QuantizePlan(cfg, path, chunks, THREADS, slots, amax_grid, 2)
     grid = max(chunk_grid(_cdiv(total, THREADS * slots), sm_count, per_sm, balanced),
                _cdiv(pad_words, THREADS * PAD_WORDS_PER_THREAD))
     return QuantizePlan(cfg, path, grid, THREADS, slots, amax_grid, int(swizzled))
@@ -302,12 +312,16 @@ SPEC_KEYS = {"fmts": tuple(FORMATS), "dtypes": FLOAT_DTYPES}  # prewarm_configs'
 
 
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator:
-    """Every config the mx API can launch: quantize and dequantize per (format, dtype);
-    narrowed by spec "fmts" and "dtypes" when given."""
+    """Every config the mx API can launch: quantize (and, for a looping format of
+    TILED_FORMATS, its sector-order config without the loop) and dequantize per (format,
+    dtype); narrowed by spec "fmts" and "dtypes" when given."""
     fmts = tuple(f for f in (spec.get("fmts") or FORMATS) if f in FORMATS)
     dtypes = tuple(d for d in (spec.get("dtypes") or FLOAT_DTYPES) if d in FLOAT_DTYPES)
     for arch in archs:
         for fmt in fmts:
             for dt in dtypes:
-                yield quantize_config(arch, fmt, dt)
+                q = quantize_config(arch, fmt, dt)
+                yield q
+                if q.loops and fmt in TILED_FORMATS:
+                    yield replace(q, loop=False)
                 yield MxDequantizeConfig(arch=arch, fmt=fmt, dtype=dt)

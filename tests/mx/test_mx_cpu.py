@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -23,6 +25,8 @@ from kernelgen.mx.select import (
     BALANCED_DEFAULT,
     LOOP_GRID,
     PAD_WORDS_PER_THREAD,
+    TILED_FORMATS,
+    TILED_MIN_ROWS,
     chunk_grid,
     dequantize_plan,
     prewarm_configs,
@@ -192,7 +196,10 @@ def test_direct_grid_covers_every_slot_and_padding_word(fmt, dtype, rows, k, swi
     else:  # the capped grid, each block looping over chunks
         assert p.grid == chunk_grid(chunks, 132, per_sm, BALANCED_DEFAULT) and \
             chunks > p.grid, p.short()
-    assert p.config.loops == (elem_bits(fmt) != 8) and p.config.wide == (elem_bits(fmt) == 8)
+    # fp4 / fp6 loop, but not in sector order (TILED_FORMATS: a block a chunk, no loop)
+    assert p.config.loops == (elem_bits(fmt) != 8 and not p.tiled), p.short()
+    assert p.tiled == (fmt in TILED_FORMATS and rows >= TILED_MIN_ROWS and swizzled), p.short()
+    assert p.config.wide == (elem_bits(fmt) == 8)
     assert chunk_grid(10**6, 132, 0) == 10**6 and chunk_grid(0, 132, 3) == 1
     assert chunk_grid(396, 132, 3) == 396 and chunk_grid(397, 132, 3) == 396
     d = dequantize_plan("sm_90a", fmt, dtype, rows, k)
@@ -210,14 +217,23 @@ def test_too_large_rejected():
 def test_prewarm_table():
     for arch in ALL_ARCHS:
         cfgs = list(prewarm_configs([arch], {}))
-        assert len(cfgs) == len(set(cfgs)) <= 40, f"{arch}: {len(cfgs)} configs"
+        assert len(cfgs) == len(set(cfgs)) <= 48, f"{arch}: {len(cfgs)} configs"
         q = {(c.fmt, c.dtype) for c in cfgs if isinstance(c, MxQuantizeConfig)}
         d = {(c.fmt, c.dtype) for c in cfgs if isinstance(c, MxDequantizeConfig)}
         assert q == d == {(f, dt) for f in FORMATS for dt in DTYPES}
+        # a looping format of TILED_FORMATS: also its config without the loop (sector order)
+        unlooped = {(c.fmt, c.dtype) for c in cfgs
+                    if isinstance(c, MxQuantizeConfig) and c.loop is False}
+        assert unlooped == {(f, dt) for f in TILED_FORMATS if elem_bits(f) != 8 for dt in DTYPES}
         for c in cfgs:
             if isinstance(c, MxQuantizeConfig):
-                assert c == quantize_config(arch, c.fmt, c.dtype), "prewarm = dispatch"
+                base = quantize_config(arch, c.fmt, c.dtype)
+                assert c in (base, replace(base, loop=False)), "prewarm = dispatch"
                 assert c.hw_cvt == (c.fmt.startswith("mxfp8") and arch != "sm_80"), c.short()
+        # every plan's config is one of them
+        for fmt in FORMATS:
+            for m, k, sw in ((16, 4096, True), (4096, 4096, True), (4096, 4096, False)):
+                assert quantize_plan(arch, 132, fmt, "bfloat16", m, k, sw, "value").config in cfgs
     narrow = list(prewarm_configs(["sm_90a"], {"fmts": ["nvfp4"], "dtypes": ["bfloat16", "int4"]}))
     assert {(type(c).__name__, c.fmt, c.dtype) for c in narrow} == {
         ("MxQuantizeConfig", "nvfp4", "bfloat16"), ("MxDequantizeConfig", "nvfp4", "bfloat16")}
@@ -432,7 +448,7 @@ def test_sector_order_plan():
     """Sector order where TILED_FORMATS / TILED_MIN_ROWS and the shape allow it, a block a
     chunk; never for row-major scales, looping configs, padding columns or a slot count not a
     power of 2."""
-    from kernelgen.mx.select import TILED_FORMATS, TILED_MIN_ROWS, force_tiled, tiled_applies
+    from kernelgen.mx.select import force_blocks_per_sm, force_tiled, tiled_applies
 
     for fmt in FORMATS:
         big = quantize_plan("sm_90a", 132, fmt, "float16", 4096, 4096, True, "value")
@@ -443,8 +459,11 @@ def test_sector_order_plan():
         small = quantize_plan("sm_90a", 132, fmt, "float16", TILED_MIN_ROWS - 1, 8192, True,
                               "value")
         assert not small.tiled and small.scale_mode == 1, small.short()
-        if fmt in TILED_FORMATS:  # rejected for its rows, not its slots a thread
+        if fmt in TILED_FORMATS and not small.config.loops:  # rejected for its rows, not its slots
             assert small.slots == small.config.slots, small.short()
+        # sector order drops a looping format's loop; elsewhere it loops
+        assert big.config.loops == (elem_bits(fmt) != 8 and not big.tiled), big.short()
+        assert small.config.loops == (elem_bits(fmt) != 8), small.short()
         assert quantize_plan("sm_90a", 132, fmt, "float16", 4096, 4096, False, "value"
                              ).scale_mode == 0
     p = quantize_plan("sm_90a", 132, "mxfp8_e5m2", "float16", 4096, 4096, True, "value")
@@ -463,10 +482,15 @@ def test_sector_order_plan():
                              "value").tiled
         assert not quantize_plan("sm_90a", 132, "mxfp8_e4m3", "float16", 600, 4096 + 32, True,
                                  "value").tiled  # padding columns: the plain order
-        assert not quantize_plan("sm_90a", 132, "nvfp4", "float16", 4096, 4096, True,
-                                 "value").tiled  # a looping config
+        # forced: NVFP4 too, without its loop (a block a chunk)
+        p = quantize_plan("sm_90a", 132, "nvfp4", "float16", 4096, 4096, True, "value")
+        assert p.tiled and p.config.loop is False and p.grid == 2048, p.short()
+        force_blocks_per_sm(2)  # a forced grid cap keeps the loop and the plain order
+        assert not quantize_plan("sm_90a", 132, "mxfp4", "float16", 4096, 4096, True,
+                                 "value").tiled
     finally:
         force_tiled(None)
+        force_blocks_per_sm(None)
     with pytest.raises(ValueError, match="on="):
         force_tiled("yes")
 
