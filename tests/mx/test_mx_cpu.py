@@ -495,6 +495,44 @@ def test_sector_order_plan():
         force_tiled("yes")
 
 
+def _nvfp4_dequant_fast(codes, sf, gs):
+    """mx.cuh dequantize's NVFP4 path in NumPy fp32: per slot q1 = RN(sfv / gs), q3 = RN(1.5 sfv /
+    gs); inside [2^-124, 2^124] each element is q1 or q3 with 2^-1..2^2 set in its exponent
+    field (bits), else the division an element. codes [..., 16], sf [...] E4M3 bytes."""
+    sfv = R.decode(sf, R.E4M3).astype(np.float32)
+    gs = np.float32(gs)
+    with np.errstate(all="ignore"):
+        q1, q3 = sfv / gs, (np.float32(1.5) * sfv) / gs
+        slow = (R.decode(codes, R.E2M1).astype(np.float32) * sfv[..., None]) / gs
+    j = (codes & 7).astype(np.uint32)
+    e2 = j >> 1
+    base = np.where(((j & 1) == 1) & (e2 > 0), q3[..., None], q1[..., None]).view(np.uint32)
+    mag = np.where(j > 0, base + ((e2 - 1) << 23).astype(np.uint32), 0).astype(np.uint32)
+    fast = (mag | ((codes.astype(np.uint32) & 8) << 28)).view(np.float32)
+    ok = ((q1 >= np.float32(2.0 ** -124)) & (q3 <= np.float32(2.0 ** 124)))[..., None]
+    return np.where(ok, fast, slow), ok
+
+
+@pytest.mark.parametrize("gs", [1.0, 300.0, 2688.0 / 4.5, 1e-3, 3.7e-30, 5e-37, 1e-45, 2.5e30,
+                                3e36, 3.4e38, float("inf"), 0.0, -2.0, float("nan")])
+def test_nvfp4_dequantize_two_divisions_a_slot_is_exact(gs):
+    """The kernel's NVFP4 dequantize (two divisions a slot, exponent-field scaling) equals the
+    reference RN(e2m1 * e4m3 / gs) bit for bit: every scale byte x every code, at global scales
+    from ordinary to ones that push q1 / q3 out of the fast range (and non-finite / zero)."""
+    sf = np.arange(256, dtype=np.uint8)
+    codes = np.broadcast_to(np.arange(16, dtype=np.uint8), (256, 16))
+    got, ok = _nvfp4_dequant_fast(codes, sf, gs)
+    with np.errstate(all="ignore"):
+        want = (R.decode(codes, R.E2M1) * R.decode(sf, R.E4M3)[:, None]).astype(np.float32) / \
+            np.float32(gs)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan), gs
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32)), gs
+    if gs in (1.0, 300.0, 2688.0 / 4.5):  # ordinary scales: every finite non-zero byte is fast
+        finite = ~np.isnan(R.decode(sf, R.E4M3)) & (R.decode(sf, R.E4M3) > 0)
+        assert ok[finite].all()
+
+
 def test_dequantize_out_is_keyword_only():
     with pytest.raises(TypeError, match="positional"):
         dequantize(_tensor(), "float32", np.empty((3, 64), np.float32))
