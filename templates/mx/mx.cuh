@@ -983,6 +983,24 @@ __device__ __forceinline__ void quantize_fused(const T* __restrict__ x, uint8_t*
 }
 #endif
 
+// E2M1 codes times a factor s without a multiply an element: a magnitude is 0, 0.5 or 2^e {1,
+// 1.5} (e = 0..2), so RN(e2m1 s) is q1 = RN(s) or q3 = RN(1.5 s) times 2^-1..2^2, set in the
+// exponent field: exact while q1 and q3 lie in [2^-124, 2^124] (RN commutes with a power-of-two
+// scale where both sides are normal). Returns false (v untouched) outside that range or for NaN.
+template <int E>
+__device__ __forceinline__ bool e2m1_scaled(const uint32_t (&c)[E], float q1, float q3,
+                                            float (&v)[E]) {
+  if (!(q1 >= 0x1p-124f && q3 <= 0x1p124f)) return false;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const uint32_t j = c[i] & 7u, e2 = j >> 1;
+    const uint32_t base = __float_as_uint((j & 1u) && e2 ? q3 : q1);
+    const uint32_t mag = j ? base + ((e2 - 1u) << 23) : 0u;  // e2 = 0: 0.5 q1
+    v[i] = __uint_as_float(mag | ((c[i] & 8u) << 28));
+  }
+  return true;
+}
+
 // Dequantize U slots per thread: out[r, c] = decode(code) * scale (MX) or
 // RN(e2m1 * e4m3 / gs) (NVFP4); NaN where the scale byte is NaN.
 template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS>
@@ -1019,29 +1037,22 @@ __device__ __forceinline__ void dequantize(const uint8_t* __restrict__ data,
     Pack<F::BITS, E>::unpack(w[u], c);
     float v[E];
     if constexpr (NV) {
-      // Two divisions a slot instead of one an element: an E2M1 magnitude is 0, 0.5 or
-      // 2^e {1, 1.5} (e = 0..2), so RN(e2m1 sfv / gs) is q1 = RN(sfv / gs) or q3 = RN(1.5 sfv /
-      // gs) (1.5 sfv is exact) times 2^-1..2^2, set in the exponent field: exact while q1 and q3
-      // lie in [2^-124, 2^124] (RN commutes with a power-of-two scale where both sides are
-      // normal). Elsewhere (and for a NaN scale or an odd gs) the division an element.
+      // Two divisions a slot instead of one an element (e2m1_scaled: RN(e2m1 sfv / gs) from
+      // q1 = RN(sfv / gs) and q3 = RN(1.5 sfv / gs), 1.5 sfv exact); outside its range (and for
+      // a NaN scale or an odd gs) the division an element.
       const float sfv = decode<E4M3>(sb[u]);
       const float q1 = __fdiv_rn(sfv, gs), q3 = __fdiv_rn(__fmul_rn(1.5f, sfv), gs);
-      if (q1 >= 0x1p-124f && q3 <= 0x1p124f) {  // false for NaN
-#pragma unroll
-        for (int i = 0; i < E; ++i) {
-          const uint32_t j = c[i] & 7u, e2 = j >> 1;
-          const uint32_t base = __float_as_uint((j & 1u) && e2 ? q3 : q1);
-          const uint32_t mag = j ? base + ((e2 - 1u) << 23) : 0u;  // e2 = 0: 0.5 q1
-          v[i] = __uint_as_float(mag | ((c[i] & 8u) << 28));
-        }
-      } else {
+      if (!e2m1_scaled<E>(c, q1, q3, v)) {
 #pragma unroll
         for (int i = 0; i < E; ++i) v[i] = __fdiv_rn(__fmul_rn(decode<F>(c[i]), sfv), gs);
       }
     } else {
       const float sc = e8m0_decode(sb[u]);
+      // MXFP4: the same exponent-field scaling, q1 = the scale, q3 = 1.5 x it (exact)
+      if (!(same_type<F, E2M1>::value && e2m1_scaled<E>(c, sc, __fmul_rn(1.5f, sc), v))) {
 #pragma unroll
-      for (int i = 0; i < E; ++i) v[i] = __fmul_rn(decode<F>(c[i]), sc);
+        for (int i = 0; i < E; ++i) v[i] = __fmul_rn(decode<F>(c[i]), sc);
+      }
     }
     store_out<T, E>(out + (long long)row * k + col, v);
   }

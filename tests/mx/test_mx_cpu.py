@@ -495,15 +495,9 @@ def test_sector_order_plan():
         force_tiled("yes")
 
 
-def _nvfp4_dequant_fast(codes, sf, gs):
-    """mx.cuh dequantize's NVFP4 path in NumPy fp32: per slot q1 = RN(sfv / gs), q3 = RN(1.5 sfv /
-    gs); inside [2^-124, 2^124] each element is q1 or q3 with 2^-1..2^2 set in its exponent
-    field (bits), else the division an element. codes [..., 16], sf [...] E4M3 bytes."""
-    sfv = R.decode(sf, R.E4M3).astype(np.float32)
-    gs = np.float32(gs)
-    with np.errstate(all="ignore"):
-        q1, q3 = sfv / gs, (np.float32(1.5) * sfv) / gs
-        slow = (R.decode(codes, R.E2M1).astype(np.float32) * sfv[..., None]) / gs
+def _e2m1_scaled(codes, q1, q3, slow):
+    """mx.cuh e2m1_scaled in NumPy: inside [2^-124, 2^124] each element is q1 or q3 (per slot)
+    with 2^-1..2^2 set in its exponent field (bits), else `slow`. codes [..., 16]."""
     j = (codes & 7).astype(np.uint32)
     e2 = j >> 1
     base = np.where(((j & 1) == 1) & (e2 > 0), q3[..., None], q1[..., None]).view(np.uint32)
@@ -511,6 +505,17 @@ def _nvfp4_dequant_fast(codes, sf, gs):
     fast = (mag | ((codes.astype(np.uint32) & 8) << 28)).view(np.float32)
     ok = ((q1 >= np.float32(2.0 ** -124)) & (q3 <= np.float32(2.0 ** 124)))[..., None]
     return np.where(ok, fast, slow), ok
+
+
+def _nvfp4_dequant_fast(codes, sf, gs):
+    """mx.cuh dequantize's NVFP4 path in NumPy fp32: per slot q1 = RN(sfv / gs), q3 = RN(1.5 sfv /
+    gs), then e2m1_scaled, else the division an element. sf [...] E4M3 bytes."""
+    sfv = R.decode(sf, R.E4M3).astype(np.float32)
+    gs = np.float32(gs)
+    with np.errstate(all="ignore"):
+        q1, q3 = sfv / gs, (np.float32(1.5) * sfv) / gs
+        slow = (R.decode(codes, R.E2M1).astype(np.float32) * sfv[..., None]) / gs
+    return _e2m1_scaled(codes, q1, q3, slow)
 
 
 @pytest.mark.parametrize("gs", [1.0, 300.0, 2688.0 / 4.5, 1e-3, 3.7e-30, 5e-37, 1e-45, 2.5e30,
@@ -531,6 +536,23 @@ def test_nvfp4_dequantize_two_divisions_a_slot_is_exact(gs):
     if gs in (1.0, 300.0, 2688.0 / 4.5):  # ordinary scales: every finite non-zero byte is fast
         finite = ~np.isnan(R.decode(sf, R.E4M3)) & (R.decode(sf, R.E4M3) > 0)
         assert ok[finite].all()
+
+
+def test_mxfp4_dequantize_exponent_field_scaling_is_exact():
+    """The same scaling for MXFP4 (q1 = the E8M0 scale, q3 = 1.5 q1; outside [2^-124, 2^124] and
+    for NaN the multiply an element) equals decode(code) * scale for every scale byte and code."""
+    sbytes = np.arange(256, dtype=np.uint32)
+    sc = np.where(sbytes == 0xFF, np.uint32(0x7FC00000),
+                  np.where(sbytes == 0, np.uint32(0x00400000), sbytes << 23)).astype(
+                      np.uint32).view(np.float32)
+    codes = np.broadcast_to(np.arange(16, dtype=np.uint8), (256, 16))
+    with np.errstate(all="ignore"):
+        want = R.decode(codes, R.E2M1) * sc[:, None]
+        got, ok = _e2m1_scaled(codes, sc, np.float32(1.5) * sc, want)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert ok[3:251].all() and not ok[:3].any() and not ok[251:].any()  # 2^-124 .. 1.5 x 2^123
 
 
 def test_dequantize_out_is_keyword_only():
