@@ -1048,26 +1048,8 @@ __device__ __forceinline__ void dequantize(const uint8_t* __restrict__ data,
       }
     } else {
       const float sc = e8m0_decode(sb[u]);
-      // MXFP4: the same exponent-field scaling, q1 = the scale, q3 = 1.5 x it (exact).
-      // MXFP6 (no special codes): decode's multiply by 2^(127 - BIAS) and the scale 2^(s - 127)
-      // as one multiply by 2^(s - BIAS) where that is a normal fp32 (the first product is exact,
-      // so one rounding either way).
-      const int fe = int(sb[u]) - F::BIAS + 127;  // fp32 exponent field of 2^(s - BIAS)
-      bool done = false;
-      if constexpr (same_type<F, E2M1>::value) {
-        done = e2m1_scaled<E>(c, sc, __fmul_rn(1.5f, sc), v);
-      } else if constexpr (F::SPECIAL == 0) {
-        if (sb[u] != 0xFFu && fe >= 1 && fe <= 254) {
-          const float f = __uint_as_float(uint32_t(fe) << 23);
-#pragma unroll
-          for (int i = 0; i < E; ++i)
-            v[i] = __uint_as_float(
-                __float_as_uint(__fmul_rn(__uint_as_float((c[i] & F::MAG_MASK) << (23 - F::MBITS)), f)) |
-                (((c[i] >> (F::BITS - 1)) & 1u) << 31));
-          done = true;
-        }
-      }
-      if (!done) {
+      // MXFP4: the same exponent-field scaling, q1 = the scale, q3 = 1.5 x it (exact)
+      if (!(same_type<F, E2M1>::value && e2m1_scaled<E>(c, sc, __fmul_rn(1.5f, sc), v))) {
 #pragma unroll
         for (int i = 0; i < E; ++i) v[i] = __fmul_rn(decode<F>(c[i]), sc);
       }
