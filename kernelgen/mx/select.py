@@ -271,8 +271,8 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
     if _cdiv(total, THREADS * slots) < 2 * sm_count:
         slots = 1
     # Sector order (TILED_FORMATS): a block a chunk of 8 rows x 32 * slots lane slots over the
-    # padded rows, no padding pass; a looping format's config without its loop (unless a grid
-    # cap is forced)
+    # padded rows, no padding pass; a looping format's config without its loop (unless
+    # force_blocks_per_sm set a cap, 0 included: the forced grid then applies)
     want_tiled = (fmt in TILED_FORMATS and rows >= TILED_MIN_ROWS) if _tiled is None else _tiled
     tiled_slots = slots if _slots is None else min(_slots, cfg.slots)
     if swizzled and want_tiled and tiled_slots == cfg.slots and \

@@ -325,10 +325,11 @@ template <class F> __device__ __forceinline__ uint32_t cvt_fp8x2(float lo, float
 // up never loses bits (no overflow: the result is < 2^(EMAX+1) <= 32); scaling down loses bits
 // only where the result is below the format's normal range (fp16 2^-14, bf16 2^-126), far below
 // half the smallest element step (>= 2^-5), so the result and the exact value both encode to a
-// signed zero (RN keeps the sign). fp16 holds 2^k only for k <= 15: larger k (a group below
-// 2^(EMAX - 15)) multiplies by 2^(k - 15) first, then by 2^15, both scaling up. k >= EMAX - 15
-// for fp16 (amax <= 65504; k <= EMAX + 24 as amax >= 2^-24 or the group is zero, clamped) and
-// >= -125 for bf16, so 2^k (fp16: 2^min(k, 15) and 2^(k-15)) is a normal number of the format.
+// signed zero (RN keeps the sign). fp16 holds 2^k only for k <= 15: every fp16 group multiplies
+// by 2^min(k, 15), then by 2^max(k - 15, 0) (1 unless k > 15, a group below 2^(EMAX - 15); then
+// both scale up). k >= EMAX - 15 for fp16 (amax <= 65504; k <= EMAX + 24 as amax >= 2^-24 or
+// the group is zero, clamped) and >= -125 for bf16, so 2^k (fp16: 2^min(k, 15) and
+// 2^max(k - 15, 0)) is a normal number of the format.
 // (2) t = min(|y|, max) and e1 = max(t, 2^emin) are exact; eb = e1's exponent field (per lane).
 // (3) magic = 2^(e + MANT - MBITS) (eb plus a constant): t < 2^(e+1) <= magic / 2^(MANT-MBITS-1),
 // so t + magic lies in [magic, 2 magic), whose ulp is 2^(e - MBITS), the element step in binade e;
@@ -866,9 +867,10 @@ __device__ __forceinline__ void quantize_impl(const Shape& sh, const T* __restri
 
 // The direct path in sector order (sh.tiled, see Tiling), for configs that do not loop: block b
 // quantizes chunk b, its warps stage their scale words in shared memory, and after a block
-// barrier warp 0 stores the chunk's sectors. (Looping fp4 / fp6 blocks gained nothing from it on
-// the H100 - BENCHMARKS.md - so the host never plans it for them.) No padding-row pass: the
-// chunks cover the last tile's padding rows.
+// barrier warp 0 stores the chunk's sectors. (Staging per chunk inside the fp4 / fp6 loop gained
+// nothing on the H100, so the host plans MXFP4 / MXFP6 here with their loop=False configs, and
+// NVFP4 keeps its loop: BENCHMARKS.md, sessions 12 and 26.) No padding-row pass: the chunks
+// cover the last tile's padding rows.
 template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS, bool HW, bool H2>
 __device__ __forceinline__ void quantize_tiled(const Shape& sh, const T* __restrict__ x,
                                                uint8_t* __restrict__ data,

@@ -446,8 +446,8 @@ def test_sector_order_writes_every_byte_once(fmt, dtype, rows, k, blocks, slots)
 
 def test_sector_order_plan():
     """Sector order where TILED_FORMATS / TILED_MIN_ROWS and the shape allow it, a block a
-    chunk; never for row-major scales, looping configs, padding columns or a slot count not a
-    power of 2."""
+    chunk (a looping format's config without its loop); never for row-major scales, a forced
+    grid cap, padding columns or a slot count not a power of 2."""
     from kernelgen.mx.select import force_blocks_per_sm, force_tiled, tiled_applies
 
     for fmt in FORMATS:

@@ -184,29 +184,42 @@ def test_quantize_nvfp4_exact(dtype, layout, h2):
     ("mxfp8_e5m2", "loops1"),
     *(("mxfp8_e4m3", v) for v in ("default", "wide", "narrow")), ("mxfp8_e5m2", "narrow"),
     ("nvfp4", "balanced"), ("mxfp6_e3m2", "balanced"), ("mxfp4", "nobalance"),
-    ("nvfp4", "nobalance")])
+    ("nvfp4", "nobalance"), ("mxfp4", "plain"), ("mxfp6_e2m3", "plain")])
 def test_quantize_large_grids_exact(fmt, variant, dtype):
     """Inputs of more chunks than the capped grid: blocks loop over chunks ("loops": 1 block an
-    SM, many loops; "loops1": the same with a slot a thread a chunk; "default": the planner's
-    cap; fp8 loops only so), next chunk's loads in flight; MXFP8 with 16- / 8-element lanes
-    ("wide" / "narrow");
-    "noh2": without the packed 16-bit encoders; "nolinear": row / column slot addressing (no
-    linear-index path); "balanced" / "nobalance": capped grids balanced to equal chunks a block
-    wherever chunk_grid allows / filled to the cap; padding rows included."""
+    SM, many loops; "loops1": the same with a slot a thread a chunk; fp8 loops only so), next
+    chunk's loads in flight; "default": the planner's plan (NVFP4 loops under its cap; the MX
+    formats take a block a chunk in sector order at these rows, fp16 groups down to 2^-20 with
+    both scale steps); "plain": the plain scale order forced, so MX fp4 / fp6 loop under
+    LOOP_GRID's cap; MXFP8 with 16- / 8-element lanes ("wide" / "narrow"); "noh2": without the
+    packed 16-bit encoders; "nolinear": row / column slot addressing (no linear-index path);
+    "balanced" / "nobalance": capped grids balanced to equal chunks a block wherever chunk_grid
+    allows / filled to the cap ("nolinear", "balanced", "nobalance" force the plain order, which
+    those knobs act on); padding rows included."""
     import cupy
 
     import kernelgen.mx as mx
+    from kernelgen.arch import device_info
     from kernelgen.mx.select import (
         force_balanced,
         force_blocks_per_sm,
         force_h2,
         force_linear,
+        force_tiled,
         force_wide_fp8,
+        quantize_plan,
     )
 
     rng = np.random.default_rng(hash((fmt, dtype, variant)) % 2**32)
     xh = _values(rng, (1100, 1024) if variant.startswith("loops") else (1500, 4096), dtype, True)
     x2, hint = _ref_input(xh, dtype)
+    plain = variant in ("plain", "nolinear", "balanced", "nobalance")
+    force_tiled(False if plain else None)
+    if variant == "default" or plain:  # the plan the variant is about
+        info = device_info()
+        p = quantize_plan(info.arch.name, info.sm_count, fmt, dtype, 1500, 4096, True, "value")
+        assert p.tiled == (not plain and fmt != "nvfp4"), p.short()
+        assert p.config.loops == (fmt == "nvfp4" or (plain and "fp8" not in fmt)), p.short()
     force_blocks_per_sm(*{"loops": (1, None), "loops1": (1, 1)}.get(variant, (None, None)))
     force_wide_fp8({"wide": True, "narrow": False}.get(variant))
     force_h2(False if variant == "noh2" else None)
@@ -225,7 +238,30 @@ def test_quantize_large_grids_exact(fmt, variant, dtype):
         force_h2(None)
         force_linear(True)
         force_balanced(None)
+        force_tiled(None)
     ctx = f"{fmt=} {dtype=} {variant=} {xh.shape=}"
+    _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
+    _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e3m2", "mxfp8_e4m3"])
+def test_quantize_sector_order_fp32_exact(fmt):
+    """fp32 input in the sector order (a block a chunk; MX fp4 / fp6 without their loop): bytes
+    equal to the reference, padding rows of the last 128-row tile included."""
+    import cupy
+
+    import kernelgen.mx as mx
+    from kernelgen.arch import device_info
+    from kernelgen.mx.select import quantize_plan
+
+    rng = np.random.default_rng(hash((fmt, "fp32-tiled")) % 2**32)
+    xh = _values(rng, (1500, 4096), "float32", True)
+    info = device_info()
+    p = quantize_plan(info.arch.name, info.sm_count, fmt, "float32", 1500, 4096, True, "value")
+    assert p.tiled and not p.config.loops, p.short()
+    packed, scales = R.quantize_mx(xh, fmt)
+    t = mx.quantize_mx(cupy.asarray(xh), fmt)
+    ctx = f"{fmt=} float32 sector order"
     _assert_bytes(cupy.asnumpy(t.data), packed, f"{ctx} data")
     _assert_bytes(cupy.asnumpy(t.scales), scales, f"{ctx} scales")
 
