@@ -47,6 +47,15 @@ REDUNDANT_MAX_BYTES = 256 * 1024  # input size up to which every block may re-re
 # 16384 (BENCHMARKS.md): fp4 2 x full 77-80 / 90-94 (3 x full 77-78 / 90-91, 3 x 1 75-80 /
 # 84-91); fp6 3 x 1 83 / 93 (2 x full 81 / 92). fp8 does not loop (a block a chunk: 83-84 / 95).
 LOOP_GRID = {4: (2, 0), 6: (3, 1)}
+# ... and, per format, the grid while its chunks at that many slots a thread take SHORT_ROUNDS
+# rounds of it (more resident warps, shorter chains a thread: a shorter exposed tail). H100,
+# K = 4096, NVFP4 us fp16 / bf16, 2 x full -> 3 x 1, two runs (BENCHMARKS.md, session 26):
+# M = 1024 (2.6 rounds) 6.41 / 6.40 -> 6.40 / 6.34, 2048 (5.2) 10.05 / 10.06 -> 9.86 / 9.78, 3072
+# (7.8) 13.65 / 13.65 -> 13.61 / 13.56, 4096 (10.3) 17.35 / 17.32 -> 17.17 / 17.05; outside it 3 x 1
+# loses: M = 512 (1.3 rounds) 4.15 / 4.10 -> 4.29 / 4.24, 6144 (15.5) 24.70 / 24.58 -> 24.87 /
+# 24.78, 8192 31.98 -> 32.15, 16384 61.1 -> 61.4.
+LOOP_GRID_SHORT = {"nvfp4": (3, 1)}
+SHORT_ROUNDS = (2, 12)
 _small_auto_path: str | None = None  # tests / benchmarks: force "fused" or "redundant"
 _blocks_per_sm: int | None = None  # tests / benchmarks: the direct grid's cap (0: none)
 _wide_fp8: bool | None = None  # tests / benchmarks: MXFP8 lane slots of 16 (True) or 8 elements
@@ -285,6 +294,10 @@ def quantize_plan(arch: str, sm_count: int, fmt: str, dtype: str, rows: int, k: 
     # looping over chunks with the next chunk's loads in flight (one wave: no lock-step
     # load-then-compute waves, no partial last wave); fp8 a block a chunk.
     per_sm, loop_slots = LOOP_GRID.get(elem_bits(fmt), (0, 0)) if cfg.loops else (0, 0)
+    if cfg.loops and _blocks_per_sm is None and fmt in LOOP_GRID_SHORT:
+        b, u = LOOP_GRID_SHORT[fmt]
+        if SHORT_ROUNDS[0] <= _cdiv(total, THREADS * u) / (b * sm_count) <= SHORT_ROUNDS[1]:
+            per_sm, loop_slots = b, u
     if cfg.loops and _blocks_per_sm is not None:
         per_sm, loop_slots = _blocks_per_sm, 0
     if per_sm and loop_slots and _cdiv(total, THREADS * slots) > per_sm * sm_count:

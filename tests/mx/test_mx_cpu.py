@@ -657,6 +657,39 @@ def test_scale_bytes_must_fit_32_bit_offsets():
     quantize_plan("sm_90a", 132, "mxfp8_e4m3", "float16", 1, 2**25, True, "value")
 
 
+def test_short_loop_grid():
+    """NVFP4 loops at LOOP_GRID_SHORT (3 blocks an SM, 1 slot a thread) while its chunks at one
+    slot take SHORT_ROUNDS rounds of that grid, else at LOOP_GRID; a forced cap and the other
+    formats ignore it."""
+    from kernelgen.mx.select import LOOP_GRID_SHORT, SHORT_ROUNDS, force_blocks_per_sm
+
+    assert LOOP_GRID_SHORT == {"nvfp4": (3, 1)} and SHORT_ROUNDS == (2, 12)
+    for rows, short in ((512, False), (1024, True), (2048, True), (4096, True), (6144, False),
+                        (8192, False)):
+        for dtype in ("float16", "bfloat16"):
+            p = quantize_plan("sm_90a", 132, "nvfp4", dtype, rows, 4096, True, "value")
+            total, pad = slot_counts("nvfp4", rows, 4096, True, p.config.lane_elems)
+            rounds = -(-total // THREADS) / (3 * 132)
+            assert (SHORT_ROUNDS[0] <= rounds <= SHORT_ROUNDS[1]) == short
+            if short:
+                assert p.slots == 1 and p.grid == chunk_grid(-(-total // THREADS), 132, 3,
+                                                             BALANCED_DEFAULT), p.short()
+            else:
+                assert p.grid <= 2 * 132, p.short()  # LOOP_GRID's cap (or no loop at all)
+    # row-major scales loop the same way; MXFP4 (looping where sector order does not apply) not
+    assert quantize_plan("sm_90a", 132, "nvfp4", "float16", 2048, 4096, False, "value").slots == 1
+    p = quantize_plan("sm_90a", 132, "mxfp4", "float16", 2048, 4096, False, "value")
+    assert p.config.loops and p.grid <= 2 * 132 and p.slots == p.config.slots, p.short()
+    force_blocks_per_sm(2)  # a forced cap: 2 blocks an SM, full slots
+    try:
+        p = quantize_plan("sm_90a", 132, "nvfp4", "float16", 2048, 4096, True, "value")
+        chunks = 2048 * 4096 // 16 // (THREADS * p.config.slots)
+        assert p.slots == p.config.slots and p.grid == chunk_grid(chunks, 132, 2,
+                                                                  BALANCED_DEFAULT), p.short()
+    finally:
+        force_blocks_per_sm(None)
+
+
 def test_balanced_grid():
     """Balanced capped grids: where the cap's last round would be at least BALANCE_MIN_FILL
     full, the fewest blocks that keep the rounds (every block the same number of chunks, +0 /
