@@ -51,11 +51,13 @@ LOOP_GRID = {4: (2, 0), 6: (3, 1)}
 # rounds of it (more resident warps, shorter chains a thread: a shorter exposed tail). H100,
 # K = 4096, NVFP4 us fp16 / bf16, 2 x full -> 3 x 1, two runs (BENCHMARKS.md, session 26):
 # M = 1024 (2.6 rounds) 6.41 / 6.40 -> 6.40 / 6.34, 2048 (5.2) 10.05 / 10.06 -> 9.86 / 9.78, 3072
-# (7.8) 13.65 / 13.65 -> 13.61 / 13.56, 4096 (10.3) 17.35 / 17.32 -> 17.17 / 17.05; outside it 3 x 1
-# loses: M = 512 (1.3 rounds) 4.15 / 4.10 -> 4.29 / 4.24, 6144 (15.5) 24.70 / 24.58 -> 24.87 /
-# 24.78, 8192 31.98 -> 32.15, 16384 61.1 -> 61.4.
+# (7.8) 13.65 / 13.65 -> 13.61 / 13.56, 4096 (10.3) 17.35 / 17.32 -> 17.17 / 17.05; below 2 rounds
+# the chunks keep their full slots and fit one wave of 3 blocks an SM: M = 768 (1.9 rounds)
+# 5.89 / 5.82 -> 5.54 / 5.43; outside the window 3 x 1 loses: M = 512 (1.3 rounds) 4.15 / 4.10
+# -> 4.29 / 4.24, 6144 (15.5) 24.70 / 24.58 -> 24.87 / 24.78, 8192 31.98 -> 32.15, 16384 61.1 ->
+# 61.4.
 LOOP_GRID_SHORT = {"nvfp4": (3, 1)}
-SHORT_ROUNDS = (2, 12)
+SHORT_ROUNDS = (1.5, 12)
 _small_auto_path: str | None = None  # tests / benchmarks: force "fused" or "redundant"
 _blocks_per_sm: int | None = None  # tests / benchmarks: the direct grid's cap (0: none)
 _wide_fp8: bool | None = None  # tests / benchmarks: MXFP8 lane slots of 16 (True) or 8 elements

@@ -663,7 +663,10 @@ def test_short_loop_grid():
     formats ignore it."""
     from kernelgen.mx.select import LOOP_GRID_SHORT, SHORT_ROUNDS, force_blocks_per_sm
 
-    assert LOOP_GRID_SHORT == {"nvfp4": (3, 1)} and SHORT_ROUNDS == (2, 12)
+    assert LOOP_GRID_SHORT == {"nvfp4": (3, 1)} and SHORT_ROUNDS == (1.5, 12)
+    # 768 rows: 384 chunks of full slots, one wave of 3 blocks an SM (not LOOP_GRID's 264)
+    p = quantize_plan("sm_90a", 132, "nvfp4", "float16", 768, 4096, True, "value")
+    assert p.grid == 384 and p.slots == p.config.slots, p.short()
     for rows, short in ((512, False), (1024, True), (2048, True), (4096, True), (6144, False),
                         (8192, False)):
         for dtype in ("float16", "bfloat16"):
