@@ -1018,16 +1018,50 @@ __device__ __forceinline__ void dequantize(const uint8_t* __restrict__ data,
   uint32_t sb[U];
   uint32_t idx[U], rows_u[U];
   int cols_u[U];
+  // MXFP6 (12-byte slots) from a 16-byte aligned buffer: a warp's 32 slots are 384 contiguous
+  // bytes (slot idx at 12 idx), which 24 lanes load as 16-byte chunks into shared memory and
+  // every lane reads its 3 words back (conflict-free: word 3 lane); three 4-byte loads a lane,
+  // 12 sectors each, held the kernel at 75% of copy (H100). total is even, so the last chunk is
+  // whole or 8 bytes.
+  constexpr bool COOP = WORDS == 3;
+  [[maybe_unused]] __shared__ uint32_t stage[COOP ? THREADS / 32 : 1][COOP ? U : 1][COOP ? 96 : 1];
+  const bool coop = COOP && (reinterpret_cast<unsigned long long>(data) & 15u) == 0;  // uniform
+  const uint32_t lane = threadIdx.x & 31u, wid = threadIdx.x >> 5;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     idx[u] = (blockIdx.x * U + u) * THREADS + threadIdx.x;
     const uint32_t row = rows_u[u] = idx[u] / uint32_t(slots_per_row);
     const int col = cols_u[u] = int(idx[u] - row * uint32_t(slots_per_row)) * E;
+    if constexpr (COOP) {
+      if (coop && lane < 24u) {
+        const unsigned long long off = (unsigned long long)(idx[u] - lane) * 12u + 16u * lane;
+        const unsigned long long nbytes = (unsigned long long)total * 12u;
+        uint32_t* dst = &stage[wid][u][4u * lane];
+        if (off + 16u <= nbytes) {
+          const uint4 v = ld_nc_v4(data + off);
+          dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+        } else if (off < nbytes) {
+          const uint2 v = ld_nc_v2(data + off);
+          dst[0] = v.x, dst[1] = v.y;
+        }
+      }
+    }
     if (idx[u] < total) {
-      load_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w[u]);
+      if (!coop) load_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w[u]);
       const long long so = swizzled ? swizzled_offset(row, col / GROUP, k_tiles)
                                     : (long long)row * s + col / GROUP;
       sb[u] = scales[so];
+    }
+  }
+  if constexpr (COOP) {
+    if (coop) {
+      __syncwarp();
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (idx[u] < total) {
+#pragma unroll
+          for (int i = 0; i < WORDS; ++i) w[u][i] = stage[wid][u][3u * lane + i];
+        }
     }
   }
 #pragma unroll

@@ -101,6 +101,27 @@ def _check_dequantize(t, packed, scales, fmt, gs, ctx):
         _assert_values(cupy.asnumpy(got), want, f"{ctx} dequantize -> {out_dtype}")
 
 
+@pytest.mark.parametrize("fmt", ["mxfp6_e2m3", "mxfp6_e3m2"])
+@pytest.mark.parametrize("shape", [(1, 32), (3, 32), (5, 96), (33, 160), (700, 4096)])
+@pytest.mark.parametrize("offset", [0, 4, 12])
+def test_dequantize_mxfp6_tails_and_alignment(fmt, shape, offset):
+    """MXFP6 dequantize loads a warp's 12-byte slots as 16-byte chunks from a 16-byte aligned
+    buffer (an 8-byte last chunk when the slot count is 2 mod 4) and slot by slot otherwise:
+    codes placed at byte offsets 0 / 4 / 12 of a fresh buffer, against the reference."""
+    import cupy
+
+    from kernelgen.mx.tensor import MxTensor
+
+    rng = np.random.default_rng(hash((fmt, shape, offset)) % 2**32)
+    xh = _values(rng, shape, "float32", True)
+    packed, scales = R.quantize_mx(xh, fmt)
+    buf = cupy.zeros(packed.size + 16, cupy.uint8)
+    data = buf[offset:offset + packed.size].reshape(packed.shape)
+    data[...] = cupy.asarray(packed)
+    t = MxTensor(fmt, shape, data=data, scales=cupy.asarray(scales), scale_layout="swizzled")
+    _check_dequantize(t, packed, scales, fmt, None, f"{fmt=} {shape=} {offset=}")
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt, wide, h2", [(f, None, None) for f in FORMATS if f != "nvfp4"] +
