@@ -1003,6 +1003,27 @@ __device__ __forceinline__ bool e2m1_scaled(const uint32_t (&c)[E], float q1, fl
   return true;
 }
 
+// A warp's 32 consecutive slots of WORDS words (bytes 4 WORDS base .. of dense codes, `data`
+// 16-byte aligned) into `stage` (32 WORDS words) as 16-byte loads of the first lanes; the codes
+// end at `nbytes`, a multiple of 8 (an even slot count), so the last chunk is whole or 8 bytes.
+// The caller syncs the warp, then lane l's slot is words WORDS l .. of `stage`.
+template <int WORDS>
+__device__ __forceinline__ void stage_warp_slots(const uint8_t* __restrict__ data, uint32_t base,
+                                                 unsigned long long nbytes, uint32_t* stage,
+                                                 uint32_t lane) {
+  constexpr uint32_t CHUNKS = 32u * WORDS / 4u;  // 16-byte chunks of the warp's slots
+  if (lane >= CHUNKS) return;
+  const unsigned long long off = (unsigned long long)base * (4u * WORDS) + 16u * lane;
+  uint32_t* dst = stage + 4u * lane;
+  if (off + 16u <= nbytes) {
+    const uint4 v = ld_nc_v4(data + off);
+    dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+  } else if (off < nbytes) {
+    const uint2 v = ld_nc_v2(data + off);
+    dst[0] = v.x, dst[1] = v.y;
+  }
+}
+
 // Dequantize U slots per thread: out[r, c] = decode(code) * scale (MX) or
 // RN(e2m1 * e4m3 / gs) (NVFP4); NaN where the scale byte is NaN.
 template <typename T, class F, bool NV, int GROUP, int E, int U, int THREADS>
@@ -1018,13 +1039,12 @@ __device__ __forceinline__ void dequantize(const uint8_t* __restrict__ data,
   uint32_t sb[U];
   uint32_t idx[U], rows_u[U];
   int cols_u[U];
-  // MXFP6 (12-byte slots) from a 16-byte aligned buffer: a warp's 32 slots are 384 contiguous
-  // bytes (slot idx at 12 idx), which 24 lanes load as 16-byte chunks into shared memory and
-  // every lane reads its 3 words back (conflict-free: word 3 lane); three 4-byte loads a lane,
-  // 12 sectors each, held the kernel at 75% of copy (H100). total is even, so the last chunk is
-  // whole or 8 bytes.
+  // MXFP6 (12-byte slots) from a 16-byte aligned buffer: a warp's 32 slots (384 contiguous
+  // bytes) staged by stage_warp_slots, every lane reading its 3 words back (conflict-free: word
+  // 3 lane); three 4-byte loads a lane, 12 sectors each, held the kernel at 75% of copy (H100).
   constexpr bool COOP = WORDS == 3;
-  [[maybe_unused]] __shared__ uint32_t stage[COOP ? THREADS / 32 : 1][COOP ? U : 1][COOP ? 96 : 1];
+  constexpr int WW = COOP ? 32 * WORDS : 1;  // words of a warp's slots
+  [[maybe_unused]] __shared__ uint32_t stage[COOP ? THREADS / 32 : 1][COOP ? U : 1][WW];
   const bool coop = COOP && (reinterpret_cast<unsigned long long>(data) & 15u) == 0;  // uniform
   const uint32_t lane = threadIdx.x & 31u, wid = threadIdx.x >> 5;
 #pragma unroll
@@ -1032,20 +1052,9 @@ __device__ __forceinline__ void dequantize(const uint8_t* __restrict__ data,
     idx[u] = (blockIdx.x * U + u) * THREADS + threadIdx.x;
     const uint32_t row = rows_u[u] = idx[u] / uint32_t(slots_per_row);
     const int col = cols_u[u] = int(idx[u] - row * uint32_t(slots_per_row)) * E;
-    if constexpr (COOP) {
-      if (coop && lane < 24u) {
-        const unsigned long long off = (unsigned long long)(idx[u] - lane) * 12u + 16u * lane;
-        const unsigned long long nbytes = (unsigned long long)total * 12u;
-        uint32_t* dst = &stage[wid][u][4u * lane];
-        if (off + 16u <= nbytes) {
-          const uint4 v = ld_nc_v4(data + off);
-          dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
-        } else if (off < nbytes) {
-          const uint2 v = ld_nc_v2(data + off);
-          dst[0] = v.x, dst[1] = v.y;
-        }
-      }
-    }
+    if (COOP && coop)
+      stage_warp_slots<WORDS>(data, idx[u] - lane, (unsigned long long)total * (4u * WORDS),
+                              stage[wid][u], lane);
     if (idx[u] < total) {
       if (!coop) load_words<WORDS>(data + row * row_bytes + col * F::BITS / 8, w[u]);
       const long long so = swizzled ? swizzled_offset(row, col / GROUP, k_tiles)
@@ -1053,16 +1062,14 @@ __device__ __forceinline__ void dequantize(const uint8_t* __restrict__ data,
       sb[u] = scales[so];
     }
   }
-  if constexpr (COOP) {
-    if (coop) {
-      __syncwarp();
+  if (COOP && coop) {
+    __syncwarp();
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (idx[u] < total) {
+    for (int u = 0; u < U; ++u)
+      if (idx[u] < total) {
 #pragma unroll
-          for (int i = 0; i < WORDS; ++i) w[u][i] = stage[wid][u][3u * lane + i];
-        }
-    }
+        for (int i = 0; i < WORDS; ++i) w[u][i] = stage[wid][u][WORDS * lane + i];
+      }
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
