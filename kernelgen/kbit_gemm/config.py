@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..arch import smem_cap
 from ..core.config import KernelConfig
 from ..errors import UnsupportedConfigError
 from ..kbit.config import BITS
@@ -107,7 +108,10 @@ class KbitGemvConfig(KernelConfig):
         return ("kbit_gemv",)
 
     def smem_bytes(self) -> int:
-        """The most dynamic smem a launch of this config asks for (select.py stays below)."""
+        """The most dynamic smem a launch of this config asks for (select.py stays below): a
+        one-CTA-an-SM config (min_blocks 1, select.py ONE_CTA_M) all that a block may have."""
+        if self.min_blocks == 1:
+            return smem_cap(self.arch)
         return launch_of(self.m_tile, self.bits, self.kw, self.arch)[2] if (self.m_tile, self.bits) in LAUNCH \
             else 96 * KB
 

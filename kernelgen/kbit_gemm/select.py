@@ -12,6 +12,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import product
 from typing import Any
 
 from ..arch import get_arch, parts_of, smem_cap, smem_per_sm
@@ -85,6 +86,27 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # slower).
 
 
+# Decode batches of ONE_CTA_M tokens (one pass) run one CTA of ONE_CTA_WARPS warps an SM, with
+# all the shared memory a block may have and no register cap below ptxas' choice (160-240), in
+# place of the launch table's 2-3 CTAs an SM: A is staged once an SM instead of once a CTA (64 KB
+# a CTA at M = 8, K = 4096), M = 16 takes a K = 4096 A slice without a K split, and the decode
+# keeps its registers. H100, 7 shapes x 2-5 bits (session 27, BENCHMARKS.md): M = 12 / 16
+# 12-107% faster, M = 4-8 up to 56%, 13 of 120 rows slower by 1-13% (1024x8192 3 bits M = 12 /
+# 16 the most); the 128-register code of the same plans was slower in 96 of 105 rows. M = 1 was
+# mixed (-5% to +4%), so it starts at 4. Where the one-CTA plan would run on at most
+# ONE_CTA_SPREAD of the SMs the table's plan runs on (small N split many ways: 1024x8192 5 bits
+# M = 12 / 16, 64 CTAs against 128, 11% slower), the table's plan spreads the bytes over more
+# SMs and stays (11008x4096 5 bits, 86 CTAs against 132 SMs, is 22% faster one CTA an SM).
+ONE_CTA_M = (4, 16)
+ONE_CTA_WARPS = 8
+ONE_CTA_SPREAD = 0.5
+
+
+def one_cta(m: int) -> bool:
+    """Whether the planner weighs one CTA an SM for this M (ONE_CTA_M)."""
+    return ONE_CTA_M[0] <= m <= ONE_CTA_M[1]
+
+
 def kw_choices(m_tile: int, bits: int, arch: str) -> tuple[int, ...]:
     """The K warps the planner weighs for this m_tile, bit-width and arch (KW_CHOICES)."""
     if m_tile == 16 and (bits == 5 or (arch, bits) in KW16_SPILLS):
@@ -106,6 +128,10 @@ class GemvPlan:
     @property
     def grid(self) -> tuple[int, int, int]:
         return (self.ctas, self.split, self.m_tiles)
+
+    @property
+    def ctas_total(self) -> int:
+        return self.ctas * self.split * self.m_tiles
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -156,11 +182,22 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
         raise ValueError(f"A: M={m} takes {-(-m // m_tile)} GEMV passes of {m_tile} tokens, more "
                          f"than a launch's {MAX_GRID_YZ}; use path='dequant' (the selector's "
                          f"choice at this M)")
-    if kw is None:  # the kw of the cheapest plan (ties: fewer K warps)
-        plans = [_plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, c, launch, smem_limit)
-                 for c in kw_choices(m_tile, bits, arch) if launch is None or launch[0] % c == 0]
-        return min(plans, key=lambda p: (p.cost, p.plan.config.kw)).plan
-    return _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, kw, launch, smem_limit).plan
+
+    def pick(launch: tuple[int, int] | None) -> GemvPlan:
+        if kw is None:  # the kw of the cheapest plan (ties: fewer K warps)
+            plans = [_plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, c, launch,
+                           smem_limit)
+                     for c in kw_choices(m_tile, bits, arch) if launch is None or launch[0] % c == 0]
+            return min(plans, key=lambda p: (p.cost, p.plan.config.kw)).plan
+        return _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, kw, launch,
+                     smem_limit).plan
+
+    plan = pick(launch)
+    if launch is None and one_cta(m):
+        one = pick((ONE_CTA_WARPS, 1))
+        if one.ctas_total > ONE_CTA_SPREAD * min(sm_count, plan.ctas_total):
+            return one
+    return plan
 
 
 @dataclass(frozen=True)
@@ -174,10 +211,11 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
           smem_limit: int | None) -> _Costed:
     warps, min_blocks, cap = launch_of(m_tile, bits, kw, arch)
     per_sm = smem_per_sm(arch, smem_limit)
-    cap = min(cap, smem_cap(arch, smem_limit))
     if launch is not None:
         warps, min_blocks = launch
-        cap = min(cap, per_sm // min_blocks - 1024)
+        # one CTA an SM: all the shared memory a block may have (KbitGemvConfig.smem_bytes)
+        cap = smem_cap(arch) if min_blocks == 1 else min(cap, per_sm // min_blocks - 1024)
+    cap = min(cap, smem_cap(arch, smem_limit))
     if warps % kw:
         raise ValueError(f"kw={kw}: must divide the CTA's warps ({warps})")
     red = kw_red_bytes(warps, kw, m_tile)
@@ -261,10 +299,10 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
                 if not shapes:
                     for m_tile in M_TILES:
                         for kw in kw_choices(m_tile, bits, arch):
-                            warps, min_blocks, _ = launch_of(m_tile, bits, kw, arch)
-                            # every kw split or not (the planner weighs both; larger M
-                            # compiles on demand)
-                            for split_k in (False, True):
+                            # the table's launch and one CTA an SM, every kw, split or not
+                            # (the planner weighs them all; larger M compiles on demand)
+                            launches = (launch_of(m_tile, bits, kw, arch)[:2], (ONE_CTA_WARPS, 1))
+                            for (warps, min_blocks), split_k in product(launches, (False, True)):
                                 yield KbitGemvConfig(arch=arch, bits=bits, dtype=dtype,
                                                      m_tile=m_tile, warps=warps,
                                                      min_blocks=min_blocks, split_k=split_k,

@@ -43,15 +43,15 @@ GEMV_MAX_M = 16
 #  - N >= K at 2-3 bits: 14336x4096 M = 17 32.7 / 37.0 (2 bits), 36.5 / 44.2 (3 bits); M = 48
 #    46.5 / 50.1, 51.8 / 59.9; M = 64 60.1 / 53.4; 28672x4096 M = 32 61.9 / 65.6, 67.1 / 80.6,
 #    M = 48 88.1 / 85.9 (2 bits), 96.1 / 102.9 (3 bits); 4 bits: mma (43.4 / 40.8 at M = 17);
-#  - N < K (4096x14336): mma from M = 17 at every width (2 bits 42.8 / 33.4), and 5 bits already
-#    from M = 13 (59.4 / 50.9; M = 12 47.9 / 49.4).
+#  - N < K (4096x14336): mma from M = 17 at every width (2 bits 42.8 / 33.4). 5 bits took the mma
+#    from M = 13 (59.4 / 50.9) until the GEMV ran one CTA an SM at M = 4..16 (session 27,
+#    select.py ONE_CTA_M): M = 12 / 16 28.1 / 29.5 us against the mma's ~50.
 GEMV_SMALL_WEIGHT = 1 << 24  # N * K
 GEMV_SMALL_MAX_M = 64  # 2-4 bits
 # 5 bits: GEMV / mma us 2048x4096 M = 17 / 32 13.4 / 14.5 vs 18.6 / 21.9 (4096x4096: 21.9 / 23.1 vs
 # 20.8 / 22.6), then dequantize (DEQUANT_SMALL_MIN_M)
 GEMV_SMALL_5BIT_MAX_M = 32
 GEMV_WIDE_MAX_M = 48  # N >= K, 2-3 bits
-GEMV_5BIT_LONG_K_MAX_M = 12  # N < K, 5 bits
 # Past the GEMV, small weights (<= GEMV_SMALL_WEIGHT) go to dequantize + cuBLAS sooner: the dequant
 # pass is short there and the mma tiles have few CTAs. H100 (session 22, same bench, --ms
 # 17..159), mma / dequant us: 4096x4096 M = 65 2 bits 31.6 / 25.3, 4 bits 33.6 / 26.2, 128 34.2 /
@@ -191,7 +191,7 @@ def gemv_max_m(n: int, k: int, bits: int) -> int:
     check_bits(bits)
     small = n * k <= GEMV_SMALL_WEIGHT
     if bits == 5:
-        return GEMV_SMALL_5BIT_MAX_M if small else GEMV_MAX_M if n >= k else GEMV_5BIT_LONG_K_MAX_M
+        return GEMV_SMALL_5BIT_MAX_M if small else GEMV_MAX_M
     if small:
         return GEMV_SMALL_MAX_M
     return GEMV_WIDE_MAX_M if bits <= 3 and n >= k else GEMV_MAX_M
@@ -238,8 +238,7 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)
     # the choice is constant between table thresholds: their edges cover every M
-    gemv_ends = (GEMV_MAX_M, GEMV_SMALL_MAX_M, GEMV_SMALL_5BIT_MAX_M, GEMV_WIDE_MAX_M,
-                 GEMV_5BIT_LONG_K_MAX_M)
+    gemv_ends = (GEMV_MAX_M, GEMV_SMALL_MAX_M, GEMV_SMALL_5BIT_MAX_M, GEMV_WIDE_MAX_M)
     edges = sorted({1, TILE_N256_MIN_M - 1, TILE_N256_MIN_M} | {e + d for e in gemv_ends for d in (0, 1)}
                    | {d + e for t in (DEQUANT_MIN_M, DEQUANT_SMALL_MIN_M) for d in t.values()
                       for e in (-1, 0)}

@@ -5,13 +5,16 @@ import numpy as np
 import pytest
 
 import kernelgen as kg
-from kernelgen.arch import PARTS, SM_COUNTS
+from kernelgen.arch import PARTS, SM_COUNTS, smem_cap
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.kbit import reference as R
 from kernelgen.kbit_gemm import reference as GR
 from kernelgen.kbit_gemm.config import KbitGemvConfig, kw_red_bytes, launch_of, lut_bytes
 from kernelgen.kbit_gemm.select import (
     MIN_GROUPS_PER_SPLIT,
+    ONE_CTA_M,
+    ONE_CTA_WARPS,
+    one_cta,
     plan_gemv,
     prewarm_configs,
     select_gemv,
@@ -36,7 +39,11 @@ def test_plans_are_consistent(n, k, bits):
             ctx = f"{m=} {n=} {k=} {bits=} {sms=} {p.short()}"
             cfg = p.config
             assert cfg.m_tile == (8 if m <= 8 else 16), ctx
-            assert (cfg.warps, cfg.min_blocks) == launch_of(cfg.m_tile, bits, cfg.kw, cfg.arch)[:2], ctx
+            table = launch_of(cfg.m_tile, bits, cfg.kw, cfg.arch)[:2]
+            if one_cta(m):  # one CTA an SM, or the table's launch where that spreads wider
+                assert (cfg.warps, cfg.min_blocks) in (table, (ONE_CTA_WARPS, 1)), ctx
+            else:
+                assert (cfg.warps, cfg.min_blocks) == table, ctx
             # every split non-empty, together they cover K exactly
             assert (p.split - 1) * p.gps < groups <= p.split * p.gps, ctx
             assert cfg.split_k == (p.split > 1), ctx
@@ -53,6 +60,30 @@ def test_plans_are_consistent(n, k, bits):
             max_gps = (cfg.smem_bytes() - lut_bytes(bits) - red) // (rows * 128 * 2)
             if p.split > 1:
                 assert p.gps >= MIN_GROUPS_PER_SPLIT or p.gps == max_gps, ctx
+
+
+def test_one_cta_an_sm_for_decode_batches():
+    """M = 4..16 (one pass) runs one 8-warp CTA an SM with the arch's whole shared memory a
+    block (measured faster, select.py ONE_CTA_M), unless that plan would use at most half the
+    SMs the table's plan uses; M = 1..3 and M > 16 keep the launch table."""
+    from kernelgen.arch import smem_cap
+
+    assert ONE_CTA_M == (4, 16)
+    for bits in (2, 3, 4, 5):
+        for m in range(1, 33):
+            p = select_gemv("sm_90a", m, 14336, 4096, bits, "float16", 132)
+            one = (p.config.warps, p.config.min_blocks) == (ONE_CTA_WARPS, 1)
+            assert one == (4 <= m <= 16), (m, bits, p.short())
+            if one:
+                assert p.config.smem_bytes() == smem_cap("sm_90a") and p.ctas_total <= 132, p.short()
+                if m >= 9:  # the 16-token A slice of K = 4096 fits: no K split (was 2)
+                    assert p.split == 1 or bits == 5, p.short()
+    # 1024x8192 5 bits M = 16: one CTA an SM would be 64 CTAs against the table's 128 (measured
+    # 11% slower); 11008x4096 5 bits M = 12: 86 CTAs against 132 SMs, measured 22% faster
+    small = select_gemv("sm_90a", 16, 1024, 8192, 5, "float16", 132)
+    assert small.config.min_blocks != 1 and small.ctas_total == 128, small.short()
+    mid = select_gemv("sm_90a", 12, 11008, 4096, 5, "float16", 132)
+    assert mid.config.min_blocks == 1, mid.short()
 
 
 def test_decode_shapes_fill_the_gpu():
@@ -157,9 +188,13 @@ def test_k_warp_rules():
 
 
 
-def test_k_warps_and_splits_follow_the_fitted_costs():
+def test_k_warps_and_splits_follow_the_fitted_costs(monkeypatch):
     """kw 1 / 2 / 4 weighed at every split (select.py, constants fitted to session 24's H100
-    grids; 5 bits at m_tile 16: kw 1): picks of measured rows; a forced kw / split wins."""
+    grids under the launch table, i.e. without the one-CTA launch of M = 4..16; 5 bits at
+    m_tile 16: kw 1): picks of measured rows; a forced kw / split wins."""
+    import kernelgen.kbit_gemm.select as S
+
+    monkeypatch.setattr(S, "ONE_CTA_M", (0, -1))  # the launch table the constants were fitted on
     for (n, k), bits, m, want in (((18432, 5120), 5, 1, (2, 1)), ((11008, 4096), 2, 1, (4, 1)),
                                   ((5120, 13824), 2, 1, (1, 3)), ((6144, 4096), 2, 1, (2, 1)),
                                   ((5120, 13824), 2, 8, (2, 3)), ((28672, 4096), 5, 1, (4, 1))):
@@ -183,10 +218,13 @@ def test_shape_rule(n, k):
 def test_prewarm_table_is_modest_and_compilable():
     for arch in SM_COUNTS:
         cfgs = list(prewarm_configs([arch], {}))
-        # 2 dtypes x (4 bit-widths x m_tile 8 + 3 x m_tile 16: kw 1 / 2 / 4, split or not;
-        # 5 bits at m_tile 16: kw 1, split or not)
-        assert 0 < len(cfgs) <= 2 * (7 * 6 + 2) and len(set(cfgs)) == len(cfgs)
-        assert all(c.smem_bytes() <= 99 * 1024 for c in cfgs)
+        # 2 dtypes x 2 launches (the table's, one CTA an SM) x (4 bit-widths x m_tile 8 + 3 x
+        # m_tile 16: kw 1 / 2 / 4, split or not; 5 bits at m_tile 16: kw 1, split or not)
+        assert 0 < len(cfgs) <= 2 * 2 * (7 * 6 + 2) and len(set(cfgs)) == len(cfgs)
+        # the table's caps fit every part (<= 99 KB); one CTA an SM takes the arch's opt-in
+        assert all(c.smem_bytes() <= (smem_cap(arch) if c.min_blocks == 1 else 99 * 1024)
+                   for c in cfgs)
+        assert {c.min_blocks == 1 for c in cfgs} == {True, False}
 
 
 @pytest.mark.parametrize("arch", list(SM_COUNTS))
