@@ -109,7 +109,7 @@ class KbitGemvConfig(KernelConfig):
 
     def smem_bytes(self) -> int:
         """The most dynamic smem a launch of this config asks for (select.py stays below): a
-        one-CTA-an-SM config (min_blocks 1, select.py ONE_CTA_M) all that a block may have."""
+        one-CTA-an-SM config (min_blocks 1, select.py ONE_CTA_MIN_M) all that a block may have."""
         if self.min_blocks == 1:
             return smem_cap(self.arch)
         return launch_of(self.m_tile, self.bits, self.kw, self.arch)[2] if (self.m_tile, self.bits) in LAUNCH \

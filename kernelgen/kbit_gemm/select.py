@@ -86,25 +86,29 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # slower).
 
 
-# Decode batches of ONE_CTA_M tokens (one pass) run one CTA of ONE_CTA_WARPS warps an SM, with
-# all the shared memory a block may have and no register cap below ptxas' choice (160-240), in
-# place of the launch table's 2-3 CTAs an SM: A is staged once an SM instead of once a CTA (64 KB
-# a CTA at M = 8, K = 4096), M = 16 takes a K = 4096 A slice without a K split, and the decode
-# keeps its registers. H100, 7 shapes x 2-5 bits (session 27, BENCHMARKS.md): M = 12 / 16
-# 12-107% faster, M = 4-8 up to 56%, 13 of 120 rows slower by 1-13% (1024x8192 3 bits M = 12 /
-# 16 the most); the 128-register code of the same plans was slower in 96 of 105 rows. M = 1 was
-# mixed (-5% to +4%), so it starts at 4. Where the one-CTA plan would run on at most
-# ONE_CTA_SPREAD of the SMs the table's plan runs on (small N split many ways: 1024x8192 5 bits
-# M = 12 / 16, 64 CTAs against 128, 11% slower), the table's plan spreads the bytes over more
-# SMs and stays (11008x4096 5 bits, 86 CTAs against 132 SMs, is 22% faster one CTA an SM).
-ONE_CTA_M = (4, 16)
+# Decode batches of up to ONE_CTA_MAX_M tokens (one pass; from ONE_CTA_MIN_M[bits]) run one CTA
+# of ONE_CTA_WARPS warps an SM, with all the shared memory a block may have and no register cap
+# below ptxas' choice (160-240), in place of the launch table's 2-3 CTAs an SM: A is staged once
+# an SM instead of once a CTA (64 KB a CTA at M = 8, K = 4096), M = 16 takes a K = 4096 A slice
+# without a K split, and the decode keeps its registers. H100, 7 shapes x 2-5 bits (session 27,
+# BENCHMARKS.md): M = 12 / 16 12-107% faster, M = 4-8 up to 56%, 13 of 120 rows slower by 1-13%
+# (1024x8192 3 bits M = 12 / 16 the most); the 128-register code of the same plans was slower in
+# 96 of 105 rows. At M = 1..3 one CTA an SM gained 2-13% on average at 4 / 5 bits (5 bits M = 1
+# up to 31%: the table's 4-warp plan there was the planner's known miss) but lost 2-4% on
+# 14336x4096 / 11008x4096 at 2 / 3 bits (whose table plans put every tile in one round at 2 CTAs
+# an SM), so 2 / 3 bits start at 4. Where the one-CTA plan would run on at most ONE_CTA_SPREAD
+# of the SMs the table's plan runs on (small N split many ways: 1024x8192 5 bits M = 12 / 16,
+# 64 CTAs against 128, 11% slower), the table's plan spreads the bytes over more SMs and stays
+# (11008x4096 5 bits, 86 CTAs against 132 SMs, is 22% faster one CTA an SM).
+ONE_CTA_MIN_M: dict[int, int] = {2: 4, 3: 4, 4: 1, 5: 1}
+ONE_CTA_MAX_M = 16
 ONE_CTA_WARPS = 8
 ONE_CTA_SPREAD = 0.5
 
 
-def one_cta(m: int) -> bool:
-    """Whether the planner weighs one CTA an SM for this M (ONE_CTA_M)."""
-    return ONE_CTA_M[0] <= m <= ONE_CTA_M[1]
+def one_cta(m: int, bits: int) -> bool:
+    """Whether the planner weighs one CTA an SM for this M and bit-width (ONE_CTA_MIN_M)."""
+    return ONE_CTA_MIN_M[bits] <= m <= ONE_CTA_MAX_M
 
 
 def kw_choices(m_tile: int, bits: int, arch: str) -> tuple[int, ...]:
@@ -193,7 +197,7 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
                      smem_limit).plan
 
     plan = pick(launch)
-    if launch is None and one_cta(m):
+    if launch is None and one_cta(m, bits):
         one = pick((ONE_CTA_WARPS, 1))
         if one.ctas_total > ONE_CTA_SPREAD * min(sm_count, plan.ctas_total):
             return one

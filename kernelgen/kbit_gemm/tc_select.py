@@ -45,7 +45,7 @@ GEMV_MAX_M = 16
 #    M = 48 88.1 / 85.9 (2 bits), 96.1 / 102.9 (3 bits); 4 bits: mma (43.4 / 40.8 at M = 17);
 #  - N < K (4096x14336): mma from M = 17 at every width (2 bits 42.8 / 33.4). 5 bits took the mma
 #    from M = 13 (59.4 / 50.9) until the GEMV ran one CTA an SM at M = 4..16 (session 27,
-#    select.py ONE_CTA_M): M = 12 / 16 28.1 / 29.5 us against the mma's ~50.
+#    select.py ONE_CTA_MIN_M): M = 12 / 16 28.1 / 29.5 us against the mma's ~50.
 GEMV_SMALL_WEIGHT = 1 << 24  # N * K
 GEMV_SMALL_MAX_M = 64  # 2-4 bits
 # 5 bits: GEMV / mma us 2048x4096 M = 17 / 32 13.4 / 14.5 vs 18.6 / 21.9 (4096x4096: 21.9 / 23.1 vs

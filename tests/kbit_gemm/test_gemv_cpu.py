@@ -12,7 +12,8 @@ from kernelgen.kbit_gemm import reference as GR
 from kernelgen.kbit_gemm.config import KbitGemvConfig, kw_red_bytes, launch_of, lut_bytes
 from kernelgen.kbit_gemm.select import (
     MIN_GROUPS_PER_SPLIT,
-    ONE_CTA_M,
+    ONE_CTA_MAX_M,
+    ONE_CTA_MIN_M,
     ONE_CTA_WARPS,
     one_cta,
     plan_gemv,
@@ -40,7 +41,7 @@ def test_plans_are_consistent(n, k, bits):
             cfg = p.config
             assert cfg.m_tile == (8 if m <= 8 else 16), ctx
             table = launch_of(cfg.m_tile, bits, cfg.kw, cfg.arch)[:2]
-            if one_cta(m):  # one CTA an SM, or the table's launch where that spreads wider
+            if one_cta(m, bits):  # one CTA an SM, or the table's launch where that spreads wider
                 assert (cfg.warps, cfg.min_blocks) in (table, (ONE_CTA_WARPS, 1)), ctx
             else:
                 assert (cfg.warps, cfg.min_blocks) == table, ctx
@@ -63,17 +64,17 @@ def test_plans_are_consistent(n, k, bits):
 
 
 def test_one_cta_an_sm_for_decode_batches():
-    """M = 4..16 (one pass) runs one 8-warp CTA an SM with the arch's whole shared memory a
-    block (measured faster, select.py ONE_CTA_M), unless that plan would use at most half the
-    SMs the table's plan uses; M = 1..3 and M > 16 keep the launch table."""
+    """M = 4..16 (one pass; 4 / 5 bits from M = 1) runs one 8-warp CTA an SM with the arch's
+    whole shared memory a block (measured faster, select.py ONE_CTA_MIN_M), unless that plan
+    would use at most half the SMs the table's plan uses; other M keep the launch table."""
     from kernelgen.arch import smem_cap
 
-    assert ONE_CTA_M == (4, 16)
+    assert ONE_CTA_MIN_M == {2: 4, 3: 4, 4: 1, 5: 1} and ONE_CTA_MAX_M == 16
     for bits in (2, 3, 4, 5):
         for m in range(1, 33):
             p = select_gemv("sm_90a", m, 14336, 4096, bits, "float16", 132)
             one = (p.config.warps, p.config.min_blocks) == (ONE_CTA_WARPS, 1)
-            assert one == (4 <= m <= 16), (m, bits, p.short())
+            assert one == ((4 if bits <= 3 else 1) <= m <= 16), (m, bits, p.short())
             if one:
                 assert p.config.smem_bytes() == smem_cap("sm_90a") and p.ctas_total <= 132, p.short()
                 if m >= 9:  # the 16-token A slice of K = 4096 fits: no K split (was 2)
@@ -190,11 +191,11 @@ def test_k_warp_rules():
 
 def test_k_warps_and_splits_follow_the_fitted_costs(monkeypatch):
     """kw 1 / 2 / 4 weighed at every split (select.py, constants fitted to session 24's H100
-    grids under the launch table, i.e. without the one-CTA launch of M = 4..16; 5 bits at
+    grids under the launch table, i.e. without the one-CTA launch of M <= 16; 5 bits at
     m_tile 16: kw 1): picks of measured rows; a forced kw / split wins."""
     import kernelgen.kbit_gemm.select as S
 
-    monkeypatch.setattr(S, "ONE_CTA_M", (0, -1))  # the launch table the constants were fitted on
+    monkeypatch.setattr(S, "ONE_CTA_MAX_M", 0)  # the launch table the constants were fitted on
     for (n, k), bits, m, want in (((18432, 5120), 5, 1, (2, 1)), ((11008, 4096), 2, 1, (4, 1)),
                                   ((5120, 13824), 2, 1, (1, 3)), ((6144, 4096), 2, 1, (2, 1)),
                                   ((5120, 13824), 2, 8, (2, 3)), ((28672, 4096), 5, 1, (4, 1))):
