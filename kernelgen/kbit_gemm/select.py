@@ -86,7 +86,7 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # slower).
 
 
-# Decode batches of up to ONE_CTA_MAX_M tokens (one pass; from ONE_CTA_MIN_M[bits]) run one CTA
+# Decode batches of up to ONE_CTA_MAX_M tokens (from ONE_CTA_MIN_M[bits]) run one CTA
 # of ONE_CTA_WARPS warps an SM, with all the shared memory a block may have and no register cap
 # below ptxas' choice (160-240), in place of the launch table's 2-3 CTAs an SM: A is staged once
 # an SM instead of once a CTA (64 KB a CTA at M = 8, K = 4096), M = 16 takes a K = 4096 A slice
@@ -99,9 +99,12 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # an SM), so 2 / 3 bits start at 4. Where the one-CTA plan would run on at most ONE_CTA_SPREAD
 # of the SMs the table's plan runs on (small N split many ways: 1024x8192 5 bits M = 12 / 16,
 # 64 CTAs against 128, 11% slower), the table's plan spreads the bytes over more SMs and stays
-# (11008x4096 5 bits, 86 CTAs against 132 SMs, is 22% faster one CTA an SM).
+# (11008x4096 5 bits, 86 CTAs against 132 SMs, is 22% faster one CTA an SM). Past 16 tokens
+# (passes of 16 on grid.z) one CTA an SM measured 11-58% faster on 5 shapes x 2-5 bits at M =
+# 17 / 24 / 32 / 48 (no K split at K = 4096; 1024x8192 3 / 5 bits M = 17 1-2% slower), up to the
+# GEMV's largest M on weights the mma tiles take (64).
 ONE_CTA_MIN_M: dict[int, int] = {2: 4, 3: 4, 4: 1, 5: 1}
-ONE_CTA_MAX_M = 16
+ONE_CTA_MAX_M = 64
 ONE_CTA_WARPS = 8
 ONE_CTA_SPREAD = 0.5
 

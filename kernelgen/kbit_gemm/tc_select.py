@@ -29,29 +29,31 @@ PATHS = ("gemv", "mma", "dequant")
 # Measured on the H100 (examples/bench_kbit_gemm.py, 4096x4096, 14336x4096, 4096x14336, every
 # path forced, weights rotated past L2, back-to-back calls; BENCHMARKS.md "kbit GEMM tensor-core
 # path"):
-# M <= GEMV_MAX_M: the bandwidth path. At M = 32 the mma path was faster for every bit-width on
-# the large shapes (14336x4096 4 bits: 44 vs 59 us, 4096x14336: 49 vs 62 us); at M = 16 the GEMV
-# was (36 vs >= 48 us).
-GEMV_MAX_M = 16
-# Since then the GEMV got faster (sessions 9-14) and takes more M where its passes (16 tokens
-# each, the later ones reading the weights mostly from L2) beat the mma tiles: gemv_max_m.
-# Measured on the H100 (session 22, `bench_kbit_gemm.py --layouts flat --bits 2,3,4,5 --ms
-# 13..64`, graph-timed, weights rotated past L2), GEMV / mma us:
-#  - weights of <= GEMV_SMALL_WEIGHT elements (4096x4096), 2-4 bits: M = 17 12.6 / 16.2 (2 bits),
-#    16.2 / 17.4 (4 bits); M = 64 19.6 / 28.7 (dequant 24.4), 25.2 / 30.0 (dequant 25.7);
-#    5 bits: GEMV_SMALL_5BIT_MAX_M;
-#  - N >= K at 2-3 bits: 14336x4096 M = 17 32.7 / 37.0 (2 bits), 36.5 / 44.2 (3 bits); M = 48
-#    46.5 / 50.1, 51.8 / 59.9; M = 64 60.1 / 53.4; 28672x4096 M = 32 61.9 / 65.6, 67.1 / 80.6,
-#    M = 48 88.1 / 85.9 (2 bits), 96.1 / 102.9 (3 bits); 4 bits: mma (43.4 / 40.8 at M = 17);
-#  - N < K (4096x14336): mma from M = 17 at every width (2 bits 42.8 / 33.4). 5 bits took the mma
-#    from M = 13 (59.4 / 50.9) until the GEMV ran one CTA an SM at M = 4..16 (session 27,
-#    select.py ONE_CTA_MIN_M): M = 12 / 16 28.1 / 29.5 us against the mma's ~50.
+# M <= gemv_max_m: the bandwidth path. At first (M = 32) the mma path was faster for every
+# bit-width on the large shapes (14336x4096 4 bits: 44 vs 59 us, 4096x14336: 49 vs 62 us); at
+# M = 16 the GEMV was (36 vs >= 48 us).
+# Since then the GEMV got faster and takes more M where its passes (16 tokens each, the later
+# ones reading the weights mostly from L2) beat the mma tiles: gemv_max_m.
+#  - weights of <= GEMV_SMALL_WEIGHT elements (4096x4096), 2-4 bits (H100, session 22,
+#    `bench_kbit_gemm.py --layouts flat --bits 2,3,4,5 --ms 13..64`, graph-timed, weights rotated
+#    past L2), GEMV / mma us: M = 17 12.6 / 16.2 (2 bits), 16.2 / 17.4 (4 bits); M = 64 19.6 /
+#    28.7 (dequant 24.4), 25.2 / 30.0 (dequant 25.7); 5 bits: GEMV_SMALL_5BIT_MAX_M;
+#  - larger weights: GEMV_MAX_M by (bits, N >= K), re-measured after the GEMV ran one CTA an SM
+#    (session 27, select.py ONE_CTA_MIN_M; same bench, --ms 17,24,32,48,64), GEMV / mma us:
+#    14336x4096 M = 64 47.95 / 52.04 (2 bits), 52.13 / 60.91 (3 bits), 28672x4096 M = 64 87.01 /
+#    84.75, 99.18 / 101.61; 4 bits 14336x4096 M = 32 39.15 / 42.58, 48 55.56 / 54.41; 5 bits
+#    14336x4096 M = 48 66.83 / 71.26 (28672x4096 127.3 / 126.5), 64 87.0 / 73.6; 4096x14336 2 /
+#    3 bits M = 48 47.16 / 48.57, 50.97 / 55.86, 64 59.43 / 52.06; 4 bits mma from M = 17 (41.94
+#    / 37.01); 5 bits M = 32 50.76 / 52.87, 48 72.00 / 68.84.
 GEMV_SMALL_WEIGHT = 1 << 24  # N * K
 GEMV_SMALL_MAX_M = 64  # 2-4 bits
 # 5 bits: GEMV / mma us 2048x4096 M = 17 / 32 13.4 / 14.5 vs 18.6 / 21.9 (4096x4096: 21.9 / 23.1 vs
 # 20.8 / 22.6), then dequantize (DEQUANT_SMALL_MIN_M)
 GEMV_SMALL_5BIT_MAX_M = 32
-GEMV_WIDE_MAX_M = 48  # N >= K, 2-3 bits
+GEMV_MAX_M: dict[tuple[int, bool], int] = {  # (bits, N >= K) -> M, weights > GEMV_SMALL_WEIGHT
+    (2, True): 64, (3, True): 64, (4, True): 32, (5, True): 48,
+    (2, False): 48, (3, False): 48, (4, False): 16, (5, False): 32,
+}
 # Past the GEMV, small weights (<= GEMV_SMALL_WEIGHT) go to dequantize + cuBLAS sooner: the dequant
 # pass is short there and the mma tiles have few CTAs. H100 (session 22, same bench, --ms
 # 17..159), mma / dequant us: 4096x4096 M = 65 2 bits 31.6 / 25.3, 4 bits 33.6 / 26.2, 128 34.2 /
@@ -189,12 +191,9 @@ def gemv_max_m(n: int, k: int, bits: int) -> int:
     """The largest M the GEMV takes (where the mma path can run: N % 128 == 0); see
     GEMV_SMALL_WEIGHT."""
     check_bits(bits)
-    small = n * k <= GEMV_SMALL_WEIGHT
-    if bits == 5:
-        return GEMV_SMALL_5BIT_MAX_M if small else GEMV_MAX_M
-    if small:
-        return GEMV_SMALL_MAX_M
-    return GEMV_WIDE_MAX_M if bits <= 3 and n >= k else GEMV_MAX_M
+    if n * k <= GEMV_SMALL_WEIGHT:
+        return GEMV_SMALL_5BIT_MAX_M if bits == 5 else GEMV_SMALL_MAX_M
+    return GEMV_MAX_M[(bits, n >= k)]
 
 
 def dequant_min_m(n: int, k: int, bits: int) -> int:
@@ -238,7 +237,7 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)
     # the choice is constant between table thresholds: their edges cover every M
-    gemv_ends = (GEMV_MAX_M, GEMV_SMALL_MAX_M, GEMV_SMALL_5BIT_MAX_M, GEMV_WIDE_MAX_M)
+    gemv_ends = (GEMV_SMALL_MAX_M, GEMV_SMALL_5BIT_MAX_M, *GEMV_MAX_M.values())
     edges = sorted({1, TILE_N256_MIN_M - 1, TILE_N256_MIN_M} | {e + d for e in gemv_ends for d in (0, 1)}
                    | {d + e for t in (DEQUANT_MIN_M, DEQUANT_SMALL_MIN_M) for d in t.values()
                       for e in (-1, 0)}
