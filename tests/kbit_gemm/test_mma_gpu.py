@@ -202,7 +202,8 @@ def test_split_scratch_grows_without_freeing_what_graphs_may_hold():
 @pytest.mark.parametrize("bits", (4, 5))
 def test_mma_on_a_part_with_99_kb(bits, monkeypatch):
     """A device whose blocks get 99 KB (8.6 / 8.9 parts, 101376 B; here the device's limit is
-    lowered to it): the mma path at M = 32 (32x128, dispatched) and M = 256 (64x256 with N % 256
+    lowered to it): the mma path at M = 32 (32x128, dispatched at 4 bits; 5 bits dispatch the
+    GEMV there, so it is forced) and M = 256 (64x256 with N % 256
     == 0, forced: dispatch takes dequant there) plans the stages that fit (64x256: 3, fewer
     than the target's 4), loads and launches (a kernel over the limit raises DeviceError at
     load) and matches the reference."""
@@ -215,7 +216,7 @@ def test_mma_on_a_part_with_99_kb(bits, monkeypatch):
 
     info = device_info()
     lim = 99 * 1024
-    n, k = 4096, 4224  # > GEMV_SMALL_WEIGHT elements and N < K: M = 32 dispatches the mma path
+    n, k = 4096, 4224  # > GEMV_SMALL_WEIGHT elements and N < K: M = 32 dispatches the mma path at 4 bits
     lin, w64 = _weight(bits, "float16", n, k)
     full = {m: plan_mma(info.arch.name, m, n, k, bits, "float16", info.sm_count) for m in (32, 256)}
     monkeypatch.setitem(interop._smem_limits, info.index, (lim, "test part of 99 KB"))
@@ -227,10 +228,13 @@ def test_mma_on_a_part_with_99_kb(bits, monkeypatch):
         if m == 256:
             assert (p.config.tile_m, p.config.tile_n, p.config.stages) == (64, 256, 3), ctx
             assert full[m].config.stages == 4, ctx
+        choice = select_gemm(info.arch.name, m, n, k, bits, "float16", info.sm_count, lim)
+        dispatched = m == 32 and choice.path == "mma"  # 5 bits: the GEMV takes M = 32 (forced)
+        if dispatched:
+            assert choice.plan == p, ctx
         else:
-            assert select_gemm(info.arch.name, m, n, k, bits, "float16", info.sm_count,
-                               lim).plan == p, ctx
+            assert m == 256 or (bits == 5 and choice.path == "gemv"), ctx
         a = _host(rng, (m, k), "float16")
         bias = _host(rng, (n,), "float16")
-        c = kg.gemm(cupy.asarray(a), lin, cupy.asarray(bias), path="mma" if m == 256 else None)
+        c = kg.gemm(cupy.asarray(a), lin, cupy.asarray(bias), path=None if dispatched else "mma")
         _check(c, GR.gemm(a, w64, bias, "float16"), "float16", ctx)
