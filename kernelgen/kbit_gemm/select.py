@@ -86,7 +86,7 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # slower).
 
 
-# Decode batches of up to ONE_CTA_MAX_M tokens (from ONE_CTA_MIN_M[bits]) run one CTA
+# The GEMV from ONE_CTA_MIN_M[bits] tokens on runs one CTA
 # of ONE_CTA_WARPS warps an SM, with all the shared memory a block may have and no register cap
 # below ptxas' choice (160-240), in place of the launch table's 2-3 CTAs an SM: A is staged once
 # an SM instead of once a CTA (64 KB a CTA at M = 8, K = 4096), M = 16 takes a K = 4096 A slice
@@ -101,17 +101,17 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # 64 CTAs against 128, 11% slower), the table's plan spreads the bytes over more SMs and stays
 # (11008x4096 5 bits, 86 CTAs against 132 SMs, is 22% faster one CTA an SM). Past 16 tokens
 # (passes of 16 on grid.z) one CTA an SM measured 11-58% faster on 5 shapes x 2-5 bits at M =
-# 17 / 24 / 32 / 48 (no K split at K = 4096; 1024x8192 3 / 5 bits M = 17 1-2% slower), up to the
-# GEMV's largest M on weights the mma tiles take (64).
+# 17 / 24 / 32 / 48 (no K split at K = 4096; 1024x8192 3 / 5 bits M = 17 1-2% slower), and
+# 10-51% faster at M = 65-159 on 32001x4096 / 14001x4096 (N % 128 != 0: the GEMV runs to
+# DEQUANT_MIN_M there), so it has no upper bound.
 ONE_CTA_MIN_M: dict[int, int] = {2: 4, 3: 4, 4: 1, 5: 1}
-ONE_CTA_MAX_M = 64
 ONE_CTA_WARPS = 8
 ONE_CTA_SPREAD = 0.5
 
 
 def one_cta(m: int, bits: int) -> bool:
     """Whether the planner weighs one CTA an SM for this M and bit-width (ONE_CTA_MIN_M)."""
-    return ONE_CTA_MIN_M[bits] <= m <= ONE_CTA_MAX_M
+    return m >= ONE_CTA_MIN_M[bits]
 
 
 def kw_choices(m_tile: int, bits: int, arch: str) -> tuple[int, ...]:

@@ -12,7 +12,6 @@ from kernelgen.kbit_gemm import reference as GR
 from kernelgen.kbit_gemm.config import KbitGemvConfig, kw_red_bytes, launch_of, lut_bytes
 from kernelgen.kbit_gemm.select import (
     MIN_GROUPS_PER_SPLIT,
-    ONE_CTA_MAX_M,
     ONE_CTA_MIN_M,
     ONE_CTA_WARPS,
     one_cta,
@@ -64,17 +63,17 @@ def test_plans_are_consistent(n, k, bits):
 
 
 def test_one_cta_an_sm_for_decode_batches():
-    """M = 4..64 (4 / 5 bits from M = 1) runs one 8-warp CTA an SM with the arch's
+    """M >= 4 (4 / 5 bits: every M) runs one 8-warp CTA an SM with the arch's
     whole shared memory a block (measured faster, select.py ONE_CTA_MIN_M), unless that plan
     would use at most half the SMs the table's plan uses; other M keep the launch table."""
     from kernelgen.arch import smem_cap
 
-    assert ONE_CTA_MIN_M == {2: 4, 3: 4, 4: 1, 5: 1} and ONE_CTA_MAX_M == 64
+    assert ONE_CTA_MIN_M == {2: 4, 3: 4, 4: 1, 5: 1}
     for bits in (2, 3, 4, 5):
-        for m in range(1, 80):
+        for m in list(range(1, 80)) + [159]:
             p = select_gemv("sm_90a", m, 14336, 4096, bits, "float16", 132)
             one = (p.config.warps, p.config.min_blocks) == (ONE_CTA_WARPS, 1)
-            assert one == ((4 if bits <= 3 else 1) <= m <= 64), (m, bits, p.short())
+            assert one == (m >= (4 if bits <= 3 else 1)), (m, bits, p.short())
             if one:
                 assert p.config.smem_bytes() == smem_cap("sm_90a") and p.ctas_total <= 132, p.short()
                 if m >= 9:  # the 16-token A slice of K = 4096 fits: no K split (was 2)
@@ -195,7 +194,8 @@ def test_k_warps_and_splits_follow_the_fitted_costs(monkeypatch):
     m_tile 16: kw 1): picks of measured rows; a forced kw / split wins."""
     import kernelgen.kbit_gemm.select as S
 
-    monkeypatch.setattr(S, "ONE_CTA_MAX_M", 0)  # the launch table the constants were fitted on
+    # the launch table the constants were fitted on
+    monkeypatch.setattr(S, "ONE_CTA_MIN_M", dict.fromkeys(S.ONE_CTA_MIN_M, 1 << 31))
     for (n, k), bits, m, want in (((18432, 5120), 5, 1, (2, 1)), ((11008, 4096), 2, 1, (4, 1)),
                                   ((5120, 13824), 2, 1, (1, 3)), ((6144, 4096), 2, 1, (2, 1)),
                                   ((5120, 13824), 2, 8, (2, 3)), ((28672, 4096), 5, 1, (4, 1))):

@@ -161,6 +161,28 @@ def test_out_buffer_and_leading_dims(bits):
     _check(out, c_ref, "float16", f"{bits=} lin(A, out=)")
 
 
+@pytest.mark.parametrize("bits", BITS)
+def test_gemv_many_passes_one_cta_an_sm(bits):
+    """The GEMV past 64 tokens (N % 128 != 0 keeps it up to dequant_min_m; forced here): 5-10
+    passes of 16 tokens, one CTA an SM (select.py ONE_CTA_MIN_M), on a weight above
+    GEMV_SMALL_WEIGHT; the last pass partial."""
+    import cupy
+
+    import kernelgen as kg
+    from kernelgen.kbit_gemm.select import ONE_CTA_WARPS, select_gemv
+
+    n, k = 4100, 4224
+    lin, w64 = _weight(bits, "float16", n, k)
+    rng = np.random.default_rng()
+    for m in (65, 100, 159):
+        p = select_gemv("sm_90a", m, n, k, bits, "float16", 132)
+        assert (p.config.warps, p.config.min_blocks) == (ONE_CTA_WARPS, 1), p.short()
+        a = _host(rng, (m, k), "float16")
+        bias = _host(rng, (n,), "float16")
+        c = kg.gemm(cupy.asarray(a), lin, cupy.asarray(bias), path="gemv")  # poisoned output
+        _check(c, GR.gemm(a, w64, bias, "float16"), "float16", f"{bits=} {m=}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_shape_and_determinism(dtype):
     """A shape where the selector splits K over many CTAs: same bits twice (ordered reduction)."""
