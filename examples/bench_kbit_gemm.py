@@ -171,7 +171,7 @@ def main() -> None:
                     choice = plan_gemm(info.arch.name, m, n, k, bits, args.dtype, info.sm_count,
                                        smem_limit(info.index))
                 variants = [("auto", {})]
-                if m <= 128:
+                if m <= 512:
                     variants.append(("gemv", {"path": "gemv"}))
                 if layout == "tiled" and m <= 1024:
                     variants.append(("tile", {"path": "tile"}))
