@@ -1,7 +1,8 @@
 """The large-M path of the quantized GEMMs: W made dense in an [N, K] scratch, then cuBLAS.
 
 A family's dequantize kernel writes W (in A's dtype) into the scratch, then cublasGemmEx (fp32
-compute) multiplies; the bias comes in through beta = 1 on C pre-filled with it. The scalars
+compute) multiplies; the bias comes in through beta = 1 on C pre-filled with it (C in a padded
+scratch, copied out, where its rows would not be 16-byte aligned: ROW_ALIGN). The scalars
 are host values, or device ones (`scalars`: a float32 [alpha, beta] the dequantize kernel
 writes, for a factor that lives on the device, like an NVFP4 global scale)."""
 
@@ -14,15 +15,22 @@ import numpy as np
 from . import cublas
 from .interop import Ctx, on_stream, scratch
 
+# cuBLAS's fast kernels need 16-byte aligned rows of C (ldc): 8 fp16 / bf16 elements. Where N
+# is not a multiple of it, C goes to a padded scratch and is copied out (H100, 32001x4096 fp16:
+# cuBLAS into C of ldc 32001 took 355 us at M = 128 and 1441 at 512, against 48-91 us for
+# 14008x4096, BENCHMARKS.md session 27).
+ROW_ALIGN = 8
 
-def dense_scratch(ctx: Ctx, n: int, k: int, dt: str) -> tuple[Any, Any]:
-    """(native, cupy view) of the [N, K] dequantized-W scratch. While a CuPy stream captures a
-    CUDA graph the scratch comes from core.interop.scratch (never freed: the graph keeps writing
-    to its address at every replay; a pool block freed after the call could be handed to another
-    array). Otherwise a fresh array, returned to the pool after the call (torch captures draw
-    from the graph's private pool, which the graph keeps)."""
+
+def dense_scratch(ctx: Ctx, n: int, k: int, dt: str, tag: str = "dense_w") -> tuple[Any, Any]:
+    """(native, cupy view) of an [N, K] scratch of dtype dt (the dequantized W; tag "dense_c":
+    the padded C). While a CuPy stream captures a CUDA graph the scratch comes from
+    core.interop.scratch (never freed: the graph keeps writing to its address at every replay; a
+    pool block freed after the call could be handed to another array). Otherwise a fresh array,
+    returned to the pool after the call (torch captures draw from the graph's private pool,
+    which the graph keeps)."""
     if ctx.kind == "cupy" and ctx.stream.ptr not in (0, 1) and ctx.stream.is_capturing():
-        ws, _ = scratch(ctx, f"dense_w:{dt}", -(-n * k // 2), 1)
+        ws, _ = scratch(ctx, f"{tag}:{dt}", -(-n * k // 2), 1)
         w = ws[: -(-n * k // 2)].view(np.float16 if dt == "float16" else np.uint16)[: n * k]
         w = w.reshape(n, k)
         return w, w
@@ -47,11 +55,16 @@ def dense_gemm(ctx: Ctx, dequantize: Any, a: Any, b: Any, has_bias: bool, c: Any
     not read). Every launch goes to ctx.stream; the caller's current stream is left as it was."""
     w_native, wv = dense_scratch(ctx, n, k, dt)
     dequantize(w_native, wv)
+    ldc = -(-n // ROW_ALIGN) * ROW_ALIGN
+    c_native, cv = (None, c.reshape(m, n)) if ldc == n else dense_scratch(ctx, m, ldc, dt, "dense_c")
     if has_bias:
         with on_stream(ctx.device, ctx.stream):
-            c.reshape(m, n)[...] = b[None, :]
+            cv[:, :n] = b[None, :]
     # column-major view: C^T [N, M] = W [N, K] . A^T ([K, M] column-major = A row-major)
     cublas.gemm_ex(ctx, cublas.OP_T, cublas.OP_N, n, m, k, alpha, wv.data.ptr, dt, k, a.data.ptr,
-                   dt, k, 1.0 if has_bias else 0.0, c.data.ptr, dt, n,
+                   dt, k, 1.0 if has_bias else 0.0, cv.data.ptr, dt, ldc,
                    scalars_ptr=None if scalars is None else int(scalars.data.ptr))
-    del w_native  # stream-ordered pools (cupy, torch) keep it alive for the queued work
+    if ldc != n:
+        with on_stream(ctx.device, ctx.stream):
+            c.reshape(m, n)[...] = cv[:, :n]
+    del w_native, c_native  # stream-ordered pools (cupy, torch) keep them alive for the queued work
