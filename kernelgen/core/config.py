@@ -43,6 +43,12 @@ class KernelConfig:
         """Dynamic shared memory per block the kernel needs (0 if none)."""
         return 0
 
+    def smem_bytes_on(self, limit: int) -> int:
+        """The dynamic shared memory to opt in to on a device whose blocks may have `limit` bytes
+        (core/jit.py): smem_bytes(), which must fit it, unless the family's plans size their
+        shared memory by the device's limit (then at most `limit`)."""
+        return self.smem_bytes()
+
     def template_vars(self) -> dict[str, Any]:
         """Variables the template sees: every field, plus `cfg` itself."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}

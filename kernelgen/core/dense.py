@@ -1,8 +1,8 @@
 """The large-M path of the quantized GEMMs: W made dense in an [N, K] scratch, then cuBLAS.
 
 A family's dequantize kernel writes W (in A's dtype) into the scratch, then cublasGemmEx (fp32
-compute) multiplies; the bias comes in through beta = 1 on C pre-filled with it (C in a padded
-scratch, copied out, where its rows would not be 16-byte aligned: ROW_ALIGN). The scalars
+compute) multiplies; the bias comes in through beta = 1 on C pre-filled with it (N rounded up
+to ROW_ALIGN for cuBLAS, C then in a padded scratch, copied out). The scalars
 are host values, or device ones (`scalars`: a float32 [alpha, beta] the dequantize kernel
 writes, for a factor that lives on the device, like an NVFP4 global scale)."""
 
@@ -15,10 +15,11 @@ import numpy as np
 from . import cublas
 from .interop import Ctx, on_stream, scratch
 
-# cuBLAS's fast kernels need 16-byte aligned rows of C (ldc): 8 fp16 / bf16 elements. Where N
-# is not a multiple of it, C goes to a padded scratch and is copied out (H100, 32001x4096 fp16:
-# cuBLAS into C of ldc 32001 took 355 us at M = 128 and 1441 at 512, against 48-91 us for
-# 14008x4096, BENCHMARKS.md session 27).
+# cuBLAS runs slow kernels where N (its M: C^T = W . A^T) is not a multiple of 8 fp16 / bf16
+# elements (H100, 32001x4096 fp16: 355 us at M = 128 and 1441 at 512, against 48-91 us for
+# 14008x4096; a padded ldc alone did not help, BENCHMARKS.md session 27). There the GEMM runs
+# over N rounded up: W's scratch has the extra rows (never written; their C columns are
+# garbage and dropped) and C a padded scratch, copied out.
 ROW_ALIGN = 8
 
 
@@ -53,18 +54,18 @@ def dense_gemm(ctx: Ctx, dequantize: Any, a: Any, b: Any, has_bias: bool, c: Any
     view), then cuBLAS (cublasGemmEx, fp32 compute), the bias through beta = 1. `scalars`: a
     float32 device array whose [alpha, beta] the dequantize kernel has written (alpha is then
     not read). Every launch goes to ctx.stream; the caller's current stream is left as it was."""
-    w_native, wv = dense_scratch(ctx, n, k, dt)
-    dequantize(w_native, wv)
-    ldc = -(-n // ROW_ALIGN) * ROW_ALIGN
-    c_native, cv = (None, c.reshape(m, n)) if ldc == n else dense_scratch(ctx, m, ldc, dt, "dense_c")
+    npad = -(-n // ROW_ALIGN) * ROW_ALIGN  # rows of W past N: never written, their C discarded
+    w_native, wv = dense_scratch(ctx, npad, k, dt)
+    dequantize(w_native[:n], wv[:n])
+    c_native, cv = (None, c.reshape(m, n)) if npad == n else dense_scratch(ctx, m, npad, dt, "dense_c")
     if has_bias:
         with on_stream(ctx.device, ctx.stream):
             cv[:, :n] = b[None, :]
     # column-major view: C^T [N, M] = W [N, K] . A^T ([K, M] column-major = A row-major)
-    cublas.gemm_ex(ctx, cublas.OP_T, cublas.OP_N, n, m, k, alpha, wv.data.ptr, dt, k, a.data.ptr,
-                   dt, k, 1.0 if has_bias else 0.0, cv.data.ptr, dt, ldc,
+    cublas.gemm_ex(ctx, cublas.OP_T, cublas.OP_N, npad, m, k, alpha, wv.data.ptr, dt, k, a.data.ptr,
+                   dt, k, 1.0 if has_bias else 0.0, cv.data.ptr, dt, npad,
                    scalars_ptr=None if scalars is None else int(scalars.data.ptr))
-    if ldc != n:
+    if npad != n:
         with on_stream(ctx.device, ctx.stream):
             c.reshape(m, n)[...] = cv[:, :n]
     del w_native, c_native  # stream-ordered pools (cupy, torch) keep them alive for the queued work

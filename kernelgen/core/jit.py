@@ -102,7 +102,9 @@ class Kernel:
         self.module = cupy.cuda.function.Module()
         self.module.load(cubin)
         self.functions = {}
-        smem = config.smem_bytes()
+        from .interop import check_smem, smem_limit  # a part with less than the target: DeviceError
+
+        smem = config.smem_bytes_on(smem_limit(device))
         drv = cupy.cuda.driver
         for sym in config.symbols():
             fn = self.module.get_function(sym)
@@ -110,8 +112,6 @@ class Kernel:
             # counts against the same limit: 40 KB dynamic beside 8 KB static needs it too)
             static = drv.funcGetAttribute(drv.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn.ptr)
             if smem and smem + static > 48 * 1024:
-                from .interop import check_smem  # a part with less than the target: DeviceError
-
                 check_smem(device, smem + static, f"{config.short()} ({sym}: {static} static + {smem} dynamic)")
                 drv.funcSetAttribute(fn.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
             self.functions[sym] = fn

@@ -115,6 +115,11 @@ class KbitGemvConfig(KernelConfig):
         return launch_of(self.m_tile, self.bits, self.kw, self.arch)[2] if (self.m_tile, self.bits) in LAUNCH \
             else 96 * KB
 
+    def smem_bytes_on(self, limit: int) -> int:
+        """One CTA an SM: what the device allows a block (a 99 KB part of sm_80: 99 KB; the
+        planner sizes the A slice by that limit), else smem_bytes()."""
+        return min(self.smem_bytes(), limit) if self.min_blocks == 1 else self.smem_bytes()
+
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.dtype]}
 

@@ -88,7 +88,7 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 
 # The GEMV from ONE_CTA_MIN_M[bits] tokens on runs one CTA
 # of ONE_CTA_WARPS warps an SM, with all the shared memory a block may have and no register cap
-# below ptxas' choice (160-240), in place of the launch table's 2-3 CTAs an SM: A is staged once
+# below ptxas' choice (160-240 on sm_90a), in place of the launch table's 2-3 CTAs an SM: A is staged once
 # an SM instead of once a CTA (64 KB a CTA at M = 8, K = 4096), M = 16 takes a K = 4096 A slice
 # without a K split, and the decode keeps its registers. H100, 7 shapes x 2-5 bits (session 27,
 # BENCHMARKS.md): M = 12 / 16 12-107% faster, M = 4-8 up to 56%, 13 of 120 rows slower by 1-13%
@@ -103,7 +103,8 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # (passes of 16 on grid.z) one CTA an SM measured 11-58% faster on 5 shapes x 2-5 bits at M =
 # 17 / 24 / 32 / 48 (no K split at K = 4096; 1024x8192 3 / 5 bits M = 17 1-2% slower), and
 # 10-51% faster at M = 65-159 on 32001x4096 / 14001x4096 (N % 128 != 0: the GEMV runs to
-# DEQUANT_MIN_M there), so it has no upper bound.
+# DEQUANT_MIN_M there), so it has no upper bound. Measured on the H100 only; the other targets
+# take the rule as it is (their one-CTA plans keep within the device's shared memory a block).
 ONE_CTA_MIN_M: dict[int, int] = {2: 4, 3: 4, 4: 1, 5: 1}
 ONE_CTA_WARPS = 8
 ONE_CTA_SPREAD = 0.5
@@ -168,7 +169,9 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
               split: int | None = None, kw: int | None = None,
               launch: tuple[int, int] | None = None, smem_limit: int | None = None) -> GemvPlan:
     """Pure planner. `split` forces the number of K splits, `kw` the K warps a tile (tests,
-    tuning), `launch` = (warps, min_blocks) the CTA shape; None picks them. `smem_limit`: the
+    tuning), `launch` = (warps, min_blocks) the CTA shape; None picks them: the launch table's,
+    or one CTA of ONE_CTA_WARPS an SM (ONE_CTA_MIN_M, ONE_CTA_SPREAD); a forced min_blocks of 1
+    gets all the shared memory a block may have. `smem_limit`: the
     device's shared memory a block (None: the target's): it caps the A slice and, with the 1 KB
     a block the driver keeps, the CTAs an SM holds (kernelgen.arch.smem_per_sm)."""
     check_shape(n, k)
@@ -199,12 +202,14 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
         return _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, kw, launch,
                      smem_limit).plan
 
-    plan = pick(launch)
     if launch is None and one_cta(m, bits):
-        one = pick((ONE_CTA_WARPS, 1))
-        if one.ctas_total > ONE_CTA_SPREAD * min(sm_count, plan.ctas_total):
+        one = pick((ONE_CTA_WARPS, 1))  # raises only where no launch fits a forced split
+        try:
+            table = pick(None)
+        except ValueError:  # a forced split that only one CTA an SM's shared memory fits
             return one
-    return plan
+        return one if one.ctas_total > ONE_CTA_SPREAD * min(sm_count, table.ctas_total) else table
+    return pick(launch)
 
 
 @dataclass(frozen=True)
@@ -294,7 +299,7 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
     """Configs the selector can return. spec: "bits", "dtypes" (others are skipped: this family
     takes fp16/bf16 activations), "shapes" ([N, K]: every M; [M, N, K]: that M), "sm_counts"
     (default: the arch's parts, kernelgen.arch.parts_of). Without shapes: every config of the
-    table."""
+    launch table and of one CTA an SM."""
     bits_list = tuple(spec.get("bits") or BITS)
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = _shapes(spec)

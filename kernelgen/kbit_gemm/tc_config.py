@@ -20,8 +20,8 @@ WARPS = 8
 # side along N (warps_m = 1): each decodes its own W columns once for all its m16 tiles (decode
 # is most of a warp's instructions). A warp owns tile_m x (tile_n / 8) of C.
 # Measured on the H100 (examples/bench_kbit_gemm.py --tiles, 4 bits): 16-row tiles and 32x256
-# were never faster than these three for M >= 17 (the GEMV path takes M <= 16), so they are not
-# built.
+# were never faster than these three for M >= 17 (the GEMV path took M <= 16 then), so they are
+# not built.
 TILES: dict[tuple[int, int], tuple[int, int]] = {
     (32, 128): (1, 2),  # warp 32 x 16
     (64, 128): (1, 2),  # warp 64 x 16

@@ -66,8 +66,6 @@ def test_one_cta_an_sm_for_decode_batches():
     """M >= 4 (4 / 5 bits: every M) runs one 8-warp CTA an SM with the arch's
     whole shared memory a block (measured faster, select.py ONE_CTA_MIN_M), unless that plan
     would use at most half the SMs the table's plan uses; other M keep the launch table."""
-    from kernelgen.arch import smem_cap
-
     assert ONE_CTA_MIN_M == {2: 4, 3: 4, 4: 1, 5: 1}
     for bits in (2, 3, 4, 5):
         for m in list(range(1, 80)) + [159]:
@@ -84,6 +82,18 @@ def test_one_cta_an_sm_for_decode_batches():
     assert small.config.min_blocks != 1 and small.ctas_total == 128, small.short()
     mid = select_gemv("sm_90a", 12, 11008, 4096, 5, "float16", 132)
     assert mid.config.min_blocks == 1, mid.short()
+
+
+def test_forced_split_takes_one_cta_an_sm():
+    """A forced split_k / kw is planned on the launch the rule would take: split 1 at M = 16,
+    K = 4096 fits one CTA an SM (the table's 96 KB would need 2), as dispatch's own plan."""
+    for m in (8, 12, 16):
+        auto = plan_gemv("sm_90a", m, 14336, 4096, 2, "float16", 132)
+        forced = plan_gemv("sm_90a", m, 14336, 4096, 2, "float16", 132, split=1)
+        assert auto.split == forced.split == 1 and forced.config.min_blocks == 1, forced.short()
+        assert plan_gemv("sm_90a", m, 14336, 4096, 2, "float16", 132, split=1, kw=1).split == 1
+    with pytest.raises(ValueError, match="does not fit shared memory"):
+        plan_gemv("sm_90a", 16, 14336, 28672, 2, "float16", 132, split=1)  # 896 KB of A
 
 
 def test_decode_shapes_fill_the_gpu():
@@ -190,7 +200,7 @@ def test_k_warp_rules():
 
 def test_k_warps_and_splits_follow_the_fitted_costs(monkeypatch):
     """kw 1 / 2 / 4 weighed at every split (select.py, constants fitted to session 24's H100
-    grids under the launch table, i.e. without the one-CTA launch of M <= 16; 5 bits at
+    grids under the launch table, i.e. without the one-CTA launch; 5 bits at
     m_tile 16: kw 1): picks of measured rows; a forced kw / split wins."""
     import kernelgen.kbit_gemm.select as S
 
@@ -222,9 +232,11 @@ def test_prewarm_table_is_modest_and_compilable():
         # 2 dtypes x 2 launches (the table's, one CTA an SM) x (4 bit-widths x m_tile 8 + 3 x
         # m_tile 16: kw 1 / 2 / 4, split or not; 5 bits at m_tile 16: kw 1, split or not)
         assert 0 < len(cfgs) <= 2 * 2 * (7 * 6 + 2) and len(set(cfgs)) == len(cfgs)
-        # the table's caps fit every part (<= 99 KB); one CTA an SM takes the arch's opt-in
-        assert all(c.smem_bytes() <= (smem_cap(arch) if c.min_blocks == 1 else 99 * 1024)
-                   for c in cfgs)
+        # the table's caps fit every part (<= 99 KB); one CTA an SM opts in to what the
+        # device allows a block (its plans keep within it)
+        assert all(c.smem_bytes() <= 99 * 1024 for c in cfgs if c.min_blocks != 1)
+        assert all(c.smem_bytes_on(99 * 1024) == 99 * 1024 and c.smem_bytes() == smem_cap(arch)
+                   for c in cfgs if c.min_blocks == 1)
         assert {c.min_blocks == 1 for c in cfgs} == {True, False}
 
 

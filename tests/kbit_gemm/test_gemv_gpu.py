@@ -169,18 +169,47 @@ def test_gemv_many_passes_one_cta_an_sm(bits):
     import cupy
 
     import kernelgen as kg
+    from kernelgen.arch import device_info
+    from kernelgen.core.interop import smem_limit
     from kernelgen.kbit_gemm.select import ONE_CTA_WARPS, select_gemv
 
+    info = device_info()
     n, k = 4100, 4224
     lin, w64 = _weight(bits, "float16", n, k)
     rng = np.random.default_rng()
     for m in (65, 100, 159):
-        p = select_gemv("sm_90a", m, n, k, bits, "float16", 132)
+        p = select_gemv(info.arch.name, m, n, k, bits, "float16", info.sm_count, smem_limit(info.index))
         assert (p.config.warps, p.config.min_blocks) == (ONE_CTA_WARPS, 1), p.short()
         a = _host(rng, (m, k), "float16")
         bias = _host(rng, (n,), "float16")
         c = kg.gemm(cupy.asarray(a), lin, cupy.asarray(bias), path="gemv")  # poisoned output
         _check(c, GR.gemm(a, w64, bias, "float16"), "float16", f"{bits=} {m=}")
+
+
+@pytest.mark.parametrize("bits", (2, 5))
+def test_gemv_one_cta_on_a_part_with_99_kb(bits, monkeypatch):
+    """A device whose blocks get 99 KB (8.6 / 8.9 parts; here the limit is lowered to it): the
+    one-CTA configs opt in to that, not to the arch's 227 KB (a DeviceError at load before), and
+    their plans keep the A slice within it."""
+    import cupy
+
+    import kernelgen as kg
+    from kernelgen.arch import device_info
+    from kernelgen.core import interop
+    from kernelgen.kbit_gemm.select import select_gemv
+
+    info = device_info()
+    lim = 99 * 1024
+    n, k = 4096, 4224
+    lin, w64 = _weight(bits, "float16", n, k)
+    monkeypatch.setitem(interop._smem_limits, info.index, (lim, "test part of 99 KB"))
+    rng = np.random.default_rng()
+    for m in (1, 8, 16):
+        p = select_gemv(info.arch.name, m, n, k, bits, "float16", info.sm_count, lim)
+        assert p.smem <= lim and (m < 4 and bits == 2 or p.config.min_blocks == 1), p.short()
+        a = _host(rng, (m, k), "float16")
+        c = kg.gemm(cupy.asarray(a), lin, path="gemv")
+        _check(c, GR.gemm(a, w64, None, "float16"), "float16", f"{bits=} {m=} {p.short()}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
