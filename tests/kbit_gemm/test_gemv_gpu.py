@@ -195,7 +195,7 @@ def test_gemv_one_cta_on_a_part_with_99_kb(bits, monkeypatch):
 
     import kernelgen as kg
     from kernelgen.arch import device_info
-    from kernelgen.core import interop
+    from kernelgen.core import interop, jit
     from kernelgen.kbit_gemm.select import select_gemv
 
     info = device_info()
@@ -203,6 +203,8 @@ def test_gemv_one_cta_on_a_part_with_99_kb(bits, monkeypatch):
     n, k = 4096, 4224
     lin, w64 = _weight(bits, "float16", n, k)
     monkeypatch.setitem(interop._smem_limits, info.index, (lim, "test part of 99 KB"))
+    # modules loaded here opt in to 99 KB only: keep them from the other tests
+    monkeypatch.setattr(jit, "_loaded", {})
     rng = np.random.default_rng()
     for m in (1, 8, 16):
         p = select_gemv(info.arch.name, m, n, k, bits, "float16", info.sm_count, lim)
