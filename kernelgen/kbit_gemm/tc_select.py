@@ -72,14 +72,6 @@ DEQUANT_MIN_M: dict[int, int] = {2: 160, 3: 128, 4: 144, 5: 112}
 # DEQUANT_MIN_M, where the dequant path (any N) is faster than the mma path and so than the
 # GEMV's passes of 16 tokens (each of which reads all of W).
 TILE_N_MIN = 128
-# ... except where C's rows are not 16-byte aligned (N % 8 != 0 at fp16 / bf16): cuBLAS then
-# runs slow kernels and the GEMV's passes win to at least M = 512. H100 (session 27,
-# `bench_kbit_gemm.py --layouts flat --ms 128..512 --shapes 32001x4096,14008x4096`), GEMV /
-# dequant us, 32001x4096: M = 160 237 / 765 (2 bits), 404 / 790 (5 bits); M = 512 734 / 1540,
-# 1244 / 1553; 14008x4096 (aligned rows) keeps DEQUANT_MIN_M (4 bits M = 128 122 / 100, 2 bits
-# M = 160 110 / 96).
-CUBLAS_ROW_ALIGN = 8  # elements
-UNALIGNED_DEQUANT_MIN_M = 513
 
 # -- mma tiles ----------------------------------------------------------------------------------
 # (largest M, tile_m): the smallest M tile that covers M (fewer wasted rows), 64 above.
@@ -205,11 +197,9 @@ def gemv_max_m(n: int, k: int, bits: int) -> int:
 
 
 def dequant_min_m(n: int, k: int, bits: int) -> int:
-    """The smallest M that dequantizes W for cuBLAS (DEQUANT_MIN_M, DEQUANT_SMALL_MIN_M;
-    UNALIGNED_DEQUANT_MIN_M where N % CUBLAS_ROW_ALIGN != 0)."""
+    """The smallest M that dequantizes W for cuBLAS (DEQUANT_MIN_M, DEQUANT_SMALL_MIN_M)."""
     check_bits(bits)
-    m = (DEQUANT_SMALL_MIN_M if n * k <= GEMV_SMALL_WEIGHT else DEQUANT_MIN_M)[bits]
-    return max(m, UNALIGNED_DEQUANT_MIN_M) if n % CUBLAS_ROW_ALIGN else m
+    return (DEQUANT_SMALL_MIN_M if n * k <= GEMV_SMALL_WEIGHT else DEQUANT_MIN_M)[bits]
 
 
 def path_for(m: int, n: int, k: int, bits: int) -> str:
@@ -251,7 +241,6 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
     edges = sorted({1, TILE_N256_MIN_M - 1, TILE_N256_MIN_M} | {e + d for e in gemv_ends for d in (0, 1)}
                    | {d + e for t in (DEQUANT_MIN_M, DEQUANT_SMALL_MIN_M) for d in t.values()
                       for e in (-1, 0)}
-                   | {UNALIGNED_DEQUANT_MIN_M - 1, UNALIGNED_DEQUANT_MIN_M}
                    | {e for mx, _ in TILE_M_TABLE[:-1] for e in (mx, mx + 1)})
     seen: set[KbitMmaConfig] = set()
     for arch in archs:

@@ -215,6 +215,29 @@ def test_gemv_one_cta_on_a_part_with_99_kb(bits, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_dequant_path_with_n_not_a_multiple_of_8(dtype):
+    """dequantize + cuBLAS where N % 8 != 0: the GEMM runs over N rounded up (core/dense.py
+    ROW_ALIGN: garbage rows past N, C in a padded scratch) and only C [M, N] is written (the
+    output is poisoned; a bias, and without one)."""
+    import cupy
+
+    import kernelgen as kg
+
+    rng = np.random.default_rng()
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for n, k in ((1001, 4224), (4100, 1024)):
+        for bits in (2, 5):
+            lin, w64 = _weight(bits, dtype, n, k)
+            for m in (3, 200):
+                a = _host(rng, (m, k), dtype)
+                bias = _host(rng, (n,), dtype) if m == 3 else None
+                c = kg.gemm(cupy.asarray(a), lin, None if bias is None else cupy.asarray(bias),
+                            dtype=hint, path="dequant")
+                assert c.shape == (m, n)
+                _check(c, GR.gemm(a, w64, bias, dtype), dtype, f"{n=} {k=} {bits=} {m=}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_shape_and_determinism(dtype):
     """A shape where the selector splits K over many CTAs: same bits twice (ordered reduction)."""
     import cupy
