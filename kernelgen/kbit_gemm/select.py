@@ -86,11 +86,11 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # slower).
 
 
-# The GEMV from ONE_CTA_MIN_M[bits] tokens on runs one CTA
-# of ONE_CTA_WARPS warps an SM, with all the shared memory a block may have and no register cap
-# below ptxas' choice (160-240 on sm_90a), in place of the launch table's 2-3 CTAs an SM: A is staged once
-# an SM instead of once a CTA (64 KB a CTA at M = 8, K = 4096), M = 16 takes a K = 4096 A slice
-# without a K split, and the decode keeps its registers. H100, 7 shapes x 2-5 bits (session 27,
+# The GEMV from ONE_CTA_MIN_M[bits] tokens on runs one CTA of ONE_CTA_WARPS warps an SM, with
+# all the shared memory a block may have and no register cap below ptxas' choice (160-240 on
+# sm_90a), in place of the launch table's 2-3 CTAs an SM: A is staged once an SM instead of once
+# a CTA (64 KB a CTA at M = 8, K = 4096), M = 16 takes a K = 4096 A slice without a K split, and
+# the decode keeps its registers. H100, 7 shapes x 2-5 bits (session 27,
 # BENCHMARKS.md): M = 12 / 16 12-107% faster, M = 4-8 up to 56%, 13 of 120 rows slower by 1-13%
 # (1024x8192 3 bits M = 12 / 16 the most); the 128-register code of the same plans was slower in
 # 96 of 105 rows. At M = 1..3 one CTA an SM gained 2-13% on average at 4 / 5 bits (5 bits M = 1
