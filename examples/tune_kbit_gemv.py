@@ -4,13 +4,16 @@
         [--ms 1,4,8] [--dtype float16|bfloat16] --json grid.json      (needs a GPU)
     python examples/tune_kbit_gemv.py judge grid.json [more.json ...]   (CPU: the planner only)
 
-measure: for every (shape, bits, M) the GEMV with kw = 1 / 2 / 4 warps a tile along K, each at
-the planner's split for that kw and at splits 1 / 2 / 4 (and 8 past M = 8) where the A slice
-fits, plus the planner's own pick, each launched as planned (`gemm_with_plan`) and keyed
-"kw<kw>s<split>g<groups of 128 k a split>"; median us of graph replays over weights rotated
-past L2. (Session 24's grids were timed through gemm(kw=, split_k=) and keyed "kw<kw>s<split>":
-a forced split keeps K slices unrounded, so 33 of 216 picks there ran a K slicing a few groups
-off dispatch's; judge reads those keys too.)
+measure: for every (shape, bits, M) the GEMV with kw = 1 / 2 / 4 warps a tile along K, each on
+the launch table's CTA shape and on one CTA an SM (select.py ONE_CTA_MIN_M), at the planner's
+split for that kw and launch and at splits 1 / 2 / 4 (and 8 past M = 8) where the A slice fits,
+plus the planner's own pick, each launched as planned (`gemm_with_plan`) and keyed
+"kw<kw>s<split>g<groups of 128 k a split>w<warps>b<CTAs an SM of the launch bounds>"; median us
+of graph replays over weights rotated past L2. Older grids have no launch in their keys: they
+were all timed on the launch table ("kw<kw>s<split>g<groups>", session 25; session 24's
+"kw<kw>s<split>", timed through gemm(kw=, split_k=): a forced split kept K slices unrounded, so
+33 of 216 picks there ran a K slicing a few groups off dispatch's); judge reads those keys for
+picks on the launch table's shape.
 judge: for each measured row, how far the planner's current pick is from the fastest measured
 config (rows whose pick was not measured are counted apart), the mean and the worst rows: the
 number to compare when the planner's constants change (BENCHMARKS.md, session 24).
@@ -23,11 +26,16 @@ import json
 
 
 def _key(plan) -> str:
-    return f"kw{plan.config.kw}s{plan.split}g{plan.gps}"
+    return f"kw{plan.config.kw}s{plan.split}g{plan.gps}w{plan.config.warps}b{plan.config.min_blocks}"
 
 
-def _legacy_key(plan) -> str:  # session 24's grids
-    return f"kw{plan.config.kw}s{plan.split}"
+def _legacy_keys(plan) -> list[str]:  # grids before the launch was part of the key
+    from kernelgen.kbit_gemm.config import launch_of
+
+    cfg = plan.config
+    if (cfg.warps, cfg.min_blocks) != launch_of(cfg.m_tile, cfg.bits, cfg.kw, cfg.arch)[:2]:
+        return []  # they timed the launch table's shape only
+    return [f"kw{cfg.kw}s{plan.split}g{plan.gps}", f"kw{cfg.kw}s{plan.split}"]
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -40,6 +48,7 @@ def measure(args: argparse.Namespace) -> None:
     from kernelgen.bench import graph_time
     from kernelgen.kbit_gemm import select as S
     from kernelgen.kbit_gemm.api import gemm_with_plan
+    from kernelgen.kbit_gemm.config import launch_of
 
     info = device_info()
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -62,18 +71,20 @@ def measure(args: argparse.Namespace) -> None:
                 pick = S.plan_gemv(info.arch.name, m, n, k, bits, args.dtype, info.sm_count)
                 cands = {_key(pick): pick}
                 for kw in (1, 2, 4):
-                    try:
-                        own = S.plan_gemv(info.arch.name, m, n, k, bits, args.dtype,
-                                          info.sm_count, kw=kw)
-                    except ValueError:
-                        continue
-                    for s in sorted({own.split, 1, 2, 4} | ({8} if m > 8 else set())):
+                    table = launch_of(S.m_tile_for(m), bits, kw, info.arch.name)[:2]
+                    for launch in dict.fromkeys((table, (S.ONE_CTA_WARPS, 1))):
                         try:
-                            p = S.plan_gemv(info.arch.name, m, n, k, bits, args.dtype,
-                                            info.sm_count, kw=kw, split=s)
-                        except ValueError:  # the A slice does not fit at this split
+                            own = S.plan_gemv(info.arch.name, m, n, k, bits, args.dtype,
+                                              info.sm_count, kw=kw, launch=launch)
+                        except ValueError:
                             continue
-                        cands.setdefault(_key(p), p)
+                        for s in sorted({own.split, 1, 2, 4} | ({8} if m > 8 else set())):
+                            try:
+                                p = S.plan_gemv(info.arch.name, m, n, k, bits, args.dtype,
+                                                info.sm_count, kw=kw, split=s, launch=launch)
+                            except ValueError:  # the A slice does not fit at this split
+                                continue
+                            cands.setdefault(_key(p), p)
                 us = {}
                 for name, p in cands.items():
                     t, _ = graph_time(lambda i, p=p, a=a, ws=weights: gemm_with_plan(
@@ -108,7 +119,7 @@ def judge(paths: list[str], show: float) -> None:
     dist, unmeasured = [], 0
     for (arch, sms, n, k, bits, m, dtype), us in sorted(merged.items()):
         p = S.plan_gemv(arch, m, n, k, bits, dtype, sms)
-        pick = _key(p) if _key(p) in us else _legacy_key(p)
+        pick = next((c for c in [_key(p), *_legacy_keys(p)] if c in us), _key(p))
         best = min(us, key=us.get)
         if pick not in us:
             unmeasured += 1
