@@ -106,6 +106,15 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # DEQUANT_MIN_M there), so it has no upper bound. Measured on the H100 only; the other targets
 # take the rule as it is (their one-CTA plans keep within the device's shared memory a block).
 ONE_CTA_MIN_M: dict[int, int] = {2: 4, 3: 4, 4: 1, 5: 1}
+# Below ONE_CTA_MIN_M, where the table's launch has at most one CTA an SM anyway (no more CTAs
+# than SMs, more than ONE_CTA_SAME_GRID x the SMs) and one CTA an SM plans the same grid, the
+# one-CTA launch is the same work with ptxas' own registers and all the shared memory. H100, 2 /
+# 3 bits, M = 1..3 (build/ab_same.py, session 28, BENCHMARKS.md): 64-128 CTAs (4096x14336,
+# 4096x4096, 8192x4096, 2048x8192, 2048x4096, 1024x8192 split 4) 0.5-3.7% faster; 32 CTAs
+# (1024x4096) 0.6-1.9% slower, so it keeps the table. Grids past the SMs keep the table too
+# (session 27: 14336x4096 -1.8 to -4.4% one CTA an SM, 11008x4096 -4.4 to +2.8%, 28672x4096
+# +2.8-4.3%).
+ONE_CTA_SAME_GRID = 0.25
 ONE_CTA_WARPS = 8
 ONE_CTA_SPREAD = 0.5
 
@@ -170,7 +179,9 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
               launch: tuple[int, int] | None = None, smem_limit: int | None = None) -> GemvPlan:
     """Pure planner. `split` forces the number of K splits, `kw` the K warps a tile (tests,
     tuning), `launch` = (warps, min_blocks) the CTA shape; None picks them: the launch table's,
-    or one CTA of ONE_CTA_WARPS an SM (ONE_CTA_MIN_M, ONE_CTA_SPREAD); a forced min_blocks of 1
+    or one CTA of ONE_CTA_WARPS an SM (ONE_CTA_MIN_M, ONE_CTA_SPREAD; below ONE_CTA_MIN_M where
+    the table's grid has no more CTAs than SMs and one CTA an SM plans the same grid); a forced
+    min_blocks of 1
     gets all the shared memory a block may have. `smem_limit`: the
     device's shared memory a block (None: the target's): it caps the A slice and, with the 1 KB
     a block the driver keeps, the CTAs an SM holds (kernelgen.arch.smem_per_sm)."""
@@ -209,6 +220,14 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
         except ValueError:  # a forced split that only one CTA an SM's shared memory fits
             return one
         return one if one.ctas_total > ONE_CTA_SPREAD * min(sm_count, table.ctas_total) else table
+    if launch is None:
+        table = pick(None)
+        if ONE_CTA_SAME_GRID * sm_count < table.ctas_total <= sm_count and table.config.min_blocks > 1:
+            # an SM holds at most one of the table's CTAs anyway (below ONE_CTA_MIN_M)
+            one = pick((ONE_CTA_WARPS, 1))
+            if one.grid == table.grid:
+                return one
+        return table
     return pick(launch)
 
 
