@@ -96,10 +96,11 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # 96 of 105 rows. At M = 1..3 one CTA an SM gained 2-13% on average at 4 / 5 bits (5 bits M = 1
 # up to 31%: the table's 4-warp plan there was the planner's known miss) but lost 2-4% on
 # 14336x4096 / 11008x4096 at 2 / 3 bits (whose table plans put every tile in one round at 2 CTAs
-# an SM), so 2 / 3 bits start at 4. Where the one-CTA plan would run on at most ONE_CTA_SPREAD
-# of the SMs the table's plan runs on (small N split many ways: 1024x8192 5 bits M = 12 / 16,
-# 64 CTAs against 128, 11% slower), the table's plan spreads the bytes over more SMs and stays
-# (11008x4096 5 bits, 86 CTAs against 132 SMs, is 22% faster one CTA an SM). Past 16 tokens
+# an SM), so 2 / 3 bits start at 4. Below ONE_CTA_COST_MIN_M, where the one-CTA plan would run
+# on at most ONE_CTA_SPREAD of the SMs the table's plan runs on, the table's plan spreads the
+# bytes over more SMs and stays (from ONE_CTA_COST_MIN_M on, the one-CTA cost below picks K
+# warps and splits that spread: 1024x8192 5 bits M = 16 kw 4 x 4 splits, 128 CTAs, 11.83 us
+# against the table's 14.01, where session 27's 64-CTA one-CTA plan had lost 11%). Past 16 tokens
 # (passes of 16 on grid.z) one CTA an SM measured 11-58% faster on 5 shapes x 2-5 bits at M =
 # 17 / 24 / 32 / 48 (no K split at K = 4096; 1024x8192 3 / 5 bits M = 17 1-2% slower), and
 # 10-51% faster at M = 65-159 on 32001x4096 / 14001x4096 (N % 128 != 0: the GEMV runs to
@@ -117,6 +118,28 @@ ONE_CTA_MIN_M: dict[int, int] = {2: 4, 3: 4, 4: 1, 5: 1}
 ONE_CTA_SAME_GRID = 0.25
 ONE_CTA_WARPS = 8
 ONE_CTA_SPREAD = 0.5
+# The cost of a one-CTA-an-SM plan (min_blocks 1; the table's launches keep the constants above):
+# rounds = the most tiles a warp of the persistent grid walks (ceil(tiles / (CTAs x tile
+# slots))), each costing its quad steps a K warp times ONE_CTA_STEP[bits] (a 5-bit step decodes
+# about twice a 2-bit one's work) plus ONE_CTA_SPLIT_ITEM_STEPS (+ ONE_CTA_SPLIT_SUM_STEPS a
+# split beyond the first) where K is split, ONE_CTA_KW_ITEM_STEPS where kw > 1; an unsplit kw 1
+# item costs its steps only. Every kw is weighed (no 5-bit m_tile 16 exception: with ptxas' own
+# registers its K-warp configs do not spill, and kw 4 was the fastest on several small weights).
+# Fitted (session 28, H100, graph-timed, rotated; examples/tune_kbit_gemv.py grids of 24 shapes
+# x 2 / 3 / 5 bits (and 4 on 7 of them) x M = 4 / 8 / 12 / 16, every kw x split 1 / 2 / 4 / 8 /
+# the planner's, BENCHMARKS.md "Session 28"), with the one-CTA launch from ONE_CTA_COST_MIN_M
+# on: the pick is 0.91% from the fastest measured plan on average (257 rows; 2.75% before,
+# worst 35% -> 17.6%); fitted on 180 rows first, the 84 rows of 7 further shapes came out at
+# 1.01% (2.35% before).
+# Below ONE_CTA_COST_MIN_M tokens (4 / 5 bits, one CTA an SM from M = 1) the table's constants
+# stay: on 10 shapes x 4 / 5 bits x M = 1 / 2 this cost took K splits that lost 8-21% on
+# 2048x4096 (a split's finish weighs more against the lighter steps of M = 1) and scored 1.94%
+# from the fastest against 1.64%.
+ONE_CTA_COST_MIN_M = 4
+ONE_CTA_STEP: dict[int, float] = {2: 1.0, 3: 1.0, 4: 2.0, 5: 2.0}
+ONE_CTA_SPLIT_ITEM_STEPS = 1.5
+ONE_CTA_SPLIT_SUM_STEPS = 0.1
+ONE_CTA_KW_ITEM_STEPS = 0.25
 
 
 def one_cta(m: int, bits: int) -> bool:
@@ -124,9 +147,10 @@ def one_cta(m: int, bits: int) -> bool:
     return m >= ONE_CTA_MIN_M[bits]
 
 
-def kw_choices(m_tile: int, bits: int, arch: str) -> tuple[int, ...]:
-    """The K warps the planner weighs for this m_tile, bit-width and arch (KW_CHOICES)."""
-    if m_tile == 16 and (bits == 5 or (arch, bits) in KW16_SPILLS):
+def kw_choices(m_tile: int, bits: int, arch: str, one: bool = False) -> tuple[int, ...]:
+    """The K warps the planner weighs for this m_tile, bit-width and arch (KW_CHOICES); `one`:
+    for one CTA an SM (no 5-bit m_tile 16 exception there, ONE_CTA_STEP)."""
+    if m_tile == 16 and ((bits == 5 and not one) or (arch, bits) in KW16_SPILLS):
         return (1,)
     return KW_CHOICES
 
@@ -208,7 +232,8 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
         if kw is None:  # the kw of the cheapest plan (ties: fewer K warps)
             plans = [_plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, c, launch,
                            smem_limit)
-                     for c in kw_choices(m_tile, bits, arch) if launch is None or launch[0] % c == 0]
+                     for c in kw_choices(m_tile, bits, arch, one=launch is not None and launch[1] == 1)
+                     if launch is None or launch[0] % c == 0]
             return min(plans, key=lambda p: (p.cost, p.plan.config.kw)).plan
         return _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, split, kw, launch,
                      smem_limit).plan
@@ -219,12 +244,15 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
             table = pick(None)
         except ValueError:  # a forced split that only one CTA an SM's shared memory fits
             return one
-        return one if one.ctas_total > ONE_CTA_SPREAD * min(sm_count, table.ctas_total) else table
+        if m >= ONE_CTA_COST_MIN_M or one.ctas_total > ONE_CTA_SPREAD * min(sm_count, table.ctas_total):
+            return one
+        return table
     if launch is None:
         table = pick(None)
         if ONE_CTA_SAME_GRID * sm_count < table.ctas_total <= sm_count and table.config.min_blocks > 1:
             # an SM holds at most one of the table's CTAs anyway (below ONE_CTA_MIN_M)
-            one = pick((ONE_CTA_WARPS, 1))
+            one = _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, table.split,
+                        table.config.kw, (ONE_CTA_WARPS, 1), smem_limit).plan
             if one.grid == table.grid:
                 return one
         return table
@@ -268,6 +296,14 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
 
     def cost(s: int) -> float:
         gps = -(-groups // s)
+        if min_blocks == 1 and m >= ONE_CTA_COST_MIN_M:  # one CTA an SM (ONE_CTA_STEP)
+            slots_all = (warps // kw) * min(-(-tiles // (warps // kw)),
+                                            max(1, sm_count // (s * m_tiles)))
+            item = (ONE_CTA_SPLIT_ITEM_STEPS + ONE_CTA_SPLIT_SUM_STEPS * (s - 1) if s > 1 else 0.0)
+            if kw > 1:
+                item += ONE_CTA_KW_ITEM_STEPS
+            quads = -(-gps // 4)  # quad steps of a tile, dealt over kw warps
+            return -(-tiles // slots_all) * (-(-quads // kw) * ONE_CTA_STEP[bits] + item)
         warps_resident = sm_count * min(resident(gps) * warps, busy)
         rounds = -(-(tiles * m_tiles * s * kw) // warps_resident)
         overhead = (SPLIT_ITEM_OVERHEAD_STEPS + SPLIT_SUM_STEPS * (s - 1) if s > 1
@@ -329,10 +365,12 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
             for dtype in dtypes:
                 if not shapes:
                     for m_tile in M_TILES:
-                        for kw in kw_choices(m_tile, bits, arch):
-                            # the table's launch and one CTA an SM, every kw, split or not
-                            # (the planner weighs them all; larger M compiles on demand)
-                            launches = (launch_of(m_tile, bits, kw, arch)[:2], (ONE_CTA_WARPS, 1))
+                        for kw in kw_choices(m_tile, bits, arch, one=True):
+                            # the table's launch and one CTA an SM, every kw each weighs, split
+                            # or not (the planner weighs them all; larger M compiles on demand)
+                            launches = ((launch_of(m_tile, bits, kw, arch)[:2],)
+                                        if kw in kw_choices(m_tile, bits, arch) else ()) + \
+                                ((ONE_CTA_WARPS, 1),)
                             for (warps, min_blocks), split_k in product(launches, (False, True)):
                                 yield KbitGemvConfig(arch=arch, bits=bits, dtype=dtype,
                                                      m_tile=m_tile, warps=warps,
@@ -341,11 +379,14 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[Kbit
                     continue
                 for sms, lim in parts_of(arch, spec.get("sm_counts")):
                     for m, n, k in shapes:
-                        # past m_hi there is at least one work item per resident warp without a
-                        # split (m passes alone fill the GPU), so the split is 1 from there on
+                        # From M = 16 a plan depends on M only through its passes of 16; past
+                        # m_hi passes there is at least one work item per resident warp without
+                        # a split (the passes alone fill the GPU) and, one CTA an SM, one CTA a
+                        # pass and split: the plan no longer changes
                         tiles = -(-n // TILE_ROWS)
-                        m_hi = 16 * (4 * sms * 4 // tiles + 2)
-                        for mm in (m,) if m is not None else range(1, m_hi + 1):
+                        m_hi = max(4 * sms * 4 // tiles + 2, sms + 1)
+                        ms = [*range(1, 17), *(16 * p for p in range(2, m_hi + 1))]
+                        for mm in (m,) if m is not None else ms:
                             cfg = plan_gemv(arch, mm, n, k, bits, dtype, sms, smem_limit=lim).config
                             if cfg not in seen:
                                 seen.add(cfg)

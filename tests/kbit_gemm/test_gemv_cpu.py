@@ -11,9 +11,12 @@ from kernelgen.kbit import reference as R
 from kernelgen.kbit_gemm import reference as GR
 from kernelgen.kbit_gemm.config import KbitGemvConfig, kw_red_bytes, launch_of, lut_bytes
 from kernelgen.kbit_gemm.select import (
+    KW_CHOICES,
     MIN_GROUPS_PER_SPLIT,
+    ONE_CTA_COST_MIN_M,
     ONE_CTA_MIN_M,
     ONE_CTA_WARPS,
+    kw_choices,
     one_cta,
     plan_gemv,
     prewarm_configs,
@@ -77,12 +80,31 @@ def test_one_cta_an_sm_for_decode_batches():
                 assert p.config.smem_bytes() == smem_cap("sm_90a") and p.ctas_total <= 132, p.short()
                 if m >= 9:  # the 16-token A slice of K = 4096 fits: no K split (was 2)
                     assert p.split == 1 or bits == 5, p.short()
-    # 1024x8192 5 bits M = 16: one CTA an SM would be 64 CTAs against the table's 128 (measured
-    # 11% slower); 11008x4096 5 bits M = 12: 86 CTAs against 132 SMs, measured 22% faster
+    # Below ONE_CTA_COST_MIN_M a one-CTA plan on at most half the table's SMs leaves the table's
+    # (1024x4096 5 bits M = 1: 32 CTAs against 64); from it on the one-CTA cost spreads the
+    # weight itself: 1024x8192 5 bits M = 16 kw 4 x 4 splits, 128 CTAs (measured 11.83 us
+    # against the table's 14.01; session 27's 64-CTA kw 1 x 8 plan lost 11% to the table)
+    assert ONE_CTA_COST_MIN_M == 4
+    tiny = select_gemv("sm_90a", 1, 1024, 4096, 5, "float16", 132)
+    assert tiny.config.min_blocks != 1, tiny.short()
     small = select_gemv("sm_90a", 16, 1024, 8192, 5, "float16", 132)
-    assert small.config.min_blocks != 1 and small.ctas_total == 128, small.short()
+    assert small.config.min_blocks == 1 and small.config.kw == 4 and small.ctas_total == 128, small.short()
     mid = select_gemv("sm_90a", 12, 11008, 4096, 5, "float16", 132)
     assert mid.config.min_blocks == 1, mid.short()
+
+
+def test_one_cta_cost_picks_measured_plans():
+    """The one-CTA cost (ONE_CTA_STEP and the item steps, session 28's grids): plans the old
+    constants missed by 10-35% on the H100."""
+    def pick(m, n, k, bits):
+        p = select_gemv("sm_90a", m, n, k, bits, "float16", 132)
+        assert p.config.min_blocks == 1, p.short()
+        return p.config.kw, p.split
+    assert pick(8, 14336, 4096, 5) == (1, 1)   # 23.08 us; kw 2 (the old pick) 25.58
+    assert pick(16, 18432, 5120, 5) == (1, 2)  # 53.20 us; unsplit kw 1 71.83
+    assert pick(12, 2048, 4096, 2) == (4, 1)   # 6.79 us; the table's kw 4 x 2 splits 8.05
+    # 5 bits at m_tile 16 weighs K warps one CTA an SM (not on the table's launch)
+    assert kw_choices(16, 5, "sm_90a") == (1,) and kw_choices(16, 5, "sm_90a", one=True) == KW_CHOICES
 
 
 def test_one_cta_an_sm_below_its_min_m_on_the_same_grid():
@@ -92,7 +114,7 @@ def test_one_cta_an_sm_below_its_min_m_on_the_same_grid():
     32 CTAs 1-2% slower)."""
     for bits in (2, 3):
         for m in (1, 2, 3):
-            for n, k, same in ((4096, 14336, m < 3 or bits == 2), (4096, 4096, True),
+            for n, k, same in ((4096, 14336, True), (4096, 4096, True),
                                (1024, 8192, True), (2048, 4096, True), (1024, 4096, False),
                                (14336, 4096, False), (28672, 4096, False)):
                 p = select_gemv("sm_90a", m, n, k, bits, "float16", 132)
@@ -253,9 +275,10 @@ def test_shape_rule(n, k):
 def test_prewarm_table_is_modest_and_compilable():
     for arch in SM_COUNTS:
         cfgs = list(prewarm_configs([arch], {}))
-        # 2 dtypes x 2 launches (the table's, one CTA an SM) x (4 bit-widths x m_tile 8 + 3 x
-        # m_tile 16: kw 1 / 2 / 4, split or not; 5 bits at m_tile 16: kw 1, split or not)
-        assert 0 < len(cfgs) <= 2 * 2 * (7 * 6 + 2) and len(set(cfgs)) == len(cfgs)
+        # 2 dtypes x (the table's launch: 4 bit-widths x m_tile 8 + 3 x m_tile 16, kw 1 / 2 / 4,
+        # split or not, and 5 bits at m_tile 16 kw 1, split or not; one CTA an SM: every kw at
+        # both m_tiles)
+        assert 0 < len(cfgs) <= 2 * ((7 * 6 + 2) + 8 * 6) and len(set(cfgs)) == len(cfgs)
         # the table's caps fit every part (<= 99 KB); one CTA an SM opts in to what the
         # device allows a block (its plans keep within it)
         assert all(c.smem_bytes() <= 99 * 1024 for c in cfgs if c.min_blocks != 1)
