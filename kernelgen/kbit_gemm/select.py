@@ -203,12 +203,12 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
               launch: tuple[int, int] | None = None, smem_limit: int | None = None) -> GemvPlan:
     """Pure planner. `split` forces the number of K splits, `kw` the K warps a tile (tests,
     tuning), `launch` = (warps, min_blocks) the CTA shape; None picks them: the launch table's,
-    or one CTA of ONE_CTA_WARPS an SM (ONE_CTA_MIN_M, ONE_CTA_SPREAD; below ONE_CTA_MIN_M where
-    the table's grid has no more CTAs than SMs and one CTA an SM plans the same grid); a forced
-    min_blocks of 1
-    gets all the shared memory a block may have. `smem_limit`: the
-    device's shared memory a block (None: the target's): it caps the A slice and, with the 1 KB
-    a block the driver keeps, the CTAs an SM holds (kernelgen.arch.smem_per_sm)."""
+    or one CTA of ONE_CTA_WARPS an SM (ONE_CTA_MIN_M, ONE_CTA_COST_MIN_M, ONE_CTA_SPREAD; below
+    ONE_CTA_MIN_M where the table's grid has no more CTAs than SMs and one CTA an SM plans the
+    same grid, ONE_CTA_SAME_GRID); a forced min_blocks of 1 gets all the shared memory a block
+    may have. `smem_limit`: the device's shared memory a block (None: the target's): it caps the
+    A slice and, with the 1 KB a block the driver keeps, the CTAs an SM holds
+    (kernelgen.arch.smem_per_sm)."""
     check_shape(n, k)
     check_bits(bits)  # the launch tables have rows for 2..5 only
     if m < 1:
@@ -297,6 +297,7 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
     def cost(s: int) -> float:
         gps = -(-groups // s)
         if min_blocks == 1 and m >= ONE_CTA_COST_MIN_M:  # one CTA an SM (ONE_CTA_STEP)
+            # tile slots of a pass and split: its CTAs (as `ctas` below) x warps // kw
             slots_all = (warps // kw) * min(-(-tiles // (warps // kw)),
                                             max(1, sm_count // (s * m_tiles)))
             item = (ONE_CTA_SPLIT_ITEM_STEPS + ONE_CTA_SPLIT_SUM_STEPS * (s - 1) if s > 1 else 0.0)
