@@ -3,6 +3,7 @@
     python examples/tune_kbit_gemv.py measure --shapes 14336x4096,4096x4096 [--bits 2,3,5]
         [--ms 1,4,8] [--dtype float16|bfloat16] --json grid.json      (needs a GPU)
     python examples/tune_kbit_gemv.py judge grid.json [more.json ...]   (CPU: the planner only)
+    python examples/tune_kbit_gemv.py fit grid.json [more.json ...] [--top 5]          (CPU)
 
 measure: for every (shape, bits, M) the GEMV with kw = 1 / 2 / 4 warps a tile along K, each on
 the launch table's CTA shape and on one CTA an SM (select.py ONE_CTA_MIN_M), at the planner's
@@ -17,12 +18,16 @@ picks on the launch table's shape.
 judge: for each measured row, how far the planner's current pick is from the fastest measured
 config (rows whose pick was not measured are counted apart), the mean and the worst rows: the
 number to compare when the planner's constants change (BENCHMARKS.md, session 24).
+fit: a grid search of the one-CTA-an-SM cost's constants (select.one_cta_cost, FIT_GRID) over
+the grids' rows at M >= ONE_CTA_COST_MIN_M, each row's pick taken among its measured one-CTA
+plans, scored as judge scores (BENCHMARKS.md, session 28).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 
 
 def _key(plan) -> str:
@@ -107,17 +112,8 @@ def measure(args: argparse.Namespace) -> None:
 def judge(paths: list[str], show: float) -> None:
     from kernelgen.kbit_gemm import select as S
 
-    merged: dict[tuple, dict] = {}
-    for path in paths:
-        with open(path) as f:
-            for r in json.load(f):
-                key = (r.get("arch", "sm_90a"), r.get("sm_count", 132), r["n"], r["k"], r["bits"],
-                       r["m"], r.get("dtype", "float16"))
-                us = merged.setdefault(key, {})
-                for c, t in r["us"].items():
-                    us[c] = min(us.get(c, t), t)
     dist, unmeasured = [], 0
-    for (arch, sms, n, k, bits, m, dtype), us in sorted(merged.items()):
+    for (arch, sms, n, k, bits, m, dtype), us in sorted(_merged(paths).items()):
         p = S.plan_gemv(arch, m, n, k, bits, dtype, sms)
         pick = next((c for c in [_key(p), *_legacy_keys(p)] if c in us), _key(p))
         best = min(us, key=us.get)
@@ -136,6 +132,81 @@ def judge(paths: list[str], show: float) -> None:
               f"{100 * max(dist):.1f}%; {unmeasured} picks not measured")
 
 
+def _merged(paths: list[str]) -> dict[tuple, dict]:
+    """Grids merged by (arch, SMs, N, K, bits, M, dtype): the fastest time of each key."""
+    merged: dict[tuple, dict] = {}
+    for path in paths:
+        with open(path) as f:
+            for r in json.load(f):
+                key = (r.get("arch", "sm_90a"), r.get("sm_count", 132), r["n"], r["k"], r["bits"],
+                       r["m"], r.get("dtype", "float16"))
+                us = merged.setdefault(key, {})
+                for c, t in r["us"].items():
+                    us[c] = min(us.get(c, t), t)
+    return merged
+
+
+# fit: the values tried for each constant of select.one_cta_cost (ONE_CTA_STEP[2] is the unit)
+FIT_GRID = {"step3": (1.0, 1.25, 1.5), "step4": (1.0, 1.5, 2.0, 2.5), "step5": (1.5, 2.0, 2.5, 3.0),
+            "split_item": (0.5, 1.0, 1.5, 2.0, 3.0), "split_sum": (0.0, 0.1, 0.2, 0.4),
+            "kw_item": (0.0, 0.25, 0.5, 1.0)}
+
+
+def fit(paths: list[str], top: int) -> None:
+    """Grid-search select.one_cta_cost's constants: for every measured row where the planner
+    weighs one CTA an SM by that cost, the cheapest of the row's measured one-CTA plans under
+    each setting, scored as judge does (how far its time is from the row's fastest measured
+    plan, any launch)."""
+    import itertools
+
+    from kernelgen.kbit_gemm import select as S
+
+    rows = []
+    for (arch, sms, n, k, bits, m, dtype), us in sorted(_merged(paths).items()):
+        if m < S.ONE_CTA_COST_MIN_M or not S.one_cta(m, bits):
+            continue
+        cands = []
+        for key, t in us.items():
+            hit = re.fullmatch(r"kw(\d+)s(\d+)g(\d+)w(\d+)b(\d+)", key)
+            if hit is None:  # an older grid's key: the launch table's shape
+                continue
+            kw, split, _, warps, blocks = map(int, hit.groups())
+            if (warps, blocks) != (S.ONE_CTA_WARPS, 1):
+                continue
+            p = S.plan_gemv(arch, m, n, k, bits, dtype, sms, kw=kw, split=split,
+                            launch=(S.ONE_CTA_WARPS, 1))
+            cands.append((p, t))
+        if cands:
+            rows.append((bits, sms, -(-n // S.TILE_ROWS), cands, min(us.values())))
+    if not rows:
+        raise SystemExit("no measured one-CTA rows at M >= ONE_CTA_COST_MIN_M in these grids")
+
+    def score(c: dict) -> tuple[float, float, int]:
+        step = {2: 1.0, 3: c["step3"], 4: c["step4"], 5: c["step5"]}
+        dist = []
+        for bits, sms, tiles, cands, best in rows:
+            p, t = min(cands, key=lambda pt: (S.one_cta_cost(
+                bits, tiles, pt[0].m_tiles, pt[0].gps, pt[0].config.kw, pt[0].split, sms,
+                step=step, split_item=c["split_item"], split_sum=c["split_sum"],
+                kw_item=c["kw_item"]), pt[0].config.kw, pt[0].split))
+            dist.append(t / best - 1)
+        return sum(dist) / len(dist), max(dist), sum(d > 0.03 for d in dist)
+
+    now = {"step3": S.ONE_CTA_STEP[3], "step4": S.ONE_CTA_STEP[4], "step5": S.ONE_CTA_STEP[5],
+           "split_item": S.ONE_CTA_SPLIT_ITEM_STEPS, "split_sum": S.ONE_CTA_SPLIT_SUM_STEPS,
+           "kw_item": S.ONE_CTA_KW_ITEM_STEPS}
+    mean, worst, over = score(now)
+    print(f"{len(rows)} rows; the planner's constants: {100 * mean:.2f}% from the fastest on "
+          f"average, {over} rows beyond 3%, worst {100 * worst:.1f}%")
+    results = []
+    for values in itertools.product(*FIT_GRID.values()):
+        c = dict(zip(FIT_GRID, values, strict=True))
+        results.append((score(c), c))
+    results.sort(key=lambda r: (r[0][0], r[0][1]))
+    for (mean, worst, over), c in results[:top]:
+        print(f"{100 * mean:.2f}% ({over} rows beyond 3%, worst {100 * worst:.1f}%): {c}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -148,9 +219,14 @@ def main() -> None:
     j = sub.add_parser("judge")
     j.add_argument("json", nargs="+")
     j.add_argument("--show", type=float, default=0.03, help="print rows further than this")
+    f = sub.add_parser("fit")
+    f.add_argument("json", nargs="+")
+    f.add_argument("--top", type=int, default=5, help="settings to print, best first")
     args = ap.parse_args()
     if args.cmd == "measure":
         measure(args)
+    elif args.cmd == "fit":
+        fit(args.json, args.top)
     else:
         judge(args.json, args.show)
 

@@ -147,6 +147,25 @@ def one_cta(m: int, bits: int) -> bool:
     return m >= ONE_CTA_MIN_M[bits]
 
 
+def one_cta_cost(bits: int, tiles: int, m_tiles: int, gps: int, kw: int, split: int,
+                 sm_count: int, warps: int = ONE_CTA_WARPS, step: dict[int, float] | None = None,
+                 split_item: float | None = None, split_sum: float | None = None,
+                 kw_item: float | None = None) -> float:
+    """Cost of a one-CTA-an-SM plan (ONE_CTA_STEP; the keywords replace the constants, for
+    examples/tune_kbit_gemv.py fit): the most tiles a warp walks (a pass and split has min(tiles
+    / slots, SMs / (split x passes)) CTAs of warps / kw tile slots) times its quad steps a K warp,
+    weighted by bit-width, plus the item's split and K-warp steps."""
+    step = ONE_CTA_STEP if step is None else step
+    split_item = ONE_CTA_SPLIT_ITEM_STEPS if split_item is None else split_item
+    split_sum = ONE_CTA_SPLIT_SUM_STEPS if split_sum is None else split_sum
+    kw_item = ONE_CTA_KW_ITEM_STEPS if kw_item is None else kw_item
+    slots = warps // kw
+    slots_all = slots * min(-(-tiles // slots), max(1, sm_count // (split * m_tiles)))
+    item = (split_item + split_sum * (split - 1) if split > 1 else 0.0) + (kw_item if kw > 1 else 0.0)
+    quads = -(-gps // 4)  # quad steps of a tile, dealt over kw warps
+    return -(-tiles // slots_all) * (-(-quads // kw) * step[bits] + item)
+
+
 def kw_choices(m_tile: int, bits: int, arch: str, one: bool = False) -> tuple[int, ...]:
     """The K warps the planner weighs for this m_tile, bit-width and arch (KW_CHOICES); `one`:
     for one CTA an SM (no 5-bit m_tile 16 exception there, ONE_CTA_STEP)."""
@@ -297,14 +316,7 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
     def cost(s: int) -> float:
         gps = -(-groups // s)
         if min_blocks == 1 and m >= ONE_CTA_COST_MIN_M:  # one CTA an SM (ONE_CTA_STEP)
-            # tile slots of a pass and split: its CTAs (as `ctas` below) x warps // kw
-            slots_all = (warps // kw) * min(-(-tiles // (warps // kw)),
-                                            max(1, sm_count // (s * m_tiles)))
-            item = (ONE_CTA_SPLIT_ITEM_STEPS + ONE_CTA_SPLIT_SUM_STEPS * (s - 1) if s > 1 else 0.0)
-            if kw > 1:
-                item += ONE_CTA_KW_ITEM_STEPS
-            quads = -(-gps // 4)  # quad steps of a tile, dealt over kw warps
-            return -(-tiles // slots_all) * (-(-quads // kw) * ONE_CTA_STEP[bits] + item)
+            return one_cta_cost(bits, tiles, m_tiles, gps, kw, s, sm_count, warps)
         warps_resident = sm_count * min(resident(gps) * warps, busy)
         rounds = -(-(tiles * m_tiles * s * kw) // warps_resident)
         overhead = (SPLIT_ITEM_OVERHEAD_STEPS + SPLIT_SUM_STEPS * (s - 1) if s > 1
