@@ -19,8 +19,8 @@ judge: for each measured row, how far the planner's current pick is from the fas
 config (rows whose pick was not measured are counted apart), the mean and the worst rows: the
 number to compare when the planner's constants change (BENCHMARKS.md, session 24).
 fit: a grid search of the one-CTA-an-SM cost's constants (select.one_cta_cost, FIT_GRID) over
-the grids' rows at M >= ONE_CTA_COST_MIN_M, each row's pick taken among its measured one-CTA
-plans, scored as judge scores (BENCHMARKS.md, session 28).
+the grids' rows the planner runs one CTA an SM, each row's pick taken among its measured
+one-CTA plans, scored as judge scores (BENCHMARKS.md, session 28).
 """
 
 from __future__ import annotations
@@ -148,23 +148,23 @@ def _merged(paths: list[str]) -> dict[tuple, dict]:
 
 # fit: the values tried for each constant of select.one_cta_cost (ONE_CTA_STEP[2] is the unit)
 FIT_GRID = {"step3": (1.0, 1.25, 1.5), "step4": (1.0, 1.5, 2.0, 2.5), "step5": (1.5, 2.0, 2.5, 3.0),
-            "split_item": (0.5, 1.0, 1.5, 2.0, 3.0), "split_sum": (0.0, 0.1, 0.2, 0.4),
-            "kw_item": (0.0, 0.25, 0.5, 1.0)}
+            "split_item": (0.5, 1.0, 1.5, 2.0, 3.0), "few_split_item": (1.5, 2.0, 3.0, 4.0),
+            "split_sum": (0.0, 0.1, 0.2, 0.4), "kw_item": (0.0, 0.25, 0.5, 1.0)}
 
 
 def fit(paths: list[str], top: int) -> None:
     """Grid-search select.one_cta_cost's constants: for every measured row where the planner
-    weighs one CTA an SM by that cost, the cheapest of the row's measured one-CTA plans under
-    each setting, scored as judge does (how far its time is from the row's fastest measured
-    plan, any launch)."""
+    runs one CTA an SM (and so weighs its plans by that cost), the cheapest of the row's measured
+    one-CTA plans under each setting, scored as judge does (how far its time is from the row's
+    fastest measured plan, any launch)."""
     import itertools
 
     from kernelgen.kbit_gemm import select as S
 
     rows = []
     for (arch, sms, n, k, bits, m, dtype), us in sorted(_merged(paths).items()):
-        if m < S.ONE_CTA_COST_MIN_M or not S.one_cta(m, bits):
-            continue
+        if S.plan_gemv(arch, m, n, k, bits, dtype, sms).config.min_blocks != 1:
+            continue  # the table's launch (its own constants)
         cands = []
         for key, t in us.items():
             hit = re.fullmatch(r"kw(\d+)s(\d+)g(\d+)w(\d+)b(\d+)", key)
@@ -177,23 +177,24 @@ def fit(paths: list[str], top: int) -> None:
                             launch=(S.ONE_CTA_WARPS, 1))
             cands.append((p, t))
         if cands:
-            rows.append((bits, sms, -(-n // S.TILE_ROWS), cands, min(us.values())))
+            rows.append((bits, m, sms, -(-n // S.TILE_ROWS), cands, min(us.values())))
     if not rows:
-        raise SystemExit("no measured one-CTA rows at M >= ONE_CTA_COST_MIN_M in these grids")
+        raise SystemExit("no measured rows that the planner runs one CTA an SM in these grids")
 
     def score(c: dict) -> tuple[float, float, int]:
         step = {2: 1.0, 3: c["step3"], 4: c["step4"], 5: c["step5"]}
         dist = []
-        for bits, sms, tiles, cands, best in rows:
+        for bits, m, sms, tiles, cands, best in rows:
             p, t = min(cands, key=lambda pt: (S.one_cta_cost(
-                bits, tiles, pt[0].m_tiles, pt[0].gps, pt[0].config.kw, pt[0].split, sms,
-                step=step, split_item=c["split_item"], split_sum=c["split_sum"],
-                kw_item=c["kw_item"]), pt[0].config.kw, pt[0].split))
+                bits, m, tiles, pt[0].m_tiles, pt[0].gps, pt[0].config.kw, pt[0].split, sms,
+                step=step, split_item=c["split_item"], few_split_item=c["few_split_item"],
+                split_sum=c["split_sum"], kw_item=c["kw_item"]), pt[0].config.kw, pt[0].split))
             dist.append(t / best - 1)
         return sum(dist) / len(dist), max(dist), sum(d > 0.03 for d in dist)
 
     now = {"step3": S.ONE_CTA_STEP[3], "step4": S.ONE_CTA_STEP[4], "step5": S.ONE_CTA_STEP[5],
-           "split_item": S.ONE_CTA_SPLIT_ITEM_STEPS, "split_sum": S.ONE_CTA_SPLIT_SUM_STEPS,
+           "split_item": S.ONE_CTA_SPLIT_ITEM_STEPS, "few_split_item": S.ONE_CTA_FEW_SPLIT_ITEM_STEPS,
+           "split_sum": S.ONE_CTA_SPLIT_SUM_STEPS,
            "kw_item": S.ONE_CTA_KW_ITEM_STEPS}
     mean, worst, over = score(now)
     print(f"{len(rows)} rows; the planner's constants: {100 * mean:.2f}% from the fastest on "

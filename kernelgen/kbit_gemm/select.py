@@ -96,9 +96,9 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
 # 96 of 105 rows. At M = 1..3 one CTA an SM gained 2-13% on average at 4 / 5 bits (5 bits M = 1
 # up to 31%: the table's 4-warp plan there was the planner's known miss) but lost 2-4% on
 # 14336x4096 / 11008x4096 at 2 / 3 bits (whose table plans put every tile in one round at 2 CTAs
-# an SM), so 2 / 3 bits start at 4. Below ONE_CTA_COST_MIN_M, where the one-CTA plan would run
+# an SM), so 2 / 3 bits start at 4. Below ONE_CTA_FEW_TOKENS, where the one-CTA plan would run
 # on at most ONE_CTA_SPREAD of the SMs the table's plan runs on, the table's plan spreads the
-# bytes over more SMs and stays (from ONE_CTA_COST_MIN_M on, the one-CTA cost below picks K
+# bytes over more SMs and stays (from ONE_CTA_FEW_TOKENS on, the one-CTA cost below picks K
 # warps and splits that spread: 1024x8192 5 bits M = 16 kw 4 x 4 splits, 128 CTAs, 11.83 us
 # against the table's 14.01, where session 27's 64-CTA one-CTA plan had lost 11%). Past 16 tokens
 # (passes of 16 on grid.z) one CTA an SM measured 11-58% faster on 5 shapes x 2-5 bits at M =
@@ -127,17 +127,21 @@ ONE_CTA_SPREAD = 0.5
 # registers its K-warp configs do not spill, and kw 4 was the fastest on several small weights).
 # Fitted (session 28, H100, graph-timed, rotated; examples/tune_kbit_gemv.py grids of 24 shapes
 # x 2 / 3 / 5 bits (and 4 on 7 of them) x M = 4 / 8 / 12 / 16, every kw x split 1 / 2 / 4 / 8 /
-# the planner's, BENCHMARKS.md "Session 28"), with the one-CTA launch from ONE_CTA_COST_MIN_M
+# the planner's, BENCHMARKS.md "Session 28"), with the one-CTA launch from ONE_CTA_FEW_TOKENS
 # on: the pick is 0.91% from the fastest measured plan on average (257 rows; 2.75% before,
 # worst 35% -> 17.6%); fitted on 180 rows first, the 84 rows of 7 further shapes came out at
 # 1.01% (2.35% before).
-# Below ONE_CTA_COST_MIN_M tokens (4 / 5 bits, one CTA an SM from M = 1) the table's constants
-# stay: on 10 shapes x 4 / 5 bits x M = 1 / 2 this cost took K splits that lost 8-21% on
-# 2048x4096 (a split's finish weighs more against the lighter steps of M = 1) and scored 1.94%
-# from the fastest against 1.64%.
-ONE_CTA_COST_MIN_M = 4
+# Below ONE_CTA_FEW_TOKENS (4 / 5 bits, one CTA an SM from M = 1) a split costs
+# ONE_CTA_FEW_SPLIT_ITEM_STEPS instead (its finish weighs more against the lighter steps of 1-3
+# tokens: with 1.5 the cost took K splits that lost 8-21% on 2048x4096), and the launch is the
+# table's where one CTA an SM would spread over at most ONE_CTA_SPREAD of its SMs. Fitted on 10
+# shapes x 4 / 5 bits x M = 1 / 2 (the table's constants there: 1.64% from the fastest, now
+# 0.99%; 14336x4096 / 13824x5120 5 bits kw 1 where kw 2 was 10-11% slower); 8 further shapes x
+# M = 1 / 2 / 3, not used in the fit: 1.06% -> 0.26%, worst 11.1% -> 2.8%.
+ONE_CTA_FEW_TOKENS = 4
 ONE_CTA_STEP: dict[int, float] = {2: 1.0, 3: 1.0, 4: 2.0, 5: 2.0}
 ONE_CTA_SPLIT_ITEM_STEPS = 1.5
+ONE_CTA_FEW_SPLIT_ITEM_STEPS = 3.0
 ONE_CTA_SPLIT_SUM_STEPS = 0.1
 ONE_CTA_KW_ITEM_STEPS = 0.25
 
@@ -147,16 +151,19 @@ def one_cta(m: int, bits: int) -> bool:
     return m >= ONE_CTA_MIN_M[bits]
 
 
-def one_cta_cost(bits: int, tiles: int, m_tiles: int, gps: int, kw: int, split: int,
+def one_cta_cost(bits: int, m: int, tiles: int, m_tiles: int, gps: int, kw: int, split: int,
                  sm_count: int, warps: int = ONE_CTA_WARPS, step: dict[int, float] | None = None,
-                 split_item: float | None = None, split_sum: float | None = None,
-                 kw_item: float | None = None) -> float:
-    """Cost of a one-CTA-an-SM plan (ONE_CTA_STEP; the keywords replace the constants, for
-    examples/tune_kbit_gemv.py fit): the most tiles a warp walks (a pass and split has min(tiles
-    / slots, SMs / (split x passes)) CTAs of warps / kw tile slots) times its quad steps a K warp,
-    weighted by bit-width, plus the item's split and K-warp steps."""
+                 split_item: float | None = None, few_split_item: float | None = None,
+                 split_sum: float | None = None, kw_item: float | None = None) -> float:
+    """Cost of a one-CTA-an-SM plan for M tokens (ONE_CTA_STEP; the keywords replace the
+    constants, for examples/tune_kbit_gemv.py fit): the most tiles a warp walks (a pass and split
+    has min(tiles / slots, SMs / (split x passes)) CTAs of warps / kw tile slots) times its quad
+    steps a K warp, weighted by bit-width, plus the item's split and K-warp steps."""
     step = ONE_CTA_STEP if step is None else step
-    split_item = ONE_CTA_SPLIT_ITEM_STEPS if split_item is None else split_item
+    if m < ONE_CTA_FEW_TOKENS:
+        split_item = ONE_CTA_FEW_SPLIT_ITEM_STEPS if few_split_item is None else few_split_item
+    else:
+        split_item = ONE_CTA_SPLIT_ITEM_STEPS if split_item is None else split_item
     split_sum = ONE_CTA_SPLIT_SUM_STEPS if split_sum is None else split_sum
     kw_item = ONE_CTA_KW_ITEM_STEPS if kw_item is None else kw_item
     slots = warps // kw
@@ -222,7 +229,7 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
               launch: tuple[int, int] | None = None, smem_limit: int | None = None) -> GemvPlan:
     """Pure planner. `split` forces the number of K splits, `kw` the K warps a tile (tests,
     tuning), `launch` = (warps, min_blocks) the CTA shape; None picks them: the launch table's,
-    or one CTA of ONE_CTA_WARPS an SM (ONE_CTA_MIN_M, ONE_CTA_COST_MIN_M, ONE_CTA_SPREAD; below
+    or one CTA of ONE_CTA_WARPS an SM (ONE_CTA_MIN_M, ONE_CTA_FEW_TOKENS, ONE_CTA_SPREAD; below
     ONE_CTA_MIN_M where the table's grid has no more CTAs than SMs and one CTA an SM plans the
     same grid, ONE_CTA_SAME_GRID); a forced min_blocks of 1 gets all the shared memory a block
     may have. `smem_limit`: the device's shared memory a block (None: the target's): it caps the
@@ -263,7 +270,7 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
             table = pick(None)
         except ValueError:  # a forced split that only one CTA an SM's shared memory fits
             return one
-        if m >= ONE_CTA_COST_MIN_M or one.ctas_total > ONE_CTA_SPREAD * min(sm_count, table.ctas_total):
+        if m >= ONE_CTA_FEW_TOKENS or one.ctas_total > ONE_CTA_SPREAD * min(sm_count, table.ctas_total):
             return one
         return table
     if launch is None:
@@ -315,8 +322,8 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
 
     def cost(s: int) -> float:
         gps = -(-groups // s)
-        if min_blocks == 1 and m >= ONE_CTA_COST_MIN_M:  # one CTA an SM (ONE_CTA_STEP)
-            return one_cta_cost(bits, tiles, m_tiles, gps, kw, s, sm_count, warps)
+        if min_blocks == 1:  # one CTA an SM (ONE_CTA_STEP)
+            return one_cta_cost(bits, m, tiles, m_tiles, gps, kw, s, sm_count, warps)
         warps_resident = sm_count * min(resident(gps) * warps, busy)
         rounds = -(-(tiles * m_tiles * s * kw) // warps_resident)
         overhead = (SPLIT_ITEM_OVERHEAD_STEPS + SPLIT_SUM_STEPS * (s - 1) if s > 1

@@ -13,7 +13,7 @@ from kernelgen.kbit_gemm.config import KbitGemvConfig, kw_red_bytes, launch_of, 
 from kernelgen.kbit_gemm.select import (
     KW_CHOICES,
     MIN_GROUPS_PER_SPLIT,
-    ONE_CTA_COST_MIN_M,
+    ONE_CTA_FEW_TOKENS,
     ONE_CTA_MIN_M,
     ONE_CTA_WARPS,
     kw_choices,
@@ -80,11 +80,11 @@ def test_one_cta_an_sm_for_decode_batches():
                 assert p.config.smem_bytes() == smem_cap("sm_90a") and p.ctas_total <= 132, p.short()
                 if m >= 9:  # the 16-token A slice of K = 4096 fits: no K split (was 2)
                     assert p.split == 1 or bits == 5, p.short()
-    # Below ONE_CTA_COST_MIN_M a one-CTA plan on at most half the table's SMs leaves the table's
+    # Below ONE_CTA_FEW_TOKENS a one-CTA plan on at most half the table's SMs leaves the table's
     # (1024x4096 5 bits M = 1: 32 CTAs against 64); from it on the one-CTA cost spreads the
     # weight itself: 1024x8192 5 bits M = 16 kw 4 x 4 splits, 128 CTAs (measured 11.83 us
     # against the table's 14.01; session 27's 64-CTA kw 1 x 8 plan lost 11% to the table)
-    assert ONE_CTA_COST_MIN_M == 4
+    assert ONE_CTA_FEW_TOKENS == 4
     tiny = select_gemv("sm_90a", 1, 1024, 4096, 5, "float16", 132)
     assert tiny.config.min_blocks != 1, tiny.short()
     small = select_gemv("sm_90a", 16, 1024, 8192, 5, "float16", 132)
@@ -150,9 +150,9 @@ def test_decode_shapes_fill_the_gpu():
         assert p.ctas * p.split * p.m_tiles <= 132 * cfg.min_blocks, p.short()
         busy = -(-n // 16) * p.split * cfg.kw  # warps with a share of the work
         assert busy >= 132 * 4, p.short()  # >= 4 busy warps an SM
-        # measured choices (select.py): unsplit; 14336x4096 kw 2 (19.09 us, kw 1 19.12: equal),
-        # 4096x14336 kw 4 (kw 1 would split)
-        assert p.split == 1 and cfg.kw == (2 if n == 14336 else 4), p.short()
+        # measured choices (select.py): unsplit; 14336x4096 kw 1 one CTA an SM (18.81 us, kw 2
+        # 19.17; session 28), 4096x14336 kw 4 (kw 1 would split)
+        assert p.split == 1 and cfg.kw == (1 if n == 14336 else 4), p.short()
         assert p.gps % (4 * cfg.kw) == 0, p.short()  # whole quad steps: no idle lanes
 
 
