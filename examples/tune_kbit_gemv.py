@@ -177,17 +177,17 @@ def fit(paths: list[str], top: int) -> None:
                             launch=(S.ONE_CTA_WARPS, 1))
             cands.append((p, t))
         if cands:
-            rows.append((bits, m, sms, -(-n // S.TILE_ROWS), cands, min(us.values())))
+            rows.append((bits, m, -(-n // S.TILE_ROWS), cands, min(us.values())))
     if not rows:
         raise SystemExit("no measured rows that the planner runs one CTA an SM in these grids")
 
     def score(c: dict) -> tuple[float, float, int]:
         step = {2: 1.0, 3: c["step3"], 4: c["step4"], 5: c["step5"]}
         dist = []
-        for bits, m, sms, tiles, cands, best in rows:
+        for bits, m, tiles, cands, best in rows:
             p, t = min(cands, key=lambda pt: (S.one_cta_cost(
-                bits, m, tiles, pt[0].m_tiles, pt[0].gps, pt[0].config.kw, pt[0].split, sms,
-                step=step, split_item=c["split_item"], few_split_item=c["few_split_item"],
+                bits, m, tiles, pt[0].ctas * (pt[0].config.warps // pt[0].config.kw), pt[0].gps,
+                pt[0].config.kw, pt[0].split, step=step, split_item=c["split_item"], few_split_item=c["few_split_item"],
                 split_sum=c["split_sum"], kw_item=c["kw_item"]), pt[0].config.kw, pt[0].split))
             dist.append(t / best - 1)
         return sum(dist) / len(dist), max(dist), sum(d > 0.03 for d in dist)

@@ -151,14 +151,14 @@ def one_cta(m: int, bits: int) -> bool:
     return m >= ONE_CTA_MIN_M[bits]
 
 
-def one_cta_cost(bits: int, m: int, tiles: int, m_tiles: int, gps: int, kw: int, split: int,
-                 sm_count: int, warps: int = ONE_CTA_WARPS, step: dict[int, float] | None = None,
-                 split_item: float | None = None, few_split_item: float | None = None,
-                 split_sum: float | None = None, kw_item: float | None = None) -> float:
+def one_cta_cost(bits: int, m: int, tiles: int, tile_slots: int, gps: int, kw: int, split: int,
+                 step: dict[int, float] | None = None, split_item: float | None = None,
+                 few_split_item: float | None = None, split_sum: float | None = None,
+                 kw_item: float | None = None) -> float:
     """Cost of a one-CTA-an-SM plan for M tokens (ONE_CTA_STEP; the keywords replace the
-    constants, for examples/tune_kbit_gemv.py fit): the most tiles a warp walks (a pass and split
-    has min(tiles / slots, SMs / (split x passes)) CTAs of warps / kw tile slots) times its quad
-    steps a K warp, weighted by bit-width, plus the item's split and K-warp steps."""
+    constants, for examples/tune_kbit_gemv.py fit): the most tiles a warp walks (`tile_slots`: a
+    pass and split's CTAs x warps / kw, GemvPlan.ctas) times its quad steps a K warp, weighted by
+    bit-width, plus the item's split and K-warp steps."""
     step = ONE_CTA_STEP if step is None else step
     if m < ONE_CTA_FEW_TOKENS:
         split_item = ONE_CTA_FEW_SPLIT_ITEM_STEPS if few_split_item is None else few_split_item
@@ -166,11 +166,9 @@ def one_cta_cost(bits: int, m: int, tiles: int, m_tiles: int, gps: int, kw: int,
         split_item = ONE_CTA_SPLIT_ITEM_STEPS if split_item is None else split_item
     split_sum = ONE_CTA_SPLIT_SUM_STEPS if split_sum is None else split_sum
     kw_item = ONE_CTA_KW_ITEM_STEPS if kw_item is None else kw_item
-    slots = warps // kw
-    slots_all = slots * min(-(-tiles // slots), max(1, sm_count // (split * m_tiles)))
     item = (split_item + split_sum * (split - 1) if split > 1 else 0.0) + (kw_item if kw > 1 else 0.0)
     quads = -(-gps // 4)  # quad steps of a tile, dealt over kw warps
-    return -(-tiles // slots_all) * (-(-quads // kw) * step[bits] + item)
+    return -(-tiles // tile_slots) * (-(-quads // kw) * step[bits] + item)
 
 
 def kw_choices(m_tile: int, bits: int, arch: str, one: bool = False) -> tuple[int, ...]:
@@ -275,7 +273,7 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
         return table
     if launch is None:
         table = pick(None)
-        if ONE_CTA_SAME_GRID * sm_count < table.ctas_total <= sm_count and table.config.min_blocks > 1:
+        if ONE_CTA_SAME_GRID * sm_count < table.ctas_total <= sm_count:
             # an SM holds at most one of the table's CTAs anyway (below ONE_CTA_MIN_M)
             one = _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, table.split,
                         table.config.kw, (ONE_CTA_WARPS, 1), smem_limit).plan
@@ -320,10 +318,16 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
     def resident(gps: int) -> int:  # CTAs an SM holds: launch bounds, then shared memory
         return max(1, min(min_blocks, per_sm // (smem_of(gps) + 1024)))
 
+    slots = warps // kw
+
+    def ctas_of(s: int, gps: int) -> int:
+        # persistent grid: no more CTAs along N than stay resident beside the other splits / passes
+        return min(-(-tiles // slots), max(1, sm_count * resident(gps) // (s * m_tiles)))
+
     def cost(s: int) -> float:
         gps = -(-groups // s)
         if min_blocks == 1:  # one CTA an SM (ONE_CTA_STEP)
-            return one_cta_cost(bits, m, tiles, m_tiles, gps, kw, s, sm_count, warps)
+            return one_cta_cost(bits, m, tiles, ctas_of(s, gps) * slots, gps, kw, s)
         warps_resident = sm_count * min(resident(gps) * warps, busy)
         rounds = -(-(tiles * m_tiles * s * kw) // warps_resident)
         overhead = (SPLIT_ITEM_OVERHEAD_STEPS + SPLIT_SUM_STEPS * (s - 1) if s > 1
@@ -351,9 +355,7 @@ def _plan(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: in
             raise ValueError(f"split_k={split}: M={m} x K/{split} of A does not fit shared memory "
                              f"({rows} rows x {gps * GROUP_K} k); use split_k >= {need}")
     split = -(-groups // gps)
-    # persistent grid: no more CTAs along N than stay resident beside the other splits / passes
-    slots = warps // kw
-    ctas = min(-(-tiles // slots), max(1, sm_count * resident(gps) // (split * m_tiles)))
+    ctas = ctas_of(split, gps)
     cfg = KbitGemvConfig(arch=arch, bits=bits, dtype=dtype, m_tile=m_tile, warps=warps,
                          min_blocks=min_blocks, split_k=split > 1, kw=kw)
     return _Costed(GemvPlan(cfg, split, gps, ctas, m_tiles, smem_of(gps)), cost(split))

@@ -25,7 +25,8 @@ def _tool():
 
 
 def _cost(p, m, n):
-    return one_cta_cost(p.config.bits, m, -(-n // TILE_ROWS), p.m_tiles, p.gps, p.config.kw, p.split, 132)
+    slots = p.ctas * (p.config.warps // p.config.kw)
+    return one_cta_cost(p.config.bits, m, -(-n // TILE_ROWS), slots, p.gps, p.config.kw, p.split)
 
 
 @pytest.mark.parametrize("m,n,k,bits", [(8, 14336, 4096, 5), (16, 18432, 5120, 5), (12, 2048, 4096, 2),
