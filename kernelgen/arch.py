@@ -25,6 +25,9 @@ ARCHS: dict[str, Arch] = {
         Arch("sm_90a", 90, 227 * 1024),
         Arch("sm_100a", 100, 227 * 1024),
         Arch("sm_120a", 120, 99 * 1024),
+        # GB10 (DGX Spark): the same instructions and limits as sm_120a, but an 'a' cubin runs
+        # only on its exact part, so it is a target of its own
+        Arch("sm_121a", 121, 99 * 1024),
     )
 }
 ALL_ARCHS: tuple[str, ...] = tuple(ARCHS)
@@ -32,16 +35,17 @@ ALL_ARCHS: tuple[str, ...] = tuple(ARCHS)
 KB = 1024
 # Shared memory of an SM (bytes) that resident CTAs share, per target (smem_per_sm: per part).
 SMEM_PER_SM: dict[str, int] = {"sm_80": 164 * KB, "sm_90a": 228 * KB, "sm_100a": 228 * KB,
-                               "sm_120a": 100 * KB}
+                               "sm_120a": 100 * KB, "sm_121a": 100 * KB}
 # (SM count, shared memory a block may opt into) of the parts each target runs on, walked by the
 # selectors' prewarm (a spec's "sm_counts" overrides the counts, see parts_of): A100 / A10 /
 # L40S / RTX 4090 (8.6 / 8.9 run the sm_80 target with 99 KB a block, 100 KB an SM); H100 SXM,
-# H200 / H100 PCIe / H20; B200; RTX 5090 / RTX PRO 6000 / 5080.
+# H200 / H100 PCIe / H20; B200; RTX 5090 / RTX PRO 6000 / 5080; GB10.
 PARTS: dict[str, tuple[tuple[int, int], ...]] = {
     "sm_80": ((108, 163 * KB), (72, 99 * KB), (142, 99 * KB), (128, 99 * KB)),
     "sm_90a": ((132, 227 * KB), (114, 227 * KB), (78, 227 * KB)),
     "sm_100a": ((148, 227 * KB),),
     "sm_120a": ((170, 99 * KB), (188, 99 * KB), (84, 99 * KB)),
+    "sm_121a": ((48, 99 * KB),),
 }
 SM_COUNTS: dict[str, tuple[int, ...]] = {a: tuple(s for s, _ in p) for a, p in PARTS.items()}
 
@@ -109,7 +113,7 @@ def arch_for_cc(major: int, minor: int) -> Arch:
     """
     if major == 8:
         return ARCHS["sm_80"]
-    table = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120a", (12, 1): "sm_120a"}
+    table = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120a", (12, 1): "sm_121a"}
     if (major, minor) in table:
         return ARCHS[table[(major, minor)]]
     raise DeviceError(

@@ -7,7 +7,7 @@ the configs its selector can choose for the shapes in `spec` (the same tables th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .config import KernelConfig
@@ -37,7 +37,16 @@ class Family:
 _FAMILIES: dict[str, Family] = {}
 
 
+# keys KernelConfig.as_dict puts beside the fields (config_from_dict reads the class from "kind")
+RESERVED_FIELDS = frozenset({"family", "kind"})
+
+
 def register_family(family: Family) -> Family:
+    for cls in family.config_classes:
+        clash = RESERVED_FIELDS & {f.name for f in fields(cls)}
+        if clash:
+            raise TypeError(f"{cls.__name__}: field(s) {sorted(clash)} would overwrite as_dict's "
+                            "own keys (the cache key and config_from_dict read them); rename them")
     _FAMILIES[family.name] = family
     return family
 

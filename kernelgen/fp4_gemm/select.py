@@ -195,7 +195,8 @@ WGMMA_MIN_STEPS = 16
 DEQUANT_CTAS_PER_SM = 8  # 256-thread CTAs of the dequantize kernel: a full SM, one chunk a thread
 # stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM (and the
 # device's, where a part allows less: 8.6 / 8.9 under sm_80 take 99 KB a block)
-SMEM_BUDGET = {"sm_80": 160 * 1024, "sm_90a": 220 * 1024, "sm_100a": 220 * 1024, "sm_120a": 99 * 1024}
+SMEM_BUDGET = {"sm_80": 160 * 1024, "sm_90a": 220 * 1024, "sm_100a": 220 * 1024, "sm_120a": 99 * 1024,
+               "sm_121a": 99 * 1024}
 MAX_STAGES = 4
 
 
@@ -302,7 +303,7 @@ TILE_DISPATCH_BMS = tuple(sorted({bm_for(m) for m in range(GEMV_MAX_M + 1, DENSE
 PF_STEPS = 1
 PF_MAX_ELEMS = 1 << 24
 PF_MAX_M = 16
-PF_ARCHS = ("sm_90a", "sm_100a", "sm_120a")
+PF_ARCHS = ("sm_90a", "sm_100a", "sm_120a", "sm_121a")
 
 
 def pf_for(arch: str, m: int, n: int, k: int) -> int:

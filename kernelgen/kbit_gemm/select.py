@@ -67,7 +67,7 @@ MIN_GROUPS_PER_SPLIT = 8
 # 0-13% slower than kw 1 there, on every shape of the grid) and the (arch, bits) whose m_tile
 # 16 K-warp configs spill (ptxas: sm_120a 4 bits, 8-warp CTAs at 128 registers).
 KW_CHOICES: tuple[int, ...] = (1, 2, 4)
-KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})
+KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4), ("sm_121a", 4)})
 # The constants were fitted (session 24, H100, graph-timed, weights rotated past L2;
 # BENCHMARKS.md "Session 24") to measured grids: m_tile 8 (M = 1 / 4 / 8) over 25 shapes x 2 /
 # 3 / 5 bits, every kw at the planner's split and at splits 1 / 2 / 4; m_tile 16 (M = 9 / 12 /

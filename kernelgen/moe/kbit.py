@@ -47,7 +47,7 @@ MIN_CTAS_PER_SM = 2
 MAX_STAGES = 8
 # shared memory (bytes) one CTA may take so that two stay resident on an SM
 SMEM_BUDGET: dict[str, int] = {"sm_80": 80 * 1024, "sm_90a": 110 * 1024, "sm_100a": 110 * 1024,
-                               "sm_120a": 96 * 1024}
+                               "sm_120a": 96 * 1024, "sm_121a": 96 * 1024}
 K_STEP = 128  # K granularity: 4 blocks of 32 per lane group
 # tiled kbit4 experts: warps along K a tile unit (the planner's rule: fp4_gemm.select.kw_for)
 GEMV_KWS = (1, 2, 4, 8)

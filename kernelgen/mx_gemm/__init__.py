@@ -1,7 +1,7 @@
 """mx_gemm: block-scaled GEMM D = alpha * A . B^T (+ bias) over MX / NVFP4 operands (MxTensor).
 
 Paths: MXFP8 x MXFP8 as scaled f16 tiles on f16 mma.sync (sm_90a, sm_100a) and the native block-scaled
-mma.sync of sm_120a (FP8 x FP8, FP8 x FP4, MXFP4 x MXFP4, NVFP4 x NVFP4). See select.py.
+mma.sync of sm_120a / sm_121a (FP8 x FP8, FP8 x FP4, MXFP4 x MXFP4, NVFP4 x NVFP4). See select.py.
 """
 
 from ..core.registry import Family, register_family
@@ -14,9 +14,9 @@ register_family(
         config_classes=(MxFp8GemmConfig, MxBsGemmConfig),
         prewarm_configs=prewarm_configs,
         spec_keys=SPEC_KEYS,
-        archs=("sm_90a", "sm_100a", "sm_120a"),  # fp8 mma needs sm_89+: nothing for sm_80
+        archs=("sm_90a", "sm_100a", "sm_120a", "sm_121a"),  # fp8 mma needs sm_89+: nothing for sm_80
         description="block-scaled GEMM: MXFP8 via scaled f16 tiles (sm_90a/sm_100a), native "
-                    "block-scaled mma.sync on sm_120a",
+                    "block-scaled mma.sync on sm_120a/sm_121a",
     )
 )
 

@@ -6,7 +6,7 @@ Two kernels:
   K, the rows' largest scales applied in the epilogue (templates/mx_gemm/fp8_mma.cuh). Either
   into f16 tiles for f16 `mma.sync` / wgmma, or (sm_90a, hbufs=0) rescaled in place in the
   fp8 stages for the fp8 wgmma.
-* `MxBsGemmConfig` - the native block-scaled `mma.sync` of sm_120a (`kind::mxf8f6f4` for
+* `MxBsGemmConfig` - the native block-scaled `mma.sync` of sm_120a / sm_121a (`kind::mxf8f6f4` for
   FP8 x FP8 / FP8 x FP4, `kind::mxf4nvf4` for MXFP4 x MXFP4 and NVFP4 x NVFP4).
 """
 
@@ -51,7 +51,8 @@ WG_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (128, 128, 8, 1, 4, 1),
     (128, 128, 8, 1, 2, 2),
 )
-# block-scaled path of sm_120a (99 KB of shared memory a block)
+# block-scaled path of sm_120a / sm_121a (99 KB of shared memory a block)
+BS_ARCHS = ("sm_120a", "sm_121a")
 BS_TILES: tuple[tuple[int, int, int, int, int], ...] = ((128, 128, 2, 4, 2),)
 BS_KINDS = {"mxf8f6f4": 0, "mxf4": 1, "nvf4": 2}  # kind_code of templates/mx_gemm/bs_mma.cuh
 
@@ -133,7 +134,7 @@ class MxFp8GemmConfig(KernelConfig):
 class MxBsGemmConfig(KernelConfig):
     family: ClassVar[str] = "mx_gemm"
     template: ClassVar[str] = "mx_gemm/bs_mma.cu.jinja"
-    kind: str = "mxf8f6f4"  # "mxf8f6f4" | "mxf4" (mxf4nvf4, ue8m0 x2) | "nvf4" (mxf4nvf4, ue4m3 x4)
+    mma_kind: str = "mxf8f6f4"  # "mxf8f6f4" | "mxf4" (mxf4nvf4, ue8m0 x2) | "nvf4" (mxf4nvf4, ue4m3 x4)
     a_elem: str = "e4m3"
     b_elem: str = "e4m3"
     out_dtype: str = "bfloat16"
@@ -147,18 +148,18 @@ class MxBsGemmConfig(KernelConfig):
         def bad(field: str, rule: str) -> UnsupportedConfigError:
             return UnsupportedConfigError(f"{self.short()}: {field}={getattr(self, field)!r}; {rule}")
 
-        if self.arch != "sm_120a":
-            raise bad("arch", "the block-scaled mma.sync exists on sm_120a only (sm_100a scales "
-                              "through tcgen05 / tensor memory instead)")
-        if self.kind not in BS_KINDS:
-            raise bad("kind", f"expected one of {tuple(BS_KINDS)}")
-        if self.kind == "mxf8f6f4":
+        if self.arch not in BS_ARCHS:
+            raise bad("arch", f"the block-scaled mma.sync exists on {' / '.join(BS_ARCHS)} only "
+                              "(sm_100a scales through tcgen05 / tensor memory instead)")
+        if self.mma_kind not in BS_KINDS:
+            raise bad("mma_kind", f"expected one of {tuple(BS_KINDS)}")
+        if self.mma_kind == "mxf8f6f4":
             if self.a_elem not in FP8_ELEMS:
                 raise bad("a_elem", f"kind mxf8f6f4 takes FP8 activations {FP8_ELEMS}")
             if self.b_elem not in (*FP8_ELEMS, "e2m1"):
                 raise bad("b_elem", "kind mxf8f6f4 takes e4m3, e5m2 or e2m1 weights")
         elif (self.a_elem, self.b_elem) != ("e2m1", "e2m1"):
-            raise bad("a_elem", f"kind {self.kind} takes e2m1 x e2m1")
+            raise bad("a_elem", f"kind {self.mma_kind} takes e2m1 x e2m1")
         if self.out_dtype not in OUT_DTYPES:
             raise bad("out_dtype", f"expected one of {OUT_DTYPES}")
         if (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages) not in BS_TILES:
@@ -166,11 +167,11 @@ class MxBsGemmConfig(KernelConfig):
 
     @property
     def scale(self) -> str:
-        return "ue4m3" if self.kind == "nvf4" else "ue8m0"
+        return "ue4m3" if self.mma_kind == "nvf4" else "ue8m0"
 
     @property
     def group(self) -> int:
-        return 16 if self.kind == "nvf4" else 32
+        return 16 if self.mma_kind == "nvf4" else 32
 
     @property
     def threads(self) -> int:
@@ -189,4 +190,4 @@ class MxBsGemmConfig(KernelConfig):
 
     def template_vars(self) -> dict[str, Any]:
         return {**super().template_vars(), "ctype": CTYPE[self.out_dtype],
-                "kind_code": BS_KINDS[self.kind], "scale": self.scale}
+                "kind_code": BS_KINDS[self.mma_kind], "scale": self.scale}

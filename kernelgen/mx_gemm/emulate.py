@@ -47,7 +47,7 @@ class _Kernel:
         self.B_ROW = TK // 2 if cfg.b_elem == "e2m1" else TK
         self.GROUP = cfg.group
         self.CH = TK // self.GROUP // 4
-        self.KSTEP = 32 if cfg.kind == "mxf8f6f4" else 64
+        self.KSTEP = 32 if cfg.mma_kind == "mxf8f6f4" else 64
         bm, bn = cfg.tile_m, cfg.tile_n
         self.RCA, self.RCB = max(1, bm // 128), max(1, bn // 128)
         self.SA, self.SB = self.RCA * self.CH * 512, self.RCB * self.CH * 512
@@ -119,7 +119,7 @@ def _mma(cfg: MxBsGemmConfig, a_regs: list, b_regs: list, sfa: np.ndarray, sfb: 
     """What the block-scaled mma.sync computes (16 x 8, float64) from the warp's registers:
     a_regs[q], b_regs[q] and sfa / sfb are arrays over the 32 lanes."""
     g, t = LANES >> 2, LANES & 3
-    if cfg.kind == "mxf8f6f4":
+    if cfg.mma_kind == "mxf8f6f4":
         kk, per = 32, 4  # 4 codes of 8 bits per register
         A = np.zeros((16, kk))
         B = np.zeros((kk, 8))
@@ -143,7 +143,7 @@ def _mma(cfg: MxBsGemmConfig, a_regs: list, b_regs: list, sfa: np.ndarray, sfb: 
         for q in range(2):
             for p in range(per):
                 B[32 * q + 8 * t + p, g] = _decode_elem((b_regs[q] >> (4 * p)) & 0xF, "e2m1")
-        groups, gsize = (2, 32) if cfg.kind == "mxf4" else (4, 16)
+        groups, gsize = (2, 32) if cfg.mma_kind == "mxf4" else (4, 16)
     # thread-id 0: A rows from lanes with lane % 4 in {0, 1} (row g + 8 * lane), B columns
     # from lanes with lane % 4 == 0; byte j of the register scales k-group j.
     sel_a = LANES % 4 < 2
@@ -153,8 +153,8 @@ def _mma(cfg: MxBsGemmConfig, a_regs: list, b_regs: list, sfa: np.ndarray, sfb: 
     SFA = np.zeros((16, groups))
     SFB = np.zeros((groups, 8))
     for j in range(groups):
-        SFA[rows, j] = _decode_scale((sfa[sel_a] >> (8 * j)) & 0xFF, cfg.kind)
-        SFB[j, cols] = _decode_scale((sfb[sel_b] >> (8 * j)) & 0xFF, cfg.kind)
+        SFA[rows, j] = _decode_scale((sfa[sel_a] >> (8 * j)) & 0xFF, cfg.mma_kind)
+        SFB[j, cols] = _decode_scale((sfb[sel_b] >> (8 * j)) & 0xFF, cfg.mma_kind)
     As = A * np.repeat(SFA, gsize, axis=1)
     Bs = B * np.repeat(SFB, gsize, axis=0)
     return As @ Bs
@@ -172,7 +172,7 @@ def emulate(cfg: MxBsGemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarray, s
     g, t = LANES >> 2, LANES & 3
     tiles_m, tiles_n = -(-m // bm), -(-n // bn)
     out = np.full((m, n), np.nan)
-    scale = alpha / (gsa * gsb) if cfg.kind == "nvf4" else alpha
+    scale = alpha / (gsa * gsb) if cfg.mma_kind == "nvf4" else alpha
     for bid in range(tiles_m * tiles_n):
         tm, tn = kn.tile_coords(bid, tiles_m, tiles_n)
         m0, n0 = tm * bm, tn * bn
@@ -187,8 +187,8 @@ def emulate(cfg: MxBsGemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarray, s
                 ra0 = (m0 & 127) + wm * WTM + g + 8 * (LANES & 1)
                 rb0 = (n0 & 127) + wn * WTN + g
                 for ks in range(TK // kn.KSTEP):
-                    q_step = ks if cfg.kind == "nvf4" else 0
-                    shift = 0 if cfg.kind == "nvf4" else (8 * ks if cfg.kind == "mxf8f6f4" else 16 * ks)
+                    q_step = ks if cfg.mma_kind == "nvf4" else 0
+                    shift = 0 if cfg.mma_kind == "nvf4" else (8 * ks if cfg.mma_kind == "mxf8f6f4" else 16 * ks)
                     sfa = [_u32(st, ssa + kn.bs_scale_off(ra0 + i * 16, q_step)) >> shift for i in range(MI)]
                     sfb = [_u32(st, ssb + kn.bs_scale_off(rb0 + j * 8, q_step)) >> shift for j in range(NI)]
                     ka = ks * (kn.KSTEP * kn.A_ROW // TK)
@@ -199,7 +199,7 @@ def emulate(cfg: MxBsGemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarray, s
                     bf = []
                     for j in range(NI):
                         r = wn * WTN + j * 8 + g
-                        if cfg.kind == "mxf8f6f4" and cfg.b_elem == "e2m1":
+                        if cfg.mma_kind == "mxf8f6f4" and cfg.b_elem == "e2m1":
                             bf.append([_e2m1x4_to_f8f6f4(_u16(st, tb + kn.bs_off(kn.B_ROW, r, kb + 8 * q + 2 * t)))
                                        for q in range(2)])
                         else:

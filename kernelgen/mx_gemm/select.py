@@ -7,7 +7,7 @@ Paths by arch:
   scaled f16 tiles in shared memory, f16 mma.sync (templates/mx_gemm/fp8_mma.cuh; an opt-in
   wgmma variant on sm_90a). sm_100a has no block-scaled mma.sync (its block scaling is tcgen05
   + tensor memory, future work), so it runs the Hopper-style kernel.
-* sm_120a: "bs_mma" - the native block-scaled mma.sync: MXFP8 x MXFP8 and MXFP8 x MXFP4
+* sm_120a, sm_121a: "bs_mma" - the native block-scaled mma.sync: MXFP8 x MXFP8 and MXFP8 x MXFP4
   (kind::mxf8f6f4), MXFP4 x MXFP4 and NVFP4 x NVFP4 (kind::mxf4nvf4).
 * sm_80: none (no fp8 or block-scaled tensor-core instruction).
 """
@@ -40,6 +40,7 @@ PAIRS: dict[str, dict[tuple[str, str], str]] = {
     "sm_120a": {**{(a, b): "bs_mma" for a in MXFP8 for b in (*MXFP8, "mxfp4")},
                 ("mxfp4", "mxfp4"): "bs_mma", ("nvfp4", "nvfp4"): "bs_mma"},
 }
+PAIRS["sm_121a"] = PAIRS["sm_120a"]  # GB10: the same instructions
 K_MULTIPLE = 32  # one MX group; 16-byte copies of fp4 rows (32 codes)
 N_MULTIPLE = 8   # output columns are written in pairs by 8-column mma pieces
 # sm_90a: the wgmma variant above SMALL_M (its GPU tests pass; measured on the H100 with
@@ -150,7 +151,7 @@ def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: s
     else:
         kind = "nvf4" if a_fmt == "nvfp4" else "mxf4" if a_fmt == "mxfp4" else "mxf8f6f4"
         bm, bn, wm, wn, st = BS_TILES[0]
-        cfg = MxBsGemmConfig(arch=arch, kind=kind, a_elem=a_elem, b_elem=b_elem,
+        cfg = MxBsGemmConfig(arch=arch, mma_kind=kind, a_elem=a_elem, b_elem=b_elem,
                              out_dtype=out_dtype, tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn,
                              stages=st)
     return MxGemmPlan(path, cfg, m, n)
@@ -161,7 +162,7 @@ def forced(p: MxGemmPlan, cfg: MxFp8GemmConfig | MxBsGemmConfig) -> MxGemmPlan:
     if not isinstance(cfg, (MxFp8GemmConfig, MxBsGemmConfig)):
         raise ValueError(f"config: {type(cfg).__name__}; this call ({p.config.short()}) takes a "
                          f"{type(p.config).__name__}")
-    keep = ("arch", "a_elem", "b_elem", "out_dtype") + (("kind",) if p.path == "bs_mma" else ())
+    keep = ("arch", "a_elem", "b_elem", "out_dtype") + (("mma_kind",) if p.path == "bs_mma" else ())
     if type(cfg) is not type(p.config) or any(getattr(cfg, f) != getattr(p.config, f) for f in keep):
         raise ValueError(f"config {cfg.short()} does not fit this call ({p.config.short()}): "
                          f"same kernel kind, {', '.join(keep)} required")
@@ -176,7 +177,7 @@ def select_mx_gemm(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, ou
 
 
 SM_COUNTS: dict[str, tuple[int, ...]] = {"sm_90a": (132, 114, 78), "sm_100a": (148,),
-                                         "sm_120a": (170, 188, 84), "sm_80": (108,)}
+                                         "sm_120a": (170, 188, 84), "sm_121a": (48,), "sm_80": (108,)}
 
 
 # prewarm_configs' spec keys and values (Family.spec_keys): "formats" takes the pairs of any arch

@@ -94,6 +94,33 @@ def test_config_from_dict_round_trip(cfg):
     assert config_from_dict(json.loads(cfg.to_json())) == cfg, cfg
 
 
+@pytest.mark.parametrize("family", sorted(families()))
+def test_every_prewarm_config_round_trips(family):
+    """What `kernelgen prewarm` hands its workers and the cache CLI reads back: every config a
+    family's prewarm yields for any arch (a config field named "kind" once overwrote the class
+    name, so the sm_120a block-scaled configs could not be rebuilt from their dicts)."""
+    fam = families()[family]
+    cfgs = [c for arch in ALL_ARCHS if fam.archs is None or arch in fam.archs
+            for c in fam.prewarm_configs([arch], fam.matrix_spec or {})]
+    assert cfgs
+    for cfg in cfgs:
+        back = config_from_dict(json.loads(cfg.to_json()))
+        assert back == cfg and type(back) is type(cfg), f"{cfg} -> {back}"
+
+
+def test_a_field_named_like_as_dicts_keys_is_refused():
+    from kernelgen.core.registry import Family, register_family
+
+    @dataclass(frozen=True)
+    class Clash(KernelConfig):
+        family: ClassVar[str] = "clash"
+        kind: str = "x"
+
+    with pytest.raises(TypeError, match=r"Clash: field\(s\) \['kind'\]"):
+        register_family(Family(name="clash", config_classes=(Clash,), prewarm_configs=lambda a, s: ()))
+    assert "clash" not in families()
+
+
 def test_config_from_dict_unknown_kind():
     with pytest.raises(UnsupportedConfigError, match="NoSuchConfig"):
         config_from_dict({"family": "kbit", "kind": "NoSuchConfig", "arch": "sm_90a"})
@@ -156,3 +183,26 @@ def test_unknown_arch_is_a_config_error(name):
     for fn in (get_arch, smem_per_sm):
         with pytest.raises(UnsupportedConfigError, match=r"arch=.*not a kernelgen target"):
             fn(name)
+
+
+@pytest.mark.parametrize("cc,target", [((8, 0), "sm_80"), ((8, 6), "sm_80"), ((8, 9), "sm_80"),
+                                       ((9, 0), "sm_90a"), ((10, 0), "sm_100a"),
+                                       ((12, 0), "sm_120a"), ((12, 1), "sm_121a")])
+def test_device_targets(cc, target):
+    """Each compute capability gets the cubin target that runs on it: an 'a' cubin runs only on
+    its exact part, so GB10 (12.1) has its own target, with sm_120a's limits and tables."""
+    from kernelgen.arch import PARTS, SMEM_PER_SM, arch_for_cc
+
+    assert arch_for_cc(*cc).name == target
+    if target == "sm_121a":
+        assert ARCHS["sm_121a"].smem_optin == ARCHS["sm_120a"].smem_optin
+        assert SMEM_PER_SM["sm_121a"] == SMEM_PER_SM["sm_120a"] and PARTS["sm_121a"]
+
+
+@pytest.mark.parametrize("cc", [(7, 5), (9, 1), (11, 0), (12, 2)])
+def test_unsupported_device_is_a_device_error(cc):
+    from kernelgen.arch import arch_for_cc
+    from kernelgen.errors import DeviceError
+
+    with pytest.raises(DeviceError, match=f"compute capability {cc[0]}.{cc[1]} is not supported"):
+        arch_for_cc(*cc)

@@ -25,8 +25,10 @@ def test_fp8_config_rejects_sm80_naming_the_rule():
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a"])
 def test_block_scaled_config_only_on_sm120(arch):
-    with pytest.raises(UnsupportedConfigError, match="sm_120a only"):
+    with pytest.raises(UnsupportedConfigError, match="sm_120a / sm_121a only"):
         MxBsGemmConfig(arch=arch)
+    for ok in ("sm_120a", "sm_121a"):  # RTX 50 class, GB10
+        MxBsGemmConfig(arch=ok).validate()
 
 
 @pytest.mark.parametrize("bad", [dict(a_elem="e2m1"), dict(out_dtype="float32"),
@@ -36,10 +38,10 @@ def test_fp8_config_field_errors(bad):
         MxFp8GemmConfig(arch="sm_90a", **bad)
 
 
-@pytest.mark.parametrize("bad", [dict(kind="mxf8f6f4", a_elem="e2m1", b_elem="e2m1"),
-                                 dict(kind="mxf4", a_elem="e4m3", b_elem="e2m1"),
-                                 dict(kind="nvf4", a_elem="e2m1", b_elem="e4m3"),
-                                 dict(kind="tf32")])
+@pytest.mark.parametrize("bad", [dict(mma_kind="mxf8f6f4", a_elem="e2m1", b_elem="e2m1"),
+                                 dict(mma_kind="mxf4", a_elem="e4m3", b_elem="e2m1"),
+                                 dict(mma_kind="nvf4", a_elem="e2m1", b_elem="e4m3"),
+                                 dict(mma_kind="tf32")])
 def test_bs_config_kind_errors(bad):
     with pytest.raises(UnsupportedConfigError):
         MxBsGemmConfig(arch="sm_120a", **bad)
@@ -82,11 +84,12 @@ def test_fp8_path_tiles(arch, m, tile):
     ("mxfp4", "mxfp4", "mxf4", ("e2m1", "e2m1")),
     ("nvfp4", "nvfp4", "nvf4", ("e2m1", "e2m1")),
 ])
-def test_sm120_native_path(a, b, kind, elems):
-    p = plan("sm_120a", a, b, 300, 1024, 4096, "float16", 170)
-    assert p.path == "bs_mma" and p.config.kind == kind
+@pytest.mark.parametrize("arch,sms", [("sm_120a", 170), ("sm_121a", 48)])
+def test_sm120_native_path(a, b, kind, elems, arch, sms):
+    p = plan(arch, a, b, 300, 1024, 4096, "float16", sms)
+    assert p.path == "bs_mma" and p.config.mma_kind == kind and p.config.arch == arch
     assert (p.config.a_elem, p.config.b_elem) == elems
-    assert p.smem <= get_arch("sm_120a").smem_optin
+    assert p.smem <= get_arch(arch).smem_optin
 
 
 def test_selector_memoised():
@@ -150,11 +153,11 @@ def test_prewarm_rejects_bad_sm_counts(bad):
 
 def test_prewarm_table():
     assert list(prewarm_configs(["sm_80"], {})) == []
-    for arch in ("sm_90a", "sm_100a", "sm_120a"):
+    for arch in ("sm_90a", "sm_100a", "sm_120a", "sm_121a"):
         cfgs = list(prewarm_configs([arch], {}))
         assert 0 < len(cfgs) <= 40 and len(set(cfgs)) == len(cfgs)
         assert all(c.arch == arch for c in cfgs)
-    kinds = {c.kind for c in prewarm_configs(["sm_120a"], {})}
+    kinds = {c.mma_kind for c in prewarm_configs(["sm_120a"], {})}
     assert kinds == {"mxf8f6f4", "mxf4", "nvf4"}
     tiles = {(c.tile_m, c.tile_n) for c in prewarm_configs(["sm_90a"], {})}
     assert tiles == {(t[0], t[1]) for t in FP8_TILES}
