@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .errors import DeviceError, UnsupportedConfigError
 
@@ -13,6 +14,9 @@ class Arch:
     name: str  # NVRTC target, e.g. "sm_90a"
     cc: int  # compute capability as major*10+minor
     smem_optin: int  # max dynamic shared memory per block (bytes) after opt-in
+    # a target whose instructions, limits and tuning tables this one shares (an 'a' cubin runs
+    # only on its own part, so a part with the same features still needs a target of its own)
+    like: str | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -24,26 +28,45 @@ ARCHS: dict[str, Arch] = {
         Arch("sm_80", 80, 163 * 1024),
         Arch("sm_90a", 90, 227 * 1024),
         Arch("sm_100a", 100, 227 * 1024),
+        Arch("sm_103a", 103, 227 * 1024, like="sm_100a"),  # B300 (Blackwell Ultra)
         Arch("sm_120a", 120, 99 * 1024),
-        # GB10 (DGX Spark): the same instructions and limits as sm_120a, but an 'a' cubin runs
-        # only on its exact part, so it is a target of its own
-        Arch("sm_121a", 121, 99 * 1024),
+        Arch("sm_121a", 121, 99 * 1024, like="sm_120a"),  # GB10 (DGX Spark)
     )
 }
 ALL_ARCHS: tuple[str, ...] = tuple(ARCHS)
+_T = TypeVar("_T")
+
+
+def base_of(name: str) -> str:
+    """The target whose tables `name` shares (Arch.like), itself where none; unknown names as given."""
+    a = ARCHS.get(name) if isinstance(name, str) else None
+    return (a.like or a.name) if a else name
+
+
+def per_target(table: dict[str, _T]) -> dict[str, _T]:
+    """A table keyed by base targets, extended to every target like one of them (ALL_ARCHS order)."""
+    return {a: table[base_of(a)] for a in ALL_ARCHS if base_of(a) in table}
+
+
+def targets_like(*bases: str) -> tuple[str, ...]:
+    """The targets whose base is one of `bases` (the bases included), in ALL_ARCHS order."""
+    return tuple(a for a in ALL_ARCHS if base_of(a) in bases)
+
 
 KB = 1024
 # Shared memory of an SM (bytes) that resident CTAs share, per target (smem_per_sm: per part).
-SMEM_PER_SM: dict[str, int] = {"sm_80": 164 * KB, "sm_90a": 228 * KB, "sm_100a": 228 * KB,
-                               "sm_120a": 100 * KB, "sm_121a": 100 * KB}
+SMEM_PER_SM: dict[str, int] = per_target({"sm_80": 164 * KB, "sm_90a": 228 * KB, "sm_100a": 228 * KB,
+                                          "sm_120a": 100 * KB})
 # (SM count, shared memory a block may opt into) of the parts each target runs on, walked by the
 # selectors' prewarm (a spec's "sm_counts" overrides the counts, see parts_of): A100 / A10 /
 # L40S / RTX 4090 (8.6 / 8.9 run the sm_80 target with 99 KB a block, 100 KB an SM); H100 SXM,
-# H200 / H100 PCIe / H20; B200; RTX 5090 / RTX PRO 6000 / 5080; GB10.
+# H200 / H100 PCIe / H20; B200; B300 (148 SMs assumed, as B200: not measured); RTX 5090 /
+# RTX PRO 6000 / 5080; GB10.
 PARTS: dict[str, tuple[tuple[int, int], ...]] = {
     "sm_80": ((108, 163 * KB), (72, 99 * KB), (142, 99 * KB), (128, 99 * KB)),
     "sm_90a": ((132, 227 * KB), (114, 227 * KB), (78, 227 * KB)),
     "sm_100a": ((148, 227 * KB),),
+    "sm_103a": ((148, 227 * KB),),
     "sm_120a": ((170, 99 * KB), (188, 99 * KB), (84, 99 * KB)),
     "sm_121a": ((48, 99 * KB),),
 }
@@ -113,12 +136,13 @@ def arch_for_cc(major: int, minor: int) -> Arch:
     """
     if major == 8:
         return ARCHS["sm_80"]
-    table = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120a", (12, 1): "sm_121a"}
+    table = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a", (12, 0): "sm_120a",
+             (12, 1): "sm_121a"}
     if (major, minor) in table:
         return ARCHS[table[(major, minor)]]
     raise DeviceError(
         f"compute capability {major}.{minor} is not supported; kernelgen builds for "
-        f"{', '.join(ALL_ARCHS)} (8.x, 9.0, 10.0, 12.x)"
+        f"{', '.join(ALL_ARCHS)} (8.x, 9.0, 10.0, 10.3, 12.0, 12.1)"
     )
 
 

@@ -48,3 +48,12 @@ def test_no_top_level_name_hides_a_family_package():
         if mod.ispkg:
             importlib.import_module(f"kernelgen.{mod.name}")
             assert isinstance(getattr(kernelgen, mod.name), types.ModuleType), mod.name
+
+
+def test_readme_names_every_target():
+    from kernelgen.arch import ALL_ARCHS
+
+    readme = (ROOT / "README.md").read_text()
+    line = next((p for p in readme.split("\n\n") if p.startswith("Targets:")), "")
+    missing = [a for a in ALL_ARCHS if f"`{a}`" not in line]
+    assert line and not missing, f"README's 'Targets:' paragraph lacks {missing}"

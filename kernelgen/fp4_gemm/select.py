@@ -17,7 +17,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import KB, get_arch, parts_of, smem_cap, smem_limits, smem_per_sm
+from ..arch import (
+    KB,
+    get_arch,
+    parts_of,
+    per_target,
+    smem_cap,
+    smem_limits,
+    smem_per_sm,
+    targets_like,
+)
 from ..core.select import selector, weight_shapes
 from ..errors import UnsupportedConfigError
 from .config import (
@@ -195,8 +204,8 @@ WGMMA_MIN_STEPS = 16
 DEQUANT_CTAS_PER_SM = 8  # 256-thread CTAs of the dequantize kernel: a full SM, one chunk a thread
 # stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM (and the
 # device's, where a part allows less: 8.6 / 8.9 under sm_80 take 99 KB a block)
-SMEM_BUDGET = {"sm_80": 160 * 1024, "sm_90a": 220 * 1024, "sm_100a": 220 * 1024, "sm_120a": 99 * 1024,
-               "sm_121a": 99 * 1024}
+SMEM_BUDGET = per_target({"sm_80": 160 * 1024, "sm_90a": 220 * 1024, "sm_100a": 220 * 1024,
+                          "sm_120a": 99 * 1024})
 MAX_STAGES = 4
 
 
@@ -303,7 +312,7 @@ TILE_DISPATCH_BMS = tuple(sorted({bm_for(m) for m in range(GEMV_MAX_M + 1, DENSE
 PF_STEPS = 1
 PF_MAX_ELEMS = 1 << 24
 PF_MAX_M = 16
-PF_ARCHS = ("sm_90a", "sm_100a", "sm_120a", "sm_121a")
+PF_ARCHS = targets_like("sm_90a", "sm_100a", "sm_120a")
 
 
 def pf_for(arch: str, m: int, n: int, k: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..arch import smem_cap
+from ..arch import per_target, smem_cap
 from ..core.config import KernelConfig
 from ..errors import UnsupportedConfigError
 from ..kbit.config import BITS
@@ -49,9 +49,9 @@ KW_LAUNCH: dict[tuple[int, int], tuple[int, int, int]] = {
 
 # Per-arch exceptions to LAUNCH: sm_100a's ptxas spills 8 bytes at 4 bits, m_tile 16, 128
 # registers (unsplit), so that one keeps 4 warps x 2 there.
-LAUNCH_BY_ARCH: dict[str, dict[tuple[int, int], tuple[int, int, int]]] = {
+LAUNCH_BY_ARCH: dict[str, dict[tuple[int, int], tuple[int, int, int]]] = per_target({
     "sm_100a": {(16, 4): (4, 2, 96 * KB)},
-}
+})
 
 
 def launch_of(m_tile: int, bits: int, kw: int, arch: str = "") -> tuple[int, int, int]:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import get_arch, smem_cap
+from ..arch import get_arch, per_target, smem_cap
 from ..core.interop import context_of
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
@@ -46,8 +46,8 @@ KBIT_TILE_M_TABLE: tuple[tuple[float, int], ...] = ((8.0, 8), (16.0, 16), (float
 MIN_CTAS_PER_SM = 2
 MAX_STAGES = 8
 # shared memory (bytes) one CTA may take so that two stay resident on an SM
-SMEM_BUDGET: dict[str, int] = {"sm_80": 80 * 1024, "sm_90a": 110 * 1024, "sm_100a": 110 * 1024,
-                               "sm_120a": 96 * 1024, "sm_121a": 96 * 1024}
+SMEM_BUDGET: dict[str, int] = per_target({"sm_80": 80 * 1024, "sm_90a": 110 * 1024,
+                                          "sm_100a": 110 * 1024, "sm_120a": 96 * 1024})
 K_STEP = 128  # K granularity: 4 blocks of 32 per lane group
 # tiled kbit4 experts: warps along K a tile unit (the planner's rule: fp4_gemm.select.kw_for)
 GEMV_KWS = (1, 2, 4, 8)

@@ -4,6 +4,7 @@ Paths: MXFP8 x MXFP8 as scaled f16 tiles on f16 mma.sync (sm_90a, sm_100a) and t
 mma.sync of sm_120a / sm_121a (FP8 x FP8, FP8 x FP4, MXFP4 x MXFP4, NVFP4 x NVFP4). See select.py.
 """
 
+from ..arch import targets_like
 from ..core.registry import Family, register_family
 from .config import MxBsGemmConfig, MxFp8GemmConfig
 from .select import SPEC_KEYS, prewarm_configs
@@ -14,7 +15,7 @@ register_family(
         config_classes=(MxFp8GemmConfig, MxBsGemmConfig),
         prewarm_configs=prewarm_configs,
         spec_keys=SPEC_KEYS,
-        archs=("sm_90a", "sm_100a", "sm_120a", "sm_121a"),  # fp8 mma needs sm_89+: nothing for sm_80
+        archs=targets_like("sm_90a", "sm_100a", "sm_120a"),  # fp8 needs sm_89+: nothing for sm_80
         description="block-scaled GEMM: MXFP8 via scaled f16 tiles (sm_90a/sm_100a), native "
                     "block-scaled mma.sync on sm_120a/sm_121a",
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..arch import get_arch
+from ..arch import get_arch, targets_like
 from ..core.config import KernelConfig
 from ..errors import UnsupportedConfigError
 
@@ -52,7 +52,7 @@ WG_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (128, 128, 8, 1, 2, 2),
 )
 # block-scaled path of sm_120a / sm_121a (99 KB of shared memory a block)
-BS_ARCHS = ("sm_120a", "sm_121a")
+BS_ARCHS = targets_like("sm_120a")
 BS_TILES: tuple[tuple[int, int, int, int, int], ...] = ((128, 128, 2, 4, 2),)
 BS_KINDS = {"mxf8f6f4": 0, "mxf4": 1, "nvf4": 2}  # kind_code of templates/mx_gemm/bs_mma.cuh
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import get_arch, sm_counts_of
+from ..arch import SM_COUNTS, get_arch, per_target, sm_counts_of
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
 from .config import (
@@ -33,14 +33,13 @@ from .config import (
 
 MXFP8 = ("mxfp8_e4m3", "mxfp8_e5m2")
 # (arch) -> {(A format, B format): path}
-PAIRS: dict[str, dict[tuple[str, str], str]] = {
+PAIRS: dict[str, dict[tuple[str, str], str]] = per_target({
     "sm_80": {},
     "sm_90a": {(a, b): "fp8_mma" for a in MXFP8 for b in MXFP8},
     "sm_100a": {(a, b): "fp8_mma" for a in MXFP8 for b in MXFP8},
     "sm_120a": {**{(a, b): "bs_mma" for a in MXFP8 for b in (*MXFP8, "mxfp4")},
                 ("mxfp4", "mxfp4"): "bs_mma", ("nvfp4", "nvfp4"): "bs_mma"},
-}
-PAIRS["sm_121a"] = PAIRS["sm_120a"]  # GB10: the same instructions
+})
 K_MULTIPLE = 32  # one MX group; 16-byte copies of fp4 rows (32 codes)
 N_MULTIPLE = 8   # output columns are written in pairs by 8-column mma pieces
 # sm_90a: the wgmma variant above SMALL_M (its GPU tests pass; measured on the H100 with
@@ -176,10 +175,6 @@ def select_mx_gemm(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, ou
     return plan(arch, a_fmt, b_fmt, m, n, k, out_dtype, sm_count)
 
 
-SM_COUNTS: dict[str, tuple[int, ...]] = {"sm_90a": (132, 114, 78), "sm_100a": (148,),
-                                         "sm_120a": (170, 188, 84), "sm_121a": (48,), "sm_80": (108,)}
-
-
 # prewarm_configs' spec keys and values (Family.spec_keys): "formats" takes the pairs of any arch
 SPEC_KEYS = {"formats": tuple(sorted({p for pairs in PAIRS.values() for p in pairs})),
              "out_dtypes": OUT_DTYPES, "dtypes": OUT_DTYPES, "shapes": None, "sm_counts": None}
@@ -203,7 +198,7 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MxFp
                     for s in shapes:
                         if len(s) != 3:
                             raise UnsupportedConfigError(f"mx_gemm spec shapes: {s!r}; expected [M, N, K]")
-                        for sms in sm_counts_of(spec.get("sm_counts")) or SM_COUNTS.get(arch, (132,)):
+                        for sms in sm_counts_of(spec.get("sm_counts")) or SM_COUNTS[arch]:
                             cfg = plan(arch, a_fmt, b_fmt, *map(int, s), out, sms).config
                             if cfg not in seen:
                                 seen.add(cfg)

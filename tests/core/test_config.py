@@ -186,17 +186,38 @@ def test_unknown_arch_is_a_config_error(name):
 
 
 @pytest.mark.parametrize("cc,target", [((8, 0), "sm_80"), ((8, 6), "sm_80"), ((8, 9), "sm_80"),
-                                       ((9, 0), "sm_90a"), ((10, 0), "sm_100a"),
+                                       ((9, 0), "sm_90a"), ((10, 0), "sm_100a"), ((10, 3), "sm_103a"),
                                        ((12, 0), "sm_120a"), ((12, 1), "sm_121a")])
 def test_device_targets(cc, target):
     """Each compute capability gets the cubin target that runs on it: an 'a' cubin runs only on
-    its exact part, so GB10 (12.1) has its own target, with sm_120a's limits and tables."""
-    from kernelgen.arch import PARTS, SMEM_PER_SM, arch_for_cc
+    its exact part, so B300 (10.3) and GB10 (12.1) have targets of their own."""
+    from kernelgen.arch import arch_for_cc
 
     assert arch_for_cc(*cc).name == target
-    if target == "sm_121a":
-        assert ARCHS["sm_121a"].smem_optin == ARCHS["sm_120a"].smem_optin
-        assert SMEM_PER_SM["sm_121a"] == SMEM_PER_SM["sm_120a"] and PARTS["sm_121a"]
+
+
+@pytest.mark.parametrize("arch", [a for a in ALL_ARCHS if ARCHS[a].like])
+def test_a_target_like_another_plans_as_it_does(arch):
+    """sm_103a / sm_121a share sm_100a's / sm_120a's limits and tables (Arch.like): on a part of
+    the same SM count every family's prewarm walk yields the base's configs, arch aside."""
+    import dataclasses
+
+    from kernelgen.arch import PARTS, SMEM_PER_SM, base_of
+
+    base = base_of(arch)
+    assert base != arch and ARCHS[base].like is None
+    assert ARCHS[arch].smem_optin == ARCHS[base].smem_optin and SMEM_PER_SM[arch] == SMEM_PER_SM[base]
+    assert PARTS[arch]
+    for name, fam in families().items():
+        if fam.archs is not None:
+            assert (arch in fam.archs) == (base in fam.archs), name
+            if base not in fam.archs:
+                continue
+        spec = dict(fam.matrix_spec or {})
+        if "sm_counts" in (fam.spec_keys or {}):
+            spec["sm_counts"] = [PARTS[base][0][0]]
+        mine = {dataclasses.replace(c, arch=base) for c in fam.prewarm_configs([arch], spec)}
+        assert mine and mine == set(fam.prewarm_configs([base], spec)), name
 
 
 @pytest.mark.parametrize("cc", [(7, 5), (9, 1), (11, 0), (12, 2)])

@@ -23,7 +23,7 @@ def test_fp8_config_rejects_sm80_naming_the_rule():
         MxFp8GemmConfig(arch="sm_80")
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a", "sm_103a"])
 def test_block_scaled_config_only_on_sm120(arch):
     with pytest.raises(UnsupportedConfigError, match="sm_120a / sm_121a only"):
         MxBsGemmConfig(arch=arch)
@@ -153,7 +153,7 @@ def test_prewarm_rejects_bad_sm_counts(bad):
 
 def test_prewarm_table():
     assert list(prewarm_configs(["sm_80"], {})) == []
-    for arch in ("sm_90a", "sm_100a", "sm_120a", "sm_121a"):
+    for arch in ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a"):
         cfgs = list(prewarm_configs([arch], {}))
         assert 0 < len(cfgs) <= 40 and len(set(cfgs)) == len(cfgs)
         assert all(c.arch == arch for c in cfgs)
