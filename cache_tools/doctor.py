@@ -48,7 +48,7 @@ def check_nvrtc() -> Check:
     lacking = [a.name for a in arch.ARCHS.values() if a.cc not in supported]
     detail = f"{nvrtc_version()}; targets sm_{min(supported)}..sm_{max(supported)}"
     if lacking:
-        return Check("nvrtc", False, f"{detail}; cannot build {', '.join(lacking)}: use NVRTC 12.8 or newer")
+        return Check("nvrtc", False, f"{detail}; cannot build {', '.join(lacking)}: use NVRTC 12.9 or newer")
     return Check("nvrtc", True, f"{detail}; every kernelgen target ({', '.join(arch.ALL_ARCHS)}) supported")
 
 

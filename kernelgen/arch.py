@@ -44,12 +44,20 @@ def base_of(name: str) -> str:
 
 
 def per_target(table: dict[str, _T]) -> dict[str, _T]:
-    """A table keyed by base targets, extended to every target like one of them (ALL_ARCHS order)."""
-    return {a: table[base_of(a)] for a in ALL_ARCHS if base_of(a) in table}
+    """A table keyed by targets, extended to every target like one of them (ALL_ARCHS order);
+    a like target's own entry wins over its base's. Keys must be targets."""
+    unknown = sorted(set(table) - set(ARCHS))
+    if unknown:
+        raise ValueError(f"per_target: {unknown} are not targets ({', '.join(ALL_ARCHS)})")
+    return {a: table[a] if a in table else table[base_of(a)] for a in ALL_ARCHS
+            if a in table or base_of(a) in table}
 
 
 def targets_like(*bases: str) -> tuple[str, ...]:
     """The targets whose base is one of `bases` (the bases included), in ALL_ARCHS order."""
+    wrong = [b for b in bases if b not in ARCHS or ARCHS[b].like]
+    if wrong:
+        raise ValueError(f"targets_like: {wrong} are not base targets")
     return tuple(a for a in ALL_ARCHS if base_of(a) in bases)
 
 
@@ -136,13 +144,13 @@ def arch_for_cc(major: int, minor: int) -> Arch:
     """
     if major == 8:
         return ARCHS["sm_80"]
-    table = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a", (12, 0): "sm_120a",
-             (12, 1): "sm_121a"}
-    if (major, minor) in table:
-        return ARCHS[table[(major, minor)]]
+    exact = {divmod(a.cc, 10): a for a in ARCHS.values() if a.cc >= 90}
+    if (major, minor) in exact:
+        return exact[(major, minor)]
+    ccs = ", ".join(["8.x", *(f"{ma}.{mi}" for ma, mi in exact)])
     raise DeviceError(
         f"compute capability {major}.{minor} is not supported; kernelgen builds for "
-        f"{', '.join(ALL_ARCHS)} (8.x, 9.0, 10.0, 10.3, 12.0, 12.1)"
+        f"{', '.join(ALL_ARCHS)} ({ccs})"
     )
 
 

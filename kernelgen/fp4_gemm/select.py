@@ -384,7 +384,7 @@ def balanced_takes(fmt: str, m: int, n: int, k: int, sm_count: int, kw_plan: Pla
 # the balanced GEMV keeps the table's TPW but at m_tile 16 on the archs where TPW 2 spills
 # there (ptxas, CUDA 13: 28-120 bytes on sm_100a / sm_120a; none on sm_80 / sm_90a, where TPW 2
 # is 3-18% faster at M = 16 on H100, equal at M = 9)
-BAL_TPW2_M16_ARCHS = ("sm_80", "sm_90a")
+BAL_TPW2_M16_ARCHS = targets_like("sm_80", "sm_90a")
 
 
 def balanced_tpw(arch: str, fmt: str, m_tile: int) -> int:

@@ -1,6 +1,6 @@
 """mx_gemm: block-scaled GEMM D = alpha * A . B^T (+ bias) over MX / NVFP4 operands (MxTensor).
 
-Paths: MXFP8 x MXFP8 as scaled f16 tiles on f16 mma.sync (sm_90a, sm_100a) and the native block-scaled
+Paths: MXFP8 x MXFP8 as scaled f16 tiles on f16 mma.sync (sm_90a, sm_100a, sm_103a) and the native block-scaled
 mma.sync of sm_120a / sm_121a (FP8 x FP8, FP8 x FP4, MXFP4 x MXFP4, NVFP4 x NVFP4). See select.py.
 """
 
@@ -16,7 +16,7 @@ register_family(
         prewarm_configs=prewarm_configs,
         spec_keys=SPEC_KEYS,
         archs=targets_like("sm_90a", "sm_100a", "sm_120a"),  # fp8 needs sm_89+: nothing for sm_80
-        description="block-scaled GEMM: MXFP8 via scaled f16 tiles (sm_90a/sm_100a), native "
+        description="block-scaled GEMM: MXFP8 via scaled f16 tiles (sm_90a/sm_100a/sm_103a), native "
                     "block-scaled mma.sync on sm_120a/sm_121a",
     )
 )

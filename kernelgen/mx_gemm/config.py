@@ -1,7 +1,7 @@
 """Configs of the block-scaled GEMM family `mx_gemm`: D = alpha * A . B^T (+ bias).
 
 Two kernels:
-* `MxFp8GemmConfig` - MXFP8 x MXFP8 for sm_90a and sm_100a: every k-block scaled by
+* `MxFp8GemmConfig` - MXFP8 x MXFP8 for sm_90a and sm_100a / sm_103a: every k-block scaled by
   2^(block exponent - the row's largest) once per CTA, then one fp32 accumulation over all of
   K, the rows' largest scales applied in the epilogue (templates/mx_gemm/fp8_mma.cuh). Either
   into f16 tiles for f16 `mma.sync` / wgmma, or (sm_90a, hbufs=0) rescaled in place in the
@@ -32,7 +32,7 @@ FORMATS: dict[str, tuple[str, str, int]] = {
 }
 FP8_ELEMS = ("e4m3", "e5m2")
 
-# fp8 path (sm_90a / sm_100a): (tile_m, tile_n, warps_m, warps_n, stages)
+# fp8 path (sm_90a / sm_100a / sm_103a): (tile_m, tile_n, warps_m, warps_n, stages)
 # (the f16 tiles and 2 to 4 fp8 stages share 227 KB)
 FP8_TILES: tuple[tuple[int, int, int, int, int], ...] = (
     (128, 256, 2, 4, 2),
@@ -88,7 +88,7 @@ class MxFp8GemmConfig(KernelConfig):
 
         if get_arch(self.arch).cc < 89:
             raise bad("arch", "the fp8 -> f16 conversion (cvt e4m3x2 / e5m2x2) needs sm_89 or "
-                              "newer (sm_90a, sm_100a); sm_80 has no fp8 instruction")
+                              "newer (sm_90a, sm_100a, sm_103a); sm_80 has no fp8 instruction")
         for f in ("a_elem", "b_elem"):
             if getattr(self, f) not in FP8_ELEMS:
                 raise bad(f, f"expected one of {FP8_ELEMS}")
@@ -150,7 +150,7 @@ class MxBsGemmConfig(KernelConfig):
 
         if self.arch not in BS_ARCHS:
             raise bad("arch", f"the block-scaled mma.sync exists on {' / '.join(BS_ARCHS)} only "
-                              "(sm_100a scales through tcgen05 / tensor memory instead)")
+                              "(sm_100a / sm_103a scale through tcgen05 / tensor memory instead)")
         if self.mma_kind not in BS_KINDS:
             raise bad("mma_kind", f"expected one of {tuple(BS_KINDS)}")
         if self.mma_kind == "mxf8f6f4":

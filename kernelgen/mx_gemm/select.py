@@ -3,10 +3,10 @@
 `prewarm_configs` walks the same function, so prewarm builds what dispatch can pick.
 
 Paths by arch:
-* sm_90a, sm_100a: "fp8_mma" - MXFP8 x MXFP8 (E4M3 / E5M2 in any pairing): fp8 converted to
+* sm_90a, sm_100a, sm_103a: "fp8_mma" - MXFP8 x MXFP8 (E4M3 / E5M2 in any pairing): fp8 converted to
   scaled f16 tiles in shared memory, f16 mma.sync (templates/mx_gemm/fp8_mma.cuh; an opt-in
-  wgmma variant on sm_90a). sm_100a has no block-scaled mma.sync (its block scaling is tcgen05
-  + tensor memory, future work), so it runs the Hopper-style kernel.
+  wgmma variant on sm_90a). sm_100a / sm_103a have no block-scaled mma.sync (their block
+  scaling is tcgen05 + tensor memory, future work), so they run the Hopper-style kernel.
 * sm_120a, sm_121a: "bs_mma" - the native block-scaled mma.sync: MXFP8 x MXFP8 and MXFP8 x MXFP4
   (kind::mxf8f6f4), MXFP4 x MXFP4 and NVFP4 x NVFP4 (kind::mxf4nvf4).
 * sm_80: none (no fp8 or block-scaled tensor-core instruction).

@@ -1,4 +1,4 @@
-// MXFP8 x MXFP8 GEMM for sm_90a / sm_100a on f16 mma.sync:
+// MXFP8 x MXFP8 GEMM for sm_90a / sm_100a / sm_103a on f16 mma.sync:
 //   D[M, N] = alpha * sum_kb (sa[m, kb] * sb[n, kb]) * (A[m, kb] . B[n, kb]) (+ bias[n])
 // A [M, K] and B [N, K] row-major fp8 codes (K contiguous); E8M0 scales per 32 along K in the
 // swizzled block-scaled layout [ceil(rows/128), ceil(K/128), 32, 4, 4].

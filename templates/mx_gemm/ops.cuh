@@ -1,5 +1,5 @@
 // PTX wrappers of the mx_gemm kernels: fp8 <-> f16 conversion (sm_89+), the Blackwell
-// block-scaled mma.sync (sm_120a), a 2-byte shared load. One wrapper per instruction shape;
+// block-scaled mma.sync (sm_120a / sm_121a), a 2-byte shared load. One wrapper per instruction shape;
 // element formats are template parameters. f16 mma.sync, ldmatrix, cp.async and 16-byte shared
 // loads are the common ones (common/mma.cuh, common/ptx.cuh).
 #pragma once
@@ -39,7 +39,7 @@ template <> __device__ __forceinline__ uint32_t f16x2_to_fp8x2<E5M2>(uint32_t x)
   return r;
 }
 
-// Block-scaled mma.sync of sm_120a: D += (A * SF_A) . (B * SF_B), fp32 accumulators in place.
+// Block-scaled mma.sync of sm_120a / sm_121a: D += (A * SF_A) . (B * SF_B), fp32 accumulators in place.
 // Scale operands: byte-id 0 and thread-id 0 always; every lane holds the scales of its own
 // row (A: row g + 8 * (lane & 1)) and column (B: column g), so any lane the hardware reads
 // from has the right value. Byte j of the scale register is the scale of the j-th k-group of

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -116,8 +117,13 @@ def test_a_field_named_like_as_dicts_keys_is_refused():
         family: ClassVar[str] = "clash"
         kind: str = "x"
 
-    with pytest.raises(TypeError, match=r"Clash: field\(s\) \['kind'\]"):
-        register_family(Family(name="clash", config_classes=(Clash,), prewarm_configs=lambda a, s: ()))
+    @dataclass(frozen=True, kw_only=True)  # kw_only: the base declares family before arch
+    class Clash2(KernelConfig):
+        family: str = "clash"  # an instance field, not the ClassVar
+
+    for cls, name in ((Clash, "kind"), (Clash2, "family")):
+        with pytest.raises(TypeError, match=rf"{cls.__name__}: field\(s\) \['{name}'\]"):
+            register_family(Family(name="clash", config_classes=(cls,), prewarm_configs=lambda a, s: ()))
     assert "clash" not in families()
 
 
@@ -202,12 +208,12 @@ def test_a_target_like_another_plans_as_it_does(arch):
     the same SM count every family's prewarm walk yields the base's configs, arch aside."""
     import dataclasses
 
-    from kernelgen.arch import PARTS, SMEM_PER_SM, base_of
+    from kernelgen.arch import PARTS, SMEM_PER_SM, base_of, smem_limits
 
     base = base_of(arch)
     assert base != arch and ARCHS[base].like is None
     assert ARCHS[arch].smem_optin == ARCHS[base].smem_optin and SMEM_PER_SM[arch] == SMEM_PER_SM[base]
-    assert PARTS[arch]
+    assert PARTS[arch] and smem_limits(arch) == smem_limits(base)
     for name, fam in families().items():
         if fam.archs is not None:
             assert (arch in fam.archs) == (base in fam.archs), name
@@ -225,5 +231,23 @@ def test_unsupported_device_is_a_device_error(cc):
     from kernelgen.arch import arch_for_cc
     from kernelgen.errors import DeviceError
 
-    with pytest.raises(DeviceError, match=f"compute capability {cc[0]}.{cc[1]} is not supported"):
+    with pytest.raises(DeviceError, match=re.escape(f"compute capability {cc[0]}.{cc[1]} is not supported")) as e:
         arch_for_cc(*cc)
+    for a in ARCHS.values():  # the message names every target and the capabilities it runs on
+        assert a.name in str(e.value)
+        assert (f"{a.cc // 10}.{a.cc % 10}" if a.cc >= 90 else "8.x") in str(e.value)
+
+
+def test_per_target_tables():
+    from kernelgen.arch import base_of, per_target, targets_like
+
+    assert base_of("sm_121a") == "sm_120a" and base_of("sm_90a") == "sm_90a"
+    assert per_target({"sm_100a": 1, "sm_120a": 2}) == {"sm_100a": 1, "sm_103a": 1, "sm_120a": 2, "sm_121a": 2}
+    # a like target's own entry wins; a table without the base has only the like target's entry
+    assert per_target({"sm_100a": 1, "sm_103a": 3}) == {"sm_100a": 1, "sm_103a": 3}
+    assert per_target({"sm_103a": 3}) == {"sm_103a": 3}
+    with pytest.raises(ValueError, match=r"\['sm_90'\] are not targets"):
+        per_target({"sm_90": 1})
+    assert targets_like("sm_90a", "sm_120a") == ("sm_90a", "sm_120a", "sm_121a")
+    with pytest.raises(ValueError, match="not base targets"):
+        targets_like("sm_121a")
