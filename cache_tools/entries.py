@@ -169,8 +169,8 @@ def make_filter(args: argparse.Namespace, cache: DiskCache, **extra: Any) -> Fil
     """The Filter of the --family/--arch/--older-than flags, names checked against the cache."""
     older = getattr(args, "older_than", None)
     flt = Filter(
-        families=tuple(split_list(args.family)),
-        archs=tuple(split_list(args.arch)),
+        families=tuple(split_list(args.family, "--family")),
+        archs=tuple(split_list(args.arch, "--arch")),
         older_than_s=parse_days(older) if older is not None else None,
         **extra,
     )

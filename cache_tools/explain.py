@@ -37,8 +37,13 @@ def config_dict(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError("--config: expected a JSON object such as {\"kind\": ..., \"arch\": ...}")
     if args.kind:
         d["kind"] = args.kind
-    if args.arch:
-        d["arch"] = args.arch
+    if not d.get("kind"):
+        raise UsageError("explain needs the config: --kind NAME [--set FIELD=VALUE ...] or --config JSON")
+    if args.arch is not None:  # a name, or native (this machine's GPU)
+        archs = values.resolve_archs(values.split_list([args.arch], "--arch"))
+        if len(archs) != 1:
+            raise UsageError(f"--arch {args.arch!r}: explain takes one target")
+        d["arch"] = archs[0]
     d.update(values.parse_sets(args.set))
     d.setdefault("arch", values.default_arch())
     return d
@@ -64,7 +69,7 @@ def make_config(d: dict[str, Any], family: str | None) -> KernelConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    family = values.split_list(args.family)
+    family = values.split_list(args.family, "--family")
     if len(family) > 1:
         raise UsageError("--family: give one family for explain")
     cfg = make_config(config_dict(args), family[0] if family else None)

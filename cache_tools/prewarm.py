@@ -56,20 +56,21 @@ class Result:
 # -- what to build ----------------------------------------------------------------------------
 def make_plan(args: argparse.Namespace) -> Plan:
     prof = profile.load(args.profile) if args.profile else profile.Profile()
-    arch_tokens = values.split_list(args.arch) or prof.archs or [values.default_arch()]
-    archs = values.resolve_archs(arch_tokens)
+    arch_tokens = values.split_list(args.arch, "--arch") or prof.archs or [values.default_arch()]
+    archs = values.resolve_archs(
+        arch_tokens, "--arch" if args.arch else f"--profile {args.profile}: archs:")
     if not archs:
         raise UsageError("no target arch given; use --arch sm_90a (or all, native)")
-    fams = values.resolve_families(
-        values.split_list(args.family) or list(prof.families) or sorted(families()))
+    named = values.split_list(args.family, "--family") or list(prof.families)
+    fams = values.resolve_families(named or sorted(families()))
     flags = {}
     if args.bits:
         flags["bits"] = values.int_list("--bits", args.bits)
     if args.dtypes:
-        flags["dtypes"] = values.split_list(args.dtypes)
+        flags["dtypes"] = values.split_list(args.dtypes, "--dtypes")
     specs = {name: {**prof.families.get(name, {}), **flags} for name in fams}
     check_specs(fams, specs, flags, args.profile)
-    return Plan(archs, specs, collect(fams, archs, specs))
+    return Plan(archs, specs, collect(fams, archs, specs, named, set(flags)))
 
 
 def check_specs(fams: dict[str, Family], specs: dict[str, dict[str, Any]], flags: dict[str, Any],
@@ -109,15 +110,38 @@ def _show(v: Any) -> str:
     return json.dumps(list(v)) if isinstance(v, tuple) else str(v)
 
 
-def collect(fams: dict[str, Family], archs: list[str], specs: dict[str, dict[str, Any]]) -> list[KernelConfig]:
+def collect(fams: dict[str, Family], archs: list[str], specs: dict[str, dict[str, Any]],
+            named: Iterable[str] = (), flags: Iterable[str] = ()) -> list[KernelConfig]:
     """Every family's configs for `archs`, deduplicated, in the order the families yield them.
 
-    A bad spec value (e.g. --bits 9) raises UnsupportedConfigError from the Config itself.
+    A bad spec value (e.g. --bits 9) raises UnsupportedConfigError from the Config itself. A
+    family the user named (`named`: --family or the profile's families) that yields nothing is
+    a UsageError where it has no kernels for these archs (mx_gemm for sm_80) or where its own
+    profile spec selects none of them (a format pair no arch of the run multiplies), as is a run
+    of named families that builds nothing at all: `--check` would otherwise pass on a cache that
+    holds none of their kernels. Shared flags (--bits, --dtypes) a named family does not take
+    only skip it (--family kbit,moe --bits 5 builds kbit's 5-bit kernels).
     """
     configs: dict[KernelConfig, None] = {}
+    named, shared = set(named), set(flags)
     for name, fam in fams.items():
+        n = 0
         for cfg in fam.prewarm_configs(list(archs), specs[name]):
             configs.setdefault(cfg)
+            n += 1
+        if n or name not in named:
+            continue
+        has = [a for a in archs if fam.archs is None or a in fam.archs]
+        own = {k: v for k, v in specs[name].items() if k not in shared}
+        if not has:
+            raise UsageError(f"family {name}: nothing to build for {', '.join(archs)}: it has "
+                             f"kernels for {', '.join(fam.archs or ())} only")
+        if own:
+            raise UsageError(f"family {name}: nothing to build for {', '.join(archs)}: its spec "
+                             f"{json.dumps(own, sort_keys=True)} selects none of its kernels there")
+    if named and not configs:
+        raise UsageError(f"nothing to build: {', '.join(sorted(named))} yield no kernel for "
+                         f"{', '.join(archs)} with these options")
     return list(configs)
 
 

@@ -47,8 +47,9 @@ def load(path: str | Path) -> Profile:
     if unknown:
         raise UsageError(f"--profile {path}: unknown keys {unknown}; expected {KEYS}")
     archs = data.get("archs")
-    if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
-        raise UsageError(f"--profile {path}: \"archs\" must be a list of names such as [\"sm_90a\"]")
+    if archs is not None and (not isinstance(archs, list) or not archs
+                              or not all(isinstance(a, str) for a in archs)):
+        raise UsageError(f"--profile {path}: \"archs\" must be a non-empty list of names such as [\"sm_90a\"]")
     fams = data.get("families", {})
     if not isinstance(fams, dict) or not all(isinstance(s, dict) for s in fams.values()):
         raise UsageError(f"--profile {path}: \"families\" must map a family name to a spec "

@@ -17,16 +17,23 @@ from kernelgen.errors import DeviceError
 from . import UsageError
 
 
-def split_list(values: Iterable[str] | None) -> list[str]:
-    """`--x a,b --x c` -> ['a', 'b', 'c'] (order kept, duplicates dropped)."""
+def split_list(values: Iterable[str] | None, flag: str = "") -> list[str]:
+    """`--x a,b --x c` -> ['a', 'b', 'c'] (order kept, duplicates dropped). A flag given with
+    nothing in it (`--arch ''`, `--arch ,`) is an error naming `flag`, not "no flag": it would
+    otherwise fall back to the defaults (build or list everything) in silence."""
     out: list[str] = []
     for v in values or ():
-        out.extend(p.strip() for p in v.split(",") if p.strip() and p.strip() not in out)
+        for p in v.split(","):
+            if p.strip() and p.strip() not in out:
+                out.append(p.strip())
+    if values and not out:
+        raise UsageError(f"{flag or 'a list option'} {','.join(values)!r}: an empty list; name at "
+                         "least one value (leave the option out for the default)")
     return out
 
 
 def int_list(flag: str, values: Iterable[str] | None) -> list[int]:
-    items = split_list(values)
+    items = split_list(values, flag)
     try:
         return [int(v) for v in items]
     except ValueError:
@@ -85,15 +92,16 @@ def native_arch() -> str:
         raise UsageError(f"--arch native: {e}") from None
 
 
-def resolve_archs(tokens: Iterable[str]) -> list[str]:
-    """Names, 'all' (every target) or 'native' (this machine's GPU) -> validated arch names."""
+def resolve_archs(tokens: Iterable[str], where: str = "--arch") -> list[str]:
+    """Names, 'all' (every target) or 'native' (this machine's GPU) -> validated arch names;
+    `where` names the source in errors (the flag, or a profile's "archs")."""
     out: list[str] = []
     for tok in tokens:
         names = list(_arch.ALL_ARCHS) if tok == "all" else [native_arch()] if tok == "native" else [tok]
         for name in names:
             if name not in _arch.ARCHS:
                 raise UsageError(
-                    f"--arch {name!r}: not a kernelgen target; choose from "
+                    f"{where} {name!r}: not a kernelgen target; choose from "
                     f"{', '.join(_arch.ALL_ARCHS)}, all, native"
                 )
             if name not in out:

@@ -457,11 +457,20 @@ def describe_miss(cache: DiskCache, parts: dict) -> list[str]:
     if cache.load(key, peek=True) is not None:
         return [f"hit: {key}"]
     reasons = []
-    same_cfg = [e for e in cache.entries() if e.config_dict() == parts["config"]]
+    want = parts["config"]
+    same_cfg = [e for e in cache.entries() if e.config_dict() == want]
     if not same_cfg:
+        arch = want.get("arch")
+        no_arch = {k: v for k, v in want.items() if k != "arch"}
+        others = sorted({e.config_dict().get("arch") for e in cache.entries()
+                         if {k: v for k, v in e.config_dict().items() if k != "arch"} == no_arch} - {arch})
+        if others:  # e.g. prewarmed for sm_120a, running on GB10 (sm_121a)
+            return [f"miss: this config is cached for {', '.join(map(str, others))} only, not {arch} (a "
+                    f"cubin of one target does not run on another's part); run `kernelgen prewarm "
+                    f"--arch {arch}`"]
         same_fam = sum(1 for e in cache.entries() if e.manifest.get("parts", {}).get("family") == parts["family"])
         return [f"miss: no entry for this config in any layer ({same_fam} entries of family "
-                f"{parts['family']!r} exist); run `kernelgen prewarm` for it"]
+                f"{parts['family']!r} exist); run `kernelgen prewarm --arch {arch}` for it"]
     for e in same_cfg:
         other = e.manifest.get("parts", {})
         diffs = []
@@ -475,6 +484,9 @@ def describe_miss(cache: DiskCache, parts: dict) -> list[str]:
                         diffs.append(f"header {h} changed")
             else:
                 diffs.append(f"{field}: wanted {a!r}, entry has {b!r}")
+        if not diffs:  # the same parts under another name: a folder renamed by hand
+            diffs.append("nothing in its key parts; its folder name is not its key "
+                         "(`kernelgen cache verify`)")
         reasons.append(f"entry {e.key[:16]} ({'read-only' if e.readonly else 'writable'}) differs: "
                        + "; ".join(diffs))
     return ["miss: " + key] + reasons

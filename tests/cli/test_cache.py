@@ -41,6 +41,8 @@ def test_ls_table_and_json(warm_cache, cli):
 def test_ls_unknown_filter_is_a_usage_error(warm_cache, cli):
     rc, _, err = cli("cache", "ls", "--family", "nope")
     assert rc == 2 and "--family 'nope': unknown" in err
+    rc, _, err = cli("cache", "ls", "--arch", "")  # once: no filter, every entry listed
+    assert rc == 2 and "--arch '': an empty list" in err
 
 
 def test_info_counts_layers(warm_cache, seed_cache, cli, monkeypatch, tmp_path):
@@ -104,6 +106,10 @@ def test_explain_usage_errors(warm_cache, cli):
         (["--kind", "KbitQuantizeConfig", "--set", "bits=7", "--arch", "sm_90a"], "bits=7"),
         (["--kind", "KbitQuantizeConfig", "--set", "bits"], "expected FIELD=VALUE"),
         (["--config", "[1]"], "expected a JSON object"),
+        ([], "explain needs the config: --kind NAME"),
+        (["--kind", "E4M4Config", "--arch", ""], "--arch '': an empty list"),
+        (["--kind", "E4M4Config", "--arch", "all"], "explain takes one target"),
+        (["--kind", "E4M4Config", "--arch", "sm_104a"], "not a kernelgen target"),
     ]:
         rc, _, err = cli("cache", "explain", *args)
         assert rc == 2 and message in err, (args, err)

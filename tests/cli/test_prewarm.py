@@ -95,7 +95,8 @@ def test_prewarm_usage_errors(cache_dir, cli, args, message):
 def test_bad_profile_is_a_usage_error(cache_dir, cli, tmp_path):
     bad = tmp_path / "bad.json"
     for text, message in [("{", "not valid JSON"), ('{"arch": ["sm_90a"]}', "unknown keys"),
-                          ('{"families": {"kbit": [4]}}', "spec object")]:
+                          ('{"families": {"kbit": [4]}}', "spec object"),
+                          ('{"archs": ["sm_121"]}', "bad.json: archs: 'sm_121': not a kernelgen target")]:
         bad.write_text(text)
         rc, _, err = cli("prewarm", "--profile", bad)
         assert rc == 2 and message in err, err
@@ -194,6 +195,31 @@ def test_spec_values_no_family_takes_are_usage_errors(cache_dir, cli, args, mess
     rc, out, err = cli("prewarm", *args, "--arch", "sm_90a", "--check")
     assert rc == 2 and err.startswith("kernelgen: error: ") and message in err, err
     assert "Traceback" not in err and out == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--arch", ""], "--arch '': an empty list"),
+    (["--arch", ","], "--arch ',': an empty list"),
+    (["--family", "", "--arch", "sm_90a"], "--family '': an empty list"),
+    (["--bits", "", "--arch", "sm_90a"], "--bits '': an empty list"),
+    (["--dtypes", ",", "--arch", "sm_90a"], "--dtypes ',': an empty list"),
+    (["--family", "mx_gemm", "--arch", "sm_80"], "family mx_gemm: nothing to build for sm_80: it has kernels for sm_90a"),
+])
+def test_empty_lists_and_empty_families_are_usage_errors(cache_dir, cli, args, message):
+    """`--arch ''` once fell back to the default target and built all of it; a family named for
+    a target it has no kernels for built nothing and --check passed."""
+    rc, out, err = cli("prewarm", *args, "--check")
+    assert rc == 2 and message in err and out == "", err
+
+
+def test_a_profile_spec_that_selects_nothing_is_a_usage_error(cache_dir, cli, tmp_path):
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"archs": ["sm_103a"], "families": {"mx_gemm": {"formats": [["mxfp4", "mxfp4"]]}}}))
+    rc, _, err = cli("prewarm", "--profile", prof, "--check")
+    assert rc == 2 and "its spec {\"formats\": [[\"mxfp4\", \"mxfp4\"]]} selects none" in err, err
+    prof.write_text(json.dumps({"archs": [], "families": {}}))
+    rc, _, err = cli("prewarm", "--profile", prof, "--check")
+    assert rc == 2 and "non-empty list" in err, err
 
 
 def test_spec_value_some_family_takes_is_skipped_by_the_others(cache_dir, cli):

@@ -411,6 +411,23 @@ def test_describe_miss_never_built(cache_env):
     assert "1 entries of family 'kbit'" in text, text
 
 
+def test_describe_miss_other_arch(cache_env):
+    """Prewarmed for one target, asked for another (GB10 after an sm_120a prewarm): say so."""
+    build(E4M4)
+    text = "\n".join(describe_miss(default_cache(), key_parts(E4M4Config(arch="sm_121a"))[0]))
+    assert "cached for sm_90a only, not sm_121a" in text and "prewarm --arch sm_121a" in text, text
+
+
+def test_describe_miss_renamed_entry(cache_env):
+    res = build(E4M4)
+    src = default_cache().entry_path(res.key)
+    dst = default_cache().entry_path("00" + res.key[2:])
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    src.rename(dst)
+    text = "\n".join(describe_miss(default_cache(), key_parts(E4M4)[0]))
+    assert "its folder name is not its key" in text, text
+
+
 def test_describe_miss_nvrtc(cache_env, monkeypatch):
     build(E4M4)
     monkeypatch.setattr(jit, "nvrtc_version", lambda: "99.9")
