@@ -136,7 +136,7 @@ def collect(fams: dict[str, Family], archs: list[str], specs: dict[str, dict[str
         if not has:
             raise UsageError(f"family {name}: nothing to build for {', '.join(archs)}: it has "
                              f"kernels for {', '.join(fam.archs or ())} only")
-        if own:
+        if own and not any(True for _ in fam.prewarm_configs(list(archs), own)):  # not the flags
             raise UsageError(f"family {name}: nothing to build for {', '.join(archs)}: its spec "
                              f"{json.dumps(own, sort_keys=True)} selects none of its kernels there")
     if named and not configs:
