@@ -316,10 +316,17 @@ def run(args: argparse.Namespace) -> int:
     return 1 if counts["failed"] or counts["unstored"] else 0
 
 
+def _keys_text() -> str:
+    """The spec keys each registered family reads (Family.spec_keys), for --help."""
+    lines = [f"  {name}: {', '.join(fam.spec_keys) if fam.spec_keys else '(any)'}"
+             for name, fam in sorted(families().items())]
+    return "\nprofile keys each family reads:\n" + "\n".join(lines) + "\n"
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "prewarm", help="compile ahead every config the dispatch can pick",
-        description=__doc__, epilog=profile.__doc__,
+        description=__doc__, epilog=profile.__doc__ + _keys_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--arch", action="append", metavar="LIST",

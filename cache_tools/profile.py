@@ -12,8 +12,9 @@ Format (JSON; every key optional):
 "archs" takes the same names as --arch (including "all" and "native"); --arch overrides it.
 "families" names the families to build (--family narrows it) and holds one spec object per
 family, handed untouched to that family's `prewarm_configs(archs, spec)`: each family reads its
-own keys (kbit: "bits", "dtypes"; GEMM families: "shapes": [[M, N, K], ...]). A key the family
-does not read, or a value it does not take (a misspelled dtype, bits 7), is an error.
+own keys (listed below; e.g. kbit: "bits", "dtypes"; kbit_gemm / fp4_gemm "shapes": [[N, K] or
+[M, N, K], ...]; moe "shapes": [[E, H, I, top_k], ...]). A key the family does not read, or a
+value it does not take (a misspelled dtype, bits 7), is an error.
 """
 
 from __future__ import annotations
