@@ -28,7 +28,7 @@ from kernelgen.core.jit import default_cache
 from kernelgen.errors import CacheError
 
 from . import UsageError, entries
-from .table import human_bytes, print_json
+from .table import err, human_bytes, print_json
 
 _FILES = "|".join(re.escape(n) for n in (CUBIN, MANIFEST, SOURCE))
 _KEY = re.compile(r"^[0-9a-f]{64}$")
@@ -54,6 +54,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             seen.add(e.key)
             chosen.append(e)
     out = Path(args.archive)
+    if not chosen:  # an empty archive would replace a good one of the same name
+        err(f"export: no entry matches; {out} not written")
+        return 1
     tmp = out.with_name(out.name + f".{os.getpid()}.part")
     size = 0
     try:

@@ -123,7 +123,9 @@ def check_names(cache: DiskCache, flt: Filter, known_families: Iterable[str], kn
         allowed = known | {getter(e) for e in seen}
         for v in values:
             if v not in allowed:
-                raise UsageError(f"{flag} {v!r}: unknown; known values: {', '.join(sorted(allowed))}")
+                order = {a: i for i, a in enumerate(ALL_ARCHS)}  # targets in their own order
+                names = sorted(allowed, key=lambda x: (order.get(x, len(order)), x))
+                raise UsageError(f"{flag} {v!r}: unknown; known values: {', '.join(names)}")
 
 
 def select(cache: DiskCache, flt: Filter, include_readonly: bool = True) -> Iterator[Entry]:

@@ -38,6 +38,10 @@ def test_export_by_filter(warm_cache, cli, tmp_path):
     assert cli("cache", "export", archive, "--arch", "sm_80")[0] == 0
     keys = {n.split("/")[2] for n in tarfile.open(archive).getnames()}
     assert len(keys) == 1
+    # nothing matches: refused, and the archive of that name is left as it was
+    before = archive.read_bytes()
+    rc, _, err = cli("cache", "export", archive, "--arch", "sm_80", "--older-than", "3650")
+    assert rc == 1 and "no entry matches" in err and archive.read_bytes() == before
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes = b"x", kind: bytes = tarfile.REGTYPE,
