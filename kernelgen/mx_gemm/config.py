@@ -57,6 +57,18 @@ BS_TILES: tuple[tuple[int, int, int, int, int], ...] = ((128, 128, 2, 4, 2),)
 BS_KINDS = {"mxf8f6f4": 0, "mxf4": 1, "nvf4": 2}  # kind_code of templates/mx_gemm/bs_mma.cuh
 
 
+SHAPE = ("tile_m", "tile_n", "warps_m", "warps_n", "stages")  # the fields a tile table lists
+
+
+def _bad(cfg: KernelConfig, field: str | tuple[str, ...], rule: str) -> UnsupportedConfigError:
+    """The error naming a field (or the fields of a table row) and its value(s)."""
+    if isinstance(field, tuple):
+        name, value = f"({', '.join(field)})", tuple(getattr(cfg, f) for f in field)
+    else:
+        name, value = field, getattr(cfg, field)
+    return UnsupportedConfigError(f"{cfg.short()}: {name}={value!r}; {rule}")
+
+
 def _row_bytes(elem: str) -> int:
     return TK // 2 if elem == "e2m1" else TK
 
@@ -83,8 +95,8 @@ class MxFp8GemmConfig(KernelConfig):
     prescale: bool = False
 
     def check(self) -> None:
-        def bad(field: str, rule: str) -> UnsupportedConfigError:
-            return UnsupportedConfigError(f"{self.short()}: {field}={getattr(self, field)!r}; {rule}")
+        def bad(field: str | tuple[str, ...], rule: str) -> UnsupportedConfigError:
+            return _bad(self, field, rule)
 
         if get_arch(self.arch).cc < 89:
             raise bad("arch", "the fp8 -> f16 conversion (cvt e4m3x2 / e5m2x2) needs sm_89 or "
@@ -97,11 +109,9 @@ class MxFp8GemmConfig(KernelConfig):
         shape = (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages)
         if self.wgmma:
             if (*shape, self.hbufs) not in WG_TILES:
-                raise bad("tile_m", f"(tile_m, tile_n, warps_m, warps_n, stages, hbufs) must be "
-                                    f"one of {WG_TILES} with wgmma")
+                raise bad((*SHAPE, "hbufs"), f"must be one of {WG_TILES} with wgmma")
         elif shape not in FP8_TILES or self.hbufs != 1:
-            raise bad("tile_m", f"(tile_m, tile_n, warps_m, warps_n, stages) must be one of "
-                                f"{FP8_TILES} (hbufs=1)")
+            raise bad((*SHAPE, "hbufs"), f"must be one of {FP8_TILES} with hbufs=1")
         if self.wgmma and self.arch != "sm_90a":
             raise bad("wgmma", "wgmma exists on sm_90a only")
         if self.prescale and not (self.wgmma and self.hbufs == 0):
@@ -145,8 +155,8 @@ class MxBsGemmConfig(KernelConfig):
     stages: int = 2
 
     def check(self) -> None:
-        def bad(field: str, rule: str) -> UnsupportedConfigError:
-            return UnsupportedConfigError(f"{self.short()}: {field}={getattr(self, field)!r}; {rule}")
+        def bad(field: str | tuple[str, ...], rule: str) -> UnsupportedConfigError:
+            return _bad(self, field, rule)
 
         if self.arch not in BS_ARCHS:
             raise bad("arch", f"the block-scaled mma.sync exists on {' / '.join(BS_ARCHS)} only "
@@ -163,7 +173,7 @@ class MxBsGemmConfig(KernelConfig):
         if self.out_dtype not in OUT_DTYPES:
             raise bad("out_dtype", f"expected one of {OUT_DTYPES}")
         if (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages) not in BS_TILES:
-            raise bad("tile_m", f"(tile_m, tile_n, warps_m, warps_n, stages) must be one of {BS_TILES}")
+            raise bad(SHAPE, f"must be one of {BS_TILES}")
 
     @property
     def scale(self) -> str:

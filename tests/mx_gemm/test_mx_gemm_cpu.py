@@ -38,6 +38,16 @@ def test_fp8_config_field_errors(bad):
         MxFp8GemmConfig(arch="sm_90a", **bad)
 
 
+def test_a_tile_error_shows_the_whole_row():
+    """A tile row that is not in the table names all its fields and values (a wrong stage count
+    was reported as tile_m=128)."""
+    with pytest.raises(UnsupportedConfigError,
+                       match=r"\(tile_m, tile_n, warps_m, warps_n, stages\)=\(128, 128, 2, 4, 3\); must be one of"):
+        MxBsGemmConfig(arch="sm_121a", stages=3)
+    with pytest.raises(UnsupportedConfigError, match=r"stages, hbufs\)=\(128, 128, 2, 4, 9, 1\)"):
+        MxFp8GemmConfig(arch="sm_90a", stages=9)
+
+
 @pytest.mark.parametrize("bad", [dict(mma_kind="mxf8f6f4", a_elem="e2m1", b_elem="e2m1"),
                                  dict(mma_kind="mxf4", a_elem="e4m3", b_elem="e2m1"),
                                  dict(mma_kind="nvf4", a_elem="e2m1", b_elem="e4m3"),
