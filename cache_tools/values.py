@@ -17,7 +17,7 @@ from kernelgen.errors import DeviceError
 from . import UsageError
 
 
-def split_list(values: Iterable[str] | None, flag: str = "") -> list[str]:
+def split_list(values: Iterable[str] | None, flag: str) -> list[str]:
     """`--x a,b --x c` -> ['a', 'b', 'c'] (order kept, duplicates dropped). A flag given with
     nothing in it (`--arch ''`, `--arch ,`) is an error naming `flag`, not "no flag": it would
     otherwise fall back to the defaults (build or list everything) in silence."""
@@ -27,7 +27,7 @@ def split_list(values: Iterable[str] | None, flag: str = "") -> list[str]:
             if p.strip() and p.strip() not in out:
                 out.append(p.strip())
     if values and not out:
-        raise UsageError(f"{flag or 'a list option'} {','.join(values)!r}: an empty list; name at "
+        raise UsageError(f"{flag} {','.join(values)!r}: an empty list; name at "
                          "least one value (leave the option out for the default)")
     return out
 

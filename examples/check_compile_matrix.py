@@ -18,16 +18,12 @@ from concurrent.futures import ProcessPoolExecutor
 
 def configs():
     from kernelgen.arch import ALL_ARCHS
-    from kernelgen.core.registry import families
+    from kernelgen.core.registry import matrix_configs
     want = set(sys.argv[1].split(",")) if len(sys.argv) > 1 and sys.argv[1] else set(ALL_ARCHS)
     if want - set(ALL_ARCHS):
         sys.exit(f"unknown targets {sorted(want - set(ALL_ARCHS))}; choose from {', '.join(ALL_ARCHS)}")
-    out = []
-    for fam in families().values():
-        for arch in ALL_ARCHS:
-            if arch in want:
-                out += list(fam.prewarm_configs([arch], fam.matrix_spec or {}))
-    return list(dict.fromkeys(out))
+    by_family = matrix_configs([a for a in ALL_ARCHS if a in want])
+    return list(dict.fromkeys(c for cfgs in by_family.values() for c in cfgs))
 
 
 def one(cfg):

@@ -56,6 +56,17 @@ def families() -> dict[str, Family]:
     return dict(_FAMILIES)
 
 
+def matrix_configs(archs: Iterable[str] | None = None) -> dict[str, list[KernelConfig]]:
+    """Per family, every config its prewarm yields for each of `archs` (default: every target)
+    with its matrix spec (Family.matrix_spec: what dispatch can launch beyond the prewarm
+    default): the compile matrix of tests/core/test_compile_matrix.py."""
+    from ..arch import ALL_ARCHS
+
+    return {name: [cfg for arch in (ALL_ARCHS if archs is None else archs)
+                   for cfg in fam.prewarm_configs([arch], fam.matrix_spec or {})]
+            for name, fam in families().items()}
+
+
 def config_classes() -> dict[str, type[KernelConfig]]:
     _load_builtin()
     return {c.__name__: c for f in _FAMILIES.values() for c in f.config_classes}

@@ -95,27 +95,24 @@ class MxFp8GemmConfig(KernelConfig):
     prescale: bool = False
 
     def check(self) -> None:
-        def bad(field: str | tuple[str, ...], rule: str) -> UnsupportedConfigError:
-            return _bad(self, field, rule)
-
         if get_arch(self.arch).cc < 89:
-            raise bad("arch", "the fp8 -> f16 conversion (cvt e4m3x2 / e5m2x2) needs sm_89 or "
+            raise _bad(self, "arch", "the fp8 -> f16 conversion (cvt e4m3x2 / e5m2x2) needs sm_89 or "
                               "newer (sm_90a, sm_100a, sm_103a); sm_80 has no fp8 instruction")
         for f in ("a_elem", "b_elem"):
             if getattr(self, f) not in FP8_ELEMS:
-                raise bad(f, f"expected one of {FP8_ELEMS}")
+                raise _bad(self, f, f"expected one of {FP8_ELEMS}")
         if self.out_dtype not in OUT_DTYPES:
-            raise bad("out_dtype", f"expected one of {OUT_DTYPES}")
+            raise _bad(self, "out_dtype", f"expected one of {OUT_DTYPES}")
         shape = (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages)
         if self.wgmma:
             if (*shape, self.hbufs) not in WG_TILES:
-                raise bad((*SHAPE, "hbufs"), f"must be one of {WG_TILES} with wgmma")
+                raise _bad(self, (*SHAPE, "hbufs"), f"must be one of {WG_TILES} with wgmma")
         elif shape not in FP8_TILES or self.hbufs != 1:
-            raise bad((*SHAPE, "hbufs"), f"must be one of {FP8_TILES} with hbufs=1")
+            raise _bad(self, (*SHAPE, "hbufs"), f"must be one of {FP8_TILES} with hbufs=1")
         if self.wgmma and self.arch != "sm_90a":
-            raise bad("wgmma", "wgmma exists on sm_90a only")
+            raise _bad(self, "wgmma", "wgmma exists on sm_90a only")
         if self.prescale and not (self.wgmma and self.hbufs == 0):
-            raise bad("prescale", "pre-rescaled operands feed the fp8 wgmma variant (wgmma, hbufs=0)")
+            raise _bad(self, "prescale", "pre-rescaled operands feed the fp8 wgmma variant (wgmma, hbufs=0)")
 
     def symbols(self) -> tuple[str, ...]:
         return ("mx_gemm_fp8",) + (("mx_gemm_rescale_a", "mx_gemm_rescale_b") if self.prescale else ())
@@ -155,25 +152,22 @@ class MxBsGemmConfig(KernelConfig):
     stages: int = 2
 
     def check(self) -> None:
-        def bad(field: str | tuple[str, ...], rule: str) -> UnsupportedConfigError:
-            return _bad(self, field, rule)
-
         if self.arch not in BS_ARCHS:
-            raise bad("arch", f"the block-scaled mma.sync exists on {' / '.join(BS_ARCHS)} only "
+            raise _bad(self, "arch", f"the block-scaled mma.sync exists on {' / '.join(BS_ARCHS)} only "
                               "(sm_100a / sm_103a scale through tcgen05 / tensor memory instead)")
         if self.mma_kind not in BS_KINDS:
-            raise bad("mma_kind", f"expected one of {tuple(BS_KINDS)}")
+            raise _bad(self, "mma_kind", f"expected one of {tuple(BS_KINDS)}")
         if self.mma_kind == "mxf8f6f4":
             if self.a_elem not in FP8_ELEMS:
-                raise bad("a_elem", f"kind mxf8f6f4 takes FP8 activations {FP8_ELEMS}")
+                raise _bad(self, "a_elem", f"kind mxf8f6f4 takes FP8 activations {FP8_ELEMS}")
             if self.b_elem not in (*FP8_ELEMS, "e2m1"):
-                raise bad("b_elem", "kind mxf8f6f4 takes e4m3, e5m2 or e2m1 weights")
+                raise _bad(self, "b_elem", "kind mxf8f6f4 takes e4m3, e5m2 or e2m1 weights")
         elif (self.a_elem, self.b_elem) != ("e2m1", "e2m1"):
-            raise bad("a_elem", f"kind {self.mma_kind} takes e2m1 x e2m1")
+            raise _bad(self, "a_elem", f"kind {self.mma_kind} takes e2m1 x e2m1")
         if self.out_dtype not in OUT_DTYPES:
-            raise bad("out_dtype", f"expected one of {OUT_DTYPES}")
+            raise _bad(self, "out_dtype", f"expected one of {OUT_DTYPES}")
         if (self.tile_m, self.tile_n, self.warps_m, self.warps_n, self.stages) not in BS_TILES:
-            raise bad(SHAPE, f"must be one of {BS_TILES}")
+            raise _bad(self, SHAPE, f"must be one of {BS_TILES}")
 
     @property
     def scale(self) -> str:

@@ -10,14 +10,13 @@ import pytest
 
 from kernelgen.arch import ALL_ARCHS, smem_limits
 from kernelgen.core.compile import compile_cubin, nvrtc_version, resource_summary
-from kernelgen.core.registry import families
+from kernelgen.core.registry import families, matrix_configs
 from kernelgen.core.render import render
 
 # per family: what `kernelgen prewarm --family F` builds, and what dispatch can launch beyond it
 # (Family.matrix_spec); a family may also yield kernels of another family that its dispatch
 # launches; prewarm and this matrix deduplicate those
-BY_FAMILY = {name: [cfg for arch in ALL_ARCHS for cfg in fam.prewarm_configs([arch], fam.matrix_spec or {})]
-             for name, fam in families().items()}
+BY_FAMILY = matrix_configs()
 MATRIX = list(dict.fromkeys(cfg for cfgs in BY_FAMILY.values() for cfg in cfgs))
 
 
