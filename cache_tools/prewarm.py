@@ -116,8 +116,8 @@ def collect(fams: dict[str, Family], archs: list[str], specs: dict[str, dict[str
 
     A bad spec value (e.g. --bits 9) raises UnsupportedConfigError from the Config itself. A
     family the user named (`named`: --family or the profile's families) that yields nothing is
-    a UsageError where it has no kernels for these archs (mx_gemm for sm_80) or where its own
-    profile spec selects none of them (a format pair no arch of the run multiplies), as is a run
+    a UsageError where it has no kernels for these archs (a family registered with `archs`) or
+    where its own profile spec selects none of them (a format pair no arch of the run multiplies), as is a run
     of named families that builds nothing at all: `--check` would otherwise pass on a cache that
     holds none of their kernels. Shared flags (--bits, --dtypes) a named family does not take
     only skip it (--family kbit,moe --bits 5 builds kbit's 5-bit kernels).

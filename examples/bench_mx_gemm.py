@@ -8,8 +8,9 @@ Per shape (M x N x K): median time per call over back-to-back calls (CUDA events
 2 M N K / t. Operands (--operands): quantized normal values (default) or random finite E4M3
 codes with E8M0 scales near 1 (the sm_90a fp8 wgmma rescales codes below their row's largest
 block scale: random codes take its slower rounding path more often). --variants also
-times every fp8 tile with the k16 loop unrolled by 2 and fully, and the opt-in wgmma variant
-on sm_90a (what the selector table is set from).
+times every fp8 tile with the k16 loop unrolled by 2 and fully, and with the fp8 -> f16
+conversion by integer ops (soft_fp8: what the sm_80 kernels run, timed here on this part), and
+the opt-in wgmma variant on sm_90a (what the selector table is set from).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def bench_shape(m: int, n: int, k: int, variants: bool, operands: str = "gauss")
     a, b = _operand("mxfp8_e4m3", m, k, 1, operands), _operand("mxfp8_e4m3", n, k, 2, operands)
     out = cupy.empty((m, n), cupy.uint16)
     plan = select_mx_gemm(info.arch.name, "mxfp8_e4m3", "mxfp8_e4m3", m, n, k, "bfloat16",
-                          info.sm_count)
+                          info.sm_count, info.smem_optin)
     t_mx = time_gpu(lambda i: mx_gemm(a, b, out=out), iters=20, repeats=5)
     # cuBLASLt fp8 with per-tensor scales on the same bytes: A [M, K] . (B [N, K])^T
     ta = torch.as_tensor(a.data, device="cuda").view(torch.float8_e4m3fn)
@@ -79,16 +80,16 @@ def bench_shape(m: int, n: int, k: int, variants: bool, operands: str = "gauss")
         t_bf = time_gpu(lambda i: torch.matmul(x, w.t()), iters=20, repeats=5)
     var = {}  # last: a failing opt-in variant cannot spoil the numbers above
     if variants:
-        kinds = [((*t, 1), u, False) for t in FP8_TILES for u in (False, True)]
+        kinds = [((*t, 1), u, False) for t in FP8_TILES for u in (False, "unroll", "soft")]
         if info.arch.name == "sm_90a":
             kinds += [(t, False, True) for t in WG_TILES]
             kinds += [((*t, True), False, True) for t in WG_TILES if t[5] == 0]
-        for (bm, bn, wm, wn, st, hb, *pre), unroll, wg in kinds:
+        for (bm, bn, wm, wn, st, hb, *pre), how, wg in kinds:
             cfg = MxFp8GemmConfig(arch=info.arch.name, tile_m=bm, tile_n=bn, warps_m=wm,
-                                  warps_n=wn, stages=st, unroll_kb=unroll, wgmma=wg, hbufs=hb,
-                                  prescale=bool(pre))
-            name = (f"{bm}x{bn}" + (f" wgmma s{st} h{hb}" if wg else "") +
-                    (" prescale" if pre else "") + (" unroll" if unroll else ""))
+                                  warps_n=wn, stages=st, unroll_kb=how == "unroll", wgmma=wg,
+                                  hbufs=hb, prescale=bool(pre), soft_fp8=how == "soft")
+            name = (f"{bm}x{bn}" + (f" s{st} w{wm * wn}" if not wg else f" wgmma s{st} h{hb}") +
+                    (" prescale" if pre else "") + (f" {how}" if how else ""))
             try:
                 t = time_gpu(lambda i, c=cfg: mx_gemm(a, b, out=out, config=c), iters=20, repeats=5)
             except Exception as e:  # the opt-in variants come last: report and stop there

@@ -1,7 +1,8 @@
 """Configs of the block-scaled GEMM family `mx_gemm`: D = alpha * A . B^T (+ bias).
 
 Two kernels:
-* `MxFp8GemmConfig` - MXFP8 x MXFP8 for sm_90a and sm_100a / sm_103a: every k-block scaled by
+* `MxFp8GemmConfig` - MXFP8 x MXFP8 for sm_90a, sm_100a / sm_103a and sm_80 (whose parts have no
+  fp8 instruction: the fp8 -> f16 conversion by integer ops, soft_fp8): every k-block scaled by
   2^(block exponent - the row's largest) once per CTA, then one fp32 accumulation over all of
   K, the rows' largest scales applied in the epilogue (templates/mx_gemm/fp8_mma.cuh). Either
   into f16 tiles for f16 `mma.sync` / wgmma, or (sm_90a, hbufs=0) rescaled in place in the
@@ -32,13 +33,17 @@ FORMATS: dict[str, tuple[str, str, int]] = {
 }
 FP8_ELEMS = ("e4m3", "e5m2")
 
-# fp8 path (sm_90a / sm_100a / sm_103a): (tile_m, tile_n, warps_m, warps_n, stages)
-# (the f16 tiles and 2 to 4 fp8 stages share 227 KB)
+# fp8 path: (tile_m, tile_n, warps_m, warps_n, stages). The first four: sm_90a / sm_100a /
+# sm_103a (the f16 tiles and 2 to 4 fp8 stages share 227 KB); the last three: sm_80 parts with
+# 163 KB a block (A100; 128 x 128 at 131 KB) or 99 KB (8.6 / 8.9; 98.8 and 83.5 KB).
 FP8_TILES: tuple[tuple[int, int, int, int, int], ...] = (
     (128, 256, 2, 4, 2),
     (128, 128, 2, 4, 4),
     (64, 128, 1, 4, 4),
     (64, 64, 1, 4, 4),
+    (128, 128, 2, 4, 2),
+    (64, 128, 2, 4, 2),
+    (64, 64, 1, 4, 3),
 )
 # wgmma variants (sm_90a): 8 warps stacked along M, 2 warpgroups of 64 rows x tile_n;
 # (tile_m, tile_n, warps_m, warps_n, stages, f16 tile sets). 0 f16 tile sets: the fp8 wgmma
@@ -93,11 +98,14 @@ class MxFp8GemmConfig(KernelConfig):
     # hbufs 0 only: the operands' rows are rescaled once per call by two small kernels of the
     # same module (mx_gemm_rescale_a / _b) into scratch, so the main loop only copies and multiplies
     prescale: bool = False
+    # the fp8 -> f16 conversion by integer ops instead of cvt (the same f16 bits): required on
+    # sm_80, whose parts have no fp8 instruction; allowed on newer targets so that tests run it
+    soft_fp8: bool = False
 
     def check(self) -> None:
-        if get_arch(self.arch).cc < 89:
-            raise _bad(self, "arch", "the fp8 -> f16 conversion (cvt e4m3x2 / e5m2x2) needs sm_89 or "
-                              "newer (sm_90a, sm_100a, sm_103a); sm_80 has no fp8 instruction")
+        if get_arch(self.arch).cc < 89 and not self.soft_fp8:
+            raise _bad(self, "soft_fp8", "sm_80 has no fp8 instruction (cvt e4m3x2 / e5m2x2 needs "
+                                         "sm_89+): its kernels convert by integer ops, soft_fp8=True")
         for f in ("a_elem", "b_elem"):
             if getattr(self, f) not in FP8_ELEMS:
                 raise _bad(self, f, f"expected one of {FP8_ELEMS}")
@@ -113,6 +121,8 @@ class MxFp8GemmConfig(KernelConfig):
             raise _bad(self, "wgmma", "wgmma exists on sm_90a only")
         if self.prescale and not (self.wgmma and self.hbufs == 0):
             raise _bad(self, "prescale", "pre-rescaled operands feed the fp8 wgmma variant (wgmma, hbufs=0)")
+        if self.soft_fp8 and self.wgmma:
+            raise _bad(self, "soft_fp8", "the integer conversion feeds the mma.sync kernel (wgmma=False)")
 
     def symbols(self) -> tuple[str, ...]:
         return ("mx_gemm_fp8",) + (("mx_gemm_rescale_a", "mx_gemm_rescale_b") if self.prescale else ())

@@ -9,7 +9,9 @@ Paths by arch:
   scaling is tcgen05 + tensor memory, future work), so they run the Hopper-style kernel.
 * sm_120a, sm_121a: "bs_mma" - the native block-scaled mma.sync: MXFP8 x MXFP8 and MXFP8 x MXFP4
   (kind::mxf8f6f4), MXFP4 x MXFP4 and NVFP4 x NVFP4 (kind::mxf4nvf4).
-* sm_80: none (no fp8 or block-scaled tensor-core instruction).
+* sm_80 (A100; the 8.6 / 8.9 parts, A10 / L40S / RTX 4090, run its cubins): "fp8_mma" for MXFP8 x
+  MXFP8 with the fp8 -> f16 conversion by integer ops (soft_fp8: no fp8 instruction there),
+  tiles by the part's shared memory (FP8_PLAN_TILES); no FP4 pair (fp4_gemm runs FP4 weights).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import SM_COUNTS, get_arch, per_target, sm_counts_of
+from ..arch import KB, get_arch, parts_of, per_target, smem_cap
 from ..core.select import selector
 from ..errors import UnsupportedConfigError
 from .config import (
@@ -34,7 +36,7 @@ from .config import (
 MXFP8 = ("mxfp8_e4m3", "mxfp8_e5m2")
 # (arch) -> {(A format, B format): path}
 PAIRS: dict[str, dict[tuple[str, str], str]] = per_target({
-    "sm_80": {},
+    "sm_80": {(a, b): "fp8_mma" for a in MXFP8 for b in MXFP8},
     "sm_90a": {(a, b): "fp8_mma" for a in MXFP8 for b in MXFP8},
     "sm_100a": {(a, b): "fp8_mma" for a in MXFP8 for b in MXFP8},
     "sm_120a": {**{(a, b): "bs_mma" for a in MXFP8 for b in (*MXFP8, "mxfp4")},
@@ -58,6 +60,20 @@ assert {WG_FP8_BIG, WG_FP8_MID, WG_F16_MID} <= set(WG_TILES)
 # fp8 path: 64-row tiles up to this M (fewer rows of zeros; M=128, N=K=4096: 64x64 82 TFLOP/s vs
 # 68 for the best 128-row tile), 128-row tiles above; 128 x 256 once those alone fill every SM.
 SMALL_M = 128
+# fp8 path tiles (big, mid, small, narrow) (FP8_TILES rows) by target, and for sm_80 by the
+# shared memory a block of the part may take (the first that fits): big once one wave of it
+# fills every SM above SMALL_M, else mid; small / narrow (64-wide N until 128-wide tiles fill
+# the SMs) up to SMALL_M. sm_80's are not measured (no 8.x part here): A100 keeps the Hopper
+# choice with 2 stages for 128 x 128; 99 KB parts get the 8-warp 64 x 128 tile (2 stages) and
+# a 3-stage 64 x 64.
+_HOPPER = ((128, 256, 2, 4, 2), (128, 128, 2, 4, 4), (64, 128, 1, 4, 4), (64, 64, 1, 4, 4))
+FP8_PLAN_TILES: dict[str, tuple[tuple[int, tuple[tuple[int, int, int, int, int], ...]], ...]] = per_target({
+    "sm_80": ((163 * KB, ((128, 128, 2, 4, 2), (128, 128, 2, 4, 2), (64, 128, 1, 4, 4), (64, 64, 1, 4, 4))),
+              (99 * KB, ((64, 128, 2, 4, 2), (64, 128, 2, 4, 2), (64, 128, 2, 4, 2), (64, 64, 1, 4, 3)))),
+    "sm_90a": ((227 * KB, _HOPPER),),
+    "sm_100a": ((227 * KB, _HOPPER),),
+})
+assert all(set(t) <= set(FP8_TILES) for rows in FP8_PLAN_TILES.values() for _, t in rows)
 
 
 @dataclass(frozen=True)
@@ -107,7 +123,7 @@ def check_formats(arch: str, a_fmt: str, b_fmt: str) -> str:
     if path is None:
         can = ", ".join(f"{a} x {b}" for a, b in pairs) or "nothing: no fp8 or block-scaled mma"
         hint = ""
-        if arch == "sm_80" or b_fmt in ("mxfp4", "nvfp4"):
+        if b_fmt in ("mxfp4", "nvfp4"):
             hint = ("; FP4 weights with fp16/bf16 activations run on every arch through the "
                     "fp4_gemm family")
         raise ValueError(f"mx_gemm: {a_fmt} x {b_fmt} cannot run on {arch}; {arch} runs {can}{hint}")
@@ -120,9 +136,21 @@ def check_shape(m: int, n: int, k: int) -> None:
                          f"{N_MULTIPLE} and K a positive multiple of {K_MULTIPLE}")
 
 
+def fp8_tiles(arch: str, smem_limit: int | None = None) -> tuple[tuple[int, int, int, int, int], ...]:
+    """(big, mid, small, narrow) of the fp8 path on a part whose blocks may take `smem_limit`
+    bytes (None: the target's); ValueError where none fits."""
+    cap = smem_cap(arch, smem_limit)
+    for need, tiles in FP8_PLAN_TILES[arch]:
+        if need <= cap:
+            return tiles
+    raise ValueError(f"mx_gemm: {arch} part with {cap} B of shared memory a block; the MXFP8 "
+                     f"tiles need {FP8_PLAN_TILES[arch][-1][0]} B")
+
+
 def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: str,
-         sm_count: int) -> MxGemmPlan:
-    """Pure planner (raises ValueError for a format pair or shape the arch cannot run)."""
+         sm_count: int, smem_limit: int | None = None) -> MxGemmPlan:
+    """Pure planner (raises ValueError for a format pair or shape the arch cannot run).
+    `smem_limit`: the shared memory a block of the device may take (None: the target's)."""
     get_arch(arch)
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype={out_dtype!r}; expected one of {OUT_DTYPES}")
@@ -130,7 +158,7 @@ def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: s
     check_shape(m, n, k)
     a_elem, b_elem = FORMATS[a_fmt][0], FORMATS[b_fmt][0]
     if path == "fp8_mma":
-        big, mid, small, narrow = FP8_TILES
+        big, mid, small, narrow = fp8_tiles(arch, smem_limit)
         if m <= SMALL_M:  # decode sizes: 64-wide N tiles until 128-wide ones fill the SMs
             tile = small if -(-n // small[1]) >= sm_count else narrow
         elif -(-m // big[0]) * -(-n // big[1]) >= sm_count:
@@ -146,7 +174,8 @@ def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: s
             pre = SM90_PRESCALE
         cfg: MxFp8GemmConfig | MxBsGemmConfig = MxFp8GemmConfig(
             arch=arch, a_elem=a_elem, b_elem=b_elem, out_dtype=out_dtype, tile_m=bm, tile_n=bn,
-            warps_m=wm, warps_n=wn, stages=st, wgmma=wg, hbufs=hb, prescale=pre)
+            warps_m=wm, warps_n=wn, stages=st, wgmma=wg, hbufs=hb, prescale=pre,
+            soft_fp8=get_arch(arch).cc < 89)
     else:
         kind = "nvf4" if a_fmt == "nvfp4" else "mxf4" if a_fmt == "mxfp4" else "mxf8f6f4"
         bm, bn, wm, wn, st = BS_TILES[0]
@@ -170,9 +199,9 @@ def forced(p: MxGemmPlan, cfg: MxFp8GemmConfig | MxBsGemmConfig) -> MxGemmPlan:
 
 @selector
 def select_mx_gemm(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: str,
-                   sm_count: int) -> MxGemmPlan:
+                   sm_count: int, smem_limit: int | None = None) -> MxGemmPlan:
     """The dispatch choice (memoised per argument tuple)."""
-    return plan(arch, a_fmt, b_fmt, m, n, k, out_dtype, sm_count)
+    return plan(arch, a_fmt, b_fmt, m, n, k, out_dtype, sm_count, smem_limit)
 
 
 # prewarm_configs' spec keys and values (Family.spec_keys): "formats" takes the pairs of any arch
@@ -183,7 +212,8 @@ SPEC_KEYS = {"formats": tuple(sorted({p for pairs in PAIRS.values() for p in pai
 def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MxFp8GemmConfig | MxBsGemmConfig]:
     """Configs the selector can return. spec: "formats" ([[A, B], ...]; default: every pair
     the arch runs), "out_dtypes" / "dtypes" (default both), "shapes" ([M, N, K]; default:
-    every tile of the path), "sm_counts". sm_80 yields nothing (no kernel exists for it)."""
+    every tile of the path), "sm_counts". Each target's parts (arch.parts_of: SM count and
+    shared memory a block) are walked."""
     outs = tuple(d for d in (spec.get("out_dtypes") or spec.get("dtypes") or OUT_DTYPES)
                  if d in OUT_DTYPES)
     seen: set = set()
@@ -198,15 +228,16 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[MxFp
                     for s in shapes:
                         if len(s) != 3:
                             raise UnsupportedConfigError(f"mx_gemm spec shapes: {s!r}; expected [M, N, K]")
-                        for sms in sm_counts_of(spec.get("sm_counts")) or SM_COUNTS[arch]:
-                            cfg = plan(arch, a_fmt, b_fmt, *map(int, s), out, sms).config
+                        for sms, lim in parts_of(arch, spec.get("sm_counts")):
+                            cfg = plan(arch, a_fmt, b_fmt, *map(int, s), out, sms, lim).config
                             if cfg not in seen:
                                 seen.add(cfg)
                                 yield cfg
                     continue
                 # every tile the planner can pick: small M (narrow, wide N), mid, big
-                for m, n in ((SMALL_M, 128), (SMALL_M, 1 << 16), (4096, 256), (1 << 16, 1 << 16)):
-                    cfg = plan(arch, a_fmt, b_fmt, m, n, 1024, out, 132).config
-                    if cfg not in seen:
-                        seen.add(cfg)
-                        yield cfg
+                for lim in sorted({lim for _, lim in parts_of(arch, spec.get("sm_counts"))}, reverse=True):
+                    for m, n in ((SMALL_M, 128), (SMALL_M, 1 << 16), (4096, 256), (1 << 16, 1 << 16)):
+                        cfg = plan(arch, a_fmt, b_fmt, m, n, 1024, out, 132, lim).config
+                        if cfg not in seen:
+                            seen.add(cfg)
+                            yield cfg

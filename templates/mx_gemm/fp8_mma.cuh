@@ -1,4 +1,4 @@
-// MXFP8 x MXFP8 GEMM for sm_90a / sm_100a / sm_103a on f16 mma.sync:
+// MXFP8 x MXFP8 GEMM for sm_90a / sm_100a / sm_103a and sm_80 on f16 mma.sync:
 //   D[M, N] = alpha * sum_kb (sa[m, kb] * sb[n, kb]) * (A[m, kb] . B[n, kb]) (+ bias[n])
 // A [M, K] and B [N, K] row-major fp8 codes (K contiguous); E8M0 scales per 32 along K in the
 // swizzled block-scaled layout [ceil(rows/128), ceil(K/128), 32, 4, 4].
@@ -12,6 +12,10 @@
 // epilogue multiplies by 2^(E(m) - 127) * 2^(E(n) - 127). Exact for e4m3 / e5m2 blocks within
 // 2^15 / 2^8 of their row's largest scale; blocks further below keep their value to 2^-24 of
 // the row's largest block (far below the output rounding).
+//
+// sm_80 (A100, and the 8.6 / 8.9 parts that run its cubins) has no fp8 instruction: SOFT
+// converts by integer ops (ops.cuh fp8x2_to_f16x2_soft, the same f16 bits); the rest of the
+// mma.sync kernel is the same.
 //
 // Pipeline per k-tile: cp.async of fp8 tiles + scale chunks (STAGES deep) -> barrier ->
 // convert to the f16 tiles -> barrier -> ldmatrix + mma over the f16 tiles. The first barrier
@@ -89,15 +93,33 @@ __device__ __forceinline__ uint32_t hmul2_rn(uint32_t a, uint32_t b) {
 }
 
 // 16 fp8 codes of one row and k-block (a 16-byte chunk) -> 16 scaled f16 in shared memory.
-template <int E>
+// Integer e4m3 decoding (SOFT, and always below sm_89): a chunk without NaN codes (the usual
+// case) takes e4m3x2_to_f16x2_scaled with its 2^-8 folded into the scale (s2 * 2^8 is exact:
+// s2 is 0 or a power of two <= 1), so each pair costs 3 integer ops and the multiply.
+template <int E, bool SOFT>
 __device__ __forceinline__ void convert_chunk(uint32_t src, uint32_t dst0, uint32_t dst1, uint32_t s2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  constexpr bool kSoft = true;
+#else
+  constexpr bool kSoft = SOFT;
+#endif
   const uint4 v = lds128(src);
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   uint32_t h[8];
+  if (kSoft && E == E4M3 &&
+      (e4m3_nan_bytes(w[0]) | e4m3_nan_bytes(w[1]) | e4m3_nan_bytes(w[2]) | e4m3_nan_bytes(w[3])) == 0) {
+    const uint32_t s2x = hmul2_rn(s2, 0x5C005C00u);  // s2 * 2^8
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    h[2 * i] = hmul2_rn(fp8x2_to_f16x2<E>((uint16_t)(w[i] & 0xFFFFu)), s2);
-    h[2 * i + 1] = hmul2_rn(fp8x2_to_f16x2<E>((uint16_t)(w[i] >> 16)), s2);
+    for (int i = 0; i < 4; ++i) {
+      h[2 * i] = hmul2_rn(e4m3x2_to_f16x2_scaled((uint16_t)(w[i] & 0xFFFFu)), s2x);
+      h[2 * i + 1] = hmul2_rn(e4m3x2_to_f16x2_scaled((uint16_t)(w[i] >> 16)), s2x);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      h[2 * i] = hmul2_rn(fp8x2_to_f16x2<E, kSoft>((uint16_t)(w[i] & 0xFFFFu)), s2);
+      h[2 * i + 1] = hmul2_rn(fp8x2_to_f16x2<E, kSoft>((uint16_t)(w[i] >> 16)), s2);
+    }
   }
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst0), "r"(h[0]), "r"(h[1]),
                "r"(h[2]), "r"(h[3]) : "memory");
@@ -149,7 +171,7 @@ __device__ __forceinline__ void wgmma_fp8_ktile(float (&acc)[1][NI][4], uint32_t
 }
 
 template <int BM, int BN, int WM, int WN, int STAGES, bool UNROLL_KB, bool WG, int HB, bool PRE,
-          int AE, int BE, typename OutT>
+          bool SOFT, int AE, int BE, typename OutT>
 __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const uint8_t* __restrict__ B,
                                          const uint8_t* __restrict__ SA, const uint8_t* __restrict__ SB,
                                          const int* __restrict__ EA, const int* __restrict__ EB,
@@ -402,7 +424,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
     for (int it = 0; it < BM * 8 / NT; ++it) {
       const int r = r_base + it * (NT / 8);
       const uint32_t w = lds32(ssa + swz_off((m0 & 127) + r, 0));
-      convert_chunk<AE>(st + tile_off(r, c16),
+      convert_chunk<AE, SOFT>(st + tile_off(r, c16),
                         h_a + (WG ? wg_off<BM>(r, 2 * c16) : htile_off(r, 2 * c16)),
                         h_a + (WG ? wg_off<BM>(r, 2 * c16 + 1) : htile_off(r, 2 * c16 + 1)),
                         rel_scale_h2((w >> (8 * (c16 >> 1))) & 0xFFu, e_cva[it]));
@@ -411,7 +433,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
     for (int it = 0; it < BN * 8 / NT; ++it) {
       const int r = r_base + it * (NT / 8);
       const uint32_t w = lds32(ssb + swz_off((n0 & 127) + r, 0));
-      convert_chunk<BE>(st + S::A + tile_off(r, c16),
+      convert_chunk<BE, SOFT>(st + S::A + tile_off(r, c16),
                         h_b + (WG ? wg_off<BN>(r, 2 * c16) : htile_off(r, 2 * c16)),
                         h_b + (WG ? wg_off<BN>(r, 2 * c16 + 1) : htile_off(r, 2 * c16 + 1)),
                         rel_scale_h2((w >> (8 * (c16 >> 1))) & 0xFFu, e_cvb[it]));

@@ -1,7 +1,8 @@
-// PTX wrappers of the mx_gemm kernels: fp8 <-> f16 conversion (sm_89+), the Blackwell
-// block-scaled mma.sync (sm_120a / sm_121a), a 2-byte shared load. One wrapper per instruction shape;
-// element formats are template parameters. f16 mma.sync, ldmatrix, cp.async and 16-byte shared
-// loads are the common ones (common/mma.cuh, common/ptx.cuh).
+// PTX wrappers of the mx_gemm kernels: fp8 <-> f16 conversion (sm_89+; fp8 -> f16 also by
+// integer ops, for sm_80), the Blackwell block-scaled mma.sync (sm_120a / sm_121a), a 2-byte
+// shared load. One wrapper per instruction shape; element formats are template parameters.
+// f16 mma.sync, ldmatrix, cp.async and 16-byte shared loads are the common ones
+// (common/mma.cuh, common/ptx.cuh).
 #pragma once
 #include "common/dtypes.cuh"
 
@@ -12,31 +13,67 @@ namespace mx_gemm {
 // In kg::mx_gemm, not kg::mx: kg::mx (mx/mx.cuh) has the codec types E4M3 / E5M2 / E2M1.
 enum Elem : int { E4M3 = 0, E5M2 = 1, E2M1 = 2 };
 
-// Two fp8 codes (the low and high byte of `x`) -> f16x2, exactly (sm_89+: one F2FP).
-template <int E> __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint16_t x);
-template <> __device__ __forceinline__ uint32_t fp8x2_to_f16x2<E4M3>(uint16_t x) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
-  return r;
+// Two e4m3 codes (the low and high byte of `x`) -> f16x2 of their values times 2^-8, by integer
+// ops: each byte to the high byte of its f16 half, the magnitude bits one place lower, so the
+// f16 exponent field is e4m3's (bias 15 against 7; subnormals included). NaN codes (|code|
+// 0x7F) come out as the finite 480 * 2^-8: callers check for them (e4m3_nan_bytes).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_scaled(uint16_t x) {
+  const uint32_t t = __byte_perm((uint32_t)x, 0u, 0x1404);  // b1 << 24 | b0 << 8
+  return (t & 0x80008000u) | ((t >> 1) & 0x3F803F80u);
 }
-template <> __device__ __forceinline__ uint32_t fp8x2_to_f16x2<E5M2>(uint16_t x) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(r) : "h"(x));
-  return r;
+
+// Bit 7 of each byte of the result: that byte of `w` is an e4m3 NaN (|code| 0x7F).
+__device__ __forceinline__ uint32_t e4m3_nan_bytes(uint32_t w) {
+  return ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+}
+
+// Two fp8 codes (the low and high byte of `x`) -> f16x2, exactly, by integer ops: what sm_80
+// (no fp8 instruction) runs, and what SOFT asks for on newer parts (its tests run on them).
+// e5m2 is an f16 cut to its high byte (the same exponent bias; Inf and NaN too). e4m3:
+// e4m3x2_to_f16x2_scaled, a NaN half given an all-ones exponent (NaN bytes n = 0x80 at bit 15
+// of their half; n - n / 32 = 0x7C00), then one exact multiply by 2^8. Bit-identical to the
+// cvt but for NaN payloads.
+template <int E> __device__ __forceinline__ uint32_t fp8x2_to_f16x2_soft(uint16_t x) {
+  if constexpr (E == E5M2) {
+    return __byte_perm((uint32_t)x, 0u, 0x1404);
+  } else {
+    const uint32_t n = __byte_perm(e4m3_nan_bytes(x), 0u, 0x1404);
+    uint32_t r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(e4m3x2_to_f16x2_scaled(x) | (n - (n >> 5))),
+        "r"(0x5C005C00u));  // x 2^8 (f16x2 256)
+    return r;
+  }
+}
+
+// Two fp8 codes -> f16x2, exactly: one F2FP on sm_89+ unless SOFT, else fp8x2_to_f16x2_soft.
+template <int E, bool SOFT = false> __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint16_t x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (!SOFT) {
+    uint32_t r;
+    if constexpr (E == E4M3)
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
+    else
+      asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(r) : "h"(x));
+    return r;
+  }
+#endif
+  return fp8x2_to_f16x2_soft<E>(x);
 }
 
 // Two f16 -> two fp8 (the high half to the high byte), nearest even, saturated to finite
 // (sm_89+: one F2FP).
-template <int E> __device__ __forceinline__ uint32_t f16x2_to_fp8x2(uint32_t x);
-template <> __device__ __forceinline__ uint32_t f16x2_to_fp8x2<E4M3>(uint32_t x) {
+template <int E> __device__ __forceinline__ uint32_t f16x2_to_fp8x2(uint32_t x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
+  if constexpr (E == E4M3)
+    asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
+  else
+    asm("cvt.rn.satfinite.e5m2x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
   return r;
-}
-template <> __device__ __forceinline__ uint32_t f16x2_to_fp8x2<E5M2>(uint32_t x) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e5m2x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
-  return r;
+#else
+  static_assert(E < 0, "f16 -> fp8 needs sm_89+ (its only callers are the sm_90a wgmma variants)");
+  return 0;
+#endif
 }
 
 // Block-scaled mma.sync of sm_120a / sm_121a: D += (A * SF_A) . (B * SF_B), fp32 accumulators in place.

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from kernelgen.arch import ALL_ARCHS
 from kernelgen.core import registry
 from kernelgen.core.registry import Family
 from kernelgen.kbit import E4M4Config
@@ -205,9 +206,16 @@ def test_spec_values_no_family_takes_are_usage_errors(cache_dir, cli, args, mess
     (["--dtypes", ",", "--arch", "sm_90a"], "--dtypes ',': an empty list"),
     (["--family", "mx_gemm", "--arch", "sm_80"], "family mx_gemm: nothing to build for sm_80: it has kernels for sm_90a"),
 ])
-def test_empty_lists_and_empty_families_are_usage_errors(cache_dir, cli, args, message):
+def test_empty_lists_and_empty_families_are_usage_errors(cache_dir, cli, args, message, monkeypatch):
     """`--arch ''` once fell back to the default target and built all of it; a family named for
-    a target it has no kernels for built nothing and --check passed."""
+    a target it has no kernels for built nothing and --check passed. (Every family now has
+    sm_80 kernels: mx_gemm is given a target list without it, as before session 31.)"""
+    import dataclasses
+
+    fam = registry.families()["mx_gemm"]
+    monkeypatch.setitem(registry._FAMILIES, "mx_gemm", dataclasses.replace(
+        fam, archs=tuple(a for a in ALL_ARCHS if a != "sm_80"),
+        prewarm_configs=lambda archs, spec: fam.prewarm_configs([a for a in archs if a != "sm_80"], spec)))
     rc, out, err = cli("prewarm", *args, "--check")
     assert rc == 2 and message in err and out == "", err
 

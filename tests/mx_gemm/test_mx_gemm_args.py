@@ -89,7 +89,8 @@ def no_device(monkeypatch):
     """mx_gemm without a GPU: a fixed sm_90a device; any kernel fetch fails the test."""
     monkeypatch.setattr(api, "context_of", lambda x, name: _HostCtx("cupy", 0, None))
     monkeypatch.setattr(api, "device_info",
-                        lambda dev: SimpleNamespace(arch=SimpleNamespace(name="sm_90a"), sm_count=132))
+                        lambda dev: SimpleNamespace(arch=SimpleNamespace(name="sm_90a"), sm_count=132,
+                                                    smem_optin=227 * 1024))
 
     def no_kernel(*a, **k):
         raise AssertionError("M = 0 must not fetch or launch a kernel")

@@ -18,9 +18,15 @@ FP8 = ("mxfp8_e4m3", "mxfp8_e5m2")
 
 
 # -- configs ---------------------------------------------------------------------------------
-def test_fp8_config_rejects_sm80_naming_the_rule():
-    with pytest.raises(UnsupportedConfigError, match="sm_89 or newer"):
+def test_fp8_config_on_sm80_needs_the_integer_conversion():
+    with pytest.raises(UnsupportedConfigError, match=r"soft_fp8=False; sm_80 has no fp8 instruction"):
         MxFp8GemmConfig(arch="sm_80")
+    MxFp8GemmConfig(arch="sm_80", tile_m=64, tile_n=64, warps_m=1, warps_n=4, stages=3,
+                    soft_fp8=True).validate()
+    MxFp8GemmConfig(arch="sm_90a", soft_fp8=True).validate()  # allowed: the H100 tests run it
+    with pytest.raises(UnsupportedConfigError, match="soft_fp8=True; the integer conversion feeds the mma.sync"):
+        MxFp8GemmConfig(arch="sm_90a", tile_m=128, tile_n=128, warps_m=8, warps_n=1, stages=4,
+                        wgmma=True, hbufs=1, soft_fp8=True)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a", "sm_103a"])
@@ -68,8 +74,7 @@ def test_fp8_smem_fits_hopper(tile):
 
 # -- selector --------------------------------------------------------------------------------
 def test_pairs_table():
-    assert PAIRS["sm_80"] == {}
-    for arch in ("sm_90a", "sm_100a"):
+    for arch in ("sm_80", "sm_90a", "sm_100a"):
         assert set(supported_pairs(arch)) == {(a, b) for a in FP8 for b in FP8}
     assert ("mxfp8_e4m3", "mxfp4") in PAIRS["sm_120a"]
     assert ("nvfp4", "nvfp4") in PAIRS["sm_120a"] and ("mxfp4", "mxfp4") in PAIRS["sm_120a"]
@@ -107,9 +112,96 @@ def test_selector_memoised():
     assert select_mx_gemm(*args) is select_mx_gemm(*args)
 
 
-def test_sm80_error_names_what_runs():
-    with pytest.raises(ValueError, match="cannot run on sm_80.*nothing.*fp4_gemm"):
-        plan("sm_80", "mxfp8_e4m3", "mxfp8_e4m3", 16, 256, 256, "bfloat16", 108)
+@pytest.mark.parametrize("a,b", [("mxfp8_e4m3", "mxfp4"), ("nvfp4", "nvfp4")])
+def test_sm80_fp4_error_names_what_runs(a, b):
+    with pytest.raises(ValueError, match="cannot run on sm_80; sm_80 runs mxfp8_e4m3 x mxfp8_e4m3.*fp4_gemm"):
+        plan("sm_80", a, b, 16, 256, 256, "bfloat16", 108)
+
+
+# (SM count, shared memory a block) of sm_80 parts: A100, A10 / RTX 4090 (99 KB) -> the tiles
+SM80_CASES = [((108, 163 * 1024), 1, (64, 64, 1, 4, 4)), ((108, 163 * 1024), 16, (64, 128, 1, 4, 4)),
+              ((108, 163 * 1024), 4096, (128, 128, 2, 4, 2)),
+              ((72, 99 * 1024), 1, (64, 64, 1, 4, 3)), ((128, 99 * 1024), 16, (64, 128, 2, 4, 2)),
+              ((128, 99 * 1024), 4096, (64, 128, 2, 4, 2))]
+
+
+@pytest.mark.parametrize("part,m,tile", SM80_CASES)
+def test_sm80_mxfp8_plans_fit_the_part(part, m, tile):
+    """sm_80 runs MXFP8 x MXFP8 on the mma.sync kernel with the integer fp8 conversion, on a tile
+    whose shared memory fits the part's blocks (99 KB on 8.6 / 8.9, 163 KB on A100)."""
+    sms, lim = part
+    n = 4096 if m != 16 else 128 * sms  # 128-wide tiles fill the SMs
+    p = plan("sm_80", "mxfp8_e5m2", "mxfp8_e4m3", m, n, 4096, "float16", sms, lim)
+    c = p.config
+    assert p.path == "fp8_mma" and c.soft_fp8 and not c.wgmma, p.short()
+    assert (c.tile_m, c.tile_n, c.warps_m, c.warps_n, c.stages) == tile, p.short()
+    assert (c.a_elem, c.b_elem) == ("e5m2", "e4m3")
+    assert p.smem <= lim
+    assert plan("sm_80", "mxfp8_e5m2", "mxfp8_e4m3", m, n, 4096, "float16", sms).config.smem_bytes() \
+        <= get_arch("sm_80").smem_optin
+    with pytest.raises(ValueError, match="sm_80 part with 65536 B of shared memory a block"):
+        plan("sm_80", "mxfp8_e5m2", "mxfp8_e4m3", m, n, 4096, "float16", sms, 64 * 1024)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a", "sm_103a"])
+def test_hopper_plans_keep_the_fp8_instruction(arch):
+    for m in (1, 100, 4096):
+        assert not plan(arch, "mxfp8_e4m3", "mxfp8_e4m3", m, 4096, 4096, "bfloat16", 132).config.soft_fp8
+
+
+def _perm_1404(x):
+    """__byte_perm(x, 0, 0x1404) of a 16-bit x: byte 0 -> bits 8..15, byte 1 -> bits 24..31."""
+    return (x & 0xFF) << 8 | (x >> 8 & 0xFF) << 24
+
+
+def _e4m3x2_scaled(x):  # templates/mx_gemm/ops.cuh e4m3x2_to_f16x2_scaled
+    t = _perm_1404(x)
+    return (t & 0x80008000) | ((t >> 1) & 0x3F803F80)
+
+
+def _halves(h):
+    return np.stack([h & 0xFFFF, h >> 16], axis=1).astype(np.uint16).view(np.float16)
+
+
+@pytest.mark.parametrize("elem", ["e4m3", "e5m2"])
+def test_soft_fp8_conversion_replayed(elem):
+    """templates/mx_gemm/ops.cuh fp8x2_to_f16x2_soft, replayed in NumPy on every pair of codes
+    (each in the low and in the high byte): the f16 of the code's value, NaN for NaN codes."""
+    fmt = {"e4m3": R.E4M3, "e5m2": R.E5M2}[elem]
+    lo, hi = np.meshgrid(np.arange(256, dtype=np.uint32), np.arange(256, dtype=np.uint32))
+    x = (lo | hi << 8).ravel()
+    if elem == "e5m2":
+        got = _halves(_perm_1404(x)).astype(np.float64)
+    else:
+        n = _perm_1404(((x & 0x7F7F) + 0x0101) & 0x8080)  # e4m3_nan_bytes, placed
+        # mul.rn.f16x2 by 256: exact (the values need at most 4 significant bits)
+        got = _halves(_e4m3x2_scaled(x) | (n - (n >> 5))).astype(np.float64) * 256.0
+    want = np.stack([R.decode((x & 0xFF).astype(np.uint8), fmt),
+                     R.decode((x >> 8).astype(np.uint8), fmt)], axis=1).astype(np.float64)
+    nan = np.isnan(want)
+    assert nan.sum() == 2 * 256 * (2 if elem == "e4m3" else 6)  # 2 / 6 NaN codes a byte, 2 bytes
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan], want[~nan])
+    assert np.array_equal(np.signbit(got[~nan]), np.signbit(want[~nan]))  # -0 stays -0
+
+
+def test_soft_e4m3_folded_scale_replayed():
+    """templates/mx_gemm/fp8_mma.cuh convert_chunk's integer e4m3 path for chunks without NaN:
+    RN16(e4m3x2_to_f16x2_scaled(x) * (s2 * 2^8)) equals RN16(value * s2), what the cvt path
+    computes, bit for bit, for every finite code and every scale s2 = 2^d (d = 0 .. -24) or 0;
+    and e4m3_nan_bytes flags exactly the NaN codes of a word."""
+    codes = np.arange(256, dtype=np.uint32)
+    val = R.decode(codes.astype(np.uint8), R.E4M3)
+    finite = ~np.isnan(val)
+    x = codes[finite] | codes[finite][::-1] << 8
+    scaled = _halves(_e4m3x2_scaled(x))
+    exact = np.stack([R.decode((x & 0xFF).astype(np.uint8), R.E4M3),
+                      R.decode((x >> 8).astype(np.uint8), R.E4M3)], axis=1).astype(np.float16)
+    for s2 in [np.float16(2.0 ** d) for d in range(0, -25, -1)] + [np.float16(0.0)]:
+        s2x = np.float16(s2 * np.float16(256.0))
+        assert np.array_equal((scaled * s2x).view(np.uint16), (exact * s2).view(np.uint16)), float(s2)
+    flags = ((codes & 0x7F) + 0x01) & 0x80  # e4m3_nan_bytes on one byte
+    assert np.array_equal(flags != 0, np.isnan(val))
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -162,8 +254,11 @@ def test_prewarm_rejects_bad_sm_counts(bad):
 
 
 def test_prewarm_table():
-    assert list(prewarm_configs(["sm_80"], {})) == []
-    for arch in ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a"):
+    sm80 = list(prewarm_configs(["sm_80"], {}))
+    assert all(c.soft_fp8 for c in sm80)  # both shared-memory sizes of sm_80's parts
+    assert {(c.tile_m, c.tile_n, c.warps_m, c.warps_n, c.stages) for c in sm80} == \
+        {(64, 64, 1, 4, 4), (64, 128, 1, 4, 4), (128, 128, 2, 4, 2), (64, 64, 1, 4, 3), (64, 128, 2, 4, 2)}
+    for arch in ALL_ARCHS:
         cfgs = list(prewarm_configs([arch], {}))
         assert 0 < len(cfgs) <= 40 and len(set(cfgs)) == len(cfgs)
         assert all(c.arch == arch for c in cfgs)
@@ -243,9 +338,8 @@ def test_reference_exact_on_representable_values():
 
 
 def test_compile_matrix_archs():
-    # the family compiles for every arch that has a kernel; sm_80 has none (no fp8 mma)
     archs = {c.arch for c in prewarm_configs(ALL_ARCHS, {})}
-    assert archs == set(ALL_ARCHS) - {"sm_80"}
+    assert archs == set(ALL_ARCHS)
     assert len(BS_TILES) >= 1
 
 

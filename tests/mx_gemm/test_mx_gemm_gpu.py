@@ -203,3 +203,48 @@ def test_fp8_wgmma_random_codes(tile, a_fmt, b_fmt, prescale):
     got = GR.to_float64(cupy.asnumpy(d), "bfloat16")
     err = GR.rel_error(got, GR.mx_gemm(ha, hb, None, 1.0, "bfloat16"))
     assert err < GR.REL_ERROR_BOUND["bfloat16"], err
+
+
+# -- the integer fp8 conversion of the sm_80 kernels (soft_fp8), run on this GPU ---------------
+def _codes(fmt, rows, k, rng, nan_rows=()):
+    """Uniformly random codes (every exponent field, subnormals and -0 included; finite) and
+    E8M0 scales 2^-15 .. 2^0 (blocks far below their row's largest too); NaN codes in nan_rows."""
+    from kernelgen.mx.reference import swizzle_scales
+
+    codes = rng.integers(0, 256, (rows, k), dtype=np.uint8)
+    special = 0x7F if fmt.endswith("e4m3") else 0x7C
+    codes[(codes & 0x7F) >= special] = 0x30
+    for r in nan_rows:
+        codes[r, rng.integers(0, k)] = special | 0x80 if fmt.endswith("e4m3") else 0xFE
+    sc = rng.integers(112, 128, (rows, k // 32)).astype(np.uint8)
+    return GR.HostMx(fmt, (rows, k), codes, swizzle_scales(sc))
+
+
+@pytest.mark.parametrize("a_fmt,b_fmt", [("mxfp8_e4m3", "mxfp8_e5m2"), ("mxfp8_e5m2", "mxfp8_e4m3")])
+@pytest.mark.parametrize("tile", FP8_TILES, ids=["x".join(map(str, t)) for t in FP8_TILES])
+def test_soft_fp8_matches_cvt_bit_for_bit(tile, a_fmt, b_fmt):
+    """Every tile of the fp8 table (sm_80's among them) with the fp8 -> f16 conversion by
+    integer ops, as sm_80 runs it: D bit-identical to the same tile with the cvt instruction,
+    and within the reference's bound; NaN codes in A row 3 and B row 5 make exactly that row /
+    column of D NaN in both."""
+    import cupy
+
+    from kernelgen.mx_gemm import mx_gemm
+
+    m, n, k = 200, 264, 1056
+    rng = np.random.default_rng(sum(tile))
+    ha, hb = _codes(a_fmt, m, k, rng, nan_rows=(3,)), _codes(b_fmt, n, k, rng, nan_rows=(5,))
+    bm, bn, wm, wn, st = tile
+    got = {}
+    for soft in (False, True):
+        cfg = MxFp8GemmConfig(arch="sm_90a", a_elem=a_fmt[-4:], b_elem=b_fmt[-4:], tile_m=bm,
+                              tile_n=bn, warps_m=wm, warps_n=wn, stages=st, soft_fp8=soft)
+        got[soft] = cupy.asnumpy(mx_gemm(GR.upload(ha, cupy), GR.upload(hb, cupy), config=cfg))
+    d = GR.to_float64(got[True], "bfloat16")
+    nan = np.zeros((m, n), bool)
+    nan[3, :] = nan[:, 5] = True
+    assert np.array_equal(np.isnan(d), nan)
+    assert np.array_equal(got[True][~nan], got[False][~nan])
+    strip = lambda x: np.delete(np.delete(x, 3, 0), 5, 1)  # noqa: E731
+    ref = GR.mx_gemm(ha, hb, None, 1.0, "bfloat16")
+    assert GR.rel_error(strip(d), strip(ref)) < GR.REL_ERROR_BOUND["bfloat16"]
