@@ -26,6 +26,9 @@ ARCHS: dict[str, Arch] = {
     a.name: a
     for a in (
         Arch("sm_80", 80, 163 * 1024),
+        # Ada (L40S, RTX 4090, L4): sm_80's kernels and tables, but fp8 instructions (mx_gemm's
+        # fp8 mma.sync) and 99 KB a block; an sm_89 cubin runs on 8.9 parts only
+        Arch("sm_89", 89, 99 * 1024, like="sm_80"),
         Arch("sm_90a", 90, 227 * 1024),
         Arch("sm_100a", 100, 227 * 1024),
         Arch("sm_103a", 103, 227 * 1024, like="sm_100a"),  # B300 (Blackwell Ultra)
@@ -63,15 +66,16 @@ def targets_like(*bases: str) -> tuple[str, ...]:
 
 KB = 1024
 # Shared memory of an SM (bytes) that resident CTAs share, per target (smem_per_sm: per part).
-SMEM_PER_SM: dict[str, int] = per_target({"sm_80": 164 * KB, "sm_90a": 228 * KB, "sm_100a": 228 * KB,
-                                          "sm_120a": 100 * KB})
+SMEM_PER_SM: dict[str, int] = per_target({"sm_80": 164 * KB, "sm_89": 100 * KB, "sm_90a": 228 * KB,
+                                          "sm_100a": 228 * KB, "sm_120a": 100 * KB})
 # (SM count, shared memory a block may opt into) of the parts each target runs on, walked by the
 # selectors' prewarm (a spec's "sm_counts" overrides the counts, see parts_of): A100 / A10 /
-# L40S / RTX 4090 (8.6 / 8.9 run the sm_80 target with 99 KB a block, 100 KB an SM); H100 SXM,
-# H200 / H100 PCIe / H20; B200; B300 (148 SMs assumed, as B200: not measured); RTX 5090 /
+# A40 (8.6 runs the sm_80 target with 99 KB a block, 100 KB an SM); L40S / RTX 4090 / L4; H100
+# SXM, H200 / H100 PCIe / H20; B200; B300 (148 SMs assumed, as B200: not measured); RTX 5090 /
 # RTX PRO 6000 / 5080; GB10.
 PARTS: dict[str, tuple[tuple[int, int], ...]] = {
-    "sm_80": ((108, 163 * KB), (72, 99 * KB), (142, 99 * KB), (128, 99 * KB)),
+    "sm_80": ((108, 163 * KB), (72, 99 * KB), (84, 99 * KB)),
+    "sm_89": ((142, 99 * KB), (128, 99 * KB), (58, 99 * KB)),
     "sm_90a": ((132, 227 * KB), (114, 227 * KB), (78, 227 * KB)),
     "sm_100a": ((148, 227 * KB),),
     "sm_103a": ((148, 227 * KB),),
@@ -140,14 +144,17 @@ def get_arch(name: str) -> Arch:
 def arch_for_cc(major: int, minor: int) -> Arch:
     """The cubin target that runs on a device of compute capability major.minor.
 
-    sm_80 SASS runs on every 8.x part; the 'a' targets run only on their exact part.
+    sm_89 on 8.9 parts (Ada), sm_80 SASS on every other 8.x part; the 'a' targets run only on
+    their exact part.
     """
+    if (major, minor) == (8, 9):
+        return ARCHS["sm_89"]
     if major == 8:
         return ARCHS["sm_80"]
     exact = {divmod(a.cc, 10): a for a in ARCHS.values() if a.cc >= 90}
     if (major, minor) in exact:
         return exact[(major, minor)]
-    ccs = ", ".join(["8.x", *(f"{ma}.{mi}" for ma, mi in exact)])
+    ccs = ", ".join(["8.x", "8.9", *(f"{ma}.{mi}" for ma, mi in exact)])
     raise DeviceError(
         f"compute capability {major}.{minor} is not supported; kernelgen builds for "
         f"{', '.join(ALL_ARCHS)} ({ccs})"
@@ -162,8 +169,7 @@ class DeviceInfo:
     sm_count: int
     l2_bytes: int
     # shared memory (static + dynamic) a block may opt into on this part: below the target's
-    # smem_optin on 8.6 / 8.9 parts (99 KB; A10, L40S, RTX 4090), which run the sm_80 target;
-    # None: the target's
+    # smem_optin on 8.6 parts (99 KB; A10, A40), which run the sm_80 target; None: the target's
     smem_optin: int | None = None
 
 

@@ -145,6 +145,10 @@ GEMV_CTA_WARPS = {(8, 16): 8, (8, 32): 4, (16, 16): 4, (16, 32): 4}
 # us (nvfp4), 16.01 vs 17.56 (mxfp4); on 4096x14336 it would need split 2 and the rule keeps 16
 # (19.25 vs 19.26 nvfp4; 18.71 vs 19.32 mxfp4).
 GEMV_WPS32 = {8: True, 16: True}
+# ... and by target: ptxas for sm_89 spills 20-584 bytes in those 64-register kernels (NVRTC 13.0
+# and 13.5; sm_80's and sm_90a's builds of the same source do not), so Ada keeps 16 warps an SM
+GEMV_WPS32_ARCH = per_target({"sm_80": True, "sm_89": False, "sm_90a": True, "sm_100a": True,
+                              "sm_120a": True})
 # kbit4 weights (kernelgen.kbit_gemm.tiled) take 16 warps an SM (two 8-warp CTAs, each with
 # its 32 KB code table). Measured on H100 (session 13, same run, graph-timed, fp16 / bf16 alike),
 # the default rule's 32 against 16, us: 14336x4096 M = 1 / 4 / 8 / 16 15.18 / 16.09 / 16.81 /
@@ -203,7 +207,7 @@ WGMMA_MAX_M = 256
 WGMMA_MIN_STEPS = 16
 DEQUANT_CTAS_PER_SM = 8  # 256-thread CTAs of the dequantize kernel: a full SM, one chunk a thread
 # stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM (and the
-# device's, where a part allows less: 8.6 / 8.9 under sm_80 take 99 KB a block)
+# device's, where a part allows less: 8.6 under sm_80 and sm_89 take 99 KB a block)
 SMEM_BUDGET = per_target({"sm_80": 160 * 1024, "sm_90a": 220 * 1024, "sm_100a": 220 * 1024,
                           "sm_120a": 99 * 1024})
 MAX_STAGES = 4
@@ -431,7 +435,7 @@ def _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, wps, enc, smem_limit=
         wps = KBIT4_WPS
     if wps is None:  # 32 warps an SM only where it launches 2x the warps without more K splits
         p = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, tpw, 16, enc, smem_limit, False)
-        if GEMV_WPS32[m_tile] and tpw in (None, 1):
+        if GEMV_WPS32[m_tile] and GEMV_WPS32_ARCH[arch] and tpw in (None, 1):
             p32 = _gemv(arch, m, n, k, fmt, dtype, sm_count, split, 1, 32, enc, smem_limit, False)
             if p32.warps_launched >= 2 * p.warps_launched and p32.split <= p.split:
                 return p32
@@ -739,7 +743,7 @@ def prewarm_configs(archs: Iterable[str], spec: dict[str, Any]
                                     yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype,
                                                         m_tile=m_tile, warps=warps, depth=GEMV_DEPTH,
                                                         tpw=tpw, pf=pf)
-                        for m_tile in (mt for mt in M_TILES if GEMV_WPS32[mt]):
+                        for m_tile in (mt for mt in M_TILES if GEMV_WPS32[mt] and GEMV_WPS32_ARCH[arch]):
                             for warps in _cta_warps(m_tile, 32):
                                 yield Fp4GemvConfig(arch=arch, fmt=fmt, dtype=dtype, enc=dtype,
                                                     m_tile=m_tile, warps=warps, depth=GEMV_DEPTH, tpw=1,

@@ -1,12 +1,12 @@
 """Configs of the block-scaled GEMM family `mx_gemm`: D = alpha * A . B^T (+ bias).
 
 Two kernels:
-* `MxFp8GemmConfig` - MXFP8 x MXFP8 for sm_90a, sm_100a / sm_103a and sm_80 (whose parts have no
-  fp8 instruction: the fp8 -> f16 conversion by integer ops, soft_fp8): every k-block scaled by
+* `MxFp8GemmConfig` - MXFP8 x MXFP8 for sm_90a, sm_100a / sm_103a, sm_89 and sm_80 (whose parts
+  have no fp8 instruction: the fp8 -> f16 conversion by integer ops, soft_fp8): every k-block scaled by
   2^(block exponent - the row's largest) once per CTA, then one fp32 accumulation over all of
   K, the rows' largest scales applied in the epilogue (templates/mx_gemm/fp8_mma.cuh). Either
-  into f16 tiles for f16 `mma.sync` / wgmma, or (sm_90a, hbufs=0) rescaled in place in the
-  fp8 stages for the fp8 wgmma.
+  into f16 tiles for f16 `mma.sync` / wgmma, or (hbufs=0) rescaled in place in the fp8 stages
+  for the fp8 wgmma (sm_90a) or the fp8 `mma.sync` (sm_89+: Ada's path).
 * `MxBsGemmConfig` - the native block-scaled `mma.sync` of sm_120a / sm_121a (`kind::mxf8f6f4` for
   FP8 x FP8 / FP8 x FP4, `kind::mxf4nvf4` for MXFP4 x MXFP4 and NVFP4 x NVFP4).
 """
@@ -34,8 +34,9 @@ FORMATS: dict[str, tuple[str, str, int]] = {
 FP8_ELEMS = ("e4m3", "e5m2")
 
 # fp8 path: (tile_m, tile_n, warps_m, warps_n, stages). The first four: sm_90a / sm_100a /
-# sm_103a (the f16 tiles and 2 to 4 fp8 stages share 227 KB); the last three: sm_80 parts with
-# 163 KB a block (A100; 128 x 128 at 131 KB) or 99 KB (8.6 / 8.9; 98.8 and 83.5 KB).
+# sm_103a (the f16 tiles and 2 to 4 fp8 stages share 227 KB); the next three: sm_80 parts with
+# 163 KB a block (A100; 128 x 128 at 131 KB) or 99 KB (8.6; 98.8 and 83.5 KB); the last: sm_89's
+# fp8 mma.sync (no f16 tiles: 76 KB), which also runs 128 x 128 s2 (67 KB) and 64 x 64 s4.
 FP8_TILES: tuple[tuple[int, int, int, int, int], ...] = (
     (128, 256, 2, 4, 2),
     (128, 128, 2, 4, 4),
@@ -44,6 +45,7 @@ FP8_TILES: tuple[tuple[int, int, int, int, int], ...] = (
     (128, 128, 2, 4, 2),
     (64, 128, 2, 4, 2),
     (64, 64, 1, 4, 3),
+    (64, 128, 2, 4, 3),
 )
 # wgmma variants (sm_90a): 8 warps stacked along M, 2 warpgroups of 64 rows x tile_n;
 # (tile_m, tile_n, warps_m, warps_n, stages, f16 tile sets). 0 f16 tile sets: the fp8 wgmma
@@ -92,8 +94,8 @@ class MxFp8GemmConfig(KernelConfig):
     stages: int = 4
     unroll_kb: bool = False  # unroll the 8 k16 steps of a k-tile fully (else by 2)
     wgmma: bool = False  # sm_90a: wgmma instead of ldmatrix + mma.sync
-    # f16 tile sets; 2 (wgmma only): convert the next k-tile under the wgmma; 0 (wgmma only):
-    # none - fp8 wgmma on the stages, rescaled in place
+    # f16 tile sets; 2 (wgmma only): convert the next k-tile under the wgmma; 0: none - the fp8
+    # wgmma (sm_90a) or the fp8 mma.sync (sm_89+; Ada's path) on the stages, rescaled in place
     hbufs: int = 1
     # hbufs 0 only: the operands' rows are rescaled once per call by two small kernels of the
     # same module (mx_gemm_rescale_a / _b) into scratch, so the main loop only copies and multiplies
@@ -115,8 +117,14 @@ class MxFp8GemmConfig(KernelConfig):
         if self.wgmma:
             if (*shape, self.hbufs) not in WG_TILES:
                 raise _bad(self, (*SHAPE, "hbufs"), f"must be one of {WG_TILES} with wgmma")
-        elif shape not in FP8_TILES or self.hbufs != 1:
-            raise _bad(self, (*SHAPE, "hbufs"), f"must be one of {FP8_TILES} with hbufs=1")
+        elif shape not in FP8_TILES or self.hbufs not in (0, 1):
+            raise _bad(self, (*SHAPE, "hbufs"), f"must be one of {FP8_TILES} with hbufs=1 (f16 mma.sync) "
+                                                "or 0 (fp8 mma.sync)")
+        if not self.wgmma and self.hbufs == 0:
+            if get_arch(self.arch).cc < 89:
+                raise _bad(self, "hbufs", "the fp8 mma.sync (hbufs=0) needs sm_89+")
+            if self.soft_fp8:
+                raise _bad(self, "soft_fp8", "the fp8 mma.sync (hbufs=0) converts nothing to f16")
         if self.wgmma and self.arch != "sm_90a":
             raise _bad(self, "wgmma", "wgmma exists on sm_90a only")
         if self.prescale and not (self.wgmma and self.hbufs == 0):

@@ -1,7 +1,7 @@
 """NumPy emulation of the Hopper MXFP8 kernel (templates/mx_gemm/fp8_mma.cuh) for the CPU tests:
 the kernel's addressing - cp.async copies into the XOR-swizzled fp8 stage, the prologue's
 per-row largest scale exponent E, the conversion into the swizzled f16 tiles with
-2^(e_kb - E) (or, hbufs 0, the in-place fp8 rescale and the fp8 wgmma operands), every lane's
+2^(e_kb - E) (or, hbufs 0, the in-place fp8 rescale and the fp8 wgmma / mma.sync operands), every lane's
 ldmatrix addresses, the epilogue - mirrored line by line, with the
 instructions (cvt e4m3x2 / e5m2x2 -> f16x2, mul.rn.f16x2, ldmatrix .x4, mma m16n8k16 f16) as
 PTX defines them. If the addresses are right, it reproduces the reference GEMM.
@@ -89,6 +89,21 @@ def _mma_f16(a: list, b: list) -> np.ndarray:
     return A @ B
 
 
+def _mma_fp8(a: list, b: list, fa, fb) -> np.ndarray:
+    """mma.m16n8k32 fp8 -> 16 x 8 (float64): a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 =
+    A[g][16+4t..], a3 = A[g+8][16+4t..]; b0 = B[4t..][g], b1 = B[16+4t..][g] (low byte first)."""
+    g, t = LANES >> 2, LANES & 3
+    A = np.zeros((16, 32))
+    B = np.zeros((32, 8))
+    for q in range(4):
+        for p in range(4):
+            A[g + 8 * (q & 1), 4 * t + 16 * (q >> 1) + p] = R.decode(((a[q] >> (8 * p)) & 0xFF).astype(np.uint8), fa)
+    for q in range(2):
+        for p in range(4):
+            B[4 * t + 16 * q + p, g] = R.decode(((b[q] >> (8 * p)) & 0xFF).astype(np.uint8), fb)
+    return A @ B
+
+
 def _e8m0_bits(e: np.ndarray) -> np.ndarray:
     """fp32 with exponent field e (as `e << 23` in the kernel): 2^(e - 127), 0.0 for e == 0."""
     e = np.asarray(e, np.int64)
@@ -157,8 +172,9 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
                     dst = A_B + B_B + tid * 16
                     st[dst:dst + 16] = (saf if is_a else sbf)[src:src + 16] if ok else 0
             ssa, ssb = A_B + B_B, A_B + B_B + SA_B
-            if cfg.hbufs == 0:  # fp8 wgmma: rescale in place, then four k32 steps a warpgroup
-                # (no scale chunks: each row's word of this k-tile, 0 for rows past M / N)
+            if cfg.hbufs == 0:  # rescale in place, then four k32 steps of the fp8 wgmma / mma.sync
+                # (the word of each row and k-tile, 0 for rows past M / N: the wgmma kernel's
+                # copies; the mma.sync one reads the stage's scale chunks, the same bytes)
                 def word(is_a, r, m0=m0, n0=n0, kt=kt):
                     rr, lim, sc = (m0 + r, m, saf) if is_a else (n0 + r, n, sbf)
                     if rr >= lim:
@@ -177,6 +193,21 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
                                 src = (0 if is_a else A_B) + tile_off(r, c16)
                                 v = R.decode(st[src:src + 16], fmt).astype(np.float16) * _rel_scale(bexp, e)
                                 st[src:src + 16] = R.encode(v.astype(np.float64), fmt, saturate=True)
+                if not cfg.wgmma:  # ldmatrix of the fp8 stage + mma.sync m16n8k32
+                    for warp in range(WMn * WNn):
+                        wm, wn = warp // WNn, warp % WNn
+                        for ks in range(TK // 32):
+                            afr = [_ldsm_x4(st, tile_off(wm * WTM + i * 16 + (LANES & 15), 2 * ks + (LANES >> 4)))
+                                   for i in range(MI)]
+                            bfr = []
+                            for j in range(0, NI, 2):
+                                q = _ldsm_x4(st, A_B + tile_off(wn * WTN + j * 8 + (LANES & 7) + ((LANES >> 4) << 3),
+                                                                2 * ks + ((LANES >> 3) & 1)))
+                                bfr += [[q[0], q[1]], [q[2], q[3]]]
+                            for i in range(MI):
+                                for j in range(NI):
+                                    acc[warp, i, j] += _mma_fp8(afr[i], bfr[j], fa, fb)
+                    continue
                 for w4 in range(WMn * WNn // 4):
                     d = np.zeros((64, BN))
                     for ks in range(TK // 32):

@@ -9,9 +9,11 @@ Paths by arch:
   scaling is tcgen05 + tensor memory, future work), so they run the Hopper-style kernel.
 * sm_120a, sm_121a: "bs_mma" - the native block-scaled mma.sync: MXFP8 x MXFP8 and MXFP8 x MXFP4
   (kind::mxf8f6f4), MXFP4 x MXFP4 and NVFP4 x NVFP4 (kind::mxf4nvf4).
-* sm_80 (A100; the 8.6 / 8.9 parts, A10 / L40S / RTX 4090, run its cubins): "fp8_mma" for MXFP8 x
-  MXFP8 with the fp8 -> f16 conversion by integer ops (soft_fp8: no fp8 instruction there),
-  tiles by the part's shared memory (FP8_PLAN_TILES); no FP4 pair (fp4_gemm runs FP4 weights).
+* sm_80 (A100; the 8.6 parts, A10 / A40, run its cubins): "fp8_mma" for MXFP8 x MXFP8 with the
+  fp8 -> f16 conversion by integer ops (soft_fp8: no fp8 instruction there), tiles by the part's
+  shared memory (FP8_PLAN_TILES); no FP4 pair (fp4_gemm runs FP4 weights).
+* sm_89 (Ada: L40S, RTX 4090, L4): "fp8_mma" on the fp8 mma.sync (hbufs=0: the fp8 stages
+  rescaled in place to each row's largest block scale, one fp32 accumulation over K).
 """
 
 from __future__ import annotations
@@ -63,16 +65,22 @@ SMALL_M = 128
 # fp8 path tiles (big, mid, small, narrow) (FP8_TILES rows) by target, and for sm_80 by the
 # shared memory a block of the part may take (the first that fits): big once one wave of it
 # fills every SM above SMALL_M, else mid; small / narrow (64-wide N until 128-wide tiles fill
-# the SMs) up to SMALL_M. sm_80's are not measured (no 8.x part here): A100 keeps the Hopper
-# choice with 2 stages for 128 x 128; 99 KB parts get the 8-warp 64 x 128 tile (2 stages) and
-# a 3-stage 64 x 64.
+# the SMs) up to SMALL_M. sm_80's and sm_89's are not measured (no 8.x part here): A100 keeps
+# the Hopper choice with 2 stages for 128 x 128; 99 KB parts get the 8-warp 64 x 128 tile (2
+# stages) and a 3-stage 64 x 64; sm_89's fp8 mma.sync, without f16 tiles, 128 x 128 in 2
+# stages, 64 x 128 in 3 and 64 x 64 in 4.
 _HOPPER = ((128, 256, 2, 4, 2), (128, 128, 2, 4, 4), (64, 128, 1, 4, 4), (64, 64, 1, 4, 4))
 FP8_PLAN_TILES: dict[str, tuple[tuple[int, tuple[tuple[int, int, int, int, int], ...]], ...]] = per_target({
     "sm_80": ((163 * KB, ((128, 128, 2, 4, 2), (128, 128, 2, 4, 2), (64, 128, 1, 4, 4), (64, 64, 1, 4, 4))),
               (99 * KB, ((64, 128, 2, 4, 2), (64, 128, 2, 4, 2), (64, 128, 2, 4, 2), (64, 64, 1, 4, 3)))),
+    "sm_89": ((99 * KB, ((128, 128, 2, 4, 2), (128, 128, 2, 4, 2), (64, 128, 2, 4, 3), (64, 64, 1, 4, 4))),),
     "sm_90a": ((227 * KB, _HOPPER),),
     "sm_100a": ((227 * KB, _HOPPER),),
 })
+# how the fp8 path's kernel multiplies: "f16" (cvt into f16 tiles, f16 mma.sync), "soft" (the
+# same, the fp8 decoded by integer ops: no fp8 instruction), "fp8" (fp8 mma.sync on the stages)
+FP8_KERNEL: dict[str, str] = per_target({"sm_80": "soft", "sm_89": "fp8", "sm_90a": "f16",
+                                         "sm_100a": "f16"})
 assert all(set(t) <= set(FP8_TILES) for rows in FP8_PLAN_TILES.values() for _, t in rows)
 
 
@@ -166,7 +174,7 @@ def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: s
         else:
             tile = mid
         bm, bn, wm, wn, st = tile
-        wg, hb, pre = False, 1, False
+        wg, hb, pre = False, 0 if FP8_KERNEL[arch] == "fp8" else 1, False
         if SM90_WGMMA and arch == "sm_90a" and m > SMALL_M:
             mid_wg = WG_FP8_MID if SM90_PRESCALE else WG_F16_MID
             fills = -(-m // WG_FP8_BIG[0]) * -(-n // WG_FP8_BIG[1]) >= sm_count
@@ -175,7 +183,7 @@ def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: s
         cfg: MxFp8GemmConfig | MxBsGemmConfig = MxFp8GemmConfig(
             arch=arch, a_elem=a_elem, b_elem=b_elem, out_dtype=out_dtype, tile_m=bm, tile_n=bn,
             warps_m=wm, warps_n=wn, stages=st, wgmma=wg, hbufs=hb, prescale=pre,
-            soft_fp8=get_arch(arch).cc < 89)
+            soft_fp8=FP8_KERNEL[arch] == "soft")
     else:
         kind = "nvf4" if a_fmt == "nvfp4" else "mxf4" if a_fmt == "mxfp4" else "mxf8f6f4"
         bm, bn, wm, wn, st = BS_TILES[0]

@@ -1,4 +1,4 @@
-// MXFP8 x MXFP8 GEMM for sm_90a / sm_100a / sm_103a and sm_80 on f16 mma.sync:
+// MXFP8 x MXFP8 GEMM for sm_90a / sm_100a / sm_103a, sm_89 and sm_80 on mma.sync / wgmma:
 //   D[M, N] = alpha * sum_kb (sa[m, kb] * sb[n, kb]) * (A[m, kb] . B[n, kb]) (+ bias[n])
 // A [M, K] and B [N, K] row-major fp8 codes (K contiguous); E8M0 scales per 32 along K in the
 // swizzled block-scaled layout [ceil(rows/128), ceil(K/128), 32, 4, 4].
@@ -13,9 +13,11 @@
 // 2^15 / 2^8 of their row's largest scale; blocks further below keep their value to 2^-24 of
 // the row's largest block (far below the output rounding).
 //
-// sm_80 (A100, and the 8.6 / 8.9 parts that run its cubins) has no fp8 instruction: SOFT
-// converts by integer ops (ops.cuh fp8x2_to_f16x2_soft, the same f16 bits); the rest of the
-// mma.sync kernel is the same.
+// sm_80 (A100, and the 8.6 parts that run its cubins) has no fp8 instruction: SOFT converts by
+// integer ops (ops.cuh fp8x2_to_f16x2_soft, the same f16 bits); the rest of the mma.sync
+// kernel is the same. sm_89 (Ada), whose fp8 mma.sync is a tensor-core instruction at twice
+// the f16 rate, takes MMA8 (HB = 0 without wgmma): the stages rescaled in place as for the fp8
+// wgmma below, then ldmatrix + mma.sync m16n8k32 straight from them.
 //
 // Pipeline per k-tile: cp.async of fp8 tiles + scale chunks (STAGES deep) -> barrier ->
 // convert to the f16 tiles -> barrier -> ldmatrix + mma over the f16 tiles. The first barrier
@@ -183,7 +185,10 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
   static_assert(MI >= 1 && NI % 2 == 0, "warp tile must be 16 x 16 multiples");
   static_assert(!WG || (WTM == 16 && WN == 1 && BM % 64 == 0), "wgmma: warps stacked along M");
   using S = Fp8Smem<BM, BN, STAGES, HB>;
-  static_assert(HB == 1 || (HB != 1 && WG), "no or two f16 tile sets: wgmma variants only");
+  // MMA8 (no f16 tiles, no wgmma; sm_89+): the fp8 mma.sync reads the stages, rescaled in place
+  constexpr bool MMA8 = HB == 0 && !WG;
+  static_assert(HB == 1 || WG || MMA8, "two f16 tile sets: wgmma variants only");
+  static_assert(!MMA8 || !SOFT, "the fp8 mma.sync needs no f16 conversion");
   static_assert(!PRE || (WG && HB == 0), "pre-rescaled operands: the fp8 wgmma variant");
   extern __shared__ __align__(1024) uint8_t smem[];  // 1024: the wgmma swizzle atoms
 
@@ -231,7 +236,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
     }
     // scale chunks: 512 contiguous bytes per (128 rows, k-tile), one 16-byte copy a thread
     // (HB == 0 copies each row's scale word instead, below)
-    if (HB != 0 && tid < (S::SA + S::SB) / 16) {
+    if ((HB != 0 || MMA8) && tid < (S::SA + S::SB) / 16) {
       const bool ok = sc_chunk_ok;
       cp_async16(st + S::A + S::B + tid * 16, ok ? sc_src + (size_t)kt * 512 : SA, ok ? 16 : 0);
     }
@@ -418,6 +423,48 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
     const uint32_t st = sbase + (kt % STAGES) * S::STAGE;
     const uint32_t ssa = st + S::A + S::B, ssb = ssa + S::SA;
     const uint32_t h_a = h_base + (HB == 2 ? (kt & 1) * S::H1 : 0), h_b = h_a + BM * TK * 2;
+
+    if constexpr (MMA8) {
+      // ---- this thread's chunks of the stage rescaled in place to their row's largest block
+      // scale (rescale_codes; chunks whose k-block has the row's largest scale stay as they are)
+#pragma unroll
+      for (int it = 0; it < (BM + BN) * 8 / NT; ++it) {
+        const bool is_a = it < BM * 8 / NT;
+        const int r = r_base + (is_a ? it : it - BM * 8 / NT) * (NT / 8);
+        const uint32_t w = lds32(is_a ? ssa + swz_off((m0 & 127) + r, 0) : ssb + swz_off((n0 & 127) + r, 0));
+        const int b = (int)((w >> (8 * (c16 >> 1))) & 0xFFu);
+        const int e = is_a ? e_cva[it] : e_cvb[it - BM * 8 / NT];
+        if (b != e) {
+          const uint32_t addr = st + (is_a ? 0 : S::A) + tile_off(r, c16);
+          const uint32_t s2 = rel_scale_h2((uint32_t)b, (uint32_t)e);
+          const uint4 o = is_a ? rescale_codes<AE>(lds128(addr), e - b, s2)
+                               : rescale_codes<BE>(lds128(addr), e - b, s2);
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(o.x), "r"(o.y),
+                       "r"(o.z), "r"(o.w) : "memory");
+        }
+      }
+      __syncthreads();  // the stage rescaled
+      // ---- ldmatrix + fp8 mma.sync (k32) straight from the stage
+#pragma unroll (UNROLL_KB ? 4 : 2)
+      for (int ks = 0; ks < TK / 32; ++ks) {
+        uint32_t af[MI][4], bf[NI][2];
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+          ldmatrix_x4(af[i], st + tile_off(wm * WTM + i * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+#pragma unroll
+        for (int j = 0; j < NI; j += 2) {
+          uint32_t q[4];
+          ldmatrix_x4(q, st + S::A + tile_off(wn * WTN + j * 8 + (lane & 7) + ((lane >> 4) << 3),
+                                              2 * ks + ((lane >> 3) & 1)));
+          bf[j][0] = q[0]; bf[j][1] = q[1]; bf[j + 1][0] = q[2]; bf[j + 1][1] = q[3];
+        }
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < NI; ++j) MmaFp8<AE, BE>::run(acc[i][j], af[i], bf[j][0], bf[j][1]);
+      }
+      continue;
+    }
 
     // ---- convert: fp8 chunk (row r, k 16c..16c+15) -> f16 times 2^(e_kb - E(row)) ---------
 #pragma unroll

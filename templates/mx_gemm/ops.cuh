@@ -1,6 +1,6 @@
 // PTX wrappers of the mx_gemm kernels: fp8 <-> f16 conversion (sm_89+; fp8 -> f16 also by
-// integer ops, for sm_80), the Blackwell block-scaled mma.sync (sm_120a / sm_121a), a 2-byte
-// shared load. One wrapper per instruction shape; element formats are template parameters.
+// integer ops, for sm_80), the fp8 mma.sync (sm_89+), the Blackwell block-scaled mma.sync
+// (sm_120a / sm_121a), a 2-byte shared load. One wrapper per instruction shape; element formats are template parameters.
 // f16 mma.sync, ldmatrix, cp.async and 16-byte shared loads are the common ones
 // (common/mma.cuh, common/ptx.cuh).
 #pragma once
@@ -75,6 +75,26 @@ template <int E> __device__ __forceinline__ uint32_t f16x2_to_fp8x2(uint32_t x) 
   return 0;
 #endif
 }
+
+// fp8 mma.sync (sm_89+): D[16 x 8] += A[16 x 32] . B[8 x 32]^T, fp32 accumulators in place.
+// Fragments of 8-bit elements (4 a register, lowest k in the low byte): a0 = A[g][4t..4t+3],
+// a1 = A[g+8][4t..], a2 = A[g][16+4t..], a3 = A[g+8][16+4t..]; b0 = B[g][4t..], b1 = B[g][16+4t..]
+// (B as rows of N): what ldmatrix_x4 gives from row-major tiles of 16-byte chunks.
+template <int AE, int BE> struct MmaFp8 {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+#define KG_MMA_FP8(AT, BT)                                                                       \
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." AT "." BT ".f32 {%0, %1, %2, %3}, "     \
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                                   \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                 \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+    if constexpr (AE == E4M3 && BE == E4M3) KG_MMA_FP8("e4m3", "e4m3");
+    else if constexpr (AE == E4M3) KG_MMA_FP8("e4m3", "e5m2");
+    else if constexpr (BE == E4M3) KG_MMA_FP8("e5m2", "e4m3");
+    else KG_MMA_FP8("e5m2", "e5m2");
+#undef KG_MMA_FP8
+  }
+};
 
 // Block-scaled mma.sync of sm_120a / sm_121a: D += (A * SF_A) . (B * SF_B), fp32 accumulators in place.
 // Scale operands: byte-id 0 and thread-id 0 always; every lane holds the scales of its own

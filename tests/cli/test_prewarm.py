@@ -204,7 +204,7 @@ def test_spec_values_no_family_takes_are_usage_errors(cache_dir, cli, args, mess
     (["--family", "", "--arch", "sm_90a"], "--family '': an empty list"),
     (["--bits", "", "--arch", "sm_90a"], "--bits '': an empty list"),
     (["--dtypes", ",", "--arch", "sm_90a"], "--dtypes ',': an empty list"),
-    (["--family", "mx_gemm", "--arch", "sm_80"], "family mx_gemm: nothing to build for sm_80: it has kernels for sm_90a"),
+    (["--family", "mx_gemm", "--arch", "sm_80"], "family mx_gemm: nothing to build for sm_80: it has kernels for sm_89, sm_90a"),
 ])
 def test_empty_lists_and_empty_families_are_usage_errors(cache_dir, cli, args, message, monkeypatch):
     """`--arch ''` once fell back to the default target and built all of it; a family named for

@@ -191,7 +191,7 @@ def test_unknown_arch_is_a_config_error(name):
             fn(name)
 
 
-@pytest.mark.parametrize("cc,target", [((8, 0), "sm_80"), ((8, 6), "sm_80"), ((8, 9), "sm_80"),
+@pytest.mark.parametrize("cc,target", [((8, 0), "sm_80"), ((8, 6), "sm_80"), ((8, 7), "sm_80"), ((8, 9), "sm_89"),
                                        ((9, 0), "sm_90a"), ((10, 0), "sm_100a"), ((10, 3), "sm_103a"),
                                        ((12, 0), "sm_120a"), ((12, 1), "sm_121a")])
 def test_device_targets(cc, target):
@@ -202,19 +202,33 @@ def test_device_targets(cc, target):
     assert arch_for_cc(*cc).name == target
 
 
+# families with tables of their own for a like target (the rest plan as on its base)
+OWN_TABLES = {"sm_89": {"mx_gemm", "fp4_gemm"}}  # Ada's fp8 mma.sync; 16 warps an SM (GEMV_WPS32_ARCH)
+
+
 @pytest.mark.parametrize("arch", [a for a in ALL_ARCHS if ARCHS[a].like])
-def test_a_target_like_another_plans_as_it_does(arch):
-    """sm_103a / sm_121a share sm_100a's / sm_120a's limits and tables (Arch.like): on a part of
-    the same SM count every family's prewarm walk yields the base's configs, arch aside."""
+def test_a_target_like_another_plans_as_it_does(arch, monkeypatch):
+    """sm_103a / sm_121a share sm_100a's / sm_120a's limits and tables (Arch.like), sm_89
+    sm_80's tables (not its limits: 99 KB a block): on a part of the same SM count and shared
+    memory every family's prewarm walk yields the base's configs, arch aside, but for the
+    families with tables of their own there (OWN_TABLES)."""
     import dataclasses
 
-    from kernelgen.arch import PARTS, SMEM_PER_SM, base_of, smem_limits
+    from kernelgen import arch as A
 
-    base = base_of(arch)
+    base = A.base_of(arch)
     assert base != arch and ARCHS[base].like is None
-    assert ARCHS[arch].smem_optin == ARCHS[base].smem_optin and SMEM_PER_SM[arch] == SMEM_PER_SM[base]
-    assert PARTS[arch] and smem_limits(arch) == smem_limits(base)
+    assert A.PARTS[arch]
+    if arch == "sm_89":  # the base's walk on the like target's parts
+        assert A.smem_limits(arch) == (99 * 1024,) and A.SMEM_PER_SM[arch] == 100 * 1024
+        monkeypatch.setitem(A.PARTS, base, A.PARTS[arch])
+    else:
+        assert ARCHS[arch].smem_optin == ARCHS[base].smem_optin
+        assert A.SMEM_PER_SM[arch] == A.SMEM_PER_SM[base] and A.smem_limits(arch) == A.smem_limits(base)
+    PARTS = A.PARTS
     for name, fam in families().items():
+        if name in OWN_TABLES.get(arch, ()):
+            continue
         if fam.archs is not None:
             assert (arch in fam.archs) == (base in fam.archs), name
             if base not in fam.archs:

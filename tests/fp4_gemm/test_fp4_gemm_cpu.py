@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernelgen.arch import PARTS, SM_COUNTS
+from kernelgen.arch import PARTS, SM_COUNTS, get_arch
 from kernelgen.core.render import render
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.fp4_gemm import reference as GR
@@ -355,16 +355,19 @@ def test_prewarm_table_is_modest():
         # per (fmt, dtype): 10 GEMV (16 warps an SM: 1 at m_tile 8, 2 TPW x 2 CTA sizes at
         # m_tile 16; 32 an SM: 2 CTA sizes at m_tile 8, 3 at 16) + 2 tile configs (BM 32, 64:
         # dispatch sends M > 128 to the dequantize kernel, + 1); sm_80 also the fewer stages of
-        # 8.6 / 8.9 parts (99 KB) at nvfp4 BM 64; sm_90a also 3 wgmma configs (BM 64 / 128 / 256);
-        # the PDL archs also each GEMV config with pf = 1 (small weights, select.pf_for)
-        bound = {"sm_80": 54, "sm_90a": 104}.get(arch, 92)
+        # 8.6 parts (99 KB) at nvfp4 BM 64; sm_89 (99 KB only) no GEMV at 32 warps an SM;
+        # sm_90a also 3 wgmma configs (BM 64 / 128 / 256); the PDL archs also each GEMV config
+        # with pf = 1 (small weights, select.pf_for)
+        bound = {"sm_80": 54, "sm_89": 34, "sm_90a": 104}.get(arch, 92)
         assert 0 < len(cfgs) <= bound and len(set(cfgs)) == len(cfgs)
         wg = {Fp4WgmmaConfig} if arch == "sm_90a" else set()
         assert {type(c) for c in cfgs} == {Fp4GemvConfig, Fp4TileConfig, Fp4DequantConfig} | wg
         assert sum(isinstance(c, Fp4DequantConfig) for c in cfgs) == 4  # 2 formats x 2 dtypes
         gemv = [c for c in cfgs if isinstance(c, Fp4GemvConfig)]
-        assert {c.pf for c in gemv} == ({0} if arch == "sm_80" else {0, 1})
-        assert sum(c.pf > 0 for c in gemv) == (0 if arch == "sm_80" else sum(c.pf == 0 for c in gemv))
+        pdl = get_arch(arch).cc >= 90
+        assert {c.pf for c in gemv} == ({0, 1} if pdl else {0})
+        assert sum(c.pf > 0 for c in gemv) == (sum(c.pf == 0 for c in gemv) if pdl else 0)
+        assert any(c.warps_per_sm == 32 for c in gemv) == (arch != "sm_89")
 
 
 @pytest.mark.parametrize("arch", list(SM_COUNTS))

@@ -6,7 +6,7 @@ shared memory); without a limit the choice is today's; prewarm builds what those
 
 import pytest
 
-from kernelgen.arch import ALL_ARCHS, ARCHS, PARTS, SMEM_PER_SM, base_of, smem_per_sm
+from kernelgen.arch import ALL_ARCHS, ARCHS, PARTS, SMEM_PER_SM, smem_per_sm
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.fp4_gemm.config import Fp4TileConfig, tile_smem
 from kernelgen.kbit_gemm import prewarm_all
@@ -22,10 +22,10 @@ MS = sorted({*range(17, 300, 6), 32, 33, 64, 65, 128, 144, 255, 256, 257, 512, 1
 
 @pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_mma_stages_without_a_limit_are_todays(arch):
-    """4 stages everywhere but 64x256 at 4 / 5 bits on sm_120a (3), as before the limit."""
+    """4 stages everywhere but 64x256 at 4 / 5 bits on the 99 KB targets sm_120a / sm_89 (3), as before the limit."""
     for bits in (2, 3, 4, 5):
         for tm, tn in TILES:
-            want = 3 if base_of(arch) == "sm_120a" and (tm, tn, bits) in ((64, 256, 4), (64, 256, 5)) else 4
+            want = 3 if ARCHS[arch].smem_optin == 99 * 1024 and (tm, tn, bits) in ((64, 256, 4), (64, 256, 5)) else 4
             assert stages_for(arch, bits, tm, tn) == want, (arch, bits, tm, tn)
             assert stages_for(arch, bits, tm, tn, ARCHS[arch].smem_optin) == want
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kernelgen.arch import ALL_ARCHS
+from kernelgen.arch import ALL_ARCHS, get_arch
 from kernelgen.errors import UnsupportedConfigError
 from kernelgen.mx import dequantize, quantize_mx, quantize_nvfp4
 from kernelgen.mx import reference as R
@@ -70,7 +70,7 @@ def test_dequantize_config_rejects():
 @pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_symbols_follow_arch(arch):
     nv = MxQuantizeConfig(arch=arch, fmt="nvfp4", dtype="float16")
-    fused = arch != "sm_80"  # clusters need sm_90+
+    fused = get_arch(arch).cc >= 90  # clusters need sm_90+
     assert nv.symbols() == ("mx_quantize", "mx_amax") + (("mx_quantize_fused",) if fused else ())
     assert MxQuantizeConfig(arch=arch, fmt="mxfp6_e3m2", dtype="bfloat16").symbols() == \
         ("mx_quantize",)
@@ -229,7 +229,7 @@ def test_prewarm_table():
             if isinstance(c, MxQuantizeConfig):
                 base = quantize_config(arch, c.fmt, c.dtype)
                 assert c in (base, replace(base, loop=False)), "prewarm = dispatch"
-                assert c.hw_cvt == (c.fmt.startswith("mxfp8") and arch != "sm_80"), c.short()
+                assert c.hw_cvt == (c.fmt.startswith("mxfp8") and get_arch(arch).cc >= 90), c.short()
         # every plan's config is one of them
         for fmt in FORMATS:
             for m, k, sw in ((16, 4096, True), (4096, 4096, True), (4096, 4096, False)):

@@ -12,7 +12,14 @@ from kernelgen.mx_gemm import reference as GR
 from kernelgen.mx_gemm.api import swizzle
 from kernelgen.mx_gemm.config import BS_TILES, FP8_TILES, WG_TILES, MxBsGemmConfig, MxFp8GemmConfig
 from kernelgen.mx_gemm.emulate import emulate
-from kernelgen.mx_gemm.select import PAIRS, plan, prewarm_configs, select_mx_gemm, supported_pairs
+from kernelgen.mx_gemm.select import (
+    FP8_PLAN_TILES,
+    PAIRS,
+    plan,
+    prewarm_configs,
+    select_mx_gemm,
+    supported_pairs,
+)
 
 FP8 = ("mxfp8_e4m3", "mxfp8_e5m2")
 
@@ -141,6 +148,23 @@ def test_sm80_mxfp8_plans_fit_the_part(part, m, tile):
         <= get_arch("sm_80").smem_optin
     with pytest.raises(ValueError, match="sm_80 part with 65536 B of shared memory a block"):
         plan("sm_80", "mxfp8_e5m2", "mxfp8_e4m3", m, n, 4096, "float16", sms, 64 * 1024)
+
+
+@pytest.mark.parametrize("m,n,tile", [(1, 4096, (64, 64, 1, 4, 4)), (64, 142 * 128, (64, 128, 2, 4, 3)),
+                                      (4096, 4096, (128, 128, 2, 4, 2))])
+def test_sm89_plans_take_the_fp8_mma_sync(m, n, tile):
+    """Ada (sm_89) multiplies on the fp8 mma.sync over the rescaled stages (hbufs 0): no f16
+    tiles, no integer decoding, tiles within its 99 KB a block."""
+    p = plan("sm_89", "mxfp8_e4m3", "mxfp8_e5m2", m, n, 4096, "bfloat16", 142, 99 * 1024)
+    c = p.config
+    assert p.path == "fp8_mma" and c.hbufs == 0 and not c.wgmma and not c.soft_fp8, p.short()
+    assert (c.tile_m, c.tile_n, c.warps_m, c.warps_n, c.stages) == tile, p.short()
+    assert p.smem <= 99 * 1024 and get_arch("sm_89").smem_optin == 99 * 1024
+    with pytest.raises(UnsupportedConfigError, match="hbufs=0; the fp8 mma.sync .* needs sm_89"):
+        MxFp8GemmConfig(arch="sm_80", tile_m=64, tile_n=64, warps_m=1, warps_n=4, stages=4, hbufs=0,
+                        soft_fp8=True)
+    with pytest.raises(UnsupportedConfigError, match="soft_fp8=True; the fp8 mma.sync .* converts nothing"):
+        c.replace(soft_fp8=True)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a", "sm_103a"])
@@ -346,7 +370,9 @@ def test_compile_matrix_archs():
 # -- Hopper kernel emulation (fp8 -> scaled f16 tiles, f16 mma, row scales in the epilogue) --
 FP8_CASES = [(t, "mxfp8_e4m3", "mxfp8_e4m3") for t in [*FP8_TILES, *(("wgmma", *w) for w in WG_TILES)]] \
     + [(FP8_TILES[0], "mxfp8_e5m2", "mxfp8_e4m3"), (("wgmma", *WG_TILES[2]), "mxfp8_e4m3", "mxfp8_e5m2"),
-       (("wgmma", *WG_TILES[0]), "mxfp8_e5m2", "mxfp8_e4m3"), (("wgmma", *WG_TILES[1]), "mxfp8_e4m3", "mxfp8_e5m2")]
+       (("wgmma", *WG_TILES[0]), "mxfp8_e5m2", "mxfp8_e4m3"), (("wgmma", *WG_TILES[1]), "mxfp8_e4m3", "mxfp8_e5m2")] \
+    + [(("mma8", *t), a, b) for t in sorted({t for _, ts in FP8_PLAN_TILES["sm_89"] for t in ts})
+       for a, b in (("mxfp8_e4m3", "mxfp8_e5m2"), ("mxfp8_e5m2", "mxfp8_e4m3"))]
 
 
 @pytest.mark.parametrize("tile,a_fmt,b_fmt", FP8_CASES)
@@ -354,10 +380,10 @@ def test_fp8_kernel_emulation_reproduces_reference(tile, a_fmt, b_fmt):
     from kernelgen.mx_gemm.emulate_fp8 import emulate_fp8
 
     m, n, k = 70, 264, 288  # partial row / column tiles, K not a multiple of the 128 k-tile
-    wg = tile[0] == "wgmma"
-    bm, bn, wm, wn, st, hb = tile[1:] if wg else (*tile, 1)
-    cfg = MxFp8GemmConfig(arch="sm_90a", a_elem=a_fmt[-4:], b_elem=b_fmt[-4:], tile_m=bm,
-                          tile_n=bn, warps_m=wm, warps_n=wn, stages=st, wgmma=wg, hbufs=hb)
+    wg, mma8 = tile[0] == "wgmma", tile[0] == "mma8"  # mma8: sm_89's fp8 mma.sync (hbufs 0)
+    bm, bn, wm, wn, st, hb = tile[1:] if wg else (*tile[1:], 0) if mma8 else (*tile, 1)
+    cfg = MxFp8GemmConfig(arch="sm_89" if mma8 else "sm_90a", a_elem=a_fmt[-4:], b_elem=b_fmt[-4:],
+                          tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st, wgmma=wg, hbufs=hb)
     a, b = _operands(a_fmt, b_fmt, m, n, k, seed=bm + bn)
     d = emulate_fp8(cfg, a.data, a.scales, b.data, b.scales, m, n, k, alpha=-1.5)
     assert not np.isnan(d).any(), f"{cfg.short()}: unwritten outputs"

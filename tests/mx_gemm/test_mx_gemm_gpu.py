@@ -2,7 +2,8 @@
 reference of the dequantized operands: E4M3 / E5M2 in every pairing, M across the 64 / 128 row
 tiles and not a multiple of them, N a multiple of 8 but not of the tile, K a multiple of 32
 but not of the 128-wide k-tile, both output dtypes, bias, alpha, every tile forced, the
-unrolled and the (opt-in) wgmma variants, row-major scales, out=, torch tensors. Outputs are poisoned (0xFF = NaN)."""
+unrolled and the (opt-in) wgmma variants, sm_89's fp8 mma.sync and sm_80's integer fp8
+decoding run here, row-major scales, out=, torch tensors. Outputs are poisoned (0xFF = NaN)."""
 
 import functools
 
@@ -11,6 +12,7 @@ import pytest
 
 from kernelgen.mx_gemm import reference as GR
 from kernelgen.mx_gemm.config import FP8_TILES, WG_TILES, MxFp8GemmConfig
+from kernelgen.mx_gemm.select import FP8_PLAN_TILES
 
 pytestmark = pytest.mark.gpu
 
@@ -64,14 +66,17 @@ def test_selector_choice(a_fmt, b_fmt, m, n, k, dtype):
     _run(a_fmt, b_fmt, m, n, k, dtype, bias=(m + n) % 2 == 0, alpha=0.75)
 
 
-VARIANTS = [((*t, 1), False, False) for t in FP8_TILES] + \
+# sm_89's fp8 mma.sync (hbufs 0, no wgmma) runs here too: ptxas lowers its fp8 mma.sync for sm_90
+MMA8_TILES = sorted({t for _, ts in FP8_PLAN_TILES["sm_89"] for t in ts})
+VARIANTS = [((*t, 1), False, False) for t in FP8_TILES] + [((*t, 0), False, False) for t in MMA8_TILES] + \
            [((*t, 1), True, False) for t in FP8_TILES] + [(t, False, True) for t in WG_TILES] + \
            [(t, False, "prescale") for t in WG_TILES if t[5] == 0]
 
 
 def _variant_id(v):
     (bm, bn, _, _, st, hb), unroll, wgmma = v
-    return (f"{bm}x{bn}" + ("-unroll" if unroll else "") +
+    return (f"{bm}x{bn}" + ("" if wgmma else f"-s{st}") + ("-fp8mma" if hb == 0 and not wgmma else "") +
+            ("-unroll" if unroll else "") +
             (f"-wgmma-s{st}-h{hb}" if wgmma else "") + ("-prescale" if wgmma == "prescale" else ""))
 
 
@@ -173,9 +178,10 @@ def test_alignment_rules():
 
 @pytest.mark.parametrize("a_fmt,b_fmt", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e5m2", "mxfp8_e4m3")])
 @pytest.mark.parametrize("prescale", [False, True])
-@pytest.mark.parametrize("tile", [t for t in WG_TILES if t[5] == 0])
+@pytest.mark.parametrize("tile", [t for t in WG_TILES if t[5] == 0] + [(*t, 0) for t in MMA8_TILES])
 def test_fp8_wgmma_random_codes(tile, a_fmt, b_fmt, prescale):
-    """The fp8 wgmma's rescale (in place, or once per row with prescale) on uniformly random
+    """The fp8 wgmma's and sm_89's fp8 mma.sync's rescale (in place, or once per row with
+    prescale) on uniformly random
     finite codes (every exponent field,
     subnormals included) and scales 2^-15 .. 2^0: both of its paths (integer exponent shift,
     f16 rounding to the subnormal grid) run in most chunks."""
@@ -196,8 +202,11 @@ def test_fp8_wgmma_random_codes(tile, a_fmt, b_fmt, prescale):
 
     ha, hb = host(a_fmt, m), host(b_fmt, n)
     bm, bn, wm, wn, st, hb_ = tile
+    wg = wm * wn == 8 and wn == 1  # else sm_89's fp8 mma.sync (which has no prescale variant)
+    if prescale and not wg:
+        pytest.skip("prescale: the wgmma variant only")
     cfg = MxFp8GemmConfig(arch="sm_90a", a_elem=a_fmt[-4:], b_elem=b_fmt[-4:], tile_m=bm,
-                          tile_n=bn, warps_m=wm, warps_n=wn, stages=st, wgmma=True, hbufs=hb_,
+                          tile_n=bn, warps_m=wm, warps_n=wn, stages=st, wgmma=wg, hbufs=hb_,
                           prescale=prescale)
     d = mx_gemm(GR.upload(ha, cupy), GR.upload(hb, cupy), config=cfg)  # bf16: |D| passes 65504
     got = GR.to_float64(cupy.asnumpy(d), "bfloat16")
