@@ -68,6 +68,28 @@ template <> __device__ __forceinline__ uint32_t hmul2<__nv_bfloat16>(uint32_t a,
   return r;
 }
 
+// Two e4m3 codes (the low and high byte of `x`) -> f16x2 of their values times 2^-8, by integer
+// ops: each byte to the high byte of its f16 half, the magnitude bits one place lower, so the
+// f16 exponent field is e4m3's (bias 15 against 7; subnormals included). NaN codes (|code|
+// 0x7F) come out as the finite 480 * 2^-8: callers check for them (e4m3_nan_bytes).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_scaled(uint16_t x) {
+  const uint32_t t = __byte_perm((uint32_t)x, 0u, 0x1404);  // b1 << 24 | b0 << 8
+  return (t & 0x80008000u) | ((t >> 1) & 0x3F803F80u);
+}
+
+// Bit 7 of each byte of the result: that byte of `w` is an e4m3 NaN (|code| 0x7F).
+__device__ __forceinline__ uint32_t e4m3_nan_bytes(uint32_t w) {
+  return ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+}
+
+// Two e4m3 codes -> f16x2 of their exact values (NaN stays NaN) without the sm_89+ cvt:
+// e4m3x2_to_f16x2_scaled, a NaN half given an all-ones exponent (its flag n = 0x80 moved to bit
+// 15 of the half; n - n / 32 = 0x7C00), then one exact multiply by 2^8.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_soft(uint16_t x) {
+  const uint32_t n = __byte_perm(e4m3_nan_bytes(x), 0u, 0x1404);
+  return hmul2<half>(e4m3x2_to_f16x2_scaled(x) | (n - (n >> 5)), 0x5C005C00u);  // x (256, 256)
+}
+
 // (a & m) | (b & ~m): one LOP3 (written as lop3 so that a constant m stays its immediate; the
 // plain C form became two LOP3s where b is a shifted value).
 __device__ __forceinline__ uint32_t bitsel(uint32_t m, uint32_t a, uint32_t b) {

@@ -231,11 +231,7 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t raw) {
   asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(r) : "r"(raw));
   return r;
 #else
-  // fp16 bit pattern of the byte's bits: e4m3 * 2^-8 (exact), NaN lanes forced; then * 2^8
-  const uint32_t x = __byte_perm(raw, 0u, 0x4140u);  // [b0, 0, b1, 0]: one byte a 16-bit lane
-  const uint32_t h = ((x & 0x007F007Fu) << 7) | ((x & 0x00800080u) << 8);
-  const uint32_t nan = (((x & 0x007F007Fu) + 0x00010001u) & 0x00800080u) * 0xFCu;  // 0x7E00 a NaN lane
-  return hmul2<half>(h | nan, 0x5C005C00u);  // (256, 256)
+  return e4m3x2_to_f16x2_soft((uint16_t)raw);  // common/dtypes.cuh
 #endif
 }
 

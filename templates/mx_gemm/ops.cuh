@@ -13,36 +13,15 @@ namespace mx_gemm {
 // In kg::mx_gemm, not kg::mx: kg::mx (mx/mx.cuh) has the codec types E4M3 / E5M2 / E2M1.
 enum Elem : int { E4M3 = 0, E5M2 = 1, E2M1 = 2 };
 
-// Two e4m3 codes (the low and high byte of `x`) -> f16x2 of their values times 2^-8, by integer
-// ops: each byte to the high byte of its f16 half, the magnitude bits one place lower, so the
-// f16 exponent field is e4m3's (bias 15 against 7; subnormals included). NaN codes (|code|
-// 0x7F) come out as the finite 480 * 2^-8: callers check for them (e4m3_nan_bytes).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_scaled(uint16_t x) {
-  const uint32_t t = __byte_perm((uint32_t)x, 0u, 0x1404);  // b1 << 24 | b0 << 8
-  return (t & 0x80008000u) | ((t >> 1) & 0x3F803F80u);
-}
-
-// Bit 7 of each byte of the result: that byte of `w` is an e4m3 NaN (|code| 0x7F).
-__device__ __forceinline__ uint32_t e4m3_nan_bytes(uint32_t w) {
-  return ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
-}
-
 // Two fp8 codes (the low and high byte of `x`) -> f16x2, exactly, by integer ops: what sm_80
 // (no fp8 instruction) runs, and what SOFT asks for on newer parts (its tests run on them).
-// e5m2 is an f16 cut to its high byte (the same exponent bias; Inf and NaN too). e4m3:
-// e4m3x2_to_f16x2_scaled, a NaN half given an all-ones exponent (NaN bytes n = 0x80 at bit 15
-// of their half; n - n / 32 = 0x7C00), then one exact multiply by 2^8. Bit-identical to the
-// cvt but for NaN payloads.
+// e5m2 is an f16 cut to its high byte (the same exponent bias; Inf and NaN too); e4m3:
+// common/dtypes.cuh e4m3x2_to_f16x2_soft. Bit-identical to the cvt but for NaN payloads.
 template <int E> __device__ __forceinline__ uint32_t fp8x2_to_f16x2_soft(uint16_t x) {
-  if constexpr (E == E5M2) {
-    return __byte_perm((uint32_t)x, 0u, 0x1404);
-  } else {
-    const uint32_t n = __byte_perm(e4m3_nan_bytes(x), 0u, 0x1404);
-    uint32_t r;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(e4m3x2_to_f16x2_scaled(x) | (n - (n >> 5))),
-        "r"(0x5C005C00u));  // x 2^8 (f16x2 256)
-    return r;
-  }
+  if constexpr (E == E5M2)
+    return __byte_perm((uint32_t)x, 0u, 0x1404);  // b1 << 24 | b0 << 8
+  else
+    return e4m3x2_to_f16x2_soft(x);
 }
 
 // Two fp8 codes -> f16x2, exactly: one F2FP on sm_89+ unless SOFT, else fp8x2_to_f16x2_soft.

@@ -250,7 +250,7 @@ def test_torch_inputs_and_graph_capture():
 
 def test_tile_path_falls_back_where_the_part_has_less_shared_memory(monkeypatch):
     """On a part whose blocks get less shared memory than the target's plans assume: at 99 KB
-    (8.6 / 8.9 parts under sm_80, 101376 B) the selector's tile path (on sm_90a: the wgmma path,
+    (8.6 parts under sm_80, 8.9 under sm_89: 101376 B) the selector's tile path (on sm_90a: the wgmma path,
     which does not fit there) keeps fewer stages (BM 64 at 2 beside the 32 KB table) and
     matches the reference; where not even 2 stages fit (50 KB) it becomes the GEMV, and a
     forced tile path raises naming the rule."""

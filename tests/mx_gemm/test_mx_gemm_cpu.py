@@ -178,7 +178,7 @@ def _perm_1404(x):
     return (x & 0xFF) << 8 | (x >> 8 & 0xFF) << 24
 
 
-def _e4m3x2_scaled(x):  # templates/mx_gemm/ops.cuh e4m3x2_to_f16x2_scaled
+def _e4m3x2_scaled(x):  # templates/common/dtypes.cuh e4m3x2_to_f16x2_scaled
     t = _perm_1404(x)
     return (t & 0x80008000) | ((t >> 1) & 0x3F803F80)
 
@@ -189,8 +189,10 @@ def _halves(h):
 
 @pytest.mark.parametrize("elem", ["e4m3", "e5m2"])
 def test_soft_fp8_conversion_replayed(elem):
-    """templates/mx_gemm/ops.cuh fp8x2_to_f16x2_soft, replayed in NumPy on every pair of codes
-    (each in the low and in the high byte): the f16 of the code's value, NaN for NaN codes."""
+    """templates/mx_gemm/ops.cuh fp8x2_to_f16x2_soft (e4m3: common/dtypes.cuh
+    e4m3x2_to_f16x2_soft, also fp4.cuh's scale decoding below sm_89), replayed in NumPy on every
+    pair of codes (each in the low and in the high byte): the f16 of the code's value, NaN for
+    NaN codes."""
     fmt = {"e4m3": R.E4M3, "e5m2": R.E5M2}[elem]
     lo, hi = np.meshgrid(np.arange(256, dtype=np.uint32), np.arange(256, dtype=np.uint32))
     x = (lo | hi << 8).ravel()
@@ -198,7 +200,7 @@ def test_soft_fp8_conversion_replayed(elem):
         got = _halves(_perm_1404(x)).astype(np.float64)
     else:
         n = _perm_1404(((x & 0x7F7F) + 0x0101) & 0x8080)  # e4m3_nan_bytes, placed
-        # mul.rn.f16x2 by 256: exact (the values need at most 4 significant bits)
+        # times 256 (fma.rn.f16x2 with -0): exact (the values need at most 4 significant bits)
         got = _halves(_e4m3x2_scaled(x) | (n - (n >> 5))).astype(np.float64) * 256.0
     want = np.stack([R.decode((x & 0xFF).astype(np.uint8), fmt),
                      R.decode((x >> 8).astype(np.uint8), fmt)], axis=1).astype(np.float64)
