@@ -8,9 +8,11 @@ Per shape (M x N x K): median time per call over back-to-back calls (CUDA events
 2 M N K / t. Operands (--operands): quantized normal values (default) or random finite E4M3
 codes with E8M0 scales near 1 (the sm_90a fp8 wgmma rescales codes below their row's largest
 block scale: random codes take its slower rounding path more often). --variants also
-times every fp8 tile with the k16 loop unrolled by 2 and fully, and with the fp8 -> f16
-conversion by integer ops (soft_fp8: what the sm_80 kernels run, timed here on this part), and
-the opt-in wgmma variant on sm_90a (what the selector table is set from).
+times every fp8 tile with the k16 loop unrolled by 2 and fully, with the fp8 -> f16
+conversion by integer ops (soft_fp8: what the sm_80 kernels run), on the fp8 mma.sync over the
+rescaled stages (sm_89's kernel; on sm_90 ptxas lowers it to f16 HMMAs), and the opt-in wgmma
+variant on sm_90a (what the selector table is set from); tiles that do not fit the part's
+shared memory are skipped.
 """
 
 from __future__ import annotations
@@ -80,16 +82,28 @@ def bench_shape(m: int, n: int, k: int, variants: bool, operands: str = "gauss")
         t_bf = time_gpu(lambda i: torch.matmul(x, w.t()), iters=20, repeats=5)
     var = {}  # last: a failing opt-in variant cannot spoil the numbers above
     if variants:
-        kinds = [((*t, 1), u, False) for t in FP8_TILES for u in (False, "unroll", "soft")]
+        cc = info.arch.cc
+        hows = (False, "unroll", "soft") if cc >= 89 else ("soft", "soft unroll")  # sm_80: soft only
+        kinds = [((*t, 1), u, False) for t in FP8_TILES for u in hows]
+        if cc >= 89:  # the fp8 mma.sync on the rescaled stages (sm_89's path)
+            kinds += [((*t, 0), "fp8mma", False) for t in FP8_TILES]
         if info.arch.name == "sm_90a":
             kinds += [(t, False, True) for t in WG_TILES]
             kinds += [((*t, True), False, True) for t in WG_TILES if t[5] == 0]
         for (bm, bn, wm, wn, st, hb, *pre), how, wg in kinds:
-            cfg = MxFp8GemmConfig(arch=info.arch.name, tile_m=bm, tile_n=bn, warps_m=wm,
-                                  warps_n=wn, stages=st, unroll_kb=how == "unroll", wgmma=wg,
-                                  hbufs=hb, prescale=bool(pre), soft_fp8=how == "soft")
             name = (f"{bm}x{bn}" + (f" s{st} w{wm * wn}" if not wg else f" wgmma s{st} h{hb}") +
                     (" prescale" if pre else "") + (f" {how}" if how else ""))
+            try:  # tiles past the part's shared memory: reported, skipped
+                cfg = MxFp8GemmConfig(arch=info.arch.name, tile_m=bm, tile_n=bn, warps_m=wm,
+                                      warps_n=wn, stages=st, unroll_kb="unroll" in str(how),
+                                      wgmma=wg, hbufs=hb, prescale=bool(pre),
+                                      soft_fp8="soft" in str(how))
+                if cfg.smem_bytes() > info.smem_optin:
+                    var[name] = f"skipped: {cfg.smem_bytes()} B of shared memory"
+                    continue
+            except ValueError as e:
+                var[name] = f"skipped: {e}"
+                continue
             try:
                 t = time_gpu(lambda i, c=cfg: mx_gemm(a, b, out=out, config=c), iters=20, repeats=5)
             except Exception as e:  # the opt-in variants come last: report and stop there

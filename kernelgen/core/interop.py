@@ -95,8 +95,8 @@ def smem_limit(device: int) -> int:
 
 def check_smem(device: int, smem: int, what: str = "a launch") -> None:
     """DeviceError unless a block of `smem` bytes of shared memory fits the device (the planners
-    size stages by smem_limit, so this catches forced configs and plans: 8.6 / 8.9 parts allow
-    99 KB of sm_80's 163 KB). Checked where a kernel is loaded (core/jit.py, before the driver's
+    size stages by smem_limit, so this catches forced configs and plans: 8.6 parts allow 99 KB
+    of sm_80's 163 KB). Checked where a kernel is loaded (core/jit.py, before the driver's
     opt-in) and where one is launched with more than 48 KB."""
     limit = smem_limit(device)
     if smem > limit:

@@ -206,7 +206,7 @@ def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
                path: str | None = None, split: int | None = None,
                smem_limit: int | None = None) -> TiledChoice:
     """Pure planner; `path` (TILED_PATHS) and `split` (K splits of gemv / tile / wgmma) force a choice.
-    `smem_limit`: shared memory a block of the device (None: the target's; less on 8.6 / 8.9
+    `smem_limit`: shared memory a block of the device (None: the target's; less on 8.6
     parts under sm_80): the tile path keeps the stages (and BM) that fit it; where none does, the
     rule's tile path becomes the GEMV's (a forced one raises UnsupportedConfigError)."""
     check_shape(n, k)  # before the wgmma rule, which divides by N's tiles

@@ -138,8 +138,8 @@ def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = 
             out_dtype: str = "bfloat16", config: MxFp8GemmConfig | MxBsGemmConfig | None = None) -> Any:
     """D [M, N] = alpha * A . B^T (+ bias) for block-scaled A [M, K] and B [N, K].
 
-    Format pairs by arch (others raise ValueError naming what the arch runs): sm_80 (every 8.x
-    part; fp8 decoded by integer ops) / sm_90a / sm_100a / sm_103a MXFP8 x MXFP8 (E4M3 / E5M2);
+    Format pairs by arch (others raise ValueError naming what the arch runs): sm_80 (A100, 8.6
+    parts; fp8 decoded by integer ops) / sm_89 / sm_90a / sm_100a / sm_103a MXFP8 x MXFP8 (E4M3 / E5M2);
     sm_120a / sm_121a also MXFP8 x MXFP4, MXFP4 x MXFP4, NVFP4 x NVFP4.
     M >= 0 (M = 0: an empty [0, N] D, nothing launched), N a multiple of 8, K a multiple of 32. bias [N] and out [M, N] in out_dtype
     ("bfloat16" or "float16"; CuPy bf16 is uint16). fp32 accumulation, D rounded to nearest.

@@ -105,6 +105,8 @@ class MxFp8GemmConfig(KernelConfig):
     soft_fp8: bool = False
 
     def check(self) -> None:
+        if not self.wgmma and self.hbufs == 0 and get_arch(self.arch).cc < 89:
+            raise _bad(self, "hbufs", "the fp8 mma.sync (hbufs=0) needs sm_89+")
         if get_arch(self.arch).cc < 89 and not self.soft_fp8:
             raise _bad(self, "soft_fp8", "sm_80 has no fp8 instruction (cvt e4m3x2 / e5m2x2 needs "
                                          "sm_89+): its kernels convert by integer ops, soft_fp8=True")
@@ -120,11 +122,8 @@ class MxFp8GemmConfig(KernelConfig):
         elif shape not in FP8_TILES or self.hbufs not in (0, 1):
             raise _bad(self, (*SHAPE, "hbufs"), f"must be one of {FP8_TILES} with hbufs=1 (f16 mma.sync) "
                                                 "or 0 (fp8 mma.sync)")
-        if not self.wgmma and self.hbufs == 0:
-            if get_arch(self.arch).cc < 89:
-                raise _bad(self, "hbufs", "the fp8 mma.sync (hbufs=0) needs sm_89+")
-            if self.soft_fp8:
-                raise _bad(self, "soft_fp8", "the fp8 mma.sync (hbufs=0) converts nothing to f16")
+        if not self.wgmma and self.hbufs == 0 and self.soft_fp8:
+            raise _bad(self, "soft_fp8", "the fp8 mma.sync (hbufs=0) converts nothing to f16")
         if self.wgmma and self.arch != "sm_90a":
             raise _bad(self, "wgmma", "wgmma exists on sm_90a only")
         if self.prescale and not (self.wgmma and self.hbufs == 0):

@@ -173,9 +173,13 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
                     st[dst:dst + 16] = (saf if is_a else sbf)[src:src + 16] if ok else 0
             ssa, ssb = A_B + B_B, A_B + B_B + SA_B
             if cfg.hbufs == 0:  # rescale in place, then four k32 steps of the fp8 wgmma / mma.sync
-                # (the word of each row and k-tile, 0 for rows past M / N: the wgmma kernel's
-                # copies; the mma.sync one reads the stage's scale chunks, the same bytes)
-                def word(is_a, r, m0=m0, n0=n0, kt=kt):
+                # (the wgmma kernel copies each row's word of the k-tile, 0 for rows past M / N;
+                # the mma.sync one reads it from the stage's scale chunks, skipping rows whose
+                # byte exceeds E: only rows past M / N, E = 0 there)
+                def word(is_a, r, m0=m0, n0=n0, kt=kt, st=st, ssa=ssa, ssb=ssb):
+                    if not cfg.wgmma:
+                        off = (ssa if is_a else ssb) + swz_off(((m0 if is_a else n0) & 127) + r, 0)
+                        return int(_u32(st, np.array([off]))[0])
                     rr, lim, sc = (m0 + r, m, saf) if is_a else (n0 + r, n, sbf)
                     if rr >= lim:
                         return 0
@@ -189,7 +193,7 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
                             w = word(is_a, r)
                             e = int(e_rows[r if is_a else BM + r])
                             bexp = (w >> (8 * (c16 >> 1))) & 0xFF
-                            if bexp != e:
+                            if bexp < e:  # (wgmma: bexp <= e in every row)
                                 src = (0 if is_a else A_B) + tile_off(r, c16)
                                 v = R.decode(st[src:src + 16], fmt).astype(np.float16) * _rel_scale(bexp, e)
                                 st[src:src + 16] = R.encode(v.astype(np.float64), fmt, saturate=True)

@@ -129,9 +129,9 @@ def check_formats(arch: str, a_fmt: str, b_fmt: str) -> str:
     pairs = PAIRS.get(arch, {})
     path = pairs.get((a_fmt, b_fmt))
     if path is None:
-        can = ", ".join(f"{a} x {b}" for a, b in pairs) or "nothing: no fp8 or block-scaled mma"
+        can = ", ".join(f"{a} x {b}" for a, b in pairs)
         hint = ""
-        if b_fmt in ("mxfp4", "nvfp4"):
+        if {a_fmt, b_fmt} & {"mxfp4", "nvfp4"}:
             hint = ("; FP4 weights with fp16/bf16 activations run on every arch through the "
                     "fp4_gemm family")
         raise ValueError(f"mx_gemm: {a_fmt} x {b_fmt} cannot run on {arch}; {arch} runs {can}{hint}")
@@ -151,8 +151,12 @@ def fp8_tiles(arch: str, smem_limit: int | None = None) -> tuple[tuple[int, int,
     for need, tiles in FP8_PLAN_TILES[arch]:
         if need <= cap:
             return tiles
+    hb = 0 if FP8_KERNEL[arch] == "fp8" else 1
+    need = max(MxFp8GemmConfig(arch=arch, tile_m=bm, tile_n=bn, warps_m=wm, warps_n=wn, stages=st,
+                               hbufs=hb, soft_fp8=FP8_KERNEL[arch] == "soft").smem_bytes()
+               for bm, bn, wm, wn, st in FP8_PLAN_TILES[arch][-1][1])
     raise ValueError(f"mx_gemm: {arch} part with {cap} B of shared memory a block; the MXFP8 "
-                     f"tiles need {FP8_PLAN_TILES[arch][-1][0]} B")
+                     f"tiles need {need} B")
 
 
 def plan(arch: str, a_fmt: str, b_fmt: str, m: int, n: int, k: int, out_dtype: str,

@@ -50,7 +50,8 @@ constexpr int TK = 128;  // k per pipeline stage (bytes of an fp8 row)
 template <int BM, int BN, int STAGES, int HB> struct Fp8Smem {
   static constexpr int A = BM * TK, B = BN * TK;
   static constexpr int SA = (BM > 128 ? BM / 128 : 1) * 512, SB = (BN > 128 ? BN / 128 : 1) * 512;
-  // HB == 0: wgmma reads the stages, whose tiles must start on 1024-byte swizzle atoms
+  // HB == 0: the fp8 wgmma reads the stages, whose tiles must start on 1024-byte swizzle atoms
+  // (the fp8 mma.sync of MMA8 needs no such alignment; it keeps the same layout)
   static constexpr int STAGE = HB == 0 ? (A + B + SA + SB + 1023) / 1024 * 1024 : A + B + SA + SB;
   static constexpr int H1 = (BM + BN) * TK * 2;  // one set of f16 tiles
   static constexpr int H = HB * H1;
@@ -97,7 +98,8 @@ __device__ __forceinline__ uint32_t hmul2_rn(uint32_t a, uint32_t b) {
 // 16 fp8 codes of one row and k-block (a 16-byte chunk) -> 16 scaled f16 in shared memory.
 // Integer e4m3 decoding (SOFT, and always below sm_89): a chunk without NaN codes (the usual
 // case) takes e4m3x2_to_f16x2_scaled with its 2^-8 folded into the scale (s2 * 2^8 is exact:
-// s2 is 0 or a power of two <= 1), so each pair costs 3 integer ops and the multiply.
+// s2 is 0 or a power of two <= 1 in every row whose outputs are kept), so each pair costs 3
+// integer ops and the multiply.
 template <int E, bool SOFT>
 __device__ __forceinline__ void convert_chunk(uint32_t src, uint32_t dst0, uint32_t dst1, uint32_t s2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
@@ -235,7 +237,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
                  ok ? 16 : 0);
     }
     // scale chunks: 512 contiguous bytes per (128 rows, k-tile), one 16-byte copy a thread
-    // (HB == 0 copies each row's scale word instead, below)
+    // (the wgmma variant with HB == 0 copies each row's scale word instead, below)
     if ((HB != 0 || MMA8) && tid < (S::SA + S::SB) / 16) {
       const bool ok = sc_chunk_ok;
       cp_async16(st + S::A + S::B + tid * 16, ok ? sc_src + (size_t)kt * 512 : SA, ok ? 16 : 0);
@@ -434,7 +436,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
         const uint32_t w = lds32(is_a ? ssa + swz_off((m0 & 127) + r, 0) : ssb + swz_off((n0 & 127) + r, 0));
         const int b = (int)((w >> (8 * (c16 >> 1))) & 0xFFu);
         const int e = is_a ? e_cva[it] : e_cvb[it - BM * 8 / NT];
-        if (b != e) {
+        if (b < e) {  // b > e only in rows past M / N (E = 0 there; their outputs are dropped)
           const uint32_t addr = st + (is_a ? 0 : S::A) + tile_off(r, c16);
           const uint32_t s2 = rel_scale_h2((uint32_t)b, (uint32_t)e);
           const uint4 o = is_a ? rescale_codes<AE>(lds128(addr), e - b, s2)

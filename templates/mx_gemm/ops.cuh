@@ -50,7 +50,7 @@ template <int E> __device__ __forceinline__ uint32_t f16x2_to_fp8x2(uint32_t x) 
     asm("cvt.rn.satfinite.e5m2x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
   return r;
 #else
-  static_assert(E < 0, "f16 -> fp8 needs sm_89+ (its only callers are the sm_90a wgmma variants)");
+  static_assert(E < 0, "f16 -> fp8 needs sm_89+ (its callers: the fp8 wgmma / mma.sync rescale)");
   return 0;
 #endif
 }

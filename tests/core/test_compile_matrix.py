@@ -39,8 +39,8 @@ def test_compiles_without_spills(cfg):
     # no report is not "no spills": NVRTC 13.0 was seen to drop the ptxas -v log
     assert res["registers"], f"{cfg}: no ptxas report from NVRTC {nvrtc_version()}\n{out.log}"
     assert res["spill_bytes"] == 0, f"{cfg}: spills {res}\n{out.log}"
-    # the planners size dynamic shared memory by each part's limit (arch.PARTS; 99 KB on 8.6 /
-    # 8.9 parts under sm_80) without the kernel's static shared memory: a config a part can be
+    # the planners size dynamic shared memory by each part's limit (arch.PARTS; 99 KB on 8.6
+    # parts under sm_80, and on sm_89 / sm_120a) without the kernel's static shared memory: a config a part can be
     # given must fit it with both (interop.check_smem refuses it at load otherwise)
     for lim in smem_limits(cfg.arch):
         if cfg.smem_bytes() <= lim:

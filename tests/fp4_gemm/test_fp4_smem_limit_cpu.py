@@ -1,5 +1,5 @@
-"""FP4 GEMM plans for a device whose blocks get less shared memory than its target's (8.6 / 8.9
-parts under sm_80: A10, L40S, RTX 4090 report sharedMemPerBlockOptin = 101376 B = 99 KB; the
+"""FP4 GEMM plans for a device whose blocks get less shared memory than its target's (8.6 parts
+under sm_80: A10, A40 report sharedMemPerBlockOptin = 101376 B = 99 KB; the
 sm_80 plans assume A100's 163 KB): every plan fits the device, keeps the deepest stage count
 that fits and otherwise today's choice; without a limit the choice is today's; prewarm builds
 what those parts pick."""

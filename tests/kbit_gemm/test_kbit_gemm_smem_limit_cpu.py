@@ -1,5 +1,5 @@
-"""kbit GEMM plans for a device whose blocks get less shared memory than its target's (8.6 / 8.9
-parts under sm_80: 101376 B = 99 KB a block, 100 KB an SM; the sm_80 plans assume A100's 163 /
+"""kbit GEMM plans for a device whose blocks get less shared memory than its target's (8.6 parts
+under sm_80: 101376 B = 99 KB a block, 100 KB an SM; the sm_80 plans assume A100's 163 /
 164 KB): every path's plan fits the device (mma: the deepest stages that fit, the tile of the
 table; tiled 4-bit weights: the tile path with fewer stages; GEMV: CTAs an SM from the part's
 shared memory); without a limit the choice is today's; prewarm builds what those parts pick."""
@@ -15,7 +15,7 @@ from kernelgen.kbit_gemm import tiled as TL
 from kernelgen.kbit_gemm.select import plan_gemv, select_gemv
 from kernelgen.kbit_gemm.tc_config import TILES, KbitMmaConfig, smem_for, stages_for
 
-LIMIT = 99 * 1024  # = 101376, sharedMemPerBlockOptin of compute capability 8.6 / 8.9
+LIMIT = 99 * 1024  # = 101376, sharedMemPerBlockOptin of compute capability 8.6 (and 8.9, sm_89's)
 SHAPES = ((14336, 4096), (4096, 14336), (4096, 4096))
 MS = sorted({*range(17, 300, 6), 32, 33, 64, 65, 128, 144, 255, 256, 257, 512, 1000, 4097})
 
@@ -33,7 +33,7 @@ def test_mma_stages_without_a_limit_are_todays(arch):
 def test_smem_per_sm_of_a_part():
     assert smem_per_sm("sm_80") == SMEM_PER_SM["sm_80"] == 164 * 1024
     assert smem_per_sm("sm_80", ARCHS["sm_80"].smem_optin) == 164 * 1024
-    assert smem_per_sm("sm_80", LIMIT) == 100 * 1024  # 8.6 / 8.9: 99 KB a block, 100 an SM
+    assert smem_per_sm("sm_80", LIMIT) == 100 * 1024  # 8.6: 99 KB a block, 100 an SM
     assert smem_per_sm("sm_120a", LIMIT) == SMEM_PER_SM["sm_120a"]
 
 

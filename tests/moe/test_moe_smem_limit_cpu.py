@@ -1,5 +1,5 @@
 """MoE grouped GEMM plans for a device whose blocks get less shared memory than its target's
-(8.6 / 8.9 parts under sm_80: 101376 B = 99 KB a block; the sm_80 rows assume A100's 163 KB):
+(8.6 parts under sm_80: 101376 B = 99 KB a block; the sm_80 rows assume A100's 163 KB):
 every row keeps the deepest stage count that fits, a selected row whose fewest stages do not
 fit steps down to a smaller one, a forced one raises; without a limit the choice is today's;
 prewarm builds what those parts pick. bf16 / fp16 experts and kbit experts."""

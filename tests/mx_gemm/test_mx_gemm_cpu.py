@@ -125,17 +125,17 @@ def test_sm80_fp4_error_names_what_runs(a, b):
         plan("sm_80", a, b, 16, 256, 256, "bfloat16", 108)
 
 
-# (SM count, shared memory a block) of sm_80 parts: A100, A10 / RTX 4090 (99 KB) -> the tiles
+# (SM count, shared memory a block) of sm_80 parts: A100, 8.6 parts (99 KB) -> the tiles
 SM80_CASES = [((108, 163 * 1024), 1, (64, 64, 1, 4, 4)), ((108, 163 * 1024), 16, (64, 128, 1, 4, 4)),
               ((108, 163 * 1024), 4096, (128, 128, 2, 4, 2)),
-              ((72, 99 * 1024), 1, (64, 64, 1, 4, 3)), ((128, 99 * 1024), 16, (64, 128, 2, 4, 2)),
-              ((128, 99 * 1024), 4096, (64, 128, 2, 4, 2))]
+              ((72, 99 * 1024), 1, (64, 64, 1, 4, 3)), ((84, 99 * 1024), 16, (64, 128, 2, 4, 2)),
+              ((84, 99 * 1024), 4096, (64, 128, 2, 4, 2))]
 
 
 @pytest.mark.parametrize("part,m,tile", SM80_CASES)
 def test_sm80_mxfp8_plans_fit_the_part(part, m, tile):
     """sm_80 runs MXFP8 x MXFP8 on the mma.sync kernel with the integer fp8 conversion, on a tile
-    whose shared memory fits the part's blocks (99 KB on 8.6 / 8.9, 163 KB on A100)."""
+    whose shared memory fits the part's blocks (99 KB on 8.6 parts, 163 KB on A100)."""
     sms, lim = part
     n = 4096 if m != 16 else 128 * sms  # 128-wide tiles fill the SMs
     p = plan("sm_80", "mxfp8_e5m2", "mxfp8_e4m3", m, n, 4096, "float16", sms, lim)
