@@ -102,11 +102,7 @@ __device__ __forceinline__ uint32_t hmul2_rn(uint32_t a, uint32_t b) {
 // integer ops and the multiply.
 template <int E, bool SOFT>
 __device__ __forceinline__ void convert_chunk(uint32_t src, uint32_t dst0, uint32_t dst1, uint32_t s2) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-  constexpr bool kSoft = true;
-#else
-  constexpr bool kSoft = SOFT;
-#endif
+  constexpr bool kSoft = fp8_decode_soft<SOFT>();
   const uint4 v = lds128(src);
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   uint32_t h[8];

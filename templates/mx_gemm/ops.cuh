@@ -1,8 +1,8 @@
 // PTX wrappers of the mx_gemm kernels: fp8 <-> f16 conversion (sm_89+; fp8 -> f16 also by
 // integer ops, for sm_80), the fp8 mma.sync (sm_89+), the Blackwell block-scaled mma.sync
-// (sm_120a / sm_121a), a 2-byte shared load. One wrapper per instruction shape; element formats are template parameters.
-// f16 mma.sync, ldmatrix, cp.async and 16-byte shared loads are the common ones
-// (common/mma.cuh, common/ptx.cuh).
+// (sm_120a / sm_121a), a 2-byte shared load. One wrapper per instruction shape; element formats
+// are template parameters. f16 mma.sync, ldmatrix, cp.async and 16-byte shared loads are the
+// common ones (common/mma.cuh, common/ptx.cuh).
 #pragma once
 #include "common/dtypes.cuh"
 
@@ -24,10 +24,20 @@ template <int E> __device__ __forceinline__ uint32_t fp8x2_to_f16x2_soft(uint16_
     return e4m3x2_to_f16x2_soft(x);
 }
 
-// Two fp8 codes -> f16x2, exactly: one F2FP on sm_89+ unless SOFT, else fp8x2_to_f16x2_soft.
+// Whether fp8 -> f16 goes by integer ops: asked for (SOFT), or no fp8 cvt (below sm_89).
+template <bool SOFT> __device__ constexpr bool fp8_decode_soft() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  return true;
+#else
+  return SOFT;
+#endif
+}
+
+// Two fp8 codes -> f16x2, exactly: one F2FP, or fp8x2_to_f16x2_soft (fp8_decode_soft).
 template <int E, bool SOFT = false> __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint16_t x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if constexpr (!SOFT) {
+  if constexpr (fp8_decode_soft<SOFT>()) {
+    return fp8x2_to_f16x2_soft<E>(x);
+  } else {
     uint32_t r;
     if constexpr (E == E4M3)
       asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
@@ -35,8 +45,6 @@ template <int E, bool SOFT = false> __device__ __forceinline__ uint32_t fp8x2_to
       asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(r) : "h"(x));
     return r;
   }
-#endif
-  return fp8x2_to_f16x2_soft<E>(x);
 }
 
 // Two f16 -> two fp8 (the high half to the high byte), nearest even, saturated to finite
