@@ -192,7 +192,8 @@ def smoke() -> None:
         assert np.array_equal(cupy.asnumpy(out), want)
         lay2, xr = moe_route(cupy.asarray(x_h), cupy.asarray(ids_h), e, pad_to=pad, dtype="bfloat16")
         assert np.array_equal(cupy.asnumpy(lay2.src), ref.src)
-        assert np.array_equal(cupy.asnumpy(xr)[: ref.total], R.dispatch(x_h, ref))
+        # rows past the total are never written (exact=False: capacity rows): copy the rest only
+        assert np.array_equal(cupy.asnumpy(xr[: ref.total]), R.dispatch(x_h, ref))
     print("smoke ok")
 
 

@@ -51,7 +51,8 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     is a capacity-sized buffer). tile_m / swap_ab / tile_n (tile_n: dense weights only) force a
     table row; policy "threshold" (default) or "waste" picks TILE_M (kernelgen.moe.select);
     wgmma True / False forces the main loop (True: warpgroup MMA, sm_90a only, its stages
-    copied by TMA; None: the selector's; a MoeGemmConfig with tma=False keeps cp.async copies);
+    copied by TMA, at the nearest TILE_M that has a wgmma tile where tile_m is not given; None:
+    the selector's; a MoeGemmConfig with tma=False keeps cp.async copies);
     `config` forces a whole
     MoeGemmConfig / MoeKbitConfig / MoeKbitGemvConfig (tuning; dtype, epilogue and bits must
     match the call, arch the device's; the last with one warp a tile along K, or a whole

@@ -190,7 +190,8 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
                  wgmma: bool | None = None, smem_limit: int | None = None,
                  tma: bool | None = None) -> GroupedPlan:
     """Pure planner; tile_m / swap_ab / tile_n force a table row (tests, benchmarks); wgmma
-    True / False forces the main-loop path (True: a row of WG_TILES, sm_90a only). With
+    True / False forces the main-loop path (True: a row of WG_TILES, sm_90a only; without a
+    forced tile_m, a rule's TILE_M that has no wgmma row becomes the nearest that has). With
     neither tile_m nor tile_n forced, the threshold policy on sm_90a's wgmma path takes TILE_M
     192 where experts average WGMMA_TM192_BAND rows (WGMMA_TM192_BAND_CP_ASYNC with tma=False)
     and 192 x 256 keeps its stages.
@@ -211,6 +212,11 @@ def plan_grouped(arch: str, sm_count: int, dtype: str, e: int, n: int, k: int, r
     if tile_n is not None and not (isinstance(tile_n, numbers.Integral) and tile_n in TILE_NS):
         raise ValueError(f"tile_n={tile_n!r}: expected one of {TILE_NS}")
     tm = tile_m if tile_m is not None else tile_m_for(rows, e, policy)
+    if (wgmma is True and tile_m is None and not swap_ab and arch in WGMMA_ARCHS
+            and tm not in WGMMA_TILE_N):
+        # the wgmma path forced where the rule's TILE_M has no wgmma row (few rows an expert:
+        # an mma.sync swap_ab tile): the nearest TILE_M that has one
+        tm = min(WGMMA_TILE_N, key=lambda m: (abs(m - tm), m))
     if (tile_m is None and tile_n is None and policy == "threshold" and tm == 128
             and not swap_ab and wgmma is not False and uses_wgmma(arch, 192, False)
             and band[0] < rows / e <= band[1]

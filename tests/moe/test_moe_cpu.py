@@ -138,6 +138,15 @@ def test_wgmma_selector():
         plan_grouped("sm_80", 132, "bfloat16", e, h, i, 4096 * k, wgmma=True)
     with pytest.raises(ValueError, match="no MoE wgmma tile"):
         plan_grouped("sm_90a", 132, "bfloat16", e, h, i, 4096 * k, tile_m=16, wgmma=True)
+    # wgmma=True without a tile_m where the rule takes a swap_ab mma.sync TILE_M (a few rows an
+    # expert) or 256: the nearest TILE_M with a wgmma tile
+    for rows, policy, want in ((4 * k, "threshold", 128), (37, "threshold", 128),
+                               (4096 * 64, "waste", 192)):
+        assert tile_m_for(rows, e, policy) not in WGMMA_TILE_N
+        p = plan_grouped("sm_90a", 132, "bfloat16", e, h, i, rows, wgmma=True, policy=policy)
+        assert (p.config.tile_m, p.config.wgmma, p.config.swap_ab) == (want, True, False), p.short()
+    with pytest.raises(ValueError, match="no wgmma tile of TILE_M 8"):
+        plan_grouped("sm_90a", 132, "bfloat16", e, h, i, 4 * k, swap_ab=True, wgmma=True)
 
 
 def test_wgmma_tile_m_192_band():
