@@ -188,6 +188,7 @@ def moe(rng, arch: str) -> None:
     import cupy
 
     import kernelgen as kg
+    from kernelgen.moe import reference as R
     e, hdim, inter, t, top_k = 8, 256, 128, 37, 2
     x = cupy.asarray((rng.standard_normal((t, hdim)) * 0.5).astype(np.float16))
     ids = cupy.asarray(rng.integers(0, e, (t, top_k)).astype(np.int32))
@@ -215,10 +216,11 @@ def moe(rng, arch: str) -> None:
         kg.grouped_gemm(xr, q13, off, out=out)
         note(f"moe grouped_gemm kbit{bits} {layout}", rel(f64(out), want_q))
         y = kg.fused_moe(x, ids, wts, q13, q2)
-        note(f"moe fused_moe kbit{bits} {layout}", None if cupy.isfinite(y).all() else float("nan"))
-    from kernelgen.moe import reference as R
+        wq2 = f64(kg.dequantize_kbit(kg.quantize_kbit(w2, bits=bits), "float32"))
+        want_f = R.fused_moe(f64(x), cupy.asnumpy(ids), cupy.asnumpy(wts), wq, wq2, "float16")
+        note(f"moe fused_moe kbit{bits} {layout}", rel(f64(y), want_f))
     y = kg.fused_moe(x, ids, wts, w13, w2)
-    want = R.fused_moe(f64(x), cupy.asnumpy(ids), cupy.asnumpy(wts), f64(w13), f64(w2), "float16")
+    want = R.fused_moe(f64(x), cupy.asnumpy(ids), cupy.asnumpy(wts), w13h, f64(w2), "float16")
     note("moe fused_moe dense", rel(f64(y), want))
 
 
