@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: environment facts, every gpu test, then the benchmarks, logs under $OUT.
-# Usage on the device machine (repo root):  bash examples/device_check.sh [tests|bench|all]
-# (about 3 min for "tests" on an H100 with a cold cache, 6-8 min for "bench").
+# Usage on the device machine (repo root):  bash examples/device_check.sh [tests|bench|sanitize|all]
+# (about 3 min for "tests" on an H100 with a cold cache, 6-8 min for "bench"; "sanitize", not
+# part of "all": examples/sanitize.py plain, then under compute-sanitizer's memcheck, initcheck,
+# synccheck and racecheck, ~5 min).
 set -u
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
@@ -12,6 +14,18 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 what=${1:-all}
 python3 -m cache_tools doctor > "$OUT/doctor.txt" 2>&1 || python3 -c "import kernelgen; print(kernelgen.__version__)"
 python3 -m cache_tools prewarm --arch native -j "$(nproc)" --quiet 2>&1 | tail -2
+if [ "$what" = sanitize ]; then
+  python3 examples/sanitize.py > "$OUT/sanitize.txt" 2>&1 || { tail -5 "$OUT/sanitize.txt"; exit 1; }
+  tail -1 "$OUT/sanitize.txt"
+  status=0
+  for tool in memcheck initcheck synccheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 9 python3 examples/sanitize.py > "$OUT/sanitize_$tool.txt" 2>&1
+    rc=$?
+    echo "$tool: exit $rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.txt" | tail -1)"
+    [ "$rc" = 0 ] || status=1
+  done
+  exit "$status"
+fi
 if [ "$what" != bench ]; then
   python3 -m pytest -q -p no:cacheprovider -m gpu tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.txt" | tail -30
 fi
