@@ -165,7 +165,7 @@ def mx(rng) -> None:
                     note(f"mx {fmt} {layout} rows={rows} -> {dt}", rel(y, x_h), 0.6)
 
 
-def mx_gemm(rng) -> None:
+def mx_gemm(rng, arch: str) -> None:
     import cupy
 
     import kernelgen as kg
@@ -178,10 +178,28 @@ def mx_gemm(rng) -> None:
         for m in (1, 100, 300):
             a = kg.quantize_mx(cupy.asarray(rng.standard_normal((m, k)).astype(np.float16)), fa)
             want = f64(dequantize(a, "float32")) @ bd.T
-            out = cupy.full((m, n), 0x7FC0, cupy.uint16)  # bf16 NaN
-            run(a, b, out=out)
-            got = (cupy.asnumpy(out).astype(np.uint32) << 16).view(np.float32)
-            note(f"mx_gemm {fa} x {fb} M={m}", rel(got, want))
+            for label, cfg in [("selector", None)] + other_targets(arch, fa, fb):
+                out = cupy.full((m, n), 0x7FC0, cupy.uint16)  # bf16 NaN
+                run(a, b, out=out, config=cfg)
+                got = (cupy.asnumpy(out).astype(np.uint32) << 16).view(np.float32)
+                note(f"mx_gemm {fa} x {fb} M={m} {label}", rel(got, want))
+
+
+def other_targets(arch: str, fa: str, fb: str) -> list:
+    """The MXFP8 kernels of sm_80 (the fp8 decoded by integer ops) and sm_89 (the fp8
+    mma.sync), each tile of their tables, built for this GPU's arch (sm_90a runs both)."""
+    from kernelgen.mx_gemm.config import MxFp8GemmConfig
+    from kernelgen.mx_gemm.select import FP8_PLAN_TILES
+    if arch != "sm_90a":
+        return []
+    out = []
+    for target, extra in (("sm_80", dict(soft_fp8=True)), ("sm_89", dict(hbufs=0))):
+        tiles = dict.fromkeys(t for _, rows in FP8_PLAN_TILES[target] for t in rows)
+        for bm, bn, wm, wn, st in tiles:
+            cfg = MxFp8GemmConfig(arch=arch, a_elem=fa[-4:], b_elem=fb[-4:], tile_m=bm, tile_n=bn,
+                                  warps_m=wm, warps_n=wn, stages=st, **extra)
+            out.append((f"{target} {bm}x{bn} s{st}", cfg))
+    return out
 
 
 def moe(rng, arch: str) -> None:
@@ -257,7 +275,7 @@ def main() -> None:
         elif f == "mx":
             mx(rng)
         elif f == "mx_gemm":
-            mx_gemm(rng)
+            mx_gemm(rng, arch)
         elif f == "moe":
             moe(rng, arch)
         else:
