@@ -52,7 +52,7 @@ def poisoned(shape, dtype="float16"):
     return cupy.full(shape, cupy.nan, dtype)
 
 
-def kbit(rng) -> None:
+def kbit(rng, arch: str) -> None:
     import cupy
 
     import kernelgen as kg
@@ -143,7 +143,7 @@ def fp4_gemm(rng, arch: str) -> None:
         note(f"fp4_gemm nvfp4 4096x4096 selector M={m}", rel(f64(out), f64(a) @ wd.T))
 
 
-def mx(rng) -> None:
+def mx(rng, arch: str) -> None:
     import cupy
 
     import kernelgen as kg
@@ -242,6 +242,18 @@ def moe(rng, arch: str) -> None:
     note("moe fused_moe dense", rel(f64(y), want))
 
 
+def moe_routing(rng, arch: str) -> None:
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from bench_moe_routing import smoke
+    smoke()  # its own cases, checked against the reference
+    note("moe_routing smoke")
+
+
+RUNS = {"kbit": kbit, "kbit_gemm": kbit_gemm, "fp4_gemm": fp4_gemm, "mx": mx, "mx_gemm": mx_gemm,
+        "moe": moe, "moe_routing": moe_routing}
+assert tuple(RUNS) == FAMILIES
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", default=",".join(FAMILIES))
@@ -266,23 +278,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     t0 = time.time()
     for f in fams:
-        if f == "kbit":
-            kbit(rng)
-        elif f == "kbit_gemm":
-            kbit_gemm(rng, arch)
-        elif f == "fp4_gemm":
-            fp4_gemm(rng, arch)
-        elif f == "mx":
-            mx(rng)
-        elif f == "mx_gemm":
-            mx_gemm(rng, arch)
-        elif f == "moe":
-            moe(rng, arch)
-        else:
-            sys.path.insert(0, __file__.rsplit("/", 1)[0])
-            from bench_moe_routing import smoke
-            smoke()
-            note("moe_routing smoke")
+        RUNS[f](rng, arch)
     print(f"{cases} cases ok in {time.time() - t0:.0f} s ({arch})")
 
 
