@@ -66,6 +66,18 @@ def _ldsm_x4(smem: np.ndarray, addr: np.ndarray) -> list[np.ndarray]:
     return out
 
 
+def _ldsm_frags(smem: np.ndarray, a: int, b: int, a_row: int, b_row: int, ks: int, mi: int, ni: int,
+                off) -> tuple[list, list]:
+    """fp8_mma.cuh ldsm_frags: a warp's A fragments (mi pieces of 16 rows from a_row) and B
+    fragments (ni pieces of 8 rows from b_row) of k step ks; off: tile_off or htile_off."""
+    afr = [_ldsm_x4(smem, a + off(a_row + i * 16 + (LANES & 15), 2 * ks + (LANES >> 4))) for i in range(mi)]
+    bfr = []
+    for j in range(0, ni, 2):
+        q = _ldsm_x4(smem, b + off(b_row + j * 8 + (LANES & 7) + ((LANES >> 4) << 3), 2 * ks + ((LANES >> 3) & 1)))
+        bfr += [[q[0], q[1]], [q[2], q[3]]]
+    return afr, bfr
+
+
 def _f16_pair(reg: np.ndarray) -> np.ndarray:
     """uint32 per lane -> [32, 2] float64 (low half first)."""
     u = np.stack([reg & 0xFFFF, reg >> 16], axis=-1).astype(np.uint16)
@@ -201,13 +213,7 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
                     for warp in range(WMn * WNn):
                         wm, wn = warp // WNn, warp % WNn
                         for ks in range(TK // 32):
-                            afr = [_ldsm_x4(st, tile_off(wm * WTM + i * 16 + (LANES & 15), 2 * ks + (LANES >> 4)))
-                                   for i in range(MI)]
-                            bfr = []
-                            for j in range(0, NI, 2):
-                                q = _ldsm_x4(st, A_B + tile_off(wn * WTN + j * 8 + (LANES & 7) + ((LANES >> 4) << 3),
-                                                                2 * ks + ((LANES >> 3) & 1)))
-                                bfr += [[q[0], q[1]], [q[2], q[3]]]
+                            afr, bfr = _ldsm_frags(st, 0, A_B, wm * WTM, wn * WTN, ks, MI, NI, tile_off)
                             for i in range(MI):
                                 for j in range(NI):
                                     acc[warp, i, j] += _mma_fp8(afr[i], bfr[j], fa, fb)
@@ -258,13 +264,7 @@ def emulate_fp8(cfg: MxFp8GemmConfig, a: np.ndarray, sa: np.ndarray, b: np.ndarr
             for warp in range(WMn * WNn):  # ldmatrix + mma
                 wm, wn = warp // WNn, warp % WNn
                 for ks in range(TK // 16):
-                    afr = [_ldsm_x4(h, htile_off(wm * WTM + i * 16 + (LANES & 15), 2 * ks + (LANES >> 4)))
-                           for i in range(MI)]
-                    bfr = []
-                    for j in range(0, NI, 2):
-                        q = _ldsm_x4(h, h_b + htile_off(wn * WTN + j * 8 + (LANES & 7) + ((LANES >> 4) << 3),
-                                                       2 * ks + ((LANES >> 3) & 1)))
-                        bfr += [[q[0], q[1]], [q[2], q[3]]]
+                    afr, bfr = _ldsm_frags(h, 0, h_b, wm * WTM, wn * WTN, ks, MI, NI, htile_off)
                     for i in range(MI):
                         for j in range(NI):
                             acc[warp, i, j] += _mma_f16(afr[i], bfr[j])

@@ -65,6 +65,23 @@ __device__ __forceinline__ int tile_off(int r, int c) { return r * TK + ((c ^ (r
 // ldmatrix's 8 rows x 16 bytes hit 8 bank groups.
 __device__ __forceinline__ int htile_off(int r, int c) { return r * 2 * TK + ((c ^ (r & 7)) << 4); }
 
+// A warp's mma fragments of k step ks by ldmatrix, from the A tile at a (its rows a_row ..
+// a_row + 16 MI) and the B tile at b (rows b_row .. b_row + 8 NI): fp8 stages (tile_off, a
+// step of 32 k: 16-byte columns 2 ks, 2 ks + 1) or f16 tiles (F16: htile_off, 16 k a step)
+template <bool F16, int MI, int NI>
+__device__ __forceinline__ void ldsm_frags(uint32_t a, uint32_t b, int a_row, int b_row, int ks,
+                                           int lane, uint32_t (&af)[MI][4], uint32_t (&bf)[NI][2]) {
+  const auto off = [](int r, int c) { return F16 ? htile_off(r, c) : tile_off(r, c); };
+#pragma unroll
+  for (int i = 0; i < MI; ++i) ldmatrix_x4(af[i], a + off(a_row + i * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+#pragma unroll
+  for (int j = 0; j < NI; j += 2) {
+    uint32_t q[4];
+    ldmatrix_x4(q, b + off(b_row + j * 8 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + ((lane >> 3) & 1)));
+    bf[j][0] = q[0]; bf[j][1] = q[1]; bf[j + 1][0] = q[2]; bf[j + 1][1] = q[3];
+  }
+}
+
 // The largest of the 4 E8M0 bytes of a scale word.
 __device__ __forceinline__ uint32_t max_byte(uint32_t w) {
   const uint32_t m = __vmaxu4(w, w >> 16);
@@ -446,16 +463,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
 #pragma unroll (UNROLL_KB ? 4 : 2)
       for (int ks = 0; ks < TK / 32; ++ks) {
         uint32_t af[MI][4], bf[NI][2];
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-          ldmatrix_x4(af[i], st + tile_off(wm * WTM + i * 16 + (lane & 15), 2 * ks + (lane >> 4)));
-#pragma unroll
-        for (int j = 0; j < NI; j += 2) {
-          uint32_t q[4];
-          ldmatrix_x4(q, st + S::A + tile_off(wn * WTN + j * 8 + (lane & 7) + ((lane >> 4) << 3),
-                                              2 * ks + ((lane >> 3) & 1)));
-          bf[j][0] = q[0]; bf[j][1] = q[1]; bf[j + 1][0] = q[2]; bf[j + 1][1] = q[3];
-        }
+        ldsm_frags<false>(st, st + S::A, wm * WTM, wn * WTN, ks, lane, af, bf);
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -507,16 +515,7 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* __restrict__ A, const ui
 #pragma unroll (UNROLL_KB ? 8 : 2)
       for (int ks = 0; ks < TK / 16; ++ks) {
         uint32_t af[MI][4], bf[NI][2];
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-          ldmatrix_x4(af[i], h_a + htile_off(wm * WTM + i * 16 + (lane & 15), 2 * ks + (lane >> 4)));
-#pragma unroll
-        for (int j = 0; j < NI; j += 2) {
-          uint32_t q[4];
-          ldmatrix_x4(q, h_b + htile_off(wn * WTN + j * 8 + (lane & 7) + ((lane >> 4) << 3),
-                                         2 * ks + ((lane >> 3) & 1)));
-          bf[j][0] = q[0]; bf[j][1] = q[1]; bf[j + 1][0] = q[2]; bf[j + 1][1] = q[3];
-        }
+        ldsm_frags<true>(h_a, h_b, wm * WTM, wn * WTN, ks, lane, af, bf);
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
