@@ -165,10 +165,11 @@ def moe_routing(put, rng):
         xs = moe_dispatch(x, lay, exact=False)
         total = int(host(lay.offsets)[-1])
         lay2, xr = moe_route(x, ids, e, pad_to=pad)
+        ok = moe_layout(put(rng.integers(0, e, (t, k)).astype(np.int32)), e, pad_to=pad)
         out += [(f"T={t} src", lay.src), (f"T={t} dest", lay.dest), (f"T={t} offsets", lay.offsets),
                 (f"T={t} dispatch", xs[:total]), (f"T={t} combine", moe_combine(xs, lay, w)),
                 (f"T={t} route", xr[:total]), (f"T={t} route src", lay2.src),
-                (f"T={t} exact dispatch", moe_dispatch(x, lay, exact=True))]
+                (f"T={t} exact dispatch", moe_dispatch(x, ok, exact=True))]
     return out
 
 
