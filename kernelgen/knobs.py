@@ -65,6 +65,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("KERNELGEN_VERBOSE", "0", "1: log each compile (seconds, registers, spills) to stderr"),
     Knob("KERNELGEN_POISON", "0", "1: fill every output kernelgen allocates with 0xFF (tests)"),
     Knob("KERNELGEN_PDL", "1", "0: launch without programmatic dependent launch (sm_90+; README)"),
+    Knob("KERNELGEN_FASTCALL", "1", "0: no per-weight launch memo; every GEMM call runs its whole path"),
     Knob("KERNELGEN_TEMPLATES_DIR", "(shipped)", "render from this templates/ folder (template work)"),
 )
 
@@ -115,6 +116,11 @@ def templates_dir() -> Path | None:
 
 def poison() -> bool:
     return _flag("KERNELGEN_POISON")
+
+
+def fastcall() -> bool:
+    raw = os.environ.get("KERNELGEN_FASTCALL", "").strip()
+    return not raw or _flag("KERNELGEN_FASTCALL")
 
 
 def pdl() -> bool:

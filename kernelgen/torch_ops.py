@@ -23,24 +23,24 @@ the ops name them by a process-local int handle (Dynamo treats it as a constant 
 The registry holds a reference until `release`. Inputs are torch CUDA tensors; outputs are new
 tensors on x's device, in x's dtype. `fused_moe` runs graph-safe (no host sync; results equal
 the eager default). Kernels compile on first eager use: run the model once (or `kernelgen
-prewarm`) before capture, as for the eager API. Needs torch >= 2.4 (`torch.library.custom_op`).
+prewarm`) before capture, as for the eager API. Needs torch >= 2.4 (`torch.library.register_fake`).
 """
-# No `from __future__ import annotations`, and typing.Optional: custom_op infers each op's
-# schema from these annotations at runtime (Optional[Tensor] is its documented spelling).
+
+from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from .kbit_gemm import KbitLinear
 from .kbit_gemm import gemm as _kbit_gemm
 from .moe import KbitExperts
-from .moe import fused_moe as _fused_moe
+from .moe import fused_moe as _fused_moe_eager
 
-if not hasattr(torch.library, "custom_op"):
-    raise ImportError(f"kernelgen.torch_ops needs torch >= 2.4 (torch.library.custom_op); "
+if not hasattr(torch.library, "register_fake"):
+    raise ImportError(f"kernelgen.torch_ops needs torch >= 2.4 (torch.library.register_fake); "
                       f"this is torch {torch.__version__}")
 
 _registry: dict[int, Any] = {}
@@ -98,8 +98,7 @@ def _out_rows(w: Any) -> int:
     return int(w.n) if hasattr(w, "n") else int(w.shape[0])
 
 
-@torch.library.custom_op("kernelgen::linear", mutates_args=())
-def linear(x: torch.Tensor, w: int, bias: Optional[torch.Tensor] = None) -> torch.Tensor:  # noqa: UP045
+def _linear(x: torch.Tensor, w: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y [..., N] = x [..., K] . W^T (+ bias) for the weight registered as `w`."""
     wt = weight(w)
     kind = _linear_kind(wt)
@@ -119,26 +118,37 @@ def linear(x: torch.Tensor, w: int, bias: Optional[torch.Tensor] = None) -> torc
     raise ValueError(f"linear: handle {w} holds {type(wt).__name__}, not a linear weight")
 
 
-@linear.register_fake
-def _linear_fake(x: torch.Tensor, w: int, bias: Optional[torch.Tensor] = None) -> torch.Tensor:  # noqa: UP045
+def _linear_fake(x: torch.Tensor, w: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     wt = weight(w)
     if not _linear_kind(wt):
         raise ValueError(f"linear: handle {w} holds {type(wt).__name__}, not a linear weight")
     return x.new_empty((*x.shape[:-1], _out_rows(wt)))
 
 
-@torch.library.custom_op("kernelgen::fused_moe", mutates_args=())
-def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: int,
-              w2: int) -> torch.Tensor:
+def _fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: int,
+               w2: int) -> torch.Tensor:
     """The MoE layer of `kernelgen.fused_moe` (graph-safe dispatch) over registered experts."""
-    return _fused_moe(x, topk_ids, topk_weights, _experts(w13), _experts(w2), graph_safe=True)
+    return _fused_moe_eager(x, topk_ids, topk_weights, _experts(w13), _experts(w2),
+                            graph_safe=True)
 
 
-@fused_moe.register_fake
 def _fused_moe_fake(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     w13: int, w2: int) -> torch.Tensor:
     _experts(w13), _experts(w2)
     return x.new_empty(x.shape)
+
+
+# torch.library.Library rather than custom_op: the same op for the compiler, ~20 us less
+# Python a call (custom_op's wrappers; H100 host, BENCHMARKS.md)
+_lib = torch.library.Library("kernelgen", "DEF")
+_lib.define("linear(Tensor x, int w, Tensor? bias=None) -> Tensor")
+_lib.define("fused_moe(Tensor x, Tensor topk_ids, Tensor topk_weights, int w13, int w2) -> Tensor")
+_lib.impl("linear", _linear, "CUDA")
+_lib.impl("fused_moe", _fused_moe, "CUDA")
+torch.library.register_fake("kernelgen::linear", _linear_fake, lib=_lib)
+torch.library.register_fake("kernelgen::fused_moe", _fused_moe_fake, lib=_lib)
+linear = torch.ops.kernelgen.linear
+fused_moe = torch.ops.kernelgen.fused_moe
 
 
 def _experts(handle: int) -> Any:

@@ -147,11 +147,10 @@ def _codes(args: tuple) -> str:
     return "".join(out)
 
 
-def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, stream_ptr: int,
-               pdl: bool = True) -> None:
-    """Launch cupy Function `fn` on the stream with the PDL attribute (`pdl` False: without it,
-    for arguments CuPy's own launch cannot pass, such as a TensorMap). With PDL the kernel must
-    start with kg::grid_dependency_wait()."""
+def _launch_of(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, stream_ptr: int,
+               pdl: bool) -> _Launch:
+    """This thread's _Launch of (fn, grid, block, smem, stream, pdl), built on first use from
+    the argument types of `args`."""
     global _driver
     if _driver is None:
         _driver = _Driver()
@@ -168,14 +167,36 @@ def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, strea
         if len(cache) > 4096:  # shapes of a long-running server: keep the memo bounded
             cache.clear()
         ln = cache[key] = _Launch(_driver, fn, grid, block, smem, stream_ptr, args, pdl)
+    return ln
+
+
+def _send(ln: _Launch, vals: list, grid: tuple, block: tuple, smem: int) -> None:
+    p = ln.packer
+    p.struct.pack_into(p.buf, 0, *vals)
+    rc = _driver.launch(ln.config_ref, ln.fn, p.ptrs, None)
+    if rc:
+        raise RuntimeError(f"cuLaunchKernelEx: {_driver.error(rc)} ({rc}) for grid {grid}, block "
+                           f"{block}, {smem} bytes of shared memory")
+
+
+def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, stream_ptr: int,
+               pdl: bool = True) -> None:
+    """Launch cupy Function `fn` on the stream with the PDL attribute (`pdl` False: without it,
+    for arguments CuPy's own launch cannot pass, such as a TensorMap). With PDL the kernel must
+    start with kg::grid_dependency_wait()."""
+    ln = _launch_of(fn, grid, block, args, smem, stream_ptr, pdl)
     p = ln.packer
     vals = list(args)
     for i in p.arrays:
         vals[i] = vals[i].data.ptr
     for i in p.maps:
         vals[i] = vals[i].raw
-    p.struct.pack_into(p.buf, 0, *vals)
-    rc = _driver.launch(ln.config_ref, ln.fn, p.ptrs, None)
-    if rc:
-        raise RuntimeError(f"cuLaunchKernelEx: {_driver.error(rc)} ({rc}) for grid {grid}, block "
-                           f"{block}, {smem} bytes of shared memory")
+    _send(ln, vals, grid, block, smem)
+
+
+def launch_values(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, stream_ptr: int,
+                  pdl: bool, vals: list) -> None:
+    """launch_pdl with the packed values given: `vals` is `args` with each device array
+    replaced by a pointer (core/fastcall.py: the same launch with other A / bias / C); `args`
+    only types the parameters, on this thread's first launch of the key."""
+    _send(_launch_of(fn, grid, block, args, smem, stream_ptr, pdl), vals, grid, block, smem)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
+from ..core import fastcall
 from ..core.dense import dense_gemm, device_scalars
 from ..core.interop import (
     Ctx,
@@ -280,7 +281,18 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     `split_k` alone where the selector would dequantize runs the tile path; `_plan` replaces
     both, for benchmarks of variants). Runs on the caller's current stream; returns the caller's
     array kind.
+    A call without out, dtype or a forced choice (alpha 1) is memoised on W per signature of A
+    and bias (core/fastcall.py: the next such call skips the checks and the selector).
     """
+    if out is None and dtype is None and split_k is None and path is None and _plan is None \
+            and alpha == 1.0:
+        return fastcall.call(W, A, bias, lambda: _fp4_gemm(A, W, bias, 1.0, None, None, None,
+                                                            None, None))
+    return _fp4_gemm(A, W, bias, alpha, out, dtype, split_k, path, _plan)
+
+
+def _fp4_gemm(A: Any, W: Any, bias: Any, alpha: float, out: Any, dtype: str | None,
+              split_k: int | None, path: str | None, _plan: Plan | None) -> Any:
     split_k = optional_int(split_k, "split_k")
     if isinstance(W, Fp4Weight):
         wn, wk, wdev = W.n, W.k, W.device
@@ -351,6 +363,7 @@ def launch_plan(ctx: Ctx, p: Plan, data: Any, scales: Any, post: Any,
     if p.path == "gemv":
         args += (np.int32(p.kw.bit_length() - 1),)
     args += (np.int64(wt), np.uint32(wq), np.int64(st), np.uint32(sq))
+    fastcall.offer(ctx, fn, p.grid, p.block, args, p.smem)
     ctx.launch(fn, p.grid, p.block, args, smem=p.smem)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core import interop
+from ..core import fastcall, interop
 from ..core.dense import dense_gemm
 from ..core.interop import (
     Ctx,
@@ -156,7 +156,13 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     (kbit_gemm/tiled.py). `path` and `split_k` (number of K splits) force either (a flat
     weight's `split_k` alone where the selector would dequantize runs the mma path, or the GEMV
     where N % 128 != 0). Runs on the caller's current stream; results come back as the caller's array kind.
+    A call without out, dtype or a forced choice is memoised on W per signature of A and bias
+    (core/fastcall.py: the next such call skips the checks and the selector).
     """
+    if out is None and dtype is None and split_k is None and path is None and tile is None \
+            and kw is None and isinstance(W, KbitLinear):
+        return fastcall.call(W, A, bias, lambda: _gemm(A, W, bias, None, None, None, None, None,
+                                                        None, None))
     return _gemm(A, W, bias, out, dtype, split_k, path, tile, kw, None)
 
 
@@ -242,6 +248,7 @@ def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("kbit_gemv")
     args = (packed, absmax, cb, a, b, np.int32(bias is not None), c, ws, counters, np.int32(m),
             np.int32(n), np.int32(k), np.int32(plan.gps))
+    fastcall.offer(ctx, fn, plan.grid, plan.block, args, plan.smem)
     ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem)
     return out
 

@@ -13,8 +13,8 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
-if not hasattr(torch.library, "custom_op"):
-    pytest.skip("torch < 2.4: no torch.library.custom_op", allow_module_level=True)
+if not hasattr(torch.library, "register_fake"):
+    pytest.skip("torch < 2.4: no torch.library.register_fake", allow_module_level=True)
 
 import kernelgen as kg  # noqa: E402
 import kernelgen.torch_ops as kto  # noqa: E402

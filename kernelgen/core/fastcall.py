@@ -1,0 +1,182 @@
+"""A per-weight memo of resolved launches: the host hot path of the decode GEMMs.
+
+A GEMM call checks its arguments, asks the selector, loads the kernel, builds its argument
+list and launches: ~40-65 us of Python on a slow host for a kernel that runs 5 us at M = 1
+(H100 host, BENCHMARKS.md). For one weight the outcome depends only on a *signature* of the
+call: A's array kind, shape, dtype, device and contiguity, the stream, bias's shape and dtype
+(or none) and the PDL knob. So the first call with a signature runs the full path, and where
+that path ends in one launch of one kernel (`offer`), the weight keeps the launch with the
+three per-call pointers (A, bias, C) as slots; later calls with that signature check A's
+alignment, allocate C and launch.
+
+Only the entry points' default calls use it (no out=, dtype=, forced path / split / tile /
+kw); a call with another signature, a misaligned A, KERNELGEN_POISON, a launch during stream
+capture (recording only: a memo made before a capture is replayed into it), a path that uses
+more than one kernel (dequantize + cuBLAS) or arrays on another device than the current one
+takes the full path, and so does every call with KERNELGEN_FASTCALL=0. The memo lives on the
+weight object (its lifetime; at most MAX_ENTRIES
+signatures, then it starts over).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..knobs import fastcall, pdl, poison
+from .launch import launch_values
+
+MAX_ENTRIES = 256
+_local = threading.local()  # .rec: the launches offered during a recording (list) or None
+
+
+def offer(ctx: Any, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int) -> None:
+    """Called by a launch site right before ctx.launch for a launch that may be memoised: its
+    arguments are the weight's arrays, scalars, and the call's A / bias / C views."""
+    rec = getattr(_local, "rec", None)
+    if rec is not None:
+        rec.append((ctx, fn, grid, block, args, smem))
+
+
+def _torch_sig(t: Any) -> tuple:
+    return (t.shape, t.dtype, t.device.index, t.is_contiguous())
+
+
+def _cupy_sig(a: Any) -> tuple:
+    return (a.shape, a.dtype, a.data.device_id, a.flags.c_contiguous)
+
+
+def signature(A: Any, bias: Any) -> tuple | None:
+    """The call's signature, or None where the memo does not apply (see the module doc)."""
+    if poison() or not fastcall():
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(A, torch.Tensor):
+        if not A.is_cuda:
+            return None
+        dev = A.device.index
+        if torch.cuda.current_device() != dev:
+            return None
+        stream = torch._C._cuda_getCurrentRawStream(dev)
+        if bias is not None and not isinstance(bias, torch.Tensor):
+            return None
+        sig = ("torch", _torch_sig(A), stream, None if bias is None else _torch_sig(bias))
+    else:
+        import cupy
+
+        if type(A) is not cupy.ndarray or (bias is not None and type(bias) is not cupy.ndarray):
+            return None
+        dev = A.data.device_id
+        if cupy.cuda.runtime.getDevice() != dev:
+            return None
+        sig = ("cupy", _cupy_sig(A), cupy.cuda.get_current_stream().ptr,
+               None if bias is None else _cupy_sig(bias))
+    return sig + (os.environ.get("KERNELGEN_PDL", ""),)
+
+
+class _Recipe:
+    """One signature's launch: the kernel and its geometry, the argument values with the
+    weight's arrays as pointers, and the slots of A, bias and C."""
+
+    __slots__ = ("fn", "grid", "block", "smem", "stream_ptr", "pdl", "args", "vals", "ia", "ib",
+                 "ic", "out_shape", "out_dtype", "torch_device", "kind")
+
+    def run(self, A: Any, bias: Any) -> Any:
+        if self.kind == "torch":
+            import torch
+
+            pa = A.data_ptr()
+            pb = bias.data_ptr() if bias is not None else 0
+            if pa % 16 or pb % 16:
+                return None
+            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.torch_device)
+            pc = out.data_ptr()
+        else:
+            import cupy
+
+            pa = A.data.ptr
+            pb = bias.data.ptr if bias is not None else 0
+            if pa % 16 or pb % 16:
+                return None
+            out = cupy.empty(self.out_shape, self.out_dtype)
+            pc = out.data.ptr
+        vals = self.vals.copy()
+        for i in self.ia:
+            vals[i] = pa
+        for i in self.ib:
+            vals[i] = pb
+        for i in self.ic:
+            vals[i] = pc
+        launch_values(self.fn, self.grid, self.block, self.args, self.smem, self.stream_ptr,
+                      self.pdl, vals)
+        return out
+
+
+def _recipe(sig: tuple, A: Any, bias: Any, out: Any, launch: tuple) -> _Recipe | None:
+    """The memo entry of a recorded call, or None where its launch is not one we can replay."""
+    import cupy
+
+    ctx, fn, grid, block, args, smem = launch
+    if ctx.foreign or ctx.stream.is_capturing():
+        return None
+    kind = sig[0]
+    pa = A.data_ptr() if kind == "torch" else A.data.ptr
+    pb = None if bias is None else (bias.data_ptr() if kind == "torch" else bias.data.ptr)
+    pc = out.data_ptr() if kind == "torch" else out.data.ptr
+    if len({pa, pb, pc} - {None}) != 2 + (bias is not None):
+        return None  # aliased arguments: not a signature property
+    r = _Recipe()
+    r.vals, r.ia, r.ib, r.ic = [], [], [], []
+    for i, a in enumerate(args):
+        if isinstance(a, cupy.ndarray):
+            p = a.data.ptr
+            (r.ia if p == pa else r.ib if p == pb else r.ic if p == pc else []).append(i)
+            r.vals.append(p)
+        else:
+            r.vals.append(getattr(a, "raw", a))  # a TensorMap packs its bytes
+    if not r.ia or not r.ic:
+        return None
+    from .interop import _pdl_device
+
+    r.fn, r.grid, r.block, r.smem, r.args = fn, grid, block, smem, args
+    r.stream_ptr = ctx.stream.ptr
+    r.pdl = _pdl_device(ctx.device) and pdl()
+    r.kind = kind
+    r.out_shape = tuple(out.shape)
+    r.out_dtype = out.dtype
+    r.torch_device = out.device if kind == "torch" else None
+    return r
+
+
+def call(W: Any, A: Any, bias: Any, full: Callable[[], Any]) -> Any:
+    """`full()` (the entry point's whole path) for this call, through W's memo where it
+    applies."""
+    attrs = getattr(W, "__dict__", None)
+    sig = None if attrs is None else signature(A, bias)
+    if sig is None:
+        return full()
+    memo = attrs.get("_kg_fast")
+    if memo is not None:
+        r = memo.get(sig)
+        if r is not None:
+            out = r.run(A, bias)
+            if out is not None:
+                return out
+            return full()
+    prev = getattr(_local, "rec", None)
+    _local.rec = rec = []
+    try:
+        out = full()
+    finally:
+        _local.rec = prev
+    if len(rec) == 1:
+        r = _recipe(sig, A, bias, out, rec[0])
+        if r is not None:
+            if memo is None or len(memo) >= MAX_ENTRIES:
+                memo = {}
+                object.__setattr__(W, "_kg_fast", memo)
+            memo[sig] = r
+    return out

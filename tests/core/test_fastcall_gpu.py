@@ -1,0 +1,133 @@
+"""core/fastcall.py: the memoised launch of a GEMM's default call gives the full path's
+results bit for bit (CuPy and torch, kbit tiled / flat, FP4, with and without bias, a split-K
+workspace plan), is made once per signature and used after, and steps aside for what it does
+not cover (misaligned A, poisoned outputs, other signatures, capture replays what it memoised).
+
+Marked `gpu`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernelgen as kg
+from kernelgen.core import fastcall
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(params=["cupy", "torch"])
+def xp(request):
+    if request.param == "torch":
+        return pytest.importorskip("torch")
+    import cupy
+
+    return cupy
+
+
+def put(xp, h):
+    if xp.__name__ == "torch":
+        return xp.from_numpy(np.ascontiguousarray(h)).cuda()
+    return xp.asarray(h)
+
+
+def host(x):
+    import cupy
+
+    return x.cpu().numpy() if hasattr(x, "cpu") else cupy.asnumpy(x)
+
+
+def full_path(op, a, w, bias, xp):
+    """The same call through the full path: out= is never memoised."""
+    n = w.n if hasattr(w, "n") else w.shape[0]
+    shape = (*a.shape[:-1], n)
+    out = xp.empty(shape, dtype=a.dtype, device=a.device) if xp.__name__ == "torch" else xp.empty(shape, a.dtype)
+    return op(a, w, bias, out=out)
+
+
+def weight(kind, xp, rng, n, k):
+    w = put(xp, (rng.standard_normal((n, k)) * 0.05).astype(np.float16))
+    if kind == "nvfp4":
+        return kg.quantize_nvfp4(w)
+    bits, layout = {"kbit4 tiled": (4, "tiled"), "kbit2 flat": (2, "flat")}[kind]
+    return kg.quantize_weight(w, bits=bits, layout=layout)
+
+
+def op_of(kind):
+    if kind == "nvfp4":
+        from kernelgen.fp4_gemm import fp4_gemm
+
+        return fp4_gemm
+    return kg.gemm
+
+
+@pytest.mark.parametrize("kind,n,k", [("kbit4 tiled", 256, 512), ("kbit2 flat", 256, 512),
+                                      ("nvfp4", 256, 512), ("kbit4 tiled", 17408, 4096)])
+def test_memo_matches_the_full_path(kind, n, k, xp, monkeypatch):
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
+    rng = np.random.default_rng()
+    w, op = weight(kind, xp, rng, n, k), op_of(kind)
+    runs = []
+    real = fastcall._Recipe.run
+    monkeypatch.setattr(fastcall._Recipe, "run", lambda self, a, b: runs.append(1) or real(self, a, b))
+    bias = put(xp, rng.standard_normal(n).astype(np.float16))
+    for m in (1, 3):
+        for b in (None, bias):
+            for _ in range(3):  # new A each time, one signature: recorded once, then replayed
+                a = put(xp, rng.standard_normal((m, k)).astype(np.float16))
+                got = op(a, w, b)
+                assert type(got) is type(a) and tuple(got.shape) == (m, n)
+                np.testing.assert_array_equal(host(got), host(full_path(op, a, w, b, xp)))
+    memo = w.__dict__["_kg_fast"]
+    assert len(memo) == 4 and len(runs) == 8, (len(memo), len(runs))
+
+
+def test_steps_aside(xp, monkeypatch):
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
+    rng = np.random.default_rng()
+    w = weight("kbit4 tiled", xp, rng, 256, 512)
+    a = put(xp, rng.standard_normal((2, 512)).astype(np.float16))
+    kg.gemm(a, w)
+    assert len(w.__dict__["_kg_fast"]) == 1
+    # A 8 bytes past an aligned address: the full path's alignment error, not a launch
+    raw = put(xp, rng.standard_normal(2 * 512 + 4).astype(np.float16))
+    bad = raw[4:].reshape(2, 512)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        kg.gemm(bad, w)
+    # poisoned outputs (tests): the full path, nothing memoised
+    monkeypatch.setenv("KERNELGEN_POISON", "1")
+    a3 = put(xp, rng.standard_normal((3, 512)).astype(np.float16))
+    np.testing.assert_array_equal(host(kg.gemm(a3, w)), host(full_path(kg.gemm, a3, w, None, xp)))
+    assert len(w.__dict__["_kg_fast"]) == 1
+    # the knob off: the whole path, nothing memoised
+    monkeypatch.delenv("KERNELGEN_POISON")
+    monkeypatch.setenv("KERNELGEN_FASTCALL", "0")
+    np.testing.assert_array_equal(host(kg.gemm(a3, w)), host(full_path(kg.gemm, a3, w, None, xp)))
+    assert len(w.__dict__["_kg_fast"]) == 1
+    monkeypatch.setenv("KERNELGEN_FASTCALL", "1")
+    kg.gemm(a3, w)
+    assert len(w.__dict__["_kg_fast"]) == 2
+
+
+def test_cupy_graph_capture_replays_the_memo(monkeypatch):
+    import cupy
+
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
+    rng = np.random.default_rng()
+    w = weight("kbit4 tiled", cupy, rng, 256, 512)
+    a = cupy.asarray(rng.standard_normal((1, 512)).astype(np.float16))
+    s = cupy.cuda.Stream(non_blocking=True)
+    prev = cupy.cuda.get_current_stream()
+    s.use()
+    try:
+        kg.gemm(a, w)  # recorded on s
+        s.begin_capture()
+        y = kg.gemm(a, w)  # the memo, launched into the capture
+        g = s.end_capture()
+        a[...] = cupy.asarray(rng.standard_normal((1, 512)).astype(np.float16))
+        g.launch(s)
+        s.synchronize()
+        np.testing.assert_array_equal(cupy.asnumpy(y), cupy.asnumpy(full_path(kg.gemm, a, w, None, cupy)))
+    finally:
+        prev.use()
