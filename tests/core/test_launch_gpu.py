@@ -24,19 +24,21 @@ def cupy():
 
 @pytest.fixture
 def pdl_calls(monkeypatch, cupy):
-    """Counts launches through core.launch.launch_pdl (None on a device without PDL)."""
+    """Counts launches with the PDL attribute (core.launch._send, under launch_pdl and the
+    launch memo's launch_values; skipped on a device without PDL)."""
     from kernelgen.arch import device_info
 
     if device_info().arch.cc < 90:
         pytest.skip("programmatic dependent launch needs sm_90+")
     calls = []
-    real = launch.launch_pdl
+    real = launch._send
 
-    def spy(*a):
-        calls.append(a[0])
-        return real(*a)
+    def spy(ln, *a):
+        if ln.config.num_attrs:
+            calls.append(ln.function)
+        return real(ln, *a)
 
-    monkeypatch.setattr(launch, "launch_pdl", spy)
+    monkeypatch.setattr(launch, "_send", spy)
     return calls
 
 
@@ -62,8 +64,8 @@ def _run(monkeypatch, cupy, pdl: bool, chain, graph: bool):
 
 
 def _same_with_and_without(monkeypatch, cupy, pdl_calls, chain, graph: bool, min_pdl: int):
-    """The chain's outputs without PDL and with it (at least `min_pdl` launches through
-    launch_pdl): byte for byte the same. Returns the outputs with PDL (and without)."""
+    """The chain's outputs without PDL and with it (at least `min_pdl` launches with the PDL
+    attribute): byte for byte the same. Returns the outputs with PDL (and without)."""
     pdl_calls.clear()  # set-up launches (quantizing the weights) do not count
     off = _run(monkeypatch, cupy, False, chain, graph)
     assert not pdl_calls
