@@ -112,17 +112,24 @@ def _linear(x: torch.Tensor, w: int, bias: torch.Tensor | None = None) -> torch.
         from .mx import quantize_mx
         from .mx_gemm import mx_gemm
 
-        if x.dim() != 2:
-            raise ValueError(f"linear: an MXFP8 weight takes x [M, K], got shape {tuple(x.shape)}")
+        _check_mx8_x(x)
         return mx_gemm(quantize_mx(x, wt.fmt), wt, bias, out_dtype=str(x.dtype).removeprefix("torch."))
     raise ValueError(f"linear: handle {w} holds {type(wt).__name__}, not a linear weight")
 
 
 def _linear_fake(x: torch.Tensor, w: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     wt = weight(w)
-    if not _linear_kind(wt):
+    kind = _linear_kind(wt)
+    if not kind:
         raise ValueError(f"linear: handle {w} holds {type(wt).__name__}, not a linear weight")
+    if kind == "mx8":
+        _check_mx8_x(x)
     return x.new_empty((*x.shape[:-1], _out_rows(wt)))
+
+
+def _check_mx8_x(x: torch.Tensor) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"linear: an MXFP8 weight takes x [M, K], got shape {tuple(x.shape)}")
 
 
 def _fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: int,
@@ -143,8 +150,10 @@ def _fused_moe_fake(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
 _lib = torch.library.Library("kernelgen", "DEF")
 _lib.define("linear(Tensor x, int w, Tensor? bias=None) -> Tensor")
 _lib.define("fused_moe(Tensor x, Tensor topk_ids, Tensor topk_weights, int w13, int w2) -> Tensor")
-_lib.impl("linear", _linear, "CUDA")
-_lib.impl("fused_moe", _fused_moe, "CUDA")
+# every backend (a CPU x gets kernelgen's ValueError, not a missing-kernel error); no autograd
+# formula: inference ops
+_lib.impl("linear", _linear, "CompositeExplicitAutograd")
+_lib.impl("fused_moe", _fused_moe, "CompositeExplicitAutograd")
 torch.library.register_fake("kernelgen::linear", _linear_fake, lib=_lib)
 torch.library.register_fake("kernelgen::fused_moe", _fused_moe_fake, lib=_lib)
 linear = torch.ops.kernelgen.linear

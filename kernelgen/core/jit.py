@@ -168,4 +168,7 @@ def get_kernel(config: KernelConfig, device: int, stream=None) -> Kernel:
 
 
 def clear_memory_cache() -> None:
+    from . import fastcall
+
     _loaded.clear()
+    fastcall.clear()  # its entries hold loaded kernels too

@@ -117,7 +117,7 @@ class _Launch:
     __slots__ = ("config", "config_ref", "fn", "function", "packer")
 
     def __init__(self, driver: _Driver, function: Any, grid: tuple, block: tuple, smem: int,
-                 stream_ptr: int, args: tuple, pdl: bool = True):
+                 stream_ptr: int, args: tuple | str, pdl: bool = True):
         g = ((grid,) if isinstance(grid, int) else tuple(grid)) + (1, 1)
         b = ((block,) if isinstance(block, int) else tuple(block)) + (1, 1)
         self.config = _Config(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream_ptr or None,
@@ -125,10 +125,11 @@ class _Launch:
         self.config_ref = ctypes.byref(self.config)
         self.fn = ctypes.c_void_p(function.ptr)
         self.function = function  # keeps its module loaded: the handle is not reused meanwhile
-        self.packer = _Packer(_codes(args))
+        self.packer = _Packer(args if isinstance(args, str) else _codes(args))
 
 
 def _codes(args: tuple) -> str:
+    """The struct codes of a launch's arguments ("A" a device array, "M" a tensor map)."""
     import cupy
 
     out = []
@@ -147,10 +148,10 @@ def _codes(args: tuple) -> str:
     return "".join(out)
 
 
-def _launch_of(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, stream_ptr: int,
-               pdl: bool) -> _Launch:
+def _launch_of(fn: Any, grid: tuple, block: tuple, args: tuple | str, smem: int,
+               stream_ptr: int, pdl: bool) -> _Launch:
     """This thread's _Launch of (fn, grid, block, smem, stream, pdl), built on first use from
-    the argument types of `args`."""
+    the argument types of `args` (or their _codes)."""
     global _driver
     if _driver is None:
         _driver = _Driver()
@@ -194,9 +195,9 @@ def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, strea
     _send(ln, vals, grid, block, smem)
 
 
-def launch_values(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, stream_ptr: int,
+def launch_values(fn: Any, grid: tuple, block: tuple, codes: str, smem: int, stream_ptr: int,
                   pdl: bool, vals: list) -> None:
-    """launch_pdl with the packed values given: `vals` is `args` with each device array
-    replaced by a pointer (core/fastcall.py: the same launch with other A / bias / C); `args`
-    only types the parameters, on this thread's first launch of the key."""
-    _send(_launch_of(fn, grid, block, args, smem, stream_ptr, pdl), vals, grid, block, smem)
+    """launch_pdl with the values given: `vals` are the arguments with each device array as its
+    pointer and each tensor map as its bytes, `codes` their _codes (core/fastcall.py: a launch
+    replayed with other A / bias / C pointers)."""
+    _send(_launch_of(fn, grid, block, codes, smem, stream_ptr, pdl), vals, grid, block, smem)

@@ -286,7 +286,7 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     """
     if out is None and dtype is None and split_k is None and path is None and _plan is None \
             and alpha == 1.0:
-        return fastcall.call(W, A, bias, lambda: _fp4_gemm(A, W, bias, 1.0, None, None, None,
+        return fastcall.call("fp4_gemm", W, A, bias, lambda: _fp4_gemm(A, W, bias, 1.0, None, None, None,
                                                             None, None))
     return _fp4_gemm(A, W, bias, alpha, out, dtype, split_k, path, _plan)
 

@@ -161,7 +161,7 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     """
     if out is None and dtype is None and split_k is None and path is None and tile is None \
             and kw is None and isinstance(W, KbitLinear):
-        return fastcall.call(W, A, bias, lambda: _gemm(A, W, bias, None, None, None, None, None,
+        return fastcall.call("kbit_gemm", W, A, bias, lambda: _gemm(A, W, bias, None, None, None, None, None,
                                                         None, None))
     return _gemm(A, W, bias, out, dtype, split_k, path, tile, kw, None)
 

@@ -79,7 +79,7 @@ def test_memo_matches_the_full_path(kind, n, k, xp, monkeypatch):
                 got = op(a, w, b)
                 assert type(got) is type(a) and tuple(got.shape) == (m, n)
                 np.testing.assert_array_equal(host(got), host(full_path(op, a, w, b, xp)))
-    memo = w.__dict__["_kg_fast"]
+    memo = fastcall._memos[id(w)]
     assert len(memo) == 4 and len(runs) == 8, (len(memo), len(runs))
 
 
@@ -89,7 +89,7 @@ def test_steps_aside(xp, monkeypatch):
     w = weight("kbit4 tiled", xp, rng, 256, 512)
     a = put(xp, rng.standard_normal((2, 512)).astype(np.float16))
     kg.gemm(a, w)
-    assert len(w.__dict__["_kg_fast"]) == 1
+    assert len(fastcall._memos[id(w)]) == 1
     # A 8 bytes past an aligned address: the full path's alignment error, not a launch
     raw = put(xp, rng.standard_normal(2 * 512 + 4).astype(np.float16))
     bad = raw[4:].reshape(2, 512)
@@ -99,15 +99,46 @@ def test_steps_aside(xp, monkeypatch):
     monkeypatch.setenv("KERNELGEN_POISON", "1")
     a3 = put(xp, rng.standard_normal((3, 512)).astype(np.float16))
     np.testing.assert_array_equal(host(kg.gemm(a3, w)), host(full_path(kg.gemm, a3, w, None, xp)))
-    assert len(w.__dict__["_kg_fast"]) == 1
+    assert len(fastcall._memos[id(w)]) == 1
     # the knob off: the whole path, nothing memoised
     monkeypatch.delenv("KERNELGEN_POISON")
     monkeypatch.setenv("KERNELGEN_FASTCALL", "0")
     np.testing.assert_array_equal(host(kg.gemm(a3, w)), host(full_path(kg.gemm, a3, w, None, xp)))
-    assert len(w.__dict__["_kg_fast"]) == 1
+    assert len(fastcall._memos[id(w)]) == 1
     monkeypatch.setenv("KERNELGEN_FASTCALL", "1")
     kg.gemm(a3, w)
-    assert len(w.__dict__["_kg_fast"]) == 2
+    assert len(fastcall._memos[id(w)]) == 2
+
+
+def test_entry_points_memoise_apart_and_memos_go_with_the_weight(monkeypatch):
+    """fp4_gemm's errors stay its own after gemm memoised the same A signature on the weight;
+    a weight's memo goes when the weight does, and with jit.clear_memory_cache."""
+    import gc
+
+    import cupy
+
+    from kernelgen.core import jit
+    from kernelgen.fp4_gemm import fp4_gemm
+
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
+    rng = np.random.default_rng()
+    w = weight("kbit4 tiled", cupy, rng, 256, 512)
+    a = cupy.asarray(rng.standard_normal((1, 512)).astype(np.float16))
+    kg.gemm(a, w)
+    kg.gemm(a, w)
+    with pytest.raises(ValueError, match="expected an MxTensor"):
+        fp4_gemm(a, w)
+    key = id(w)
+    assert key in fastcall._memos
+    del w
+    gc.collect()
+    assert key not in fastcall._memos
+    w = weight("kbit4 tiled", cupy, rng, 256, 512)
+    kg.gemm(a, w)
+    assert id(w) in fastcall._memos
+    jit.clear_memory_cache()
+    assert not fastcall._memos
+    np.testing.assert_array_equal(cupy.asnumpy(kg.gemm(a, w)), cupy.asnumpy(full_path(kg.gemm, a, w, None, cupy)))
 
 
 def test_cupy_graph_capture_replays_the_memo(monkeypatch):

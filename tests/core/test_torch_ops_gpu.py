@@ -152,6 +152,10 @@ def test_bad_handles_and_weights(rng):
         torch.ops.kernelgen.linear(x, h, None)
     with pytest.raises(ValueError, match=f"release: handle {h} is not registered"):
         kto.release(h)
+    h = kto.register(wt)
+    with pytest.raises(ValueError, match="a torch tensor on cpu"):
+        torch.ops.kernelgen.linear(torch.zeros(2, K, dtype=torch.float16), h, None)
+    kto.release(h)
     dense = kto.register(cuda(np.zeros((2, 16, K), np.float16)))
     try:
         with pytest.raises(ValueError, match="not a linear weight"):
