@@ -14,6 +14,8 @@ import threading
 import numpy as np
 import pytest
 
+from ._moe_inputs import HIDDEN, moe_layer
+
 pytestmark = pytest.mark.multigpu
 
 N, K = 256, 512
@@ -133,15 +135,10 @@ def mx_gemm(put, rng):
 def moe(put, rng):
     import kernelgen as kg
 
-    e, hdim, inter, t, top_k = 8, 256, 128, 37, 2
-    x = put((rng.standard_normal((t, hdim)) * 0.5).astype(np.float16))
-    ids = put(rng.integers(0, e, (t, top_k)).astype(np.int32))
-    wts = put(rng.random((t, top_k)).astype(np.float32))
-    w13 = put((rng.standard_normal((e, 2 * inter, hdim)) * 0.05).astype(np.float16))
-    w2 = put((rng.standard_normal((e, hdim, inter)) * 0.05).astype(np.float16))
+    x, ids, wts, w13, w2 = moe_layer(put, rng)
     sizes = np.array([0, 5, 17, 1, 40, 3, 9, 2])
     off = put(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
-    xr = put((rng.standard_normal((int(sizes.sum()), hdim)) * 0.5).astype(np.float16))
+    xr = put((rng.standard_normal((int(sizes.sum()), HIDDEN)) * 0.5).astype(np.float16))
     out = [("dense fused_moe", kg.fused_moe(x, ids, wts, w13, w2))]
     for wg in (False, True) if _arch() == "sm_90a" else (False,):
         out.append((f"dense grouped_gemm wgmma={wg}", kg.grouped_gemm(xr, w13, off, wgmma=wg)))
@@ -226,10 +223,12 @@ def test_family_on_the_other_device(family, kind, monkeypatch):
 
 def test_threads_one_device_each(monkeypatch):
     """Two threads, each with its own current device and data, calling ops at once from an
-    empty in-memory kernel table: each gets its own device's modules and the same results."""
+    empty in-memory kernel table, each call twice (outputs not poisoned: the second call of a
+    GEMM replays the launch memo of core/fastcall.py): each thread gets its own device's
+    modules and memo entries, and the same results."""
     from kernelgen.core import jit
 
-    monkeypatch.setenv("KERNELGEN_POISON", "1")
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
     jit.clear_memory_cache()
     results, errors = {}, []
     start = threading.Barrier(2)
@@ -237,8 +236,10 @@ def test_threads_one_device_each(monkeypatch):
     def work(dev):
         try:
             start.wait()
-            results[dev] = [r for fam in ("kbit_gemm", "fp4_gemm", "moe")
-                            for r in run_on(fam, "cupy", dev, dev, seed=11)]
+            runs = [[r for fam in ("kbit_gemm", "fp4_gemm", "moe")
+                     for r in run_on(fam, "cupy", dev, dev, seed=11)] for _ in range(2)]
+            assert_same(runs[0], runs[1], f"device {dev}, first and second call")
+            results[dev] = runs[1]
         except BaseException as exc:  # noqa: BLE001 - reported below with its device
             errors.append((dev, exc))
 

@@ -19,6 +19,8 @@ if not hasattr(torch.library, "register_fake"):
 import kernelgen as kg  # noqa: E402
 import kernelgen.torch_ops as kto  # noqa: E402
 
+from ._moe_inputs import moe_layer  # noqa: E402
+
 N, K = 256, 512
 
 
@@ -107,12 +109,7 @@ def test_linear_in_cuda_graphs_of_reduce_overhead(rng):
 
 @pytest.mark.parametrize("experts", ["kbit4 tiled", "dense"])
 def test_fused_moe_op(experts, rng):
-    e, hdim, inter, t, top_k = 8, 256, 128, 37, 2
-    x = cuda((rng.standard_normal((t, hdim)) * 0.5).astype(np.float16))
-    ids = cuda(rng.integers(0, e, (t, top_k)).astype(np.int32))
-    wts = cuda(rng.random((t, top_k)).astype(np.float32))
-    w13 = cuda((rng.standard_normal((e, 2 * inter, hdim)) * 0.05).astype(np.float16))
-    w2 = cuda((rng.standard_normal((e, hdim, inter)) * 0.05).astype(np.float16))
+    x, ids, wts, w13, w2 = moe_layer(cuda, rng)
     if experts != "dense":
         w13, w2 = kg.quantize_experts(w13, bits=4), kg.quantize_experts(w2, bits=4)
     h13, h2 = kto.register(w13), kto.register(w2)
