@@ -118,11 +118,15 @@ def poison() -> bool:
     return _flag("KERNELGEN_POISON")
 
 
+def _on(name: str) -> bool:
+    """A flag that is on unless set to something other than 1/true/yes/on (one read)."""
+    raw = os.environ.get(name, "").strip().lower()
+    return not raw or raw in ("1", "true", "yes", "on")
+
+
 def fastcall() -> bool:
-    raw = os.environ.get("KERNELGEN_FASTCALL", "").strip()
-    return not raw or _flag("KERNELGEN_FASTCALL")
+    return _on("KERNELGEN_FASTCALL")
 
 
 def pdl() -> bool:
-    raw = os.environ.get("KERNELGEN_PDL", "").strip()
-    return not raw or _flag("KERNELGEN_PDL")
+    return _on("KERNELGEN_PDL")

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..knobs import fastcall, pdl, poison
-from .launch import _codes, launch_values
+from .launch import arg_codes, launch_values
 
 MAX_ENTRIES = 256
 _local = threading.local()  # .rec: the launches offered during a recording (list) or None
@@ -136,13 +136,13 @@ def _recipe(sig: tuple, A: Any, bias: Any, out: Any, launch: tuple) -> _Recipe |
     if ctx.foreign or ctx.stream.is_capturing():
         return None
     kind = sig[0]
-    pa = A.data_ptr() if kind == "torch" else A.data.ptr
-    pb = None if bias is None else (bias.data_ptr() if kind == "torch" else bias.data.ptr)
-    pc = out.data_ptr() if kind == "torch" else out.data.ptr
+    ptr = (lambda x: x.data_ptr()) if kind == "torch" else (lambda x: x.data.ptr)
+    pa, pc = ptr(A), ptr(out)
+    pb = None if bias is None else ptr(bias)
     if len({pa, pb, pc} - {None}) != 2 + (bias is not None):
         return None  # aliased arguments: not a signature property
     r = _Recipe()
-    r.codes = _codes(args)
+    r.codes = arg_codes(args)
     r.vals, r.ia, r.ib, r.ic = [], [], [], []
     for i, (a, code) in enumerate(zip(args, r.codes, strict=True)):
         if code == "A":  # the weight's arrays and scratch are live for the memo's lifetime

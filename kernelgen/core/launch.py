@@ -125,10 +125,10 @@ class _Launch:
         self.config_ref = ctypes.byref(self.config)
         self.fn = ctypes.c_void_p(function.ptr)
         self.function = function  # keeps its module loaded: the handle is not reused meanwhile
-        self.packer = _Packer(args if isinstance(args, str) else _codes(args))
+        self.packer = _Packer(args if isinstance(args, str) else arg_codes(args))
 
 
-def _codes(args: tuple) -> str:
+def arg_codes(args: tuple) -> str:
     """The struct codes of a launch's arguments ("A" a device array, "M" a tensor map)."""
     import cupy
 
@@ -151,7 +151,7 @@ def _codes(args: tuple) -> str:
 def _launch_of(fn: Any, grid: tuple, block: tuple, args: tuple | str, smem: int,
                stream_ptr: int, pdl: bool) -> _Launch:
     """This thread's _Launch of (fn, grid, block, smem, stream, pdl), built on first use from
-    the argument types of `args` (or their _codes)."""
+    the argument types of `args` (or their arg_codes)."""
     global _driver
     if _driver is None:
         _driver = _Driver()
@@ -198,6 +198,6 @@ def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, strea
 def launch_values(fn: Any, grid: tuple, block: tuple, codes: str, smem: int, stream_ptr: int,
                   pdl: bool, vals: list) -> None:
     """launch_pdl with the values given: `vals` are the arguments with each device array as its
-    pointer and each tensor map as its bytes, `codes` their _codes (core/fastcall.py: a launch
+    pointer and each tensor map as its bytes, `codes` their arg_codes (core/fastcall.py: a launch
     replayed with other A / bias / C pointers)."""
     _send(_launch_of(fn, grid, block, codes, smem, stream_ptr, pdl), vals, grid, block, smem)

@@ -14,6 +14,8 @@ import pytest
 import kernelgen as kg
 from kernelgen.core import fastcall
 
+from ._arrays import host
+
 pytestmark = pytest.mark.gpu
 
 
@@ -30,12 +32,6 @@ def put(xp, h):
     if xp.__name__ == "torch":
         return xp.from_numpy(np.ascontiguousarray(h)).cuda()
     return xp.asarray(h)
-
-
-def host(x):
-    import cupy
-
-    return x.cpu().numpy() if hasattr(x, "cpu") else cupy.asnumpy(x)
 
 
 def full_path(op, a, w, bias, xp):

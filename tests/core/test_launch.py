@@ -53,9 +53,9 @@ def test_packer_writes_each_value_at_its_offset():
 
 
 def test_codes_reject_plain_python_scalars():
-    assert launch._codes((np.int32(1), np.uint32(2), np.int64(3), np.float32(4.0))) == "iIqf"
+    assert launch.arg_codes((np.int32(1), np.uint32(2), np.int64(3), np.float32(4.0))) == "iIqf"
     with pytest.raises(TypeError, match="argument 1 is a int"):
-        launch._codes((np.int32(1), 5))
+        launch.arg_codes((np.int32(1), 5))
 
 
 def test_pdl_knob(monkeypatch):

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from ._moe_inputs import HIDDEN, moe_layer
+from ._arrays import HIDDEN, host, moe_layer
 
 pytestmark = pytest.mark.multigpu
 
@@ -44,17 +44,6 @@ def placer(kind: str, dev: int):
 
 def device_of(x) -> int:
     return x.device.index if hasattr(x, "is_cuda") else x.data.device_id
-
-
-def host(x) -> np.ndarray:
-    import cupy
-
-    if hasattr(x, "is_cuda"):
-        import torch
-
-        x = x.detach()
-        return (x.float() if x.dtype == torch.bfloat16 else x).cpu().numpy()
-    return cupy.asnumpy(x)
 
 
 def _arch() -> str:

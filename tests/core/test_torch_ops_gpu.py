@@ -19,7 +19,7 @@ if not hasattr(torch.library, "register_fake"):
 import kernelgen as kg  # noqa: E402
 import kernelgen.torch_ops as kto  # noqa: E402
 
-from ._moe_inputs import moe_layer  # noqa: E402
+from ._arrays import moe_layer  # noqa: E402
 
 N, K = 256, 512
 

@@ -1,4 +1,4 @@
-"""A small MoE layer's inputs for the core GPU tests (multi-device, torch ops)."""
+"""Arrays for the core GPU tests: a small MoE layer's inputs, device results on the host."""
 
 from __future__ import annotations
 
@@ -16,3 +16,15 @@ def moe_layer(put, rng) -> tuple:
     w13 = put((rng.standard_normal((E, 2 * INTER, HIDDEN)) * 0.05).astype(np.float16))
     w2 = put((rng.standard_normal((E, HIDDEN, INTER)) * 0.05).astype(np.float16))
     return x, ids, wts, w13, w2
+
+
+def host(x) -> np.ndarray:
+    """A CuPy array or torch tensor on the host (torch bf16 as float32)."""
+    import cupy
+
+    if hasattr(x, "is_cuda"):
+        import torch
+
+        x = x.detach()
+        return (x.float() if x.dtype == torch.bfloat16 else x).cpu().numpy()
+    return cupy.asnumpy(x)
