@@ -46,7 +46,8 @@ def weight(kind, xp, rng, n, k):
     w = put(xp, (rng.standard_normal((n, k)) * 0.05).astype(np.float16))
     if kind == "nvfp4":
         return kg.quantize_nvfp4(w)
-    bits, layout = {"kbit4 tiled": (4, "tiled"), "kbit2 flat": (2, "flat")}[kind]
+    bits, layout = {"kbit4 tiled": (4, "tiled"), "kbit2 flat": (2, "flat"),
+                    "kbit5 flat": (5, "flat")}[kind]
     return kg.quantize_weight(w, bits=bits, layout=layout)
 
 
@@ -58,9 +59,12 @@ def op_of(kind):
     return kg.gemm
 
 
-@pytest.mark.parametrize("kind,n,k", [("kbit4 tiled", 256, 512), ("kbit2 flat", 256, 512),
-                                      ("nvfp4", 256, 512), ("kbit4 tiled", 17408, 4096)])
-def test_memo_matches_the_full_path(kind, n, k, xp, monkeypatch):
+@pytest.mark.parametrize("kind,n,k,ms", [("kbit4 tiled", 256, 512, (1, 3)),
+                                         ("kbit2 flat", 256, 512, (1, 3)),
+                                         ("nvfp4", 256, 512, (1, 3)),
+                                         ("kbit4 tiled", 17408, 4096, (1, 3)),
+                                         ("kbit5 flat", 8192, 4096, (64, 70))])  # the mma path
+def test_memo_matches_the_full_path(kind, n, k, ms, xp, monkeypatch):
     monkeypatch.delenv("KERNELGEN_POISON", raising=False)
     rng = np.random.default_rng()
     w, op = weight(kind, xp, rng, n, k), op_of(kind)
@@ -68,7 +72,7 @@ def test_memo_matches_the_full_path(kind, n, k, xp, monkeypatch):
     real = fastcall._Recipe.run
     monkeypatch.setattr(fastcall._Recipe, "run", lambda self, a, b: runs.append(1) or real(self, a, b))
     bias = put(xp, rng.standard_normal(n).astype(np.float16))
-    for m in (1, 3):
+    for m in ms:
         for b in (None, bias):
             for _ in range(3):  # new A each time, one signature: recorded once, then replayed
                 a = put(xp, rng.standard_normal((m, k)).astype(np.float16))
