@@ -94,30 +94,33 @@ KW16_SPILLS: frozenset[tuple[str, int]] = frozenset({("sm_120a", 4)})  # base ta
 # BENCHMARKS.md): M = 12 / 16 12-107% faster, M = 4-8 up to 56%, 13 of 120 rows slower by 1-13%
 # (1024x8192 3 bits M = 12 / 16 the most); the 128-register code of the same plans was slower in
 # 96 of 105 rows. At M = 1..3 one CTA an SM gained 2-13% on average at 4 / 5 bits (5 bits M = 1
-# up to 31%: the table's 4-warp plan there was the planner's known miss) but lost 2-4% on
-# 14336x4096 / 11008x4096 at 2 / 3 bits (whose table plans put every tile in one round at 2 CTAs
-# an SM), so 2 / 3 bits start at 4. Below ONE_CTA_FEW_TOKENS, where the one-CTA plan would run
-# on at most ONE_CTA_SPREAD of the SMs the table's plan runs on, the table's plan spreads the
-# bytes over more SMs and stays (from ONE_CTA_FEW_TOKENS on, the one-CTA cost below picks K
+# up to 31%: the table's 4-warp plan there was the planner's known miss); 2 / 3 bits started at
+# 4 tokens until session 34, whose grids (H100, BENCHMARKS.md "Session 34": 30 shapes x 2 / 3 /
+# 5 bits x M = 1..3, 246 rows, 18 shapes new to the planner's fits) found the table's plans there
+# up to 55% slower than one CTA an SM (12288x4096 18-22%, 24576x1536 48-55%). Below
+# ONE_CTA_FEW_TOKENS the table's plan stays where the one-CTA plan would run on at most
+# ONE_CTA_SPREAD of the SMs the table's plan runs on (it spreads the bytes over more SMs), and
+# up to 8 tokens (m_tile 8) the table's unsplit kw 1 plan is taken where the one-CTA plan is
+# unsplit too and its warps walk over 1 / ONE_CTA_TABLE_STEPS times the table plan's quad steps
+# (warp_steps: many tiles on a small K, every tile in one round of three 4-warp CTAs an SM where
+# one CTA an SM needs two): 24576x1536 8.25-8.37 us against 10.08-10.17 at 2 bits M = 1..3,
+# 9.74-9.83 against 12.22-12.26 at 3; M = 4 / 8 8.63 / 9.25 against 10.34 / 10.29 at 2 bits.
+# On the 246 rows the old planner's picks were 3.01% from the fastest measured plan on average
+# (worst 54.6%), one CTA an SM from M = 1 1.81% (worst 25.5%), with the table rule 1.24% (worst
+# 11.8%). The rule's bound was chosen after all three grids were measured (0.75 or more fired on
+# 20480x2048 / 22016x4096, where the one-CTA plan was 8-36% faster; 0.5 fired nowhere), so no
+# held-out rows are left for it. From ONE_CTA_FEW_TOKENS on, the one-CTA cost below picks K
 # warps and splits that spread: 1024x8192 5 bits M = 16 kw 4 x 4 splits, 128 CTAs, 11.83 us
-# against the table's 14.01, where session 27's 64-CTA one-CTA plan had lost 11%). Past 16 tokens
+# against the table's 14.01, where session 27's 64-CTA one-CTA plan had lost 11%. Past 16 tokens
 # (passes of 16 on grid.z) one CTA an SM measured 11-58% faster on 5 shapes x 2-5 bits at M =
 # 17 / 24 / 32 / 48 (no K split at K = 4096; 1024x8192 3 / 5 bits M = 17 1-2% slower), and
 # 10-51% faster at M = 65-159 on 32001x4096 / 14001x4096 (N % 128 != 0: the GEMV runs to
 # DEQUANT_MIN_M there), so it has no upper bound. Measured on the H100 only; the other targets
 # take the rule as it is (their one-CTA plans keep within the device's shared memory a block).
-ONE_CTA_MIN_M: dict[int, int] = {2: 4, 3: 4, 4: 1, 5: 1}
-# Below ONE_CTA_MIN_M, where the table's launch has at most one CTA an SM anyway (no more CTAs
-# than SMs, more than ONE_CTA_SAME_GRID x the SMs) and one CTA an SM plans the same grid, the
-# one-CTA launch is the same work with ptxas' own registers and all the shared memory. H100, 2 /
-# 3 bits, M = 1..3 (build/ab_same.py, session 28, BENCHMARKS.md): 64-128 CTAs (4096x14336,
-# 4096x4096, 8192x4096, 2048x8192, 2048x4096, 1024x8192 split 4) 0.5-3.7% faster; 32 CTAs
-# (1024x4096) 0.6-1.9% slower, so it keeps the table. Grids past the SMs keep the table too
-# (session 27: 14336x4096 -1.8 to -4.4% one CTA an SM, 11008x4096 -4.4 to +2.8%, 28672x4096
-# +2.8-4.3%).
-ONE_CTA_SAME_GRID = 0.25
+ONE_CTA_MIN_M: dict[int, int] = {2: 1, 3: 1, 4: 1, 5: 1}
 ONE_CTA_WARPS = 8
 ONE_CTA_SPREAD = 0.5
+ONE_CTA_TABLE_STEPS = 0.6
 # The cost of a one-CTA-an-SM plan (min_blocks 1; the table's launches keep the constants above):
 # rounds = the most tiles a warp of the persistent grid walks (ceil(tiles / (CTAs x tile
 # slots))), each costing its quad steps a K warp times ONE_CTA_STEP[bits] (a 5-bit step decodes
@@ -131,7 +134,7 @@ ONE_CTA_SPREAD = 0.5
 # on: the pick is 0.91% from the fastest measured plan on average (257 rows; 2.75% before,
 # worst 35% -> 17.6%); fitted on 180 rows first, the 84 rows of 7 further shapes came out at
 # 1.01% (2.35% before).
-# Below ONE_CTA_FEW_TOKENS (4 / 5 bits, one CTA an SM from M = 1) a split costs
+# Below ONE_CTA_FEW_TOKENS (one CTA an SM from M = 1) a split costs
 # ONE_CTA_FEW_SPLIT_ITEM_STEPS instead (its finish weighs more against the lighter steps of 1-3
 # tokens: with 1.5 the cost took K splits that lost 8-21% on 2048x4096), and the launch is the
 # table's where one CTA an SM would spread over at most ONE_CTA_SPREAD of its SMs. Fitted on 10
@@ -227,12 +230,11 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
               launch: tuple[int, int] | None = None, smem_limit: int | None = None) -> GemvPlan:
     """Pure planner. `split` forces the number of K splits, `kw` the K warps a tile (tests,
     tuning), `launch` = (warps, min_blocks) the CTA shape; None picks them: the launch table's,
-    or one CTA of ONE_CTA_WARPS an SM (ONE_CTA_MIN_M, ONE_CTA_FEW_TOKENS, ONE_CTA_SPREAD; below
-    ONE_CTA_MIN_M where the table's grid has no more CTAs than SMs and one CTA an SM plans the
-    same grid, ONE_CTA_SAME_GRID); a forced min_blocks of 1 gets all the shared memory a block
-    may have. `smem_limit`: the device's shared memory a block (None: the target's): it caps the
-    A slice and, with the 1 KB a block the driver keeps, the CTAs an SM holds
-    (kernelgen.arch.smem_per_sm)."""
+    or one CTA of ONE_CTA_WARPS an SM (ONE_CTA_MIN_M; the table's where ONE_CTA_SPREAD, below
+    ONE_CTA_FEW_TOKENS, or warp_steps, up to 8 tokens, favour it); a forced min_blocks of 1
+    gets all the shared memory a block may have. `smem_limit`: the device's shared memory a
+    block (None: the target's): it caps the A slice and, with the 1 KB a block the driver
+    keeps, the CTAs an SM holds (kernelgen.arch.smem_per_sm)."""
     check_shape(n, k)
     check_bits(bits)  # the launch tables have rows for 2..5 only
     if m < 1:
@@ -268,19 +270,28 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
             table = pick(None)
         except ValueError:  # a forced split that only one CTA an SM's shared memory fits
             return one
-        if m >= ONE_CTA_FEW_TOKENS or one.ctas_total > ONE_CTA_SPREAD * min(sm_count, table.ctas_total):
-            return one
-        return table
-    if launch is None:
-        table = pick(None)
-        if ONE_CTA_SAME_GRID * sm_count < table.ctas_total <= sm_count:
-            # an SM holds at most one of the table's CTAs anyway (below ONE_CTA_MIN_M)
-            one = _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, table.split,
-                        table.config.kw, (ONE_CTA_WARPS, 1), smem_limit).plan
-            if one.grid == table.grid:
-                return one
-        return table
+        if m < ONE_CTA_FEW_TOKENS and one.ctas_total <= ONE_CTA_SPREAD * min(sm_count, table.ctas_total):
+            return table
+        if m_tile == 8 and kw is None and split is None and one.split == 1:
+            # the table's kw 1 plan, where its warps walk fewer quad steps (many tiles, small K)
+            flat = _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, None, 1, None,
+                         smem_limit).plan
+            if flat.split == 1 and warp_steps(flat, n) < ONE_CTA_TABLE_STEPS * warp_steps(one, n):
+                return flat
+        return one
     return pick(launch)
+
+
+def warp_steps(plan: GemvPlan, n: int) -> int:
+    """Quad steps the busiest warp of an unsplit plan walks: the tiles a tile slot takes (the
+    grid is persistent), times a tile's quad steps a K warp."""
+    cfg = plan.config
+    tiles, quads = _cdiv(n, TILE_ROWS), _cdiv(plan.gps, 4)
+    return _cdiv(tiles, plan.ctas * (cfg.warps // cfg.kw)) * _cdiv(quads, cfg.kw)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 @dataclass(frozen=True)
