@@ -205,6 +205,16 @@ DENSE_MIN_M = 129
 WGMMA_MIN_M = 33
 WGMMA_MAX_M = 256
 WGMMA_MIN_STEPS = 16
+# ... and, unsplit (the weight's 128-row CTAs already cover the SMs), WGMMA_SHORT_K_M tokens on a
+# K of at least WGMMA_SHORT_K_STEPS steps: the few steps cost a short pipeline, not a split-K
+# epilogue. H100 (session 34, BENCHMARKS.md; graph-timed, rotated), wgmma / the rule's path
+# before (tile, gemv), kbit4 and nvfp4 at M = 64 / 96 / 128 on 24576x1536, 18432x1536,
+# 16384x1536, 32768x1024 and 20480x1024: faster in all 30 rows, by 0.2-55% (24576x1536 kbit4
+# M = 128 37.81 / 57.86 us, 16384x1536 19.36 / 42.20). At M = 48 it lost 3 of 10 rows to
+# the tile path (+20% kbit4 on 18432x1536, 20480x1024) and at 192 / 256 half of them to dequantize
+# + cuBLAS (by up to 38%, where the CTAs leave a second wave mostly empty), so those keep the rule.
+WGMMA_SHORT_K_M = (64, 128)
+WGMMA_SHORT_K_STEPS = 8
 DEQUANT_CTAS_PER_SM = 8  # 256-thread CTAs of the dequantize kernel: a full SM, one chunk a thread
 # stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM (and the
 # device's, where a part allows less: 8.6 under sm_80 and sm_89 take 99 KB a block)
@@ -560,6 +570,8 @@ def wgmma_takes(arch: str, m: int, n: int, k: int, sm_count: int, fmt: str = "nv
     if wgmma_smem(bm, 2, 0, fmt) > min(WGMMA_SMEM_MAX, smem_cap(arch, smem_limit)):
         return False
     split = _auto_split(q, -(-n // TILE_BN) * -(-m // bm), _wgmma_fill(sm_count))
+    if split == 1 and WGMMA_SHORT_K_M[0] <= m <= WGMMA_SHORT_K_M[1]:
+        return q >= WGMMA_SHORT_K_STEPS
     return -(-q // split) >= WGMMA_MIN_STEPS
 
 

@@ -50,8 +50,13 @@ GEMV_SMALL_MAX_M = 64  # 2-4 bits
 # 5 bits: GEMV / mma us 2048x4096 M = 17 / 32 13.4 / 14.5 vs 18.6 / 21.9 (4096x4096: 21.9 / 23.1 vs
 # 20.8 / 22.6), then dequantize (DEQUANT_SMALL_MIN_M)
 GEMV_SMALL_5BIT_MAX_M = 32
+# Session 34 (H100, every path forced, graph-timed, rotated; BENCHMARKS.md "Session 34"): past 64
+# tokens the mma path's tile_m 64 takes two token tiles, as much time as at 128, while the GEMV
+# adds a pass of 16 tokens at a time: at 2 / 3 bits on 14336x4096, 28672x4096, 11008x4096 (and
+# 12288x4096, 32000x4096, 10240x8192 at M = 96) the GEMV was 16-73% faster at M = 65..96 and
+# 6-19% at 112 (14336x4096 2 bits 84.63 against 83.49), so N >= K takes it to 112.
 GEMV_MAX_M: dict[tuple[int, bool], int] = {  # (bits, N >= K) -> M, weights > GEMV_SMALL_WEIGHT
-    (2, True): 64, (3, True): 64, (4, True): 32, (5, True): 48,
+    (2, True): 112, (3, True): 112, (4, True): 32, (5, True): 48,
     (2, False): 48, (3, False): 48, (4, False): 16, (5, False): 32,
 }
 # Past the GEMV, small weights (<= GEMV_SMALL_WEIGHT) go to dequantize + cuBLAS sooner: the dequant
@@ -67,7 +72,11 @@ DEQUANT_SMALL_MIN_M: dict[int, int] = {2: 65, 3: 65, 4: 65, 5: 33}
 # 14336x4096 (4096x14336 agreed within one step): 2 bits 86 vs 101 us at M = 128, 172 vs 108
 # at 256; 3 bits 103 vs 102 at 128; 4 bits 94 vs 105 at 128, 162 vs 106 at 192; 5 bits 75 vs 105
 # at 64, 126 vs 106 at 128.
-DEQUANT_MIN_M: dict[int, int] = {2: 160, 3: 128, 4: 144, 5: 112}
+# 5 bits from 65 (was 112, session 34): the mma path's two token tiles of 64 took 20-25% longer
+# than dequantize + cuBLAS at M = 65..96 on 14336x4096, 28672x4096, 11008x4096 and 4096x14336
+# (14336x4096 M = 80 123.5 against 102.4 us); the GEMV was 0.5-8% faster than dequantize at
+# M = 65 / 80 on the two largest of them, not on the others.
+DEQUANT_MIN_M: dict[int, int] = {2: 160, 3: 128, 4: 144, 5: 65}
 # The mma path needs N % 128 == 0 (whole 128-row W tiles); other N take the GEMV path up to
 # DEQUANT_MIN_M, where the dequant path (any N) is faster than the mma path and so than the
 # GEMV's passes of 16 tokens (each of which reads all of W).

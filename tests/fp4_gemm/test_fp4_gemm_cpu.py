@@ -567,6 +567,16 @@ def test_wgmma_plan_rules():
         assert [wgmma_takes("sm_90a", m, n, k, 132) for m in (32, 33, 64, 65, 128, 129, 256, 257)] \
             == [False] + [True] * 6 + [False], (n, k)
     assert not any(wgmma_takes("sm_90a", m, 4096, 4096, 132) for m in range(1, 1025, 7))
+    # a short K unsplit (the 128-row CTAs cover the SMs): 64..128 tokens from 8 steps on
+    # (WGMMA_SHORT_K_M; measured faster on five such shapes), not 48 or 192 (mixed there), and
+    # not where the CTAs would split K (4096x1536: 32 CTAs) or K has fewer than 8 steps
+    for n, k in ((24576, 1536), (16384, 1536), (32768, 1024), (16768, 1024)):
+        assert [wgmma_takes("sm_90a", m, n, k, 132) for m in (48, 64, 96, 128, 129, 192)] \
+            == [False, True, True, True, False, False], (n, k)
+        for fmt in ("kbit4", "mxfp4"):
+            assert select_fp4("sm_90a", 96, n, k, fmt, "float16", 132).path == "wgmma", (n, k, fmt)
+    for n, k in ((4096, 1536), (8192, 1024), (16384, 768), (16896, 896)):
+        assert not any(wgmma_takes("sm_90a", m, n, k, 132) for m in (64, 96, 128)), (n, k)
     assert not any(wgmma_takes(a, 128, 14336, 4096, 132) for a in ("sm_80", "sm_100a", "sm_120a"))
     assert select_fp4("sm_90a", 100, 14336, 4096, "mxfp4", "bfloat16", 132).path == "wgmma"
     # a block of less shared memory than 2 stages of the BM need: the rule without it

@@ -150,6 +150,29 @@ def test_dispatch_over_m(fmt):
         _check(out, GR.gemm(a, w64, None, 0.5), "float16", f"{fmt=} {m=} {path=}")
 
 
+@pytest.mark.parametrize("fmt", FMTS)
+def test_short_k_dispatch_takes_wgmma(fmt):
+    """Dispatch's own choice on a short K whose 128-row CTAs cover the SMs (select.py
+    WGMMA_SHORT_K_M): 64..128 tokens run the wgmma path unsplit over 8 steps, and agree with
+    the reference."""
+    import cupy
+
+    from kernelgen.arch import device_info
+    from kernelgen.fp4_gemm import fp4_gemm, select_fp4
+
+    _skip_unless_wgmma("wgmma")
+    info = device_info()
+    n, k = 128 * info.sm_count, 1024
+    t, w64 = _weight(fmt, n, k)
+    rng = np.random.default_rng()
+    for m in (64, 96):
+        p = select_fp4(info.arch.name, m, n, k, fmt, "float16", info.sm_count)
+        assert p.path == "wgmma" and p.split == 1, p.short()
+        a = _host(rng, (m, k), "float16")
+        out = fp4_gemm(cupy.asarray(a), t)  # poisoned: an element not written fails
+        _check(out, GR.gemm(a, w64, None, 1.0, "float16"), "float16", f"{fmt=} {m=} [{p.short()}]")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", FMTS)
 def test_wgmma_path(fmt, dtype):

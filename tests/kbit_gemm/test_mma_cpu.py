@@ -67,9 +67,10 @@ def test_path_thresholds(bits):
         assert S.path_for(100 if hi > 100 else hi - 1, n, k, bits) == "gemv"
         assert S.path_for(hi - 1, n, k, bits) == "gemv" and S.path_for(hi, n, k, bits) == "dequant"
         assert S.plan_gemm("sm_90a", 4096, n, k, bits, "float16", 132).path == "dequant"
-    # the table (sessions 22 / 27 measurements)
+    # the table (sessions 22 / 27 / 34 measurements)
     assert S.gemv_max_m(4096, 14336, bits) == {2: 48, 3: 48, 4: 16, 5: 32}[bits]
-    assert S.gemv_max_m(14336, 4096, bits) == {2: 64, 3: 64, 4: 32, 5: 48}[bits]
+    assert S.gemv_max_m(14336, 4096, bits) == {2: 112, 3: 112, 4: 32, 5: 48}[bits]
+    assert S.dequant_min_m(14336, 4096, bits) == {2: 160, 3: 128, 4: 144, 5: 65}[bits]
     assert S.gemv_max_m(4096, 4096, bits) == (32 if bits == 5 else 64)
     assert S.gemv_max_m(2048, 4096, bits) == (32 if bits == 5 else 64)  # small: N < K no matter
     assert S.dequant_min_m(4096, 4096, bits) == (33 if bits == 5 else 65)
