@@ -54,7 +54,7 @@ GEMV_SMALL_5BIT_MAX_M = 32
 # tokens the mma path's tile_m 64 takes two token tiles, as much time as at 128, while the GEMV
 # adds a pass of 16 tokens at a time: at 2 / 3 bits on 14336x4096, 28672x4096, 11008x4096 (and
 # 12288x4096, 32000x4096, 10240x8192 at M = 96) the GEMV was 16-73% faster at M = 65..96 and
-# 6-19% at 112 (14336x4096 2 bits 84.63 against 83.49), so N >= K takes it to 112.
+# 6-19% at 112 but on 14336x4096 2 bits (84.63 against 83.49 us), so N >= K takes it to 112.
 GEMV_MAX_M: dict[tuple[int, bool], int] = {  # (bits, N >= K) -> M, weights > GEMV_SMALL_WEIGHT
     (2, True): 112, (3, True): 112, (4, True): 32, (5, True): 48,
     (2, False): 48, (3, False): 48, (4, False): 16, (5, False): 32,
