@@ -71,3 +71,42 @@ def test_fit_finds_the_constants_that_made_the_times(tmp_path, capsys):
     empty.write_text("[]")
     with pytest.raises(SystemExit, match="no measured rows that the planner runs one CTA an SM"):
         _tool().fit([str(empty)], top=1)
+
+
+def _paths_tool():
+    spec = importlib.util.spec_from_file_location("tune_paths", ROOT / "examples" / "tune_paths.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tune_paths_forces_the_paths_the_apis_have():
+    from kernelgen.kbit_gemm.tc_select import PATHS
+    from kernelgen.kbit_gemm.tiled import TILED_PATHS
+
+    kinds = _paths_tool().KINDS
+    for kind, paths in kinds.items():
+        have = TILED_PATHS if kind in ("kbit4", "nvfp4", "mxfp4") else PATHS
+        assert set(paths) == set(have), (kind, paths)
+
+
+def test_tune_paths_judge(tmp_path, capsys):
+    """The default's distance from the fastest forced path: rows past --show printed, the mean
+    over the rows that have both (a faster default counts 0), a file without any refused."""
+    tool = _paths_tool()
+    rows = [dict(n=4096, k=1536, kind="kbit2", m=96, us={"default": 81.0, "gemv": 60.0, "mma": 81.0}),
+            dict(n=4096, k=1536, kind="kbit2", m=16, us={"default": 14.5, "gemv": 14.8, "mma": 34.5}),
+            dict(n=4096, k=1536, kind="kbit4", m=64, us={"gemv": 30.0}),  # no default: skipped
+            dict(n=4096, k=1536, kind="nvfp4", m=48, us={"default": 31.0, "wgmma": 30.0})]
+    assert tool.distance(rows[0]) == pytest.approx((0.35, "gemv"))
+    assert tool.distance(rows[2]) is None
+    p = tmp_path / "paths.json"
+    p.write_text(json.dumps(rows))
+    tool.judge([str(p)], 0.03)
+    out = capsys.readouterr().out
+    assert "kbit2 M=96" in out and "fastest gemv (+35.0%)" in out
+    assert "M=16" not in out and "nvfp4 M=48" in out  # 3.3% > 3%
+    assert "3 rows" in out and f"{100 * (0.35 + 0.0 + 1 / 30) / 3:.2f}% from the fastest" in out
+    (tmp_path / "none.json").write_text(json.dumps(rows[2:3]))
+    with pytest.raises(SystemExit, match="no row"):
+        tool.judge([str(tmp_path / "none.json")], 0.03)
