@@ -59,6 +59,18 @@ GEMV_MAX_M: dict[tuple[int, bool], int] = {  # (bits, N >= K) -> M, weights > GE
     (2, True): 112, (3, True): 112, (4, True): 32, (5, True): 48,
     (2, False): 48, (3, False): 48, (4, False): 16, (5, False): 32,
 }
+# ... except MMA_WINDOW tokens on weights of at least MMA_WINDOW_MIN_WEIGHT elements (2 / 3 bits,
+# N % 128 == 0): one full 64-token mma tile decodes W once where the GEMV takes 4 passes over a
+# weight too large for L2 to serve them. H100 (session 34, examples/tune_paths.py), M = 64,
+# GEMV / mma us, 2 bits: 32000x4096 98.60 / 85.68, 10240x8192 78.76 / 66.70, 8192x8192 64.10 /
+# 53.26, 28672x8192 210.70 / 168.20; 3 bits 10240x8192 82.75 / 77.38, 8192x8192 67.59 / 62.33,
+# 28672x8192 223.70 / 203.26; the smaller 14336x4096 47.95 / 52.04 and 12288x4096 40.21 /
+# 52.64 keep the GEMV. Taken with the rule, M = 56 / 64 measured within 2.6% of the fastest path
+# on 8192x8192 and 32000x4096 but 28672x4096 3 bits, where the GEMV was 6-7% faster (94.73 /
+# 101.55 at M = 64; 2 bits: a tie). At M = 48 (one tile of 64 for 48 tokens) the GEMV was as
+# fast or faster (10240x8192 63.81 / 64.81).
+MMA_WINDOW = (49, 64)
+MMA_WINDOW_MIN_WEIGHT = 1 << 26
 # Past the GEMV, small weights (<= GEMV_SMALL_WEIGHT) go to dequantize + cuBLAS sooner: the dequant
 # pass is short there and the mma tiles have few CTAs. H100 (session 22, same bench, --ms
 # 17..159), mma / dequant us: 4096x4096 M = 65 2 bits 31.6 / 25.3, 4 bits 33.6 / 26.2, 128 34.2 /
@@ -212,7 +224,9 @@ def dequant_min_m(n: int, k: int, bits: int) -> int:
 
 
 def path_for(m: int, n: int, k: int, bits: int) -> str:
-    if m <= gemv_max_m(n, k, bits):
+    window = (bits in (2, 3) and MMA_WINDOW[0] <= m <= MMA_WINDOW[1] and n % TILE_N_MIN == 0
+              and n * k >= MMA_WINDOW_MIN_WEIGHT)
+    if m <= gemv_max_m(n, k, bits) and not window:
         return "gemv"
     if m >= dequant_min_m(n, k, bits):
         return "dequant"

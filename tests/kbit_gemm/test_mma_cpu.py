@@ -67,6 +67,15 @@ def test_path_thresholds(bits):
         assert S.path_for(100 if hi > 100 else hi - 1, n, k, bits) == "gemv"
         assert S.path_for(hi - 1, n, k, bits) == "gemv" and S.path_for(hi, n, k, bits) == "dequant"
         assert S.plan_gemm("sm_90a", 4096, n, k, bits, "float16", 132).path == "dequant"
+    # 49..64 tokens (one full mma tile) on a weight of >= 2^26 elements: mma at 2 / 3 bits; the
+    # other widths, smaller weights and N % 128 != 0 keep the table
+    for n, k in ((8192, 8192), (28672, 4096), (32000, 4096), (14336, 4096), (32001, 4096)):
+        window = bits in (2, 3) and n * k >= 1 << 26 and n % 128 == 0
+        for m in (48, 49, 64, 65):
+            table = ("gemv" if m <= S.gemv_max_m(n, k, bits) else "dequant"
+                     if m >= S.dequant_min_m(n, k, bits) else "gemv" if n % 128 else "mma")
+            want = "mma" if window and 49 <= m <= 64 else table
+            assert S.path_for(m, n, k, bits) == want, (n, k, m)
     # the table (sessions 22 / 27 / 34 measurements)
     assert S.gemv_max_m(4096, 14336, bits) == {2: 48, 3: 48, 4: 16, 5: 32}[bits]
     assert S.gemv_max_m(14336, 4096, bits) == {2: 112, 3: 112, 4: 32, 5: 48}[bits]
