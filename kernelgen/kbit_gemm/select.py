@@ -267,17 +267,18 @@ def plan_gemv(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count
     if launch is None and one_cta(m, bits):
         one = pick((ONE_CTA_WARPS, 1))  # raises only where no launch fits a forced split
         try:
-            table = pick(None)
-        except ValueError:  # a forced split that only one CTA an SM's shared memory fits
-            return one
-        if m < ONE_CTA_FEW_TOKENS and one.ctas_total <= ONE_CTA_SPREAD * min(sm_count, table.ctas_total):
-            return table
-        if m_tile == 8 and kw is None and split is None and one.split == 1:
-            # the table's kw 1 plan, where its warps walk fewer quad steps (many tiles, small K)
-            flat = _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, None, 1, None,
-                         smem_limit).plan
-            if flat.split == 1 and warp_steps(flat, n) < ONE_CTA_TABLE_STEPS * warp_steps(one, n):
-                return flat
+            if m < ONE_CTA_FEW_TOKENS:
+                table = pick(None)
+                if one.ctas_total <= ONE_CTA_SPREAD * min(sm_count, table.ctas_total):
+                    return table
+            if m_tile == 8 and kw is None and split is None and one.split == 1:
+                # the table's kw 1 plan, where its warps walk fewer quad steps (many tiles, small K)
+                flat = _plan(arch, m, n, k, bits, dtype, sm_count, m_tile, None, 1, None,
+                             smem_limit).plan
+                if flat.split == 1 and warp_steps(flat, n) < ONE_CTA_TABLE_STEPS * warp_steps(one, n):
+                    return flat
+        except ValueError:  # no table launch fits (a forced split only one CTA an SM's smem fits)
+            pass
         return one
     return pick(launch)
 
@@ -286,12 +287,8 @@ def warp_steps(plan: GemvPlan, n: int) -> int:
     """Quad steps the busiest warp of an unsplit plan walks: the tiles a tile slot takes (the
     grid is persistent), times a tile's quad steps a K warp."""
     cfg = plan.config
-    tiles, quads = _cdiv(n, TILE_ROWS), _cdiv(plan.gps, 4)
-    return _cdiv(tiles, plan.ctas * (cfg.warps // cfg.kw)) * _cdiv(quads, cfg.kw)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+    tiles, quads = -(-n // TILE_ROWS), -(-plan.gps // 4)
+    return -(-tiles // (plan.ctas * (cfg.warps // cfg.kw))) * -(-quads // cfg.kw)
 
 
 @dataclass(frozen=True)

@@ -78,10 +78,9 @@ def test_one_cta_an_sm_for_decode_batches():
             p = select_gemv("sm_90a", m, 14336, 4096, bits, "float16", 132)
             one = (p.config.warps, p.config.min_blocks) == (ONE_CTA_WARPS, 1)
             assert one, (m, bits, p.short())
-            if one:
-                assert p.config.smem_bytes() == smem_cap("sm_90a") and p.ctas_total <= 132, p.short()
-                if m >= 9:  # the 16-token A slice of K = 4096 fits: no K split (was 2)
-                    assert p.split == 1 or bits == 5, p.short()
+            assert p.config.smem_bytes() == smem_cap("sm_90a") and p.ctas_total <= 132, p.short()
+            if m >= 9:  # the 16-token A slice of K = 4096 fits: no K split (was 2)
+                assert p.split == 1 or bits == 5, p.short()
     # Below ONE_CTA_FEW_TOKENS a one-CTA plan on at most half the table's SMs leaves the table's
     # (1024x4096 5 bits M = 1: 32 CTAs against 64); from it on the one-CTA cost spreads the
     # weight itself: 1024x8192 5 bits M = 16 kw 4 x 4 splits, 128 CTAs (measured 11.83 us
