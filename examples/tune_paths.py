@@ -2,7 +2,8 @@
 forced, then how far the default is from the fastest.
 
     python examples/tune_paths.py measure --shapes 24576x1536,12288x4096 [--kinds kbit2,kbit4,nvfp4]
-        [--ms 16,32,48,64,96,128,192,256] --json paths.json                (needs a GPU)
+        [--ms 16,32,48,64,96,128,192,256] [--paths default,wgmma,dequant] --json paths.json
+                                                                           (needs a GPU)
     python examples/tune_paths.py judge paths.json [more.json ...] [--show 0.03]   (CPU)
 
 Kinds (KINDS): kbit2 / kbit3 / kbit5 / kbit4f, flat kbit weights (`gemm` paths gemv, mma,
@@ -48,7 +49,22 @@ def _weights(kind: str, n: int, k: int, l2_bytes: int):
     return kg.gemm, copies_of(lin, max(2, -(-8 * l2_bytes // wbytes)))
 
 
+def selection(kinds: str, paths: str | None) -> tuple[list[str], set[str] | None]:
+    """The --kinds list and the --paths set (None: every path of each kind), checked."""
+    kl = kinds.split(",")
+    for kind in kl:
+        if kind not in KINDS:
+            raise SystemExit(f"--kinds: {kind!r}; expected some of {sorted(KINDS)}")
+    if paths is None:
+        return kl, None
+    wanted, known = set(paths.split(",")), {"default"}.union(*(KINDS[kd] for kd in kl))
+    if not wanted <= known:
+        raise SystemExit(f"--paths: {sorted(wanted - known)}; expected some of {sorted(known)}")
+    return kl, wanted
+
+
 def measure(args: argparse.Namespace) -> None:
+    kinds, wanted = selection(args.kinds, args.paths)  # before any GPU work
     import cupy
     import numpy as np
 
@@ -58,10 +74,6 @@ def measure(args: argparse.Namespace) -> None:
     info = device_info()
     stream = cupy.cuda.Stream(non_blocking=True)
     stream.use()
-    kinds = args.kinds.split(",")
-    for kind in kinds:
-        if kind not in KINDS:
-            raise SystemExit(f"--kinds: {kind!r}; expected some of {sorted(KINDS)}")
     rows = []
     for shape in args.shapes.split(","):
         n, k = map(int, shape.split("x"))
@@ -72,6 +84,8 @@ def measure(args: argparse.Namespace) -> None:
                                  .astype(np.float16))
                 us = {}
                 for path in (None, *KINDS[kind]):
+                    if wanted is not None and (path or "default") not in wanted:
+                        continue
                     kw = {} if path is None else {"path": path}
                     try:
                         op(a, ws[0], **kw)  # compiles; refuses what this shape / M cannot take
@@ -131,6 +145,8 @@ def main() -> None:
     m.add_argument("--shapes", required=True, help="NxK,NxK,...")
     m.add_argument("--kinds", default="kbit2,kbit3,kbit5,kbit4", help=f"some of {sorted(KINDS)}")
     m.add_argument("--ms", default="16,32,48,64,96,128,192,256")
+    m.add_argument("--paths", help="time only these (default and / or forced paths), e.g. "
+                   "default,wgmma,dequant; all the kind's paths when left out")
     m.add_argument("--json")
     j = sub.add_parser("judge")
     j.add_argument("paths", nargs="+")

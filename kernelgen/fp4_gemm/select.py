@@ -65,6 +65,16 @@ from .config import (
 GEMV_MAX_M = 16
 GEMV_FEW_CTAS_MAX_M = 64  # the GEMV up to here where ceil(N / 128) < SMs
 GEMV_VERY_FEW_CTAS_MAX_M = 128  # and up to here where 4 ceil(N / 128) <= SMs
+# ... and up to GEMV_MID_MAX_M (3 passes) where the tile path's BM 32 / 64 CTAs are fewer than
+# GEMV_MID_CTAS x SMs: the tile path's time there is its per-CTA K loop (two CTAs an SM run at
+# once), the GEMV's the weight bytes. H100, session 35 (`examples/tune_paths.py`, graph-timed,
+# rotated), GEMV / tile us at M = 24 nvfp4: 20480x1024 (1.21 x SMs) 11.7 / 13.2, 18432x1536
+# (1.09) 14.7 / 17.8, 24576x2048 (1.45) 20.3 / 23.2, 16896x4096 (1.0) 26.3 / 31.4, 20480x4096
+# 34.2 / 41.4 (mxfp4 12-33% alike; M = 40 / 48 the GEMV 9-58% faster on these); tile as fast or
+# faster from 1.7 x SMs: 28672x1536 18.9 / 18.6, 32768x1024 15.4 / 14.1, 32768x2048 26.0 /
+# 23.4, 28672x4096 (session 22, M = 32) 53.8 / 42.7.
+GEMV_MID_MAX_M = 48
+GEMV_MID_CTAS = 1.6
 # Bandwidth path: tiles of 16 W rows, KW warps a tile along K (KW_CHOICES up to KW_MAX, summed in
 # shared memory: no global split-K epilogue), WARPS / KW tiles a CTA. The largest KW whose CTAs
 # all fit one wave (warps_per_sm / 8 CTAs of 8 warps resident an SM: 2 at <= 128 registers) and
@@ -212,9 +222,25 @@ WGMMA_MIN_STEPS = 16
 # 16384x1536, 32768x1024 and 20480x1024: faster in all 30 rows, by 0.2-55% (24576x1536 kbit4
 # M = 128 37.81 / 57.86 us, 16384x1536 19.36 / 42.20). At M = 48 it lost 3 of 10 rows to
 # the tile path (+20% kbit4 on 18432x1536, 20480x1024) and at 192 / 256 half of them to dequantize
-# + cuBLAS (by up to 38%, where the CTAs leave a second wave mostly empty), so those keep the rule.
-WGMMA_SHORT_K_M = (64, 128)
+# + cuBLAS (by up to 38%, where the CTAs leave a second wave mostly empty).
+WGMMA_SHORT_K_M = (49, 128)
 WGMMA_SHORT_K_STEPS = 8
+# Where the GEMV needs at most 3 passes (M <= WGMMA_WAVE_M) and, on such a short K, past 128
+# tokens, the wgmma path takes the weight only where its CTAs fill their waves (wave_fill >=
+# WGMMA_WAVE_MIN): a last wave mostly empty costs a whole CTA's time for few rows. H100, session
+# 35 (`examples/tune_paths.py`, graph-timed, rotated; kbit4 / nvfp4 / mxfp4, 12 shapes of K =
+# 1024..4096 with 96..256 row CTAs, BENCHMARKS.md), us, wgmma against the best other path:
+# M = 40 / 48 on 18432x1536 (fill 0.55), 20480x1024 (0.61), 22528x1536 (0.67), 18432x2048,
+# 20480x2048, 20480x4096 the GEMV was 9-40% faster (nvfp4 18432x2048 M = 40: 31.2 / 23.3); on
+# 24576x1536 (0.73), 28672x1536 (0.85), 16384x1536 and 32768x1024 (0.97) wgmma was 4-53%
+# faster. At M = 56 (4 passes) wgmma won on every shape (22528x1536 nvfp4 26.9 / 29.4 tile).
+# M = 160..256 on K = 1024 / 1536: wgmma 2-49% faster at fill >= 0.73 (28672x1536 kbit4 M =
+# 192 59.2 / 82.5 dequantize + cuBLAS), dequantize + cuBLAS 0-38% faster at <= 0.61; 0.67
+# (22528x1536) and 12288x1536 (one wave of 96) are mixed (kbit4 wgmma 5-11% faster, nvfp4 up to
+# 7% slower). On K = 2048 past 128 tokens 18432x2048 (0.55) ran dequantize 1-12% faster, but
+# 20480x2048 (0.61) and 18432x4096 (0.55) wgmma: the rule keeps wgmma at >= 16 steps there.
+WGMMA_WAVE_M = 48
+WGMMA_WAVE_MIN = 0.68
 DEQUANT_CTAS_PER_SM = 8  # 256-thread CTAs of the dequantize kernel: a full SM, one chunk a thread
 # stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM (and the
 # device's, where a part allows less: 8.6 under sm_80 and sm_89 take 99 KB a block)
@@ -569,10 +595,19 @@ def wgmma_takes(arch: str, m: int, n: int, k: int, sm_count: int, fmt: str = "nv
     bm, q = wgmma_bm(m), k // STEP_K
     if wgmma_smem(bm, 2, 0, fmt) > min(WGMMA_SMEM_MAX, smem_cap(arch, smem_limit)):
         return False
-    split = _auto_split(q, -(-n // TILE_BN) * -(-m // bm), _wgmma_fill(sm_count))
-    if split == 1 and WGMMA_SHORT_K_M[0] <= m <= WGMMA_SHORT_K_M[1]:
-        return q >= WGMMA_SHORT_K_STEPS
-    return -(-q // split) >= WGMMA_MIN_STEPS
+    ctas = -(-n // TILE_BN) * -(-m // bm)
+    split = _auto_split(q, ctas, _wgmma_fill(sm_count))
+    full = wave_fill(ctas * split, sm_count) >= WGMMA_WAVE_MIN
+    if split == 1 and q <= WGMMA_MIN_STEPS:  # a short K, unsplit
+        return q >= WGMMA_SHORT_K_STEPS and (WGMMA_SHORT_K_M[0] <= m <= WGMMA_SHORT_K_M[1] or full)
+    if -(-q // split) < WGMMA_MIN_STEPS:
+        return False
+    return m > WGMMA_WAVE_M or ctas * split <= sm_count or full
+
+
+def wave_fill(ctas: int, sm_count: int) -> float:
+    """The mean fill of the waves of `ctas` CTAs of one an SM: 1.0 where the last wave is full."""
+    return ctas / (-(-ctas // sm_count) * sm_count)
 
 
 def wgmma_bm(m: int) -> int:
@@ -608,6 +643,7 @@ def path_for(m: int, n: int, sm_count: int) -> str:
     tokens (see GEMV_MAX_M, DENSE_MIN_M)."""
     ctas = -(-n // TILE_BN)
     if (m <= GEMV_MAX_M or m <= GEMV_FEW_CTAS_MAX_M and ctas < sm_count
+            or m <= GEMV_MID_MAX_M and ctas < GEMV_MID_CTAS * sm_count
             or m <= GEMV_VERY_FEW_CTAS_MAX_M and 4 * ctas <= sm_count):
         return "gemv"
     return "dequant" if m >= DENSE_MIN_M else "tile"

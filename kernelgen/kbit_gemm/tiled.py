@@ -81,8 +81,15 @@ TILE_MIN_CTAS_PER_SM = 0.5
 # (session 22, graph-timed, every path forced), gemv / tile us: 28672x4096 (117 M weights, 224
 # CTAs) M = 17 / 24 / 32 48.7 / 49.9 / 52.9 vs 45.3 / 44.8 / 45.6 (M = 16: 29.8 vs 44.3);
 # 14336x4096 (58.7 M, 112 CTAs) stays on the GEMV: 27.4 / 28.1 / 29.5 vs 29.2 / 30.6 / 32.8.
+# Session 35 (`examples/tune_paths.py`, same method): 16896x4096 (69.2 M, 132 CTAs) M = 24 / 32
+# 28.9 / 29.5 vs 34.7 / 34.0, 20480x4096 (83.9 M) 49.8 / 51.1 vs 45.2 / 44.4, so the bound
+# sits between them (about 40 MB of codes and scales against the 50 MB L2). On a short K
+# (<= TILE_LOW_MAX_K) the tile path's BM 32 CTAs beat the two passes whatever the weight's
+# size: 8-14% on all 10 such shapes with >= SMs tile CTAs (20480x1024 15.2 / 15.6 vs 14.0 /
+# 14.0; 24576x1536 20.9 / 21.7 vs 19.2 / 19.6; 20480x2048 26.8 / 28.0 vs 24.7 / 24.6).
 TILE_LOW_MAX_M = 32
-TILE_LOW_MIN_WEIGHT = 1 << 26
+TILE_LOW_MIN_WEIGHT = 17 << 22
+TILE_LOW_MAX_K = 2048
 # M > MID_MAX_M: dequantize + cuBLAS (M = 129: 14336x4096 104.6 vs tile 147.2; M = 4096: 748.8
 # us, 0.97x cuBLAS fp16 on the dense weight).
 
@@ -190,7 +197,7 @@ class TiledChoice:
 
 
 def path_tiled(m: int, n: int, k: int, sm_count: int) -> str:
-    if (16 < m <= TILE_LOW_MAX_M and n * k >= TILE_LOW_MIN_WEIGHT
+    if (16 < m <= TILE_LOW_MAX_M and (n * k >= TILE_LOW_MIN_WEIGHT or k <= TILE_LOW_MAX_K)
             and -(-n // TILE_BN) >= sm_count):
         return "tile"
     if m <= GEMV_MAX_M:

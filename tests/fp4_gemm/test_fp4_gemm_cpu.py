@@ -36,12 +36,14 @@ from kernelgen.fp4_gemm.select import (
     KW_MAX,
     MIN_STEPS,
     SHORT_K_STEPS,
+    WGMMA_WAVE_MIN,
     bm_for,
     path_for,
     plan,
     prewarm_configs,
     select_fp4,
     stages_for,
+    wave_fill,
     wgmma_takes,
 )
 from kernelgen.mx import reference as MR
@@ -179,6 +181,9 @@ def test_path_rule_at_the_measured_points():
     """The bandwidth path above 16 tokens where the tile path has few 128-row CTAs (the H100
     sweep in BENCHMARKS.md / select.py), the tile path where it fills the GPU."""
     assert path_for(16, 28672, 132) == "gemv" and path_for(17, 28672, 132) == "tile"
+    # 17..48 tokens: the GEMV also where the tile CTAs are fewer than 1.6 x SMs (27000 rows)
+    assert [path_for(m, 20480, 132) for m in (17, 48, 49, 64)] == ["gemv", "gemv", "tile", "tile"]
+    assert path_for(48, 26880, 132) == "gemv" and path_for(48, 27136, 132) == "tile"
     assert path_for(32, 14336, 132) == "gemv" and path_for(64, 14336, 132) == "gemv"
     assert path_for(65, 14336, 132) == "tile" and path_for(128, 14336, 132) == "tile"
     assert path_for(128, 4096, 132) == "gemv" and path_for(129, 4096, 132) == "dequant"
@@ -199,11 +204,20 @@ def test_plans_are_consistent(n, k, fmt):
             p = select_fp4("sm_90a", m, n, k, fmt, "float16", sms)
             ctx = f"{m=} {n=} {k=} {sms=} {p.short()}"
             ctas = -(-n // 128)
-            gemv = m <= GEMV_MAX_M or m <= 64 and ctas < sms or m <= 128 and 4 * ctas <= sms
-            # wgmma: 33..256 tokens, one CTA an SM, >= 16 steps a K split
+            gemv = (m <= GEMV_MAX_M or m <= 64 and ctas < sms or m <= 48 and ctas < 1.6 * sms
+                    or m <= 128 and 4 * ctas <= sms)
+            # wgmma: 33..256 tokens, one CTA an SM, >= 16 steps a K split; at 33..48 tokens
+            # where the CTAs are one wave or fill their waves to 0.68; the same past 128 tokens
+            # on K <= 16 steps unsplit, which takes 49..128 tokens from 8 steps
             wg_bm = 64 if m <= 64 else 128 if m <= 128 else 256
-            wg_split = max(1, min(sms // (ctas * -(-m // wg_bm)), q // 4))
-            wg = 33 <= m <= 256 and -(-q // wg_split) >= 16
+            wg_ctas = ctas * -(-m // wg_bm)
+            wg_split = max(1, min(sms // wg_ctas, q // 4))
+            waves = -(-wg_ctas * wg_split // sms)
+            full = wg_ctas * wg_split >= 0.68 * waves * sms
+            if wg_split == 1 and q <= 16:
+                wg = 33 <= m <= 256 and q >= 8 and (49 <= m <= 128 or full)
+            else:
+                wg = 33 <= m <= 256 and -(-q // wg_split) >= 16 and (m > 48 or waves == 1 or full)
             want = "wgmma" if wg else "gemv" if gemv else "dequant" if m >= DENSE_MIN_M else "tile"
             assert p.path == want, ctx
             if wg:
@@ -567,14 +581,29 @@ def test_wgmma_plan_rules():
         assert [wgmma_takes("sm_90a", m, n, k, 132) for m in (32, 33, 64, 65, 128, 129, 256, 257)] \
             == [False] + [True] * 6 + [False], (n, k)
     assert not any(wgmma_takes("sm_90a", m, 4096, 4096, 132) for m in range(1, 1025, 7))
-    # a short K unsplit (the 128-row CTAs cover the SMs): 64..128 tokens from 8 steps on
-    # (WGMMA_SHORT_K_M; measured faster on five such shapes), not 48 or 192 (mixed there), and
-    # not where the CTAs would split K (4096x1536: 32 CTAs) or K has fewer than 8 steps
-    for n, k in ((24576, 1536), (16384, 1536), (32768, 1024), (16768, 1024)):
-        assert [wgmma_takes("sm_90a", m, n, k, 132) for m in (48, 64, 96, 128, 129, 192)] \
-            == [False, True, True, True, False, False], (n, k)
+    # a short K unsplit (<= 16 steps; the 128-row CTAs cover the SMs): 49..128 tokens from 8
+    # steps on (WGMMA_SHORT_K_M); 33..48 and 129..256 only where the CTAs fill their waves to
+    # WGMMA_WAVE_MIN (measured on 23 shapes, select.py), and never where the CTAs would split K
+    # (4096x1536: 32 CTAs) or K has fewer than 8 steps
+    ms = (32, 33, 48, 49, 64, 96, 128, 129, 192, 256, 257)
+    for n, k in ((24576, 1536), (16384, 1536), (32768, 1024), (16768, 1024), (24576, 2048)):
+        assert wave_fill(-(-n // 128), 132) >= WGMMA_WAVE_MIN, (n, k)
+        assert [wgmma_takes("sm_90a", m, n, k, 132) for m in ms] == [False] + [True] * 9 + [False], (n, k)
         for fmt in ("kbit4", "mxfp4"):
             assert select_fp4("sm_90a", 96, n, k, fmt, "float16", 132).path == "wgmma", (n, k, fmt)
+    for n, k in ((18432, 1536), (20480, 1024), (22528, 1536), (17408, 2048), (10240, 1536)):
+        assert wave_fill(-(-n // 128), 132) < WGMMA_WAVE_MIN, (n, k)
+        assert [wgmma_takes("sm_90a", m, n, k, 132) for m in ms] \
+            == [False] * 3 + [True] * 4 + [False] * 4, (n, k)
+    # a longer K: 33..48 tokens also need the fill where the CTAs pass the SMs (a second wave),
+    # not where they are one partial wave (14336x4096 above); past 48 tokens the rule as before
+    assert wave_fill(160, 132) < WGMMA_WAVE_MIN <= wave_fill(112, 132) == 112 / 132
+    assert wave_fill(264, 132) == 1.0 and wave_fill(133, 132) == 133 / 264
+    for n, k in ((20480, 4096), (18432, 4096), (17920, 4096)):
+        assert [wgmma_takes("sm_90a", m, n, k, 132) for m in (33, 48, 49, 129, 256)] \
+            == [False, False, True, True, True], (n, k)
+        for m in (33, 48):  # -> the GEMV: the tile path's CTAs are fewer than 1.6 x SMs
+            assert select_fp4("sm_90a", m, n, k, "nvfp4", "float16", 132).path == "gemv", (n, k, m)
     for n, k in ((4096, 1536), (8192, 1024), (16384, 768), (16896, 896)):
         assert not any(wgmma_takes("sm_90a", m, n, k, 132) for m in (64, 96, 128)), (n, k)
     assert not any(wgmma_takes(a, 128, 14336, 4096, 132) for a in ("sm_80", "sm_100a", "sm_120a"))

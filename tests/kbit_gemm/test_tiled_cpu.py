@@ -73,6 +73,14 @@ def test_path_rule_and_forced_paths():
     assert [TL.path_tiled(m, n_w, k_w, sms) for m in (16, 17, 32, 33)] == ["gemv", "tile", "tile", "gemv"]
     assert TL.path_tiled(17, 14336, 4096, sms) == "gemv"  # 58.7 M weights: the passes share L2
     assert TL.path_tiled(17, n_w, k_w, 2 * sms) == "gemv"  # too few tile CTAs
+    # the bound between 16896x4096 (GEMV faster) and 17920x4096 (tile faster), and on a short K
+    # (<= TILE_LOW_MAX_K) the tile path whatever the size, where its CTAs cover the SMs
+    assert 16896 * 4096 < TL.TILE_LOW_MIN_WEIGHT <= 17920 * 4096
+    assert [TL.path_tiled(24, n, 4096, sms) for n in (16896, 17920)] == ["gemv", "tile"]
+    for n, k in ((20480, 1024), (18432, 1536), (20480, 2048)):
+        assert [TL.path_tiled(m, n, k, sms) for m in (16, 17, 32, 33)] == ["gemv", "tile", "tile", "gemv"]
+    assert TL.path_tiled(24, 16384, 1536, sms) == "gemv"  # 128 tile CTAs < 132 SMs
+    assert TL.path_tiled(24, 20480, 2048 + 128, sms) == "gemv"  # 42 M weights, past the short K
     # sm_90a: the wgmma path for 33..256 tokens where a K split keeps >= 16 steps (the H100
     # sweep in fp4_gemm/select.py), ahead of the rule above; other archs keep the rule
     for m, n, k, want in ((32, 14336, 4096, "gemv"), (33, 14336, 4096, "wgmma"), (256, 14336, 4096, "wgmma"),

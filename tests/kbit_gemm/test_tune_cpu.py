@@ -110,3 +110,15 @@ def test_tune_paths_judge(tmp_path, capsys):
     (tmp_path / "none.json").write_text(json.dumps(rows[2:3]))
     with pytest.raises(SystemExit, match="no row"):
         tool.judge([str(tmp_path / "none.json")], 0.03)
+
+
+def test_tune_paths_selection():
+    """--kinds / --paths checked before any GPU work: a subset of the kinds' paths (and
+    "default") passes, anything else names what it expected."""
+    sel = _paths_tool().selection
+    assert sel("kbit4,nvfp4", None) == (["kbit4", "nvfp4"], None)
+    assert sel("kbit4,nvfp4", "default,wgmma,dequant") == (["kbit4", "nvfp4"], {"default", "wgmma", "dequant"})
+    with pytest.raises(SystemExit, match=r"--paths: \['mma'\]; expected some of"):
+        sel("kbit4", "default,mma")
+    with pytest.raises(SystemExit, match="--kinds: 'fp8'"):
+        sel("kbit4,fp8", "default")
