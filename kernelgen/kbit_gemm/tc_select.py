@@ -10,7 +10,7 @@ each target (kernelgen.arch.PARTS), so prewarm builds exactly what dispatch can 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,22 +55,36 @@ GEMV_SMALL_5BIT_MAX_M = 32
 # adds a pass of 16 tokens at a time: at 2 / 3 bits on 14336x4096, 28672x4096, 11008x4096 (and
 # 12288x4096, 32000x4096, 10240x8192 at M = 96) the GEMV was 16-73% faster at M = 65..96 and
 # 6-19% at 112 but on 14336x4096 2 bits (84.63 against 83.49 us), so N >= K takes it to 112.
+# Session 35 (same method): at M = 128 the 2-bit GEMV was 14-34% faster than the mma path's two
+# token tiles on 18432x1536, 24576x1536, 20480x2048, 24576x2048 and 17920x4096 (18432x1536 43.70
+# against 58.64 us), and at 3 bits within 2.4% of dequantize + cuBLAS there; where the mma plan
+# fills its rounds it wins (MMA_WINDOWS), so N >= K keeps the GEMV to 128 (2 bits) and to 127
+# (3 bits; 128 dequantizes).
 GEMV_MAX_M: dict[tuple[int, bool], int] = {  # (bits, N >= K) -> M, weights > GEMV_SMALL_WEIGHT
-    (2, True): 112, (3, True): 112, (4, True): 32, (5, True): 48,
+    (2, True): 128, (3, True): 127, (4, True): 32, (5, True): 48,
     (2, False): 48, (3, False): 48, (4, False): 16, (5, False): 32,
 }
-# ... except MMA_WINDOW tokens on weights of at least MMA_WINDOW_MIN_WEIGHT elements (2 / 3 bits,
-# N % 128 == 0): one full 64-token mma tile decodes W once where the GEMV takes 4 passes over a
-# weight too large for L2 to serve them. H100 (session 34, examples/tune_paths.py), M = 64,
-# GEMV / mma us, 2 bits: 32000x4096 98.60 / 85.68, 10240x8192 78.76 / 66.70, 8192x8192 64.10 /
-# 53.26, 28672x8192 210.70 / 168.20; 3 bits 10240x8192 82.75 / 77.38, 8192x8192 67.59 / 62.33,
-# 28672x8192 223.70 / 203.26; the smaller 14336x4096 47.95 / 52.04 and 12288x4096 40.21 /
-# 52.64 keep the GEMV. Taken with the rule, M = 56 / 64 measured within 2.6% of the fastest path
-# on 8192x8192 and 32000x4096 but 28672x4096 3 bits, where the GEMV was 6-7% faster (94.73 /
-# 101.55 at M = 64; 2 bits: a tie). At M = 48 (one tile of 64 for 48 tokens) the GEMV was as
-# fast or faster (10240x8192 63.81 / 64.81).
-MMA_WINDOW = (49, 64)
-MMA_WINDOW_MIN_WEIGHT = 1 << 26
+# ... except MMA_WINDOWS[0] tokens at 2 / 3 bits (N % 128 == 0) where one full 64-token mma tile
+# beats the GEMV's 4 passes: on a long K (>= MMA_WINDOW_MIN_K), and where the mma plan runs
+# unsplit with its CTAs filling their rounds to MMA_WINDOW_FILL (mma_fill). H100, M = 64, GEMV /
+# mma us (examples/tune_paths.py, graph-timed, rotated; sessions 34 and 35, BENCHMARKS.md): K =
+# 8192 2 bits 10240x8192 78.76 / 66.70, 8192x8192 64.10 / 53.26, 28672x8192 210.70 / 168.20 (3
+# bits 6-9% faster too); unsplit at fill 0.85..0.97 32768x1024 28.02 / 22.83, 28672x1536 34.95 /
+# 31.54, 32000x4096 98.60 / 85.68 (3 bits 4-17% faster; 28672x4096 3 bits 7% slower, 2 bits a
+# tie). The GEMV was faster on every other weight measured: split mma plans (14336x4096,
+# 12288x4096, 16384x1536, 17920x4096 60.40 / 69.87, 18432x1536, 20480x2048) and unsplit ones of
+# fill <= 0.73 (24576x1536, 24576x2048, 20480x1024), by 3-39%. (Session 34's rule, weights of
+# >= 2^26 elements, took 17920x4096 and left 32768x1024 / 28672x1536.) At M = 48 (one tile of 64
+# for 48 tokens) the GEMV was as fast or faster everywhere. The bound was 0.8 until a held-out
+# grid (10 more shapes at M = 56 / 64 / 120 / 128) found 26624x1536 (fill 0.79) 5-13% faster on
+# mma: between 0.73 and 0.79, it is now 0.75, so no held-out rows are left for it.
+# The same at 113..128 tokens (two token tiles against the GEMV's 8 passes): M = 128, mma
+# against the faster of the GEMV and dequantize + cuBLAS, us: 16384x1536 2 bits 31.19 / 39.39,
+# 3 bits 36.37 / 42.11; 32768x1024 44.27 / 53.08, 51.46 / 57.97; 28672x1536 61.03 / 66.63, 71.16
+# / 74.90 (fill 0.85..0.97); K = 8192, 2 bits: 8192x8192 and 28672x8192 (session 34's grids).
+MMA_WINDOWS = ((49, 64), (113, 128))
+MMA_WINDOW_MIN_K = 8192
+MMA_WINDOW_FILL = 0.75
 # Past the GEMV, small weights (<= GEMV_SMALL_WEIGHT) go to dequantize + cuBLAS sooner: the dequant
 # pass is short there and the mma tiles have few CTAs. H100 (session 22, same bench, --ms
 # 17..159), mma / dequant us: 4096x4096 M = 65 2 bits 31.6 / 25.3, 4 bits 33.6 / 26.2, 128 34.2 /
@@ -223,20 +237,45 @@ def dequant_min_m(n: int, k: int, bits: int) -> int:
     return (DEQUANT_SMALL_MIN_M if n * k <= GEMV_SMALL_WEIGHT else DEQUANT_MIN_M)[bits]
 
 
-def path_for(m: int, n: int, k: int, bits: int) -> str:
-    window = (bits in (2, 3) and MMA_WINDOW[0] <= m <= MMA_WINDOW[1] and n % TILE_N_MIN == 0
-              and n * k >= MMA_WINDOW_MIN_WEIGHT)
-    if m <= gemv_max_m(n, k, bits) and not window:
+def mma_fill(plan: MmaPlan, arch: str, sm_count: int, smem_limit: int | None = None) -> float:
+    """The mean fill of an mma plan's rounds of resident CTAs (1.0: the last round full)."""
+    cfg = plan.config
+    slots = sm_count * max(1, min(cfg.min_blocks, smem_per_sm(arch, smem_limit) // (cfg.smem_bytes() + 1024)))
+    ctas = plan.m_tiles * plan.n_tiles * plan.split
+    return ctas / (-(-ctas // slots) * slots)
+
+
+def path_for(m: int, n: int, k: int, bits: int, mma_full: Callable[[], bool] | None = None) -> str:
+    """The path at M tokens. `mma_full()`: whether the mma plan at this M runs unsplit and fills
+    its rounds to MMA_WINDOW_FILL (asked in MMA_WINDOWS only; None: not known, the windows then
+    take the long-K rule alone)."""
+    lo, hi = next(((lo, hi) for lo, hi in MMA_WINDOWS if lo <= m <= hi), (0, 0))
+    window = (bits in (2, 3) and lo and n % TILE_N_MIN == 0 and n * k > GEMV_SMALL_WEIGHT
+              and lo <= gemv_max_m(n, k, bits)
+              and (k >= MMA_WINDOW_MIN_K or mma_full is not None and mma_full()))
+    if window:
+        return "mma"
+    if m <= gemv_max_m(n, k, bits):
         return "gemv"
     if m >= dequant_min_m(n, k, bits):
         return "dequant"
     return "gemv" if n % TILE_N_MIN else "mma"
 
 
+def mma_full(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
+             smem_limit: int | None = None) -> Callable[[], bool]:
+    """path_for's `mma_full` for a device: the mma plan at M unsplit, its rounds filled to
+    MMA_WINDOW_FILL."""
+    def full() -> bool:
+        p = plan_mma(arch, m, n, k, bits, dtype, sm_count, smem_limit=smem_limit)
+        return p.split == 1 and mma_fill(p, arch, sm_count, smem_limit) >= MMA_WINDOW_FILL
+    return full
+
+
 def plan_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
               smem_limit: int | None = None) -> GemmChoice:
     """The path and its plan; `smem_limit` as in plan_mma."""
-    path = path_for(m, n, k, bits)
+    path = path_for(m, n, k, bits, mma_full(arch, m, n, k, bits, dtype, sm_count, smem_limit))
     if path == "gemv":
         return GemmChoice(path, plan_gemv(arch, m, n, k, bits, dtype, sm_count, smem_limit=smem_limit))
     if path == "mma":
@@ -264,7 +303,8 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
     edges = sorted({1, TILE_N256_MIN_M - 1, TILE_N256_MIN_M} | {e + d for e in gemv_ends for d in (0, 1)}
                    | {d + e for t in (DEQUANT_MIN_M, DEQUANT_SMALL_MIN_M) for d in t.values()
                       for e in (-1, 0)}
-                   | {e for mx, _ in TILE_M_TABLE[:-1] for e in (mx, mx + 1)})
+                   | {e for mx, _ in TILE_M_TABLE[:-1] for e in (mx, mx + 1)}
+                   | {e for w in MMA_WINDOWS for e in w})
     seen: set[KbitMmaConfig] = set()
     for arch in archs:
         get_arch(arch)
@@ -280,7 +320,8 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
                 for sms, lim in parts_of(arch, spec.get("sm_counts")):
                     for m, n, k in shapes:
                         for mm in (m,) if m is not None else edges:
-                            if path_for(mm, n, k, bits) != "mma":
+                            full = mma_full(arch, mm, n, k, bits, dtype, sms, lim)
+                            if path_for(mm, n, k, bits, full) != "mma":
                                 continue
                             try:
                                 cfg = plan_mma(arch, mm, n, k, bits, dtype, sms, smem_limit=lim).config

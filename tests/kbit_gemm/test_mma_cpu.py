@@ -67,18 +67,40 @@ def test_path_thresholds(bits):
         assert S.path_for(100 if hi > 100 else hi - 1, n, k, bits) == "gemv"
         assert S.path_for(hi - 1, n, k, bits) == "gemv" and S.path_for(hi, n, k, bits) == "dequant"
         assert S.plan_gemm("sm_90a", 4096, n, k, bits, "float16", 132).path == "dequant"
-    # 49..64 tokens (one full mma tile) on a weight of >= 2^26 elements: mma at 2 / 3 bits; the
-    # other widths, smaller weights and N % 128 != 0 keep the table
-    for n, k in ((8192, 8192), (28672, 4096), (32000, 4096), (14336, 4096), (32001, 4096)):
-        window = bits in (2, 3) and n * k >= 1 << 26 and n % 128 == 0
-        for m in (48, 49, 64, 65):
-            table = ("gemv" if m <= S.gemv_max_m(n, k, bits) else "dequant"
-                     if m >= S.dequant_min_m(n, k, bits) else "gemv" if n % 128 else "mma")
-            want = "mma" if window and 49 <= m <= 64 else table
-            assert S.path_for(m, n, k, bits) == want, (n, k, m)
+    # MMA_WINDOWS (49..64 and 113..128 tokens: one / two full mma tiles against the GEMV's 4 / 8
+    # passes) at 2 / 3 bits, N % 128 == 0, N >= K: mma on K >= 8192, or where mma_full() says
+    # the mma plan fills its rounds; the other widths, N % 128 != 0 and small weights keep the table
+    ms = (48, 49, 64, 65, 112, 113, 127, 128, 129)
+    for n, k in ((8192, 8192), (28672, 4096), (32768, 1024), (32001, 8192), (2048, 8192)):
+        for full in (None, lambda: True, lambda: False):
+            window = (bits in (2, 3) and n % 128 == 0 and n * k > S.GEMV_SMALL_WEIGHT
+                      and (k >= 8192 or full is not None and full()))
+            for m in ms:
+                table = ("gemv" if m <= S.gemv_max_m(n, k, bits) else "dequant"
+                         if m >= S.dequant_min_m(n, k, bits) else "gemv" if n % 128 else "mma")
+                want = "mma" if window and (49 <= m <= 64 or 113 <= m <= 128) else table
+                assert S.path_for(m, n, k, bits, full) == want, (n, k, m, full)
+
+
+@pytest.mark.parametrize("bits", (2, 3))
+def test_mma_windows_by_fill(bits):
+    """plan_gemm asks path_for's mma_full from the mma plan: unsplit, its CTAs filling their
+    rounds to MMA_WINDOW_FILL (H100 measurements in tc_select.py)."""
+    sel = lambda m, n, k: S.plan_gemm("sm_90a", m, n, k, bits, "float16", 132).path  # noqa: E731
+    p = S.plan_mma("sm_90a", 64, 28672, 1536, bits, "float16", 132)
+    assert p.split == 1 and S.mma_fill(p, "sm_90a", 132) == 224 / 264  # two CTAs an SM
+    assert S.mma_fill(S.plan_mma("sm_90a", 64, 24576, 1536, bits, "float16", 132), "sm_90a", 132) == 192 / 264
+    for n, k in ((32768, 1024), (28672, 1536), (32000, 4096), (16384, 1536)):  # full, unsplit
+        want = "gemv" if n == 16384 else "mma"  # 16384x1536 at 64 tokens: split 2
+        assert [sel(m, n, k) for m in (48, 49, 64, 65)] == ["gemv", want, want, "gemv"], (n, k)
+    assert [sel(m, 16384, 1536) for m in (112, 113, 128)] == ["gemv", "mma", "mma"]
+    for n, k in ((24576, 1536), (17920, 4096), (20480, 2048)):  # fill 0.73, split 3, split 3
+        assert [sel(m, n, k) for m in (49, 64, 113, 127)] == ["gemv"] * 4, (n, k)
+        assert sel(128, n, k) == ("gemv" if bits == 2 else "dequant"), (n, k)
+    assert sel(64, 8192, 8192) == sel(128, 8192, 8192) == "mma"  # K >= 8192
     # the table (sessions 22 / 27 / 34 measurements)
     assert S.gemv_max_m(4096, 14336, bits) == {2: 48, 3: 48, 4: 16, 5: 32}[bits]
-    assert S.gemv_max_m(14336, 4096, bits) == {2: 112, 3: 112, 4: 32, 5: 48}[bits]
+    assert S.gemv_max_m(14336, 4096, bits) == {2: 128, 3: 127, 4: 32, 5: 48}[bits]
     assert S.dequant_min_m(14336, 4096, bits) == {2: 160, 3: 128, 4: 144, 5: 65}[bits]
     assert S.gemv_max_m(4096, 4096, bits) == (32 if bits == 5 else 64)
     assert S.gemv_max_m(2048, 4096, bits) == (32 if bits == 5 else 64)  # small: N < K no matter
