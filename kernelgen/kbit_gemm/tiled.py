@@ -82,8 +82,9 @@ TILE_MIN_CTAS_PER_SM = 0.5
 # CTAs) M = 17 / 24 / 32 48.7 / 49.9 / 52.9 vs 45.3 / 44.8 / 45.6 (M = 16: 29.8 vs 44.3);
 # 14336x4096 (58.7 M, 112 CTAs) stays on the GEMV: 27.4 / 28.1 / 29.5 vs 29.2 / 30.6 / 32.8.
 # Session 35 (`examples/tune_paths.py`, same method): 16896x4096 (69.2 M, 132 CTAs) M = 24 / 32
-# 28.9 / 29.5 vs 34.7 / 34.0, 20480x4096 (83.9 M) 49.8 / 51.1 vs 45.2 / 44.4, so the bound
-# sits between them (about 40 MB of codes and scales against the 50 MB L2). On a short K
+# 28.9 / 29.5 vs 34.7 / 34.0, 20480x4096 (83.9 M) 49.8 / 51.1 vs 45.2 / 44.4, and in a later
+# (then held-out) grid 17920x4096 (73.4 M) at M = 20 / 28 48.9 / 50.5 vs 45.7 / 45.0: the bound
+# sits between 69.2 and 73.4 M weights (37-39 MB of codes and scales, the L2 50 MB). On a short K
 # (<= TILE_LOW_MAX_K) the tile path's BM 32 CTAs beat the two passes whatever the weight's
 # size: 8-14% on all 10 such shapes with >= SMs tile CTAs (20480x1024 15.2 / 15.6 vs 14.0 /
 # 14.0; 24576x1536 20.9 / 21.7 vs 19.2 / 19.6; 20480x2048 26.8 / 28.0 vs 24.7 / 24.6).
