@@ -4,7 +4,8 @@ forced, then how far the default is from the fastest.
     python examples/tune_paths.py measure --shapes 24576x1536,12288x4096 [--kinds kbit2,kbit4,nvfp4]
         [--ms 16,32,48,64,96,128,192,256] [--paths default,wgmma,dequant] --json paths.json
                                                                            (needs a GPU)
-    python examples/tune_paths.py judge paths.json [more.json ...] [--show 0.03]   (CPU)
+    python examples/tune_paths.py judge paths.json [more.json ...] [--show 0.03] [--replay]
+                                                                           (CPU)
 
 Kinds (KINDS): kbit2 / kbit3 / kbit5 / kbit4f, flat kbit weights (`gemm` paths gemv, mma,
 dequant); kbit4, the tiled 4-bit default (gemv, tile, wgmma, dequant); nvfp4 / mxfp4
@@ -13,7 +14,10 @@ path forced with `path=`, fp16, median us of graph replays over weight copies ro
 path the shape or M cannot take (an error before launch) is left out of the row. judge: for each
 row the default's distance from the fastest forced path, the rows beyond --show, and the mean:
 where the crossover tables (kbit_gemm/tc_select.py, kbit_gemm/tiled.py, fp4_gemm/select.py)
-miss on those shapes (BENCHMARKS.md, session 34, found three that way).
+miss on those shapes (BENCHMARKS.md, session 34, found three that way). judge --replay: the
+same, but scoring the path this checkout's selector picks for each row (that path's forced
+time) instead of the default the row measured, so a rule change is checked against grids
+measured before it without a GPU (session 35 fitted and checked its rules that way).
 """
 
 from __future__ import annotations
@@ -104,36 +108,57 @@ def measure(args: argparse.Namespace) -> None:
                     json.dump(rows, f)
 
 
-def distance(row: dict) -> tuple[float, str] | None:
-    """(default / fastest forced path - 1, that path) of a measured row; None without both."""
+def pick(row: dict) -> str:
+    """The path this checkout's selector picks for a measured row (its arch and SM count, fp16,
+    the target's shared memory a block): what `judge --replay` scores instead of the default
+    the row measured."""
+    kind, m, n, k, arch, sms = (row[f] for f in ("kind", "m", "n", "k", "arch", "sm_count"))
+    if kind in ("nvfp4", "mxfp4"):
+        from kernelgen.fp4_gemm.select import plan
+        return plan(arch, m, n, k, kind, "float16", sms).path
+    if kind == "kbit4":
+        from kernelgen.kbit_gemm.tiled import plan_tiled
+        return plan_tiled(arch, m, n, k, "float16", sms).path
+    from kernelgen.kbit_gemm.tc_select import plan_gemm
+    return plan_gemm(arch, m, n, k, int(kind[4]), "float16", sms).path
+
+
+def distance(row: dict, replay: bool = False) -> tuple[float, str] | None:
+    """(default / fastest forced path - 1, that path) of a measured row; None without both.
+    replay: the forced time of the path `pick` gives now in place of the measured default
+    (None where that path was not timed)."""
     forced = {p: t for p, t in row["us"].items() if p != "default"}
-    if "default" not in row["us"] or not forced:
+    now = forced.get(pick(row)) if replay and forced else row["us"].get("default")
+    if now is None or not forced:
         return None
     best = min(forced, key=forced.get)
-    return row["us"]["default"] / forced[best] - 1, best
+    return now / forced[best] - 1, best
 
 
-def _line(row: dict) -> str:
-    d = distance(row)
+def _line(row: dict, replay: bool = False) -> str:
+    d = distance(row, replay)
     paths = " ".join(f"{p} {t:.2f}" for p, t in row["us"].items() if p != "default")
-    head = f"{row['n']}x{row['k']} {row['kind']} M={row['m']}: default {row['us'].get('default', float('nan')):.2f} | {paths}"
+    now = f"picks {pick(row)}" if replay else f"default {row['us'].get('default', float('nan')):.2f}"
+    head = f"{row['n']}x{row['k']} {row['kind']} M={row['m']}: {now} | {paths}"
     return head if d is None else f"{head} | fastest {d[1]} ({100 * d[0]:+.1f}%)"
 
 
-def judge(paths: list[str], show: float) -> None:
+def judge(paths: list[str], show: float, replay: bool = False) -> None:
     dist = []
     for path in paths:
         with open(path) as f:
             for row in json.load(f):
-                d = distance(row)
+                d = distance(row, replay)
                 if d is None:
                     continue
                 dist.append(max(d[0], 0.0))
                 if d[0] > show:
-                    print(_line(row))
+                    print(_line(row, replay))
     if not dist:
-        raise SystemExit("no row with the default and a forced path in these files")
-    print(f"{len(dist)} rows: the default is {100 * sum(dist) / len(dist):.2f}% from the fastest "
+        raise SystemExit("no row with the default (--replay: the picked path) and a forced path "
+                         "in these files")
+    who = "this checkout's pick" if replay else "the default"
+    print(f"{len(dist)} rows: {who} is {100 * sum(dist) / len(dist):.2f}% from the fastest "
           f"path on average, {sum(d > show for d in dist)} rows beyond {100 * show:.0f}%, worst "
           f"{100 * max(dist):.1f}%")
 
@@ -151,11 +176,14 @@ def main() -> None:
     j = sub.add_parser("judge")
     j.add_argument("paths", nargs="+")
     j.add_argument("--show", type=float, default=0.03, help="print rows this much slower (0.03: 3%%)")
+    j.add_argument("--replay", action="store_true", help="score the path this checkout's selector "
+                   "picks (its forced time) instead of the default measured: a rule change checked "
+                   "against old grids without a GPU")
     args = ap.parse_args()
     if args.cmd == "measure":
         measure(args)
     else:
-        judge(args.paths, args.show)
+        judge(args.paths, args.show, args.replay)
 
 
 if __name__ == "__main__":

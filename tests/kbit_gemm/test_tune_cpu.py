@@ -122,3 +122,28 @@ def test_tune_paths_selection():
         sel("kbit4", "default,mma")
     with pytest.raises(SystemExit, match="--kinds: 'fp8'"):
         sel("kbit4,fp8", "default")
+
+
+def test_tune_paths_replay(tmp_path, capsys):
+    """judge --replay scores the path this checkout's selector picks (its forced time), not the
+    measured default; a row that did not time that path is left out."""
+    tool = _paths_tool()
+    base = dict(arch="sm_90a", sm_count=132)
+    rows = [  # picks (session 35 rules): gemv, tile, mma
+        dict(base, n=18432, k=1536, kind="nvfp4", m=40, us={"default": 29.0, "gemv": 18.4, "tile": 29.0}),
+        dict(base, n=20480, k=1024, kind="kbit4", m=24, us={"default": 15.2, "gemv": 15.2, "tile": 14.0}),
+        dict(base, n=32768, k=1024, kind="kbit2", m=64, us={"default": 28.0, "gemv": 28.0, "mma": 25.2}),
+        dict(base, n=18432, k=1536, kind="nvfp4", m=48, us={"default": 29.3, "tile": 29.3}),  # no gemv
+    ]
+    assert [tool.pick(r) for r in rows[:3]] == ["gemv", "tile", "mma"]
+    assert tool.distance(rows[0]) == pytest.approx((29.0 / 18.4 - 1, "gemv"))
+    assert tool.distance(rows[0], replay=True) == pytest.approx((0.0, "gemv"))
+    assert tool.distance(rows[2], replay=True) == pytest.approx((0.0, "mma"))
+    assert tool.distance(rows[3], replay=True) is None and tool.distance(rows[3]) is not None
+    rows[1]["us"]["tile"] = 16.0  # the pick now 5% slower than the GEMV
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(rows))
+    tool.judge([str(p)], 0.03, replay=True)
+    out = capsys.readouterr().out
+    assert "kbit4 M=24: picks tile" in out and "fastest gemv (+5.3%)" in out
+    assert "3 rows: this checkout's pick is" in out and f"{100 * (16 / 15.2 - 1) / 3:.2f}%" in out
