@@ -64,7 +64,7 @@ GEMV_MAX_M: dict[tuple[int, bool], int] = {  # (bits, N >= K) -> M, weights > GE
     (2, True): 128, (3, True): 127, (4, True): 32, (5, True): 48,
     (2, False): 48, (3, False): 48, (4, False): 16, (5, False): 32,
 }
-# ... except MMA_WINDOWS[0] tokens at 2 / 3 bits (N % 128 == 0) where one full 64-token mma tile
+# ... except MMA_WINDOWS[bits][0] tokens at 2 / 3 bits (N % 128 == 0) where one full 64-token mma tile
 # beats the GEMV's 4 passes: on a long K (>= MMA_WINDOW_MIN_K), and where the mma plan runs
 # unsplit with its CTAs filling their rounds to MMA_WINDOW_FILL (mma_fill). H100, M = 64, GEMV /
 # mma us (examples/tune_paths.py, graph-timed, rotated; sessions 34 and 35, BENCHMARKS.md): K =
@@ -82,8 +82,14 @@ GEMV_MAX_M: dict[tuple[int, bool], int] = {  # (bits, N >= K) -> M, weights > GE
 # against the faster of the GEMV and dequantize + cuBLAS, us: 16384x1536 2 bits 31.19 / 39.39,
 # 3 bits 36.37 / 42.11; 32768x1024 44.27 / 53.08, 51.46 / 57.97; 28672x1536 61.03 / 66.63, 71.16
 # / 74.90 (fill 0.85..0.97); K = 8192, 2 bits: 8192x8192 and 28672x8192 (session 34's grids).
-MMA_WINDOWS = ((49, 64), (113, 128))
-MMA_WINDOW_MIN_K = 8192
+# 5 bits (the GEMV to 48 tokens): 33..48, one token tile against 3 passes, M = 48 GEMV / mma
+# us: 32768x1024 36.98 / 32.84, 28672x1536 48.55 / 45.90 (fill 0.97 / 0.85); the GEMV faster at
+# fill 0.73 (24576x1536 41.65 / 45.44, 24576x2048), 0.61 (20480x1024) and on split plans
+# (16384x1536, 18432x1536, 20480x2048, 17920x4096) by 8-33%; at M = 32 on every shape. Fitted
+# on those 9 shapes (session 35, BENCHMARKS.md) with no held-out grid left to check it.
+MMA_WINDOWS: dict[int, tuple[tuple[int, int], ...]] = {  # bits -> (first M, last M) windows
+    2: ((49, 64), (113, 128)), 3: ((49, 64), (113, 128)), 5: ((33, 48),)}
+MMA_WINDOW_MIN_K = {2: 8192, 3: 8192}  # by bits; 5 bits: the fill rule only (no long K measured)
 MMA_WINDOW_FILL = 0.75
 # Past the GEMV, small weights (<= GEMV_SMALL_WEIGHT) go to dequantize + cuBLAS sooner: the dequant
 # pass is short there and the mma tiles have few CTAs. H100 (session 22, same bench, --ms
@@ -249,10 +255,10 @@ def path_for(m: int, n: int, k: int, bits: int, mma_full: Callable[[], bool] | N
     """The path at M tokens. `mma_full()`: whether the mma plan at this M runs unsplit and fills
     its rounds to MMA_WINDOW_FILL (asked in MMA_WINDOWS only; None: not known, the windows then
     take the long-K rule alone)."""
-    lo, hi = next(((lo, hi) for lo, hi in MMA_WINDOWS if lo <= m <= hi), (0, 0))
-    window = (bits in (2, 3) and lo and n % TILE_N_MIN == 0 and n * k > GEMV_SMALL_WEIGHT
+    lo = next((lo for lo, hi in MMA_WINDOWS.get(bits, ()) if lo <= m <= hi), 0)
+    window = (lo and n % TILE_N_MIN == 0 and n * k > GEMV_SMALL_WEIGHT
               and lo <= gemv_max_m(n, k, bits)
-              and (k >= MMA_WINDOW_MIN_K or mma_full is not None and mma_full()))
+              and (k >= MMA_WINDOW_MIN_K.get(bits, k + 1) or mma_full is not None and mma_full()))
     if window:
         return "mma"
     if m <= gemv_max_m(n, k, bits):
@@ -304,7 +310,7 @@ def prewarm_mma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[
                    | {d + e for t in (DEQUANT_MIN_M, DEQUANT_SMALL_MIN_M) for d in t.values()
                       for e in (-1, 0)}
                    | {e for mx, _ in TILE_M_TABLE[:-1] for e in (mx, mx + 1)}
-                   | {e for w in MMA_WINDOWS for e in w})
+                   | {e for ws in MMA_WINDOWS.values() for w in ws for e in w})
     seen: set[KbitMmaConfig] = set()
     for arch in archs:
         get_arch(arch)

@@ -67,19 +67,31 @@ def test_path_thresholds(bits):
         assert S.path_for(100 if hi > 100 else hi - 1, n, k, bits) == "gemv"
         assert S.path_for(hi - 1, n, k, bits) == "gemv" and S.path_for(hi, n, k, bits) == "dequant"
         assert S.plan_gemm("sm_90a", 4096, n, k, bits, "float16", 132).path == "dequant"
-    # MMA_WINDOWS (49..64 and 113..128 tokens: one / two full mma tiles against the GEMV's 4 / 8
-    # passes) at 2 / 3 bits, N % 128 == 0, N >= K: mma on K >= 8192, or where mma_full() says
-    # the mma plan fills its rounds; the other widths, N % 128 != 0 and small weights keep the table
-    ms = (48, 49, 64, 65, 112, 113, 127, 128, 129)
+    # MMA_WINDOWS (2 / 3 bits: 49..64 and 113..128 tokens, one / two full mma tiles against the
+    # GEMV's 4 / 8 passes; 5 bits: 33..48) where N % 128 == 0, N >= K: mma on K >= 8192 (2 / 3
+    # bits), or where mma_full() says the mma plan fills its rounds; 4 bits, N % 128 != 0 and
+    # small weights keep the table
+    ms = (32, 33, 48, 49, 64, 65, 112, 113, 127, 128, 129)
+    wins = {2: ((49, 64), (113, 128)), 3: ((49, 64), (113, 128)), 5: ((33, 48),)}.get(bits, ())
     for n, k in ((8192, 8192), (28672, 4096), (32768, 1024), (32001, 8192), (2048, 8192)):
         for full in (None, lambda: True, lambda: False):
-            window = (bits in (2, 3) and n % 128 == 0 and n * k > S.GEMV_SMALL_WEIGHT
-                      and (k >= 8192 or full is not None and full()))
+            window = (n % 128 == 0 and n * k > S.GEMV_SMALL_WEIGHT
+                      and (k >= 8192 and bits != 5 or full is not None and full()))
             for m in ms:
                 table = ("gemv" if m <= S.gemv_max_m(n, k, bits) else "dequant"
                          if m >= S.dequant_min_m(n, k, bits) else "gemv" if n % 128 else "mma")
-                want = "mma" if window and (49 <= m <= 64 or 113 <= m <= 128) else table
+                want = "mma" if window and any(lo <= m <= hi for lo, hi in wins) else table
                 assert S.path_for(m, n, k, bits, full) == want, (n, k, m, full)
+
+
+def test_mma_window_5_bits():
+    """5 bits at 33..48 tokens: mma where the unsplit plan fills its rounds (32768x1024,
+    28672x1536), the GEMV at fill 0.73 (24576x1536) and on split plans (16384x1536)."""
+    sel = lambda m, n, k: S.plan_gemm("sm_90a", m, n, k, 5, "float16", 132).path  # noqa: E731
+    for n, k in ((32768, 1024), (28672, 1536)):
+        assert [sel(m, n, k) for m in (32, 33, 48, 49)] == ["gemv", "mma", "mma", "mma"], (n, k)
+    for n, k in ((24576, 1536), (16384, 1536), (8192, 8192)):  # no long-K rule at 5 bits
+        assert [sel(m, n, k) for m in (32, 33, 48, 49)] == ["gemv", "gemv", "gemv", "mma"], (n, k)
 
 
 @pytest.mark.parametrize("bits", (2, 3))
