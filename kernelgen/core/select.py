@@ -1,4 +1,5 @@
-"""Helpers every selector uses: memoisation and KERNELGEN_PRINT_CONFIGS printing.
+"""Helpers every selector uses: memoisation and KERNELGEN_PRINT_CONFIGS printing, prewarm's
+weight shapes, and the fill of a launch's waves.
 
 A selector is a pure function from hashable problem fields to a Config; wrapping it with
 `selector` makes the first choice per argument tuple print (when asked) and every later one a
@@ -52,3 +53,9 @@ def weight_shapes(spec: dict, family: str,
             raise UnsupportedConfigError(str(e)) from None
         out.append((None if m is None else int(m), int(n), int(k)))
     return out
+
+
+def wave_fill(ctas: int, slots: int) -> float:
+    """The mean fill of the waves of `ctas` CTAs over `slots` resident at once (SMs x CTAs an
+    SM): 1.0 where the last wave is full, just above 0.5 where it holds one CTA of two waves."""
+    return ctas / (-(-ctas // slots) * slots)

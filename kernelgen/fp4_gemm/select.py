@@ -27,7 +27,7 @@ from ..arch import (
     smem_per_sm,
     targets_like,
 )
-from ..core.select import selector, weight_shapes
+from ..core.select import selector, wave_fill, weight_shapes
 from ..errors import UnsupportedConfigError
 from .config import (
     DEQUANT_THREADS,
@@ -607,11 +607,6 @@ def wgmma_takes(arch: str, m: int, n: int, k: int, sm_count: int, fmt: str = "nv
     if -(-q // split) < WGMMA_MIN_STEPS:
         return False
     return m > WGMMA_WAVE_M or ctas * split <= sm_count or full
-
-
-def wave_fill(ctas: int, sm_count: int) -> float:
-    """The mean fill of the waves of `ctas` CTAs of one an SM: 1.0 where the last wave is full."""
-    return ctas / (-(-ctas // sm_count) * sm_count)
 
 
 def wgmma_bm(m: int) -> int:

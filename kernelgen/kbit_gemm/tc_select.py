@@ -16,7 +16,7 @@ from typing import Any
 
 from ..arch import get_arch, parts_of, smem_cap, smem_limits, smem_per_sm
 from ..core.config import KernelConfig
-from ..core.select import selector
+from ..core.select import selector, wave_fill
 from ..errors import UnsupportedConfigError
 from ..kbit.api import check_bits
 from .config import BITS, DTYPES
@@ -181,6 +181,12 @@ def tile_for(m: int, n: int) -> tuple[int, int]:
     return tile_m, tile_n
 
 
+def mma_slots(cfg: KbitMmaConfig, arch: str, sm_count: int, smem_limit: int | None = None) -> int:
+    """CTAs of an mma config resident at once on the device: its launch bounds' blocks an SM,
+    as many as the SM's shared memory holds (1 KB a block reserved)."""
+    return sm_count * max(1, min(cfg.min_blocks, smem_per_sm(arch, smem_limit) // (cfg.smem_bytes() + 1024)))
+
+
 def plan_mma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
              tile: tuple[int, int] | None = None, split: int | None = None,
              smem_limit: int | None = None) -> MmaPlan:
@@ -214,8 +220,7 @@ def plan_mma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count:
     m_tiles, n_tiles, kt = -(-m // tile_m), n // tile_n, k // TILE_K
     tiles = m_tiles * n_tiles
     if split is None:
-        resident = max(1, min(cfg.min_blocks, smem_per_sm(arch, smem_limit) // (cfg.smem_bytes() + 1024)))
-        slots = sm_count * resident
+        slots = mma_slots(cfg, arch, sm_count, smem_limit)
 
         def cost(s: int) -> float:  # rounds of resident CTAs x k-tiles a round
             return -(-tiles * s // slots) * (-(-kt // s) + FILL_KT + (SPLIT_KT if s > 1 else 0.0))
@@ -245,10 +250,8 @@ def dequant_min_m(n: int, k: int, bits: int) -> int:
 
 def mma_fill(plan: MmaPlan, arch: str, sm_count: int, smem_limit: int | None = None) -> float:
     """The mean fill of an mma plan's rounds of resident CTAs (1.0: the last round full)."""
-    cfg = plan.config
-    slots = sm_count * max(1, min(cfg.min_blocks, smem_per_sm(arch, smem_limit) // (cfg.smem_bytes() + 1024)))
-    ctas = plan.m_tiles * plan.n_tiles * plan.split
-    return ctas / (-(-ctas // slots) * slots)
+    return wave_fill(plan.m_tiles * plan.n_tiles * plan.split,
+                     mma_slots(plan.config, arch, sm_count, smem_limit))
 
 
 def path_for(m: int, n: int, k: int, bits: int, mma_full: Callable[[], bool] | None = None) -> str:
