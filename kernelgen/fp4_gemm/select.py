@@ -245,6 +245,28 @@ WGMMA_SHORT_K_STEPS = 8
 # (0.667) went the other way, so it is 0.68, and that grid no longer holds out for it.
 WGMMA_WAVE_M = 48
 WGMMA_WAVE_MIN = 0.68
+# Past 128 tokens on a short K the fill that pays falls as K grows (longer pipelines amortise a
+# CTA's fixed cost) and is higher for NVFP4 (twice the scales to decode a step); dequantize +
+# cuBLAS costs the same for every format. WGMMA_LATE_FILL[fmt] = the bound at (8, 16) steps,
+# linear between. H100, session 36 (`examples/tune_paths.py`, graph-timed, rotated; 270 rows of
+# sessions 34-36 at M = 144..256, BENCHMARKS.md), wgmma against dequantize + cuBLAS: kbit4 at 8
+# steps 18% slower at fill 0.64 (21504x1024 M = 144), 10-14% faster at 0.73 (36864x1024); at 16
+# steps 9-13% slower at 0.52 (17408x2048), a tie at 0.55, 1-7% faster at 0.61 (10240x2048,
+# 20480x2048) and 17-24% at 0.67 (22528x2048); mxfp4 alike. NVFP4 at 8 steps 3-11% slower at
+# 0.73 (36864x1024), 2-3% faster at 0.82 (27648x1024); at 12 steps 1-8% slower at 0.67, mixed at
+# 0.73 (12288x1536 one wave of 96: 2-5% slower, 24576x1536: 1-9% faster); at 16 steps mixed at
+# 0.61, 7-16% faster at 0.67 (22528x2048). (The single bound 0.68 left 22528x2048 kbit4 M = 240
+# at 99.7 against 75.2 us.)
+WGMMA_LATE_FILL = {"nvfp4": (0.78, 0.64), "mxfp4": (0.70, 0.58), "kbit4": (0.70, 0.58)}
+
+
+def late_fill(fmt: str, q: int) -> float:
+    """The wave fill the wgmma path needs past 128 tokens on an unsplit K of q <= 16 steps."""
+    lo, hi = WGMMA_LATE_FILL[fmt]
+    span = WGMMA_MIN_STEPS - WGMMA_SHORT_K_STEPS
+    return lo + (hi - lo) * (min(max(q, WGMMA_SHORT_K_STEPS), WGMMA_MIN_STEPS) - WGMMA_SHORT_K_STEPS) / span
+
+
 DEQUANT_CTAS_PER_SM = 8  # 256-thread CTAs of the dequantize kernel: a full SM, one chunk a thread
 # stages per (arch, bm): as deep as the arch's shared memory allows for one CTA an SM (and the
 # device's, where a part allows less: 8.6 under sm_80 and sm_89 take 99 KB a block)
@@ -601,9 +623,12 @@ def wgmma_takes(arch: str, m: int, n: int, k: int, sm_count: int, fmt: str = "nv
         return False
     ctas = -(-n // TILE_BN) * -(-m // bm)
     split = _auto_split(q, ctas, _wgmma_fill(sm_count))
-    full = wave_fill(ctas * split, sm_count) >= WGMMA_WAVE_MIN
+    fill = wave_fill(ctas * split, sm_count)
+    full = fill >= WGMMA_WAVE_MIN
     if split == 1 and q <= WGMMA_MIN_STEPS:  # a short K, unsplit
-        return q >= WGMMA_SHORT_K_STEPS and (WGMMA_SHORT_K_M[0] <= m <= WGMMA_SHORT_K_M[1] or full)
+        if m > WGMMA_SHORT_K_M[1]:
+            return q >= WGMMA_SHORT_K_STEPS and fill >= late_fill(fmt, q)
+        return q >= WGMMA_SHORT_K_STEPS and (m >= WGMMA_SHORT_K_M[0] or full)
     if -(-q // split) < WGMMA_MIN_STEPS:
         return False
     return m > WGMMA_WAVE_M or ctas * split <= sm_count or full

@@ -86,11 +86,14 @@ GEMV_MAX_M: dict[tuple[int, bool], int] = {  # (bits, N >= K) -> M, weights > GE
 # us: 32768x1024 36.98 / 32.84, 28672x1536 48.55 / 45.90 (fill 0.97 / 0.85); the GEMV faster at
 # fill 0.73 (24576x1536 41.65 / 45.44, 24576x2048), 0.61 (20480x1024) and on split plans
 # (16384x1536, 18432x1536, 20480x2048, 17920x4096) by 8-33%; at M = 32 on every shape. Fitted
-# on those 9 shapes (session 35, BENCHMARKS.md) with no held-out grid left to check it.
+# on those 9 shapes (session 35) with the 2 / 3-bit bound 0.75; a held-out grid of 12 more
+# (session 36, M = 40 / 48, BENCHMARKS.md) found the GEMV 8-10% faster at fill 0.76 / 0.79
+# (25600x1536, 26624x1536), a tie at 0.85 (28672x4096) and mma 0-12% faster from 0.91
+# (30720x1024, 30720x2048, 32000x4096), so 5 bits takes 0.82.
 MMA_WINDOWS: dict[int, tuple[tuple[int, int], ...]] = {  # bits -> (first M, last M) windows
     2: ((49, 64), (113, 128)), 3: ((49, 64), (113, 128)), 5: ((33, 48),)}
 MMA_WINDOW_MIN_K = {2: 8192, 3: 8192}  # by bits; 5 bits: the fill rule only (no long K measured)
-MMA_WINDOW_FILL = 0.75
+MMA_WINDOW_FILL = {2: 0.75, 3: 0.75, 5: 0.82}  # by bits
 # Past the GEMV, small weights (<= GEMV_SMALL_WEIGHT) go to dequantize + cuBLAS sooner: the dequant
 # pass is short there and the mma tiles have few CTAs. H100 (session 22, same bench, --ms
 # 17..159), mma / dequant us: 4096x4096 M = 65 2 bits 31.6 / 25.3, 4 bits 33.6 / 26.2, 128 34.2 /
@@ -256,7 +259,7 @@ def mma_fill(plan: MmaPlan, arch: str, sm_count: int, smem_limit: int | None = N
 
 def path_for(m: int, n: int, k: int, bits: int, mma_full: Callable[[], bool] | None = None) -> str:
     """The path at M tokens. `mma_full()`: whether the mma plan at this M runs unsplit and fills
-    its rounds to MMA_WINDOW_FILL (asked in MMA_WINDOWS only; None: not known, the windows then
+    its rounds to MMA_WINDOW_FILL[bits] (asked in MMA_WINDOWS only; None: not known, the windows then
     take the long-K rule alone)."""
     lo = next((lo for lo, hi in MMA_WINDOWS.get(bits, ()) if lo <= m <= hi), 0)
     window = (lo and n % TILE_N_MIN == 0 and n * k > GEMV_SMALL_WEIGHT
@@ -274,10 +277,10 @@ def path_for(m: int, n: int, k: int, bits: int, mma_full: Callable[[], bool] | N
 def mma_full(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
              smem_limit: int | None = None) -> Callable[[], bool]:
     """path_for's `mma_full` for a device: the mma plan at M unsplit, its rounds filled to
-    MMA_WINDOW_FILL."""
+    MMA_WINDOW_FILL[bits]."""
     def full() -> bool:
         p = plan_mma(arch, m, n, k, bits, dtype, sm_count, smem_limit=smem_limit)
-        return p.split == 1 and mma_fill(p, arch, sm_count, smem_limit) >= MMA_WINDOW_FILL
+        return p.split == 1 and mma_fill(p, arch, sm_count, smem_limit) >= MMA_WINDOW_FILL[bits]
     return full
 
 

@@ -38,6 +38,7 @@ from kernelgen.fp4_gemm.select import (
     SHORT_K_STEPS,
     WGMMA_WAVE_MIN,
     bm_for,
+    late_fill,
     path_for,
     plan,
     prewarm_configs,
@@ -582,8 +583,9 @@ def test_wgmma_plan_rules():
             == [False] + [True] * 6 + [False], (n, k)
     assert not any(wgmma_takes("sm_90a", m, 4096, 4096, 132) for m in range(1, 1025, 7))
     # a short K unsplit (<= 16 steps; the 128-row CTAs cover the SMs): 49..128 tokens from 8
-    # steps on (WGMMA_SHORT_K_M); 33..48 and 129..256 only where the CTAs fill their waves to
-    # WGMMA_WAVE_MIN (measured on 23 shapes, select.py), and never where the CTAs would split K
+    # steps on (WGMMA_SHORT_K_M); 33..48 only where the CTAs fill their waves to WGMMA_WAVE_MIN
+    # and 129..256 to late_fill (by format and steps; for NVFP4, the format here, at least as
+    # high) (measured on 23 / 37 shapes, select.py), and never where the CTAs would split K
     # (4096x1536: 32 CTAs) or K has fewer than 8 steps
     ms = (32, 33, 48, 49, 64, 96, 128, 129, 192, 256, 257)
     for n, k in ((24576, 1536), (16384, 1536), (32768, 1024), (16768, 1024), (24576, 2048)):
@@ -595,6 +597,20 @@ def test_wgmma_plan_rules():
         assert wave_fill(-(-n // 128), 132) < WGMMA_WAVE_MIN, (n, k)
         assert [wgmma_takes("sm_90a", m, n, k, 132) for m in ms] \
             == [False] * 3 + [True] * 4 + [False] * 4, (n, k)
+    # past 128 tokens the bound falls from 8 to 16 steps and is higher for NVFP4 (session 36):
+    # kbit4 / mxfp4 take fill 0.67 at 12 and 16 steps, 0.61 at 16, 0.73 at 8; NVFP4 0.67 only at
+    # 16 steps, 0.82 at 8, not 0.73 there
+    assert [late_fill("kbit4", q) for q in (8, 12, 16)] == pytest.approx([0.70, 0.64, 0.58])
+    assert [late_fill("nvfp4", q) for q in (8, 12, 16)] == pytest.approx([0.78, 0.71, 0.64])
+    assert late_fill("mxfp4", 6) == late_fill("mxfp4", 8) and late_fill("mxfp4", 20) == late_fill("mxfp4", 16)
+    late = {(22528, 2048): (True, True), (22528, 1536): (True, False), (10240, 2048): (True, False),
+            (36864, 1024): (True, False), (27648, 1024): (True, True), (19456, 1536): (False, False),
+            (21504, 1024): (False, False), (17408, 2048): (False, False)}
+    for (n, k), (kb, nv) in late.items():
+        for m in (144, 192, 256):
+            assert [wgmma_takes("sm_90a", m, n, k, 132, f) for f in ("kbit4", "mxfp4", "nvfp4")] \
+                == [kb, kb, nv], (n, k, m)
+            assert wgmma_takes("sm_90a", 128, n, k, 132, "nvfp4"), (n, k)  # 49..128: any fill
     # a longer K: 33..48 tokens also need the fill where the CTAs pass the SMs (a second wave),
     # not where they are one partial wave (14336x4096 above); past 48 tokens the rule as before
     assert wave_fill(160, 132) < WGMMA_WAVE_MIN <= wave_fill(112, 132) == 112 / 132

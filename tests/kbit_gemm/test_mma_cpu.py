@@ -85,11 +85,18 @@ def test_path_thresholds(bits):
 
 
 def test_mma_window_5_bits():
-    """5 bits at 33..48 tokens: mma where the unsplit plan fills its rounds (32768x1024,
-    28672x1536), the GEMV at fill 0.73 (24576x1536) and on split plans (16384x1536)."""
-    sel = lambda m, n, k: S.plan_gemm("sm_90a", m, n, k, 5, "float16", 132).path  # noqa: E731
-    for n, k in ((32768, 1024), (28672, 1536)):
+    """5 bits at 33..48 tokens: mma where the unsplit plan fills its rounds to 0.82 (32768x1024,
+    28672x1536 at 0.85, 30720x1024 at 0.91), the GEMV at fill 0.73 / 0.76 / 0.79 (24576x1536,
+    25600x1536, 26624x1536: 2 / 3 bits take 0.76 and 0.79) and on split plans (16384x1536)."""
+    sel = lambda m, n, k, b=5: S.plan_gemm("sm_90a", m, n, k, b, "float16", 132).path  # noqa: E731
+    assert S.MMA_WINDOW_FILL[5] > S.MMA_WINDOW_FILL[2] == S.MMA_WINDOW_FILL[3]
+    for n, k in ((32768, 1024), (28672, 1536), (30720, 1024)):
         assert [sel(m, n, k) for m in (32, 33, 48, 49)] == ["gemv", "mma", "mma", "mma"], (n, k)
+    for n, k in ((25600, 1536), (26624, 1536)):
+        fill = S.mma_fill(S.plan_mma("sm_90a", 48, n, k, 5, "float16", 132), "sm_90a", 132)
+        assert S.MMA_WINDOW_FILL[2] < fill < S.MMA_WINDOW_FILL[5], (n, k)
+        assert [sel(m, n, k) for m in (33, 48, 49)] == ["gemv", "gemv", "mma"], (n, k)
+        assert sel(64, n, k, 2) == "mma", (n, k)
     for n, k in ((24576, 1536), (16384, 1536), (8192, 8192)):  # no long-K rule at 5 bits
         assert [sel(m, n, k) for m in (32, 33, 48, 49)] == ["gemv", "gemv", "gemv", "mma"], (n, k)
 
