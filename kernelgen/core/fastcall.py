@@ -1,25 +1,29 @@
-"""A per-weight memo of resolved launches: the host hot path of the decode GEMMs.
+"""A memo of resolved launches: the host hot path of decode-time calls.
 
 A GEMM call checks its arguments, asks the selector, loads the kernel, builds its argument
 list and launches: ~40-65 us of Python on a slow host for a kernel that runs 5 us at M = 1
-(H100 host, BENCHMARKS.md). For one weight the outcome depends only on a *signature* of the
-call: the API function, A's array kind, shape, dtype, device and contiguity, the stream (and
-the thread, on the per-thread default stream), bias's shape and dtype (or none) and the PDL
-knob. So the first call with a signature runs the full path, and where
-that path ends in one launch of one kernel (`offer`), the weight keeps the launch with the
-three per-call pointers (A, bias, C) as slots; later calls with that signature check A's
-alignment, allocate C and launch.
+(H100 host, BENCHMARKS.md); an activation quantize or an MXFP8 GEMM about as much. For one
+weight (or, for a quantize, none) the outcome depends only on a *signature* of the call: the
+API function, each per-call array's kind, shape, dtype, device and contiguity (or its absence),
+the call's other arguments that reach the kernels (`extra`), the stream (and the thread, on the
+per-thread default stream) and the PDL knob. So the first call with a signature runs the full
+path, and where that path ends in launches that were all `offer`ed (no other launch of ours in
+between), the memo keeps them with the per-call pointers as slots: the inputs' and the new
+outputs'; later calls with that signature check the inputs' alignment, allocate the outputs and
+launch.
 
-Only the entry points' default calls use it (no out=, dtype=, forced path / split / tile /
-kw); a call with another signature, a misaligned A, KERNELGEN_POISON, a launch during stream
-capture (recording only: a memo made before a capture is replayed into it), a path that uses
-more than one kernel (dequantize + cuBLAS) or arrays on another device than the current one
-takes the full path, and so does every call with KERNELGEN_FASTCALL=0. The memo is kept by
-weight identity for the weight's lifetime (a weakref finalizer drops it; not on the object, so
-a copy or pickle of a weight carries none), at most MAX_ENTRIES signatures a weight, then it
-starts over; `clear()` (jit.clear_memory_cache) drops every memo. An entry holds the kernel,
-the argument values as pointers and their struct codes: no reference to the recording call's
-arrays.
+Only the entry points' default calls use it (gemm / fp4_gemm: no out=, dtype=, forced path /
+split / tile / kw; quantize_mx / quantize_nvfp4: any call; mx_gemm: no out= or config); a call
+with another signature, a misaligned input, KERNELGEN_POISON, a launch during stream capture
+(recording only: a memo made before a capture is replayed into it), a path with a launch that
+was not offered (dequantize + cuBLAS) or a pointer that is neither a per-call array nor one the
+memo may keep (`fixed`: a weight's arrays; the GEMMs' split-K scratch, never freed), or arrays
+on another device than the current one takes the full path, and so does every call with
+KERNELGEN_FASTCALL=0. A weight's memo is kept by its identity for its lifetime (a weakref
+finalizer drops it; not on the object, so a copy or pickle of a weight carries none), a
+quantize's by the entry point; at most MAX_ENTRIES signatures a memo, then it starts over;
+`clear()` (jit.clear_memory_cache) drops every memo. An entry holds the kernels, the argument
+values as pointers and their struct codes: no reference to the recording call's arrays.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from ..knobs import fastcall, pdl, poison
 from .launch import arg_codes, launch_values
 
 MAX_ENTRIES = 256
-_local = threading.local()  # .rec: the launches offered during a recording (list) or None
-_memos: dict[int, dict] = {}  # id(weight) -> {signature: _Recipe}
+# .rec: the launches offered during a recording (list) or None; .pending: an offered launch not
+# yet sent; .tainted: the recording sent a launch that was not offered
+_local = threading.local()
+_memos: dict[Any, dict] = {}  # id(weight) or an entry name -> {signature: _Recipe}
 
 
 def clear() -> None:
@@ -45,10 +51,21 @@ def clear() -> None:
 
 def offer(ctx: Any, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int) -> None:
     """Called by a launch site right before ctx.launch for a launch that may be memoised: its
-    arguments are the weight's arrays, scalars, and the call's A / bias / C views."""
+    arguments are the per-call arrays (inputs, outputs), scalars, and arrays the memo may keep."""
     rec = getattr(_local, "rec", None)
     if rec is not None:
         rec.append((ctx, fn, grid, block, args, smem))
+        _local.pending = True
+
+
+def launching() -> None:
+    """Called by Ctx.launch for every launch: during a recording, one that no `offer` announced
+    spoils it (the memo would miss its work)."""
+    if getattr(_local, "rec", None) is not None:
+        if _local.pending:
+            _local.pending = False
+        else:
+            _local.tainted = True
 
 
 def _torch_sig(t: Any) -> tuple:
@@ -59,11 +76,13 @@ def _cupy_sig(a: Any) -> tuple:
     return (a.shape, a.dtype, a.data.device_id, a.flags.c_contiguous)
 
 
-def signature(entry: str, A: Any, bias: Any) -> tuple | None:
-    """The signature of a call of `entry` (the API function), or None where the memo does not
-    apply (see the module doc)."""
+def signature(entry: str, inputs: tuple, extra: tuple = ()) -> tuple | None:
+    """The signature of a call of `entry` (the API function) with per-call arrays `inputs` (the
+    first one given; the others of its kind or None) and the other arguments `extra`
+    (hashable), or None where the memo does not apply (see the module doc)."""
     if poison() or not fastcall():
         return None
+    A = inputs[0]
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(A, torch.Tensor):
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -73,128 +92,156 @@ def signature(entry: str, A: Any, bias: Any) -> tuple | None:
         if torch.cuda.current_device() != dev:
             return None
         stream = raw(dev)
-        if bias is not None and not isinstance(bias, torch.Tensor):
+        if any(x is not None and not isinstance(x, torch.Tensor) for x in inputs):
             return None
-        sig = ("torch", _torch_sig(A), stream, None if bias is None else _torch_sig(bias))
+        sig = ("torch", stream, *(None if x is None else _torch_sig(x) for x in inputs))
     else:
         import cupy
 
-        if type(A) is not cupy.ndarray or (bias is not None and type(bias) is not cupy.ndarray):
+        if type(A) is not cupy.ndarray or any(x is not None and type(x) is not cupy.ndarray for x in inputs):
             return None
         dev = A.data.device_id
-        if cupy.cuda.runtime.getDevice() != dev:
+        try:
+            if cupy.cuda.runtime.getDevice() != dev:
+                return None
+            stream = cupy.cuda.get_current_stream().ptr
+        except cupy.cuda.runtime.CUDARuntimeError:  # no usable device: the full path says why
             return None
-        stream = cupy.cuda.get_current_stream().ptr
-        sig = ("cupy", _cupy_sig(A), stream, None if bias is None else _cupy_sig(bias))
+        sig = ("cupy", stream, *(None if x is None else _cupy_sig(x) for x in inputs))
     # the per-thread default stream has one handle (2) but a stream, and split-K scratch
     # (interop.scratch), per thread
     thread = threading.get_ident() if stream == 2 else None
-    return sig + (entry, pdl(), thread)
+    return sig + (entry, extra, pdl(), thread)
 
 
 class _Recipe:
-    """One signature's launch: the kernel and its geometry, the argument values with the
-    weight's arrays as pointers, and the slots of A, bias and C."""
+    """One signature's launches: for each, the kernel and its geometry, the argument values
+    (kept arrays as pointers) and the slots of the per-call pointers (inputs, then outputs);
+    the outputs' shapes and dtypes, and `build`, which makes the call's result of them."""
 
-    __slots__ = ("fn", "grid", "block", "smem", "stream_ptr", "pdl", "codes", "vals", "ia", "ib",
-                 "ic", "out_shape", "out_dtype", "torch_device", "kind")
+    __slots__ = ("launches", "outs", "kind", "torch_device", "build")
 
-    def run(self, A: Any, bias: Any) -> Any:
+    def run(self, inputs: tuple) -> Any:
         if self.kind == "torch":
             import torch
 
-            pa = A.data_ptr()
-            pb = bias.data_ptr() if bias is not None else 0
-            if pa % 16 or pb % 16:
+            ptrs = [0 if x is None else x.data_ptr() for x in inputs]
+            if any(p % 16 for p in ptrs):
                 return None
-            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.torch_device)
-            pc = out.data_ptr()
+            outs = [torch.empty(shape, dtype=dt, device=self.torch_device) for shape, dt in self.outs]
+            ptrs += [o.data_ptr() for o in outs]
         else:
             import cupy
 
-            pa = A.data.ptr
-            pb = bias.data.ptr if bias is not None else 0
-            if pa % 16 or pb % 16:
+            ptrs = [0 if x is None else x.data.ptr for x in inputs]
+            if any(p % 16 for p in ptrs):
                 return None
-            out = cupy.empty(self.out_shape, self.out_dtype)
-            pc = out.data.ptr
-        vals = self.vals.copy()
-        for i in self.ia:
-            vals[i] = pa
-        for i in self.ib:
-            vals[i] = pb
-        for i in self.ic:
-            vals[i] = pc
-        launch_values(self.fn, self.grid, self.block, self.codes, self.smem, self.stream_ptr,
-                      self.pdl, vals)
-        return out
+            outs = [cupy.empty(shape, dt) for shape, dt in self.outs]
+            ptrs += [o.data.ptr for o in outs]
+        for fn, grid, block, codes, smem, stream_ptr, pdl_on, vals, slots in self.launches:
+            vals = vals.copy()
+            for i, s in slots:
+                vals[i] = ptrs[s]
+            launch_values(fn, grid, block, codes, smem, stream_ptr, pdl_on, vals)
+        return self.build(outs)
 
 
-def _recipe(sig: tuple, A: Any, bias: Any, out: Any, launch: tuple) -> _Recipe | None:
-    """The memo entry of a recorded call, or None where its launch is not one we can replay."""
-    ctx, fn, grid, block, args, smem = launch
-    if ctx.foreign or ctx.stream.is_capturing():
-        return None
+def _recipe(sig: tuple, inputs: tuple, outputs: tuple, launches: list, fixed: set | None,
+            build: Callable[[list], Any]) -> _Recipe | None:
+    """The memo entry of a recorded call, or None where its launches are not ones we can replay:
+    every array argument must be one of the call's inputs or outputs, or (fixed None) any array,
+    else one in `fixed`; every input and output must reach a launch."""
     kind = sig[0]
     ptr = (lambda x: x.data_ptr()) if kind == "torch" else (lambda x: x.data.ptr)
-    pa, pc = ptr(A), ptr(out)
-    pb = None if bias is None else ptr(bias)
-    if len({pa, pb, pc} - {None}) != 2 + (bias is not None):
-        return None  # aliased arguments: not a signature property
-    r = _Recipe()
-    r.codes = arg_codes(args)
-    r.vals, r.ia, r.ib, r.ic = [], [], [], []
-    for i, (a, code) in enumerate(zip(args, r.codes, strict=True)):
-        if code == "A":  # the weight's arrays and scratch are live for the memo's lifetime
-            p = a.data.ptr
-            (r.ia if p == pa else r.ib if p == pb else r.ic if p == pc else []).append(i)
-            r.vals.append(p)
-        else:
-            r.vals.append(a.raw if code == "M" else a)
-    if not r.ia or not r.ic:
-        return None
+    per_call = [None if x is None else ptr(x) for x in inputs] + [ptr(o) for o in outputs]
+    given = [p for p in per_call if p is not None]
+    if len(set(given)) != len(given) or 0 in given:
+        return None  # aliased or empty arrays: not a signature property
     from .interop import _pdl_device
 
-    r.fn, r.grid, r.block, r.smem = fn, grid, block, smem
-    r.stream_ptr = ctx.stream.ptr
-    r.pdl = _pdl_device(ctx.device) and pdl()
+    r = _Recipe()
+    r.launches, used = [], set()
+    for ctx, fn, grid, block, args, smem in launches:
+        if ctx.foreign or ctx.stream.is_capturing():
+            return None
+        codes = arg_codes(args)
+        vals, slots = [], []
+        for i, (a, code) in enumerate(zip(args, codes, strict=True)):
+            if code == "A":
+                p = a.data.ptr
+                if p in per_call:
+                    slots.append((i, per_call.index(p)))
+                    used.add(per_call.index(p))
+                elif fixed is not None and p not in fixed:
+                    return None
+                vals.append(p)
+            else:
+                vals.append(a.raw if code == "M" else a)
+        r.launches.append((fn, grid, block, codes, smem, ctx.stream.ptr,
+                           _pdl_device(ctx.device) and pdl(), vals, slots))
+    if used != {i for i, p in enumerate(per_call) if p is not None}:
+        return None
     r.kind = kind
-    r.out_shape = tuple(out.shape)
-    r.out_dtype = out.dtype
-    r.torch_device = out.device if kind == "torch" else None
+    r.outs = [(tuple(o.shape), o.dtype) for o in outputs]
+    r.torch_device = outputs[0].device if kind == "torch" else None
+    r.build = build
     return r
 
 
-def call(entry: str, W: Any, A: Any, bias: Any, full: Callable[[], Any]) -> Any:
-    """`full()` (the whole path of API function `entry`) for this call, through W's memo where
-    it applies."""
-    sig = signature(entry, A, bias)
+def memoised(entry: str, key: Any, inputs: tuple, extra: tuple, full: Callable[[], Any],
+             outputs_of: Callable[[Any], tuple], build_of: Callable[[Any], Callable[[list], Any]],
+             fixed: Callable[[], set] | None = None) -> Any:
+    """`full()` (the whole path of API function `entry`) for this call, through the memo of
+    `key` (a weight, kept by identity while it lives; or None: the entry's own memo) where it
+    applies. `outputs_of(result)`: the arrays the call made; `build_of(result)`: a function of
+    new such arrays to the result they stand in; `fixed()`: the pointers a replay may reuse
+    (None: any)."""
+    if getattr(_local, "rec", None) is not None:  # inside another call's recording: its launches
+        return full()
+    sig = signature(entry, inputs, extra)
     if sig is None:
         return full()
-    memo = _memos.get(id(W))
+    try:
+        hash(sig)
+    except TypeError:  # an argument the full path will judge
+        return full()
+    mkey = entry if key is None else id(key)
+    memo = _memos.get(mkey)
     if memo is not None:
         r = memo.get(sig)
         if r is not None:
-            out = r.run(A, bias)
+            out = r.run(inputs)
             if out is not None:
                 return out
             return full()
-    prev = getattr(_local, "rec", None)
-    _local.rec = rec = []
+    rec: list = []
+    _local.rec, _local.pending, _local.tainted = rec, False, False
     try:
         out = full()
+        tainted = _local.tainted or _local.pending
     finally:
-        _local.rec = prev
-    if len(rec) == 1:
-        r = _recipe(sig, A, bias, out, rec[0])
+        _local.rec = None
+    if rec and not tainted:
+        r = _recipe(sig, inputs, outputs_of(out), rec, None if fixed is None else fixed(), build_of(out))
         if r is not None:
             if memo is None:
-                try:
-                    weakref.finalize(W, _memos.pop, id(W), None)
-                except TypeError:  # not weak-referenceable: no memo
-                    return out
-                memo = _memos[id(W)] = {}
+                if key is not None:
+                    try:
+                        weakref.finalize(key, _memos.pop, mkey, None)
+                    except TypeError:  # not weak-referenceable: no memo
+                        return out
+                memo = _memos[mkey] = {}
             elif len(memo) >= MAX_ENTRIES:
                 memo.clear()
             memo[sig] = r
     return out
+
+
+def call(entry: str, W: Any, A: Any, bias: Any, full: Callable[[], Any]) -> Any:
+    """A GEMM's default call (C = A . W^T (+ bias), one new output C) through W's memo."""
+    return memoised(entry, W, (A, bias), (), full, lambda out: (out,), lambda out: first)
+
+
+def first(outs: list) -> Any:
+    """build_of's function for a call whose result is its one new array."""
+    return outs[0]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import knobs
+from .fastcall import launching
 from .tma import TensorMap
 
 # logical dtype name -> numpy storage dtype
@@ -127,6 +128,7 @@ class Ctx:
         through the same driver call, without the PDL attribute where PDL is off. More dynamic
         shared memory than the device allows a block raises DeviceError (check_smem; loading
         such a kernel raises it first)."""
+        launching()  # a memo recording (core/fastcall.py) sees every launch of ours
         if smem > 48 * 1024:
             check_smem(self.device, smem)
         if not isinstance(grid, int) and len(grid) > 1 and (

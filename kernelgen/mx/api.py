@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
+from ..core import fastcall
 from ..core.interop import Ctx, context_of, device_array, dtype_name, on_stream
 from ..core.jit import get_kernel
 from .config import FLOAT_DTYPES, lane_elems
@@ -76,8 +77,30 @@ def quantize_mx(x: Any, fmt: str, *, scale_layout: str = "swizzled",
     fmt: "mxfp4" | "mxfp6_e2m3" | "mxfp6_e3m2" | "mxfp8_e4m3" | "mxfp8_e5m2". Groups of 32 along K
     share an E8M0 scale (OCP floor rule); elements round to nearest even and saturate. Bit-exact
     with `reference.quantize_mx`. CuPy bf16: a uint16 array with dtype="bfloat16". No rows: an
-    MxTensor of zero-row data and scales, nothing launched.
+    MxTensor of zero-row data and scales, nothing launched. Memoised per signature of x and the
+    other arguments (core/fastcall.py: the next such call skips the checks and the planner).
     """
+    return fastcall.memoised("quantize_mx", None, (x,), (fmt, scale_layout, dtype),
+                             lambda: _quantize_mx(x, fmt, scale_layout, dtype), _arrays, _builder,
+                             _no_kept)
+
+
+def _arrays(t: MxTensor) -> tuple:
+    """The arrays a quantize made (core/fastcall.py outputs_of)."""
+    return (t.data, t.scales) + (() if t.global_scale is None else (t.global_scale,))
+
+
+def _builder(t: MxTensor) -> Any:
+    """MxTensors like t of new arrays (core/fastcall.py build_of)."""
+    return lambda outs: MxTensor(t.fmt, t.shape, outs[0], outs[1], t.scale_layout,
+                                 outs[2] if len(outs) > 2 else None)
+
+
+def _no_kept() -> set:
+    return set()  # a quantize's launches touch its input and outputs only
+
+
+def _quantize_mx(x: Any, fmt: str, scale_layout: str, dtype: str | None) -> MxTensor:
     if fmt not in MX_FORMATS:
         raise ValueError(f"fmt={fmt!r}; expected one of {list(MX_FORMATS)} (nvfp4: "
                          f"quantize_nvfp4)")
@@ -90,11 +113,16 @@ def quantize_mx(x: Any, fmt: str, *, scale_layout: str = "swizzled",
     plan = quantize_plan(info.arch.name, info.sm_count, fmt, dt, rows, k, swizzled, "value")
     data, data_v, scales, scales_v = _outputs(ctx, fmt, rows, k, scale_layout)
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("mx_quantize")
-    ctx.launch(fn, (plan.grid, 1, 1), (plan.block, 1, 1),
-               (xa, data_v, scales_v, data_v, data_v, data_v, np.float32(1), np.int32(0),
-                np.int32(0), np.int32(rows), np.int32(k), np.int32(plan.scale_mode),
-                np.int32(plan.slots)))
+    args = (xa, data_v, scales_v, data_v, data_v, data_v, np.float32(1), np.int32(0),
+            np.int32(0), np.int32(rows), np.int32(k), np.int32(plan.scale_mode),
+            np.int32(plan.slots))
+    _launch(ctx, fn, plan.grid, plan.block, args)
     return MxTensor(fmt, (rows, k), data, scales, scale_layout, None)
+
+
+def _launch(ctx: Ctx, fn: Any, grid: int, block: int, args: tuple) -> None:
+    fastcall.offer(ctx, fn, (grid, 1, 1), (block, 1, 1), args, 0)
+    ctx.launch(fn, (grid, 1, 1), (block, 1, 1), args)
 
 
 def _global_scale(global_scale: Any, ctx: Ctx) -> tuple[str, Any, float]:
@@ -124,8 +152,19 @@ def quantize_nvfp4(x: Any, global_scale: Any = None, *, scale_layout: str = "swi
     sync). Groups of 16 along K get an E4M3 scale; elements E2M1, RNE with saturation. The result's
     `global_scale` is a new fp32 device array of shape (1,). Bit-exact with
     `reference.quantize_nvfp4`. No rows: zero-row data and scales, global_scale the given one
-    (auto: 1.0), none of our kernels launched.
+    (auto: 1.0), none of our kernels launched. Memoised per signature of x (and a device
+    global_scale) and the other arguments (core/fastcall.py).
     """
+    if isinstance(global_scale, numbers.Real) or global_scale is None:
+        inputs, extra = (x,), (scale_layout, dtype, global_scale)
+    else:
+        inputs, extra = (x, global_scale), (scale_layout, dtype, "device")
+    return fastcall.memoised("quantize_nvfp4", None, inputs, extra,
+                             lambda: _quantize_nvfp4(x, global_scale, scale_layout, dtype),
+                             _arrays, _builder, _no_kept)
+
+
+def _quantize_nvfp4(x: Any, global_scale: Any, scale_layout: str, dtype: str | None) -> MxTensor:
     swizzled = _check_layout(scale_layout)
     ctx, xa, dt, rows, k = _input(x, dtype, "nvfp4")
     mode, gs_view, gs_val = _global_scale(global_scale, ctx)
@@ -140,21 +179,20 @@ def quantize_nvfp4(x: Any, global_scale: Any = None, *, scale_layout: str = "swi
     gs_out, gs_out_v = ctx.empty((1,), "float32")
     kernel = get_kernel(plan.config, ctx.device, ctx.stream)
     if plan.path == "fused":
-        ctx.launch(kernel.fn("mx_quantize_fused"), (plan.grid, 1, 1), (plan.block, 1, 1),
-                   (xa, data_v, scales_v, gs_out_v, np.int32(rows), np.int32(k),
-                    np.int32(plan.scale_mode)))
+        _launch(ctx, kernel.fn("mx_quantize_fused"), plan.grid, plan.block,
+                (xa, data_v, scales_v, gs_out_v, np.int32(rows), np.int32(k), np.int32(plan.scale_mode)))
         return MxTensor("nvfp4", (rows, k), data, scales, scale_layout, gs_out)
     partials_v, n_partials = gs_out_v, 0
     if plan.path == "amax":
         partials, partials_v = ctx.empty((plan.amax_grid,), "int32")  # uint32 bits on the device
         n_partials = plan.amax_grid
-        ctx.launch(kernel.fn("mx_amax"), (plan.amax_grid, 1, 1), (plan.block, 1, 1),
-                   (xa, partials_v, np.int64(rows * k * xa.itemsize // 16)))
+        _launch(ctx, kernel.fn("mx_amax"), plan.amax_grid, plan.block,
+                (xa, partials_v, np.int64(rows * k * xa.itemsize // 16)))
     gs_mode = {"value": 0, "device": 1, "auto": 3 if plan.path == "redundant" else 2}[mode]
-    ctx.launch(kernel.fn("mx_quantize"), (plan.grid, 1, 1), (plan.block, 1, 1),
-               (xa, data_v, scales_v, gs_view if gs_view is not None else gs_out_v, partials_v,
-                gs_out_v, np.float32(gs_val), np.int32(gs_mode), np.int32(n_partials),
-                np.int32(rows), np.int32(k), np.int32(plan.scale_mode), np.int32(plan.slots)))
+    _launch(ctx, kernel.fn("mx_quantize"), plan.grid, plan.block,
+            (xa, data_v, scales_v, gs_view if gs_view is not None else gs_out_v, partials_v,
+             gs_out_v, np.float32(gs_val), np.int32(gs_mode), np.int32(n_partials),
+             np.int32(rows), np.int32(k), np.int32(plan.scale_mode), np.int32(plan.slots)))
     return MxTensor("nvfp4", (rows, k), data, scales, scale_layout, gs_out)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
+from ..core import fastcall
 from ..core.interop import Ctx, context_of, device_array, dtype_name, on_stream, scratch
 from ..core.jit import get_kernel
 from .config import FORMATS, OUT_DTYPES, MxBsGemmConfig, MxFp8GemmConfig
@@ -144,7 +145,26 @@ def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = 
     M >= 0 (M = 0: an empty [0, N] D, nothing launched), N a multiple of 8, K a multiple of 32. bias [N] and out [M, N] in out_dtype
     ("bfloat16" or "float16"; CuPy bf16 is uint16). fp32 accumulation, D rounded to nearest.
     `config` forces a kernel config of the selector's path (tests, tuning); None: the selector's.
+    A call without out or config is memoised on B per signature of A's arrays, bias and the
+    other arguments (core/fastcall.py: the next such call skips the checks and the selector).
     """
+    if out is None and config is None and all(hasattr(A, f) for f in ("data", "scales", "fmt")):
+        inputs = (A.data, A.scales, getattr(A, "global_scale", None), bias)
+        extra = (A.fmt, tuple(A.shape), getattr(A, "scale_layout", None), alpha, out_dtype)
+        return fastcall.memoised("mx_gemm", B, inputs, extra,
+                                 lambda: _mx_gemm(A, B, bias, alpha, None, out_dtype, None),
+                                 lambda d: (d,), lambda d: fastcall.first, lambda: _kept(B))
+    return _mx_gemm(A, B, bias, alpha, out, out_dtype, config)
+
+
+def _kept(B: Any) -> set:
+    """The pointers of B's arrays: all a memoised launch may keep besides the call's arrays."""
+    ptr = (lambda x: x.data_ptr()) if hasattr(B.data, "data_ptr") else (lambda x: x.data.ptr)
+    return {ptr(x) for x in (B.data, B.scales, getattr(B, "global_scale", None)) if x is not None}
+
+
+def _mx_gemm(A: Any, B: Any, bias: Any, alpha: float, out: Any, out_dtype: str,
+             config: MxFp8GemmConfig | MxBsGemmConfig | None) -> Any:
     out_dtype = dtype_name(out_dtype)
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype={out_dtype!r}; expected one of {OUT_DTYPES}")
@@ -182,5 +202,6 @@ def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = 
         gsa_, gsb_ = (gsa, gsb) if gsa is not None else (d, d)
         args = (a, b, sa, sb, gsa_, gsb_, bv, np.int32(bias is not None), d, np.int32(m),
                 np.int32(n), np.int32(k), np.float32(alpha))
+    fastcall.offer(ctx, fn, plan.grid, plan.block, args, plan.smem)
     ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem)
     return out

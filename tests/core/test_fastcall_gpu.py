@@ -2,6 +2,9 @@
 results bit for bit (CuPy and torch, kbit tiled / flat, FP4, with and without bias, a split-K
 workspace plan), is made once per signature and used after, and steps aside for what it does
 not cover (misaligned A, poisoned outputs, other signatures, capture replays what it memoised).
+The same for the activation quantizers (quantize_mx / quantize_nvfp4: several outputs, no
+weight) and mx_gemm (A an MxTensor); paths with a launch the memo cannot replay (a temporary
+buffer, a launch not offered) are not memoised.
 
 Marked `gpu`.
 """
@@ -70,7 +73,7 @@ def test_memo_matches_the_full_path(kind, n, k, ms, xp, monkeypatch):
     w, op = weight(kind, xp, rng, n, k), op_of(kind)
     runs = []
     real = fastcall._Recipe.run
-    monkeypatch.setattr(fastcall._Recipe, "run", lambda self, a, b: runs.append(1) or real(self, a, b))
+    monkeypatch.setattr(fastcall._Recipe, "run", lambda self, ins: runs.append(1) or real(self, ins))
     bias = put(xp, rng.standard_normal(n).astype(np.float16))
     for m in ms:
         for b in (None, bias):
@@ -162,3 +165,112 @@ def test_cupy_graph_capture_replays_the_memo(monkeypatch):
         np.testing.assert_array_equal(cupy.asnumpy(y), cupy.asnumpy(full_path(kg.gemm, a, w, None, cupy)))
     finally:
         prev.use()
+
+
+def same_mx(a, b):
+    assert (a.fmt, tuple(a.shape), a.scale_layout) == (b.fmt, tuple(b.shape), b.scale_layout)
+    assert type(a.data) is type(b.data) and type(a.scales) is type(b.scales)
+    np.testing.assert_array_equal(host(a.data), host(b.data))
+    np.testing.assert_array_equal(host(a.scales), host(b.scales))
+    assert (a.global_scale is None) == (b.global_scale is None)
+    if a.global_scale is not None:
+        np.testing.assert_array_equal(host(a.global_scale), host(b.global_scale))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8_e4m3", "mxfp6_e2m3"])
+def test_quantize_memo_matches_the_full_path(fmt, xp, monkeypatch):
+    """Each call with a new x of one signature: recorded once, then replayed into new outputs,
+    bit-exact to the full path (KERNELGEN_FASTCALL=0); the scale layouts and global-scale modes
+    memoise apart."""
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
+    fastcall.clear()
+    rng = np.random.default_rng()
+    runs = []
+    real = fastcall._Recipe.run
+    monkeypatch.setattr(fastcall._Recipe, "run", lambda self, ins: runs.append(1) or real(self, ins))
+    if fmt == "nvfp4":
+        gs = put(xp, np.array([900.0], np.float32))
+        calls = [lambda x: kg.quantize_nvfp4(x, 2688.0), lambda x: kg.quantize_nvfp4(x),
+                 lambda x: kg.quantize_nvfp4(x, gs, scale_layout="row_major")]
+    else:
+        calls = [lambda x: kg.quantize_mx(x, fmt), lambda x: kg.quantize_mx(x, fmt, scale_layout="row_major")]
+    for q in calls:
+        for m in (1, 16):
+            for _ in range(3):
+                x = put(xp, rng.standard_normal((m, 512)).astype(np.float16))
+                got = q(x)
+                monkeypatch.setenv("KERNELGEN_FASTCALL", "0")
+                want = q(x)
+                monkeypatch.delenv("KERNELGEN_FASTCALL")
+                same_mx(got, want)
+    entry = "quantize_nvfp4" if fmt == "nvfp4" else "quantize_mx"
+    assert len(fastcall._memos[entry]) == 2 * len(calls) and len(runs) == 4 * len(calls)
+
+
+def test_quantize_memo_steps_aside(monkeypatch):
+    """A misaligned x takes the full path (its error); the two-launch NVFP4 path with an
+    amax scratch of its own is not memoised."""
+    import cupy
+
+    from kernelgen.mx.select import quantize_plan
+
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
+    fastcall.clear()
+    rng = np.random.default_rng()
+    x = cupy.asarray(rng.standard_normal((4, 512)).astype(np.float16))
+    kg.quantize_mx(x, "mxfp8_e4m3")
+    raw = cupy.asarray(rng.standard_normal(4 * 512 + 4).astype(np.float16))
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        kg.quantize_mx(raw[4:].reshape(4, 512), "mxfp8_e4m3")
+    assert len(fastcall._memos["quantize_mx"]) == 1
+    with pytest.raises((ValueError, TypeError), match="dtype"):  # unhashable: the full path's error
+        kg.quantize_mx(x, "mxfp8_e4m3", dtype=["float16"])
+    from kernelgen.arch import device_info
+
+    info = device_info()
+    for rows in (4096, 16384, 65536):  # a size whose computed global scale takes the amax pass
+        if quantize_plan(info.arch.name, info.sm_count, "nvfp4", "float16", rows, 512, True, "auto").path == "amax":
+            break
+    else:
+        pytest.skip("no amax-path size found on this device")
+    big = cupy.asarray(rng.standard_normal((rows, 512)).astype(np.float16))
+    a, b = kg.quantize_nvfp4(big), kg.quantize_nvfp4(big)
+    same_mx(a, b)
+    assert "quantize_nvfp4" not in fastcall._memos
+
+
+def test_mx_gemm_memo_matches_the_full_path(xp, monkeypatch):
+    from kernelgen.arch import device_info
+    from kernelgen.mx_gemm import mx_gemm
+
+    if device_info().arch.name not in ("sm_89", "sm_90a", "sm_100a", "sm_120a"):
+        pytest.skip("MXFP8 x MXFP8 on the fp8 mma")
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
+    rng = np.random.default_rng()
+    b = kg.quantize_mx(put(xp, (rng.standard_normal((256, 512)) * 0.1).astype(np.float16)), "mxfp8_e4m3")
+    bias = put(xp, rng.standard_normal(256).astype(np.float16)).to(xp.bfloat16) if xp.__name__ == "torch" \
+        else None
+    for bi in (None, bias):
+        for m in (1, 16):
+            for _ in range(3):
+                a = kg.quantize_mx(put(xp, rng.standard_normal((m, 512)).astype(np.float16)), "mxfp8_e4m3")
+                got = mx_gemm(a, b, bi)
+                monkeypatch.setenv("KERNELGEN_FASTCALL", "0")
+                want = mx_gemm(a, b, bi)
+                monkeypatch.delenv("KERNELGEN_FASTCALL")
+                assert type(got) is type(want)
+                np.testing.assert_array_equal(host(got), host(want))
+    assert len(fastcall._memos[id(b)]) == (4 if xp.__name__ == "torch" else 2)
+
+
+def test_an_unoffered_launch_spoils_the_recording(monkeypatch):
+    """gemm's dequantize + cuBLAS path (a kernel launched without an offer): nothing memoised."""
+    import cupy
+
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
+    rng = np.random.default_rng()
+    w = weight("kbit4 tiled", cupy, rng, 256, 512)
+    a = cupy.asarray(rng.standard_normal((1024, 512)).astype(np.float16))
+    assert kg.gemm(a, w, path="dequant").shape == (1024, 256)
+    kg.gemm(a, w)  # the selector's dequant path at this M
+    assert id(w) not in fastcall._memos
