@@ -12,8 +12,9 @@ between), the memo keeps them with the per-call pointers as slots: the inputs' a
 outputs'; later calls with that signature check the inputs' alignment, allocate the outputs and
 launch.
 
-Only the entry points' default calls use it (gemm / fp4_gemm: no out=, dtype=, forced path /
-split / tile / kw; quantize_mx / quantize_nvfp4: any call; mx_gemm: no out= or config); a call
+Only the entry points' calls without a forced choice use it (gemm / fp4_gemm: no forced path /
+split / tile / kw / plan, out= a per-call input; quantize_mx / quantize_nvfp4: any call;
+mx_gemm: no out= or config); a call
 with another signature, a misaligned input, KERNELGEN_POISON, a launch during stream capture
 (recording only: a memo made before a capture is replayed into it), a path with a launch that
 was not offered (dequantize + cuBLAS) or a pointer that is neither a per-call array nor one the
@@ -143,11 +144,11 @@ class _Recipe:
             for i, s in slots:
                 vals[i] = ptrs[s]
             launch_values(fn, grid, block, codes, smem, stream_ptr, pdl_on, vals)
-        return self.build(outs)
+        return self.build(outs, inputs)
 
 
 def _recipe(sig: tuple, inputs: tuple, outputs: tuple, launches: list, fixed: set | None,
-            build: Callable[[list], Any]) -> _Recipe | None:
+            build: Callable[[list, tuple], Any]) -> _Recipe | None:
     """The memo entry of a recorded call, or None where its launches are not ones we can replay:
     every array argument must be one of the call's inputs or outputs, or (fixed None) any array,
     else one in `fixed`; every input and output must reach a launch."""
@@ -183,19 +184,19 @@ def _recipe(sig: tuple, inputs: tuple, outputs: tuple, launches: list, fixed: se
         return None
     r.kind = kind
     r.outs = [(tuple(o.shape), o.dtype) for o in outputs]
-    r.torch_device = outputs[0].device if kind == "torch" else None
+    r.torch_device = inputs[0].device if kind == "torch" else None
     r.build = build
     return r
 
 
 def memoised(entry: str, key: Any, inputs: tuple, extra: tuple, full: Callable[[], Any],
-             outputs_of: Callable[[Any], tuple], build_of: Callable[[Any], Callable[[list], Any]],
+             outputs_of: Callable[[Any], tuple], build_of: Callable[[Any], Callable[[list, tuple], Any]],
              fixed: Callable[[], set] | None = None) -> Any:
     """`full()` (the whole path of API function `entry`) for this call, through the memo of
     `key` (a weight, kept by identity while it lives; or None: the entry's own memo) where it
     applies. `outputs_of(result)`: the arrays the call made; `build_of(result)`: a function of
-    new such arrays to the result they stand in; `fixed()`: the pointers a replay may reuse
-    (None: any)."""
+    new such arrays and the call's inputs to the result they stand in; `fixed()`: the pointers a
+    replay may reuse (None: any)."""
     if getattr(_local, "rec", None) is not None:  # inside another call's recording: its launches
         return full()
     sig = signature(entry, inputs, extra)
@@ -237,11 +238,20 @@ def memoised(entry: str, key: Any, inputs: tuple, extra: tuple, full: Callable[[
     return out
 
 
-def call(entry: str, W: Any, A: Any, bias: Any, full: Callable[[], Any]) -> Any:
-    """A GEMM's default call (C = A . W^T (+ bias), one new output C) through W's memo."""
-    return memoised(entry, W, (A, bias), (), full, lambda out: (out,), lambda out: first)
+def call(entry: str, W: Any, A: Any, bias: Any, full: Callable[[], Any], out: Any = None,
+         extra: tuple = ()) -> Any:
+    """A GEMM call C = A . W^T (+ bias) through W's memo: C new (one output), or the caller's
+    `out` (then a per-call input, and the result)."""
+    if out is None:
+        return memoised(entry, W, (A, bias), extra, full, lambda c: (c,), lambda c: first)
+    return memoised(entry, W, (A, bias, out), extra, full, lambda c: (), lambda c: given_out)
 
 
-def first(outs: list) -> Any:
+def first(outs: list, inputs: tuple) -> Any:
     """build_of's function for a call whose result is its one new array."""
     return outs[0]
+
+
+def given_out(outs: list, inputs: tuple) -> Any:
+    """build_of's function for a GEMM that wrote the caller's out (its third input)."""
+    return inputs[2]

@@ -281,13 +281,13 @@ def fp4_gemm(A: Any, W: Any, bias: Any = None, *, alpha: float = 1.0, out: Any =
     `split_k` alone where the selector would dequantize runs the tile path; `_plan` replaces
     both, for benchmarks of variants). Runs on the caller's current stream; returns the caller's
     array kind.
-    A call without out, dtype or a forced choice (alpha 1) is memoised on W per signature of A
-    and bias (core/fastcall.py: the next such call skips the checks and the selector).
+    A call without a forced choice is memoised on W per signature of A, bias, out, alpha and
+    dtype (core/fastcall.py: the next such call skips the checks and the selector).
     """
-    if out is None and dtype is None and split_k is None and path is None and _plan is None \
-            and alpha == 1.0:
-        return fastcall.call("fp4_gemm", W, A, bias, lambda: _fp4_gemm(A, W, bias, 1.0, None, None, None,
-                                                            None, None))
+    if split_k is None and path is None and _plan is None:
+        return fastcall.call("fp4_gemm", W, A, bias,
+                             lambda: _fp4_gemm(A, W, bias, alpha, out, dtype, None, None, None),
+                             out, (alpha, dtype))
     return _fp4_gemm(A, W, bias, alpha, out, dtype, split_k, path, _plan)
 
 

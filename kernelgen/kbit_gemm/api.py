@@ -156,13 +156,13 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     (kbit_gemm/tiled.py). `path` and `split_k` (number of K splits) force either (a flat
     weight's `split_k` alone where the selector would dequantize runs the mma path, or the GEMV
     where N % 128 != 0). Runs on the caller's current stream; results come back as the caller's array kind.
-    A call without out, dtype or a forced choice is memoised on W per signature of A and bias
+    A call without a forced choice is memoised on W per signature of A, bias, out and dtype
     (core/fastcall.py: the next such call skips the checks and the selector).
     """
-    if out is None and dtype is None and split_k is None and path is None and tile is None \
-            and kw is None and isinstance(W, KbitLinear):
-        return fastcall.call("kbit_gemm", W, A, bias, lambda: _gemm(A, W, bias, None, None, None, None, None,
-                                                        None, None))
+    if split_k is None and path is None and tile is None and kw is None and isinstance(W, KbitLinear):
+        return fastcall.call("kbit_gemm", W, A, bias,
+                             lambda: _gemm(A, W, bias, out, dtype, None, None, None, None, None),
+                             out, (dtype,))
     return _gemm(A, W, bias, out, dtype, split_k, path, tile, kw, None)
 
 

@@ -92,8 +92,8 @@ def _arrays(t: MxTensor) -> tuple:
 
 def _builder(t: MxTensor) -> Any:
     """MxTensors like t of new arrays (core/fastcall.py build_of)."""
-    return lambda outs: MxTensor(t.fmt, t.shape, outs[0], outs[1], t.scale_layout,
-                                 outs[2] if len(outs) > 2 else None)
+    return lambda outs, _inputs: MxTensor(t.fmt, t.shape, outs[0], outs[1], t.scale_layout,
+                                          outs[2] if len(outs) > 2 else None)
 
 
 def _no_kept() -> set:

@@ -11,6 +11,8 @@ Marked `gpu`.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -37,12 +39,17 @@ def put(xp, h):
     return xp.asarray(h)
 
 
-def full_path(op, a, w, bias, xp):
-    """The same call through the full path: out= is never memoised."""
-    n = w.n if hasattr(w, "n") else w.shape[0]
-    shape = (*a.shape[:-1], n)
-    out = xp.empty(shape, dtype=a.dtype, device=a.device) if xp.__name__ == "torch" else xp.empty(shape, a.dtype)
-    return op(a, w, bias, out=out)
+def full_path(op, a, w, bias, xp, **kw):
+    """The same call through the whole path (KERNELGEN_FASTCALL=0 for it)."""
+    old = os.environ.get("KERNELGEN_FASTCALL")
+    os.environ["KERNELGEN_FASTCALL"] = "0"
+    try:
+        return op(a, w, bias, **kw)
+    finally:
+        if old is None:
+            del os.environ["KERNELGEN_FASTCALL"]
+        else:
+            os.environ["KERNELGEN_FASTCALL"] = old
 
 
 def weight(kind, xp, rng, n, k):
@@ -274,3 +281,27 @@ def test_an_unoffered_launch_spoils_the_recording(monkeypatch):
     assert kg.gemm(a, w, path="dequant").shape == (1024, 256)
     kg.gemm(a, w)  # the selector's dequant path at this M
     assert id(w) not in fastcall._memos
+
+
+@pytest.mark.parametrize("kind", ["kbit4 tiled", "nvfp4"])
+def test_memo_with_out_alpha_and_dtype(kind, xp, monkeypatch):
+    """out= is a per-call input (the result is the caller's array, written); fp4_gemm's alpha
+    and a CuPy bf16 call's dtype= are part of the signature."""
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
+    rng = np.random.default_rng()
+    w, op = weight(kind, xp, rng, 256, 512), op_of(kind)
+    kw = {"alpha": 0.5} if kind == "nvfp4" else {}
+    for _ in range(3):
+        a = put(xp, rng.standard_normal((3, 512)).astype(np.float16))
+        out = put(xp, np.full((3, 256), np.nan, np.float16))
+        got = op(a, w, None, out=out, **kw)
+        assert got is out
+        np.testing.assert_array_equal(host(out), host(full_path(op, a, w, None, xp, **kw)))
+    assert len(fastcall._memos[id(w)]) == 1
+    if xp.__name__ == "cupy":  # bf16 as uint16 bits, dtype= says so
+        bits = lambda x: (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)  # noqa: E731
+        for _ in range(2):
+            a = xp.asarray(bits(rng.standard_normal((3, 512))))
+            got = op(a, w, None, dtype="bfloat16", **kw)
+            np.testing.assert_array_equal(host(got), host(full_path(op, a, w, None, xp, dtype="bfloat16", **kw)))
+        assert len(fastcall._memos[id(w)]) == 2
