@@ -156,7 +156,7 @@ def quantize_nvfp4(x: Any, global_scale: Any = None, *, scale_layout: str = "swi
     global_scale) and the other arguments (core/fastcall.py).
     """
     if isinstance(global_scale, numbers.Real) or global_scale is None:
-        inputs, extra = (x,), (scale_layout, dtype, global_scale)
+        inputs, extra = (x,), (scale_layout, dtype, type(global_scale), global_scale)  # True != 1.0 here
     else:
         inputs, extra = (x, global_scale), (scale_layout, dtype, "device")
     return fastcall.memoised("quantize_nvfp4", None, inputs, extra,

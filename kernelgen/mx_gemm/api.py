@@ -150,7 +150,7 @@ def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = 
     """
     if out is None and config is None and all(hasattr(A, f) for f in ("data", "scales", "fmt")):
         inputs = (A.data, A.scales, getattr(A, "global_scale", None), bias)
-        extra = (A.fmt, tuple(A.shape), getattr(A, "scale_layout", None), alpha, out_dtype)
+        extra = (A.fmt, A.shape, getattr(A, "scale_layout", None), alpha, out_dtype)
         return fastcall.memoised("mx_gemm", B, inputs, extra,
                                  lambda: _mx_gemm(A, B, bias, alpha, None, out_dtype, None),
                                  lambda d: (d,), lambda d: fastcall.first, lambda: _kept(B))

@@ -232,6 +232,9 @@ def test_quantize_memo_steps_aside(monkeypatch):
     assert len(fastcall._memos["quantize_mx"]) == 1
     with pytest.raises((ValueError, TypeError), match="dtype"):  # unhashable: the full path's error
         kg.quantize_mx(x, "mxfp8_e4m3", dtype=["float16"])
+    kg.quantize_nvfp4(x, 1.0)
+    with pytest.raises(ValueError, match="global_scale"):  # == 1.0, but not a scale
+        kg.quantize_nvfp4(x, True)
     from kernelgen.arch import device_info
 
     info = device_info()
