@@ -244,9 +244,10 @@ def test_quantize_memo_steps_aside(monkeypatch):
     else:
         pytest.skip("no amax-path size found on this device")
     big = cupy.asarray(rng.standard_normal((rows, 512)).astype(np.float16))
+    before = len(fastcall._memos.get("quantize_nvfp4", {}))
     a, b = kg.quantize_nvfp4(big), kg.quantize_nvfp4(big)
     same_mx(a, b)
-    assert "quantize_nvfp4" not in fastcall._memos
+    assert len(fastcall._memos.get("quantize_nvfp4", {})) == before
 
 
 def test_mx_gemm_memo_matches_the_full_path(xp, monkeypatch):
