@@ -7,8 +7,8 @@ weight (or, for a quantize, none) the outcome depends only on a *signature* of t
 API function, each per-call array's kind, shape, dtype, device and contiguity (or its absence),
 the call's other arguments that reach the kernels (`extra`), the stream (and the thread, on the
 per-thread default stream) and the PDL knob. So the first call with a signature runs the full
-path, and where that path ends in launches that were all `offer`ed (no other launch of ours in
-between), the memo keeps them with the per-call pointers as slots: the inputs' and the new
+path, and where every launch of ours in it was sent with `Ctx.launch(..., memo=True)`, the memo
+keeps them with the per-call pointers as slots: the inputs' and the new
 outputs'; later calls with that signature check the inputs' alignment, allocate the outputs and
 launch.
 
@@ -16,8 +16,8 @@ Only the entry points' calls without a forced choice use it (gemm / fp4_gemm: no
 split / tile / kw / plan, out= a per-call input; quantize_mx / quantize_nvfp4: any call;
 mx_gemm: no out= or config); a call
 with another signature, a misaligned input, KERNELGEN_POISON, a launch during stream capture
-(recording only: a memo made before a capture is replayed into it), a path with a launch that
-was not offered (dequantize + cuBLAS) or a pointer that is neither a per-call array nor one the
+(recording only: a memo made before a capture is replayed into it), a path with a launch not
+marked memo=True (dequantize + cuBLAS) or a pointer that is neither a per-call array nor one the
 memo may keep (`fixed`: a weight's arrays; the GEMMs' split-K scratch, never freed), or arrays
 on another device than the current one takes the full path, and so does every call with
 KERNELGEN_FASTCALL=0. A weight's memo is kept by its identity for its lifetime (a weakref
@@ -39,8 +39,7 @@ from ..knobs import fastcall, pdl, poison
 from .launch import arg_codes, launch_values
 
 MAX_ENTRIES = 256
-# .rec: the launches offered during a recording (list) or None; .pending: an offered launch not
-# yet sent; .tainted: the recording sent a launch that was not offered
+# .rec: the memo=True launches of a recording (list) or None; .tainted: it saw another launch
 _local = threading.local()
 _memos: dict[Any, dict] = {}  # id(weight) or an entry name -> {signature: _Recipe}
 
@@ -50,21 +49,14 @@ def clear() -> None:
     _memos.clear()
 
 
-def offer(ctx: Any, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int) -> None:
-    """Called by a launch site right before ctx.launch for a launch that may be memoised: its
-    arguments are the per-call arrays (inputs, outputs), scalars, and arrays the memo may keep."""
+def launched(ctx: Any, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, memo: bool) -> None:
+    """Called by Ctx.launch for every launch: during a recording, a memo=True launch (its
+    arguments the per-call arrays, scalars, and arrays the memo may keep) is recorded, any other
+    spoils the recording (the memo would miss its work)."""
     rec = getattr(_local, "rec", None)
     if rec is not None:
-        rec.append((ctx, fn, grid, block, args, smem))
-        _local.pending = True
-
-
-def launching() -> None:
-    """Called by Ctx.launch for every launch: during a recording, one that no `offer` announced
-    spoils it (the memo would miss its work)."""
-    if getattr(_local, "rec", None) is not None:
-        if _local.pending:
-            _local.pending = False
+        if memo:
+            rec.append((ctx, fn, grid, block, args, smem))
         else:
             _local.tainted = True
 
@@ -202,24 +194,27 @@ def memoised(entry: str, key: Any, inputs: tuple, extra: tuple, full: Callable[[
     sig = signature(entry, inputs, extra)
     if sig is None:
         return full()
-    try:
-        hash(sig)
-    except TypeError:  # an argument the full path will judge
-        return full()
     mkey = entry if key is None else id(key)
     memo = _memos.get(mkey)
     if memo is not None:
-        r = memo.get(sig)
+        try:
+            r = memo.get(sig)
+        except TypeError:  # an unhashable argument: the full path judges it
+            return full()
         if r is not None:
             out = r.run(inputs)
             if out is not None:
                 return out
             return full()
+    try:
+        hash(sig)
+    except TypeError:  # an unhashable argument: the full path judges it
+        return full()
     rec: list = []
-    _local.rec, _local.pending, _local.tainted = rec, False, False
+    _local.rec, _local.tainted = rec, False
     try:
         out = full()
-        tainted = _local.tainted or _local.pending
+        tainted = _local.tainted
     finally:
         _local.rec = None
     if rec and not tainted:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import knobs
-from .fastcall import launching
+from .fastcall import launched
 from .tma import TensorMap
 
 # logical dtype name -> numpy storage dtype
@@ -120,15 +120,17 @@ class Ctx:
         self.kind, self.device, self.stream = kind, device, stream
         self.foreign = foreign  # the arrays live on a device other than the current one
 
-    def launch(self, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int = 0) -> None:
+    def launch(self, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int = 0,
+               memo: bool = False) -> None:
         """Launch `fn` (a kernel of ours: it waits for the previous grid first, see
         KernelConfig) on this call's stream, switching device only when the data needs it; with
         programmatic dependent launch (core/launch.py) where the device has it (sm_90+) and
         KERNELGEN_PDL is not 0; arguments that CuPy cannot pass (a core.tma.TensorMap) go
         through the same driver call, without the PDL attribute where PDL is off. More dynamic
         shared memory than the device allows a block raises DeviceError (check_smem; loading
-        such a kernel raises it first)."""
-        launching()  # a memo recording (core/fastcall.py) sees every launch of ours
+        such a kernel raises it first). `memo`: a launch the call's memo may replay
+        (core/fastcall.py; its arguments the call's arrays, scalars and arrays kept for good)."""
+        launched(self, fn, grid, block, args, smem, memo)  # a memo recording sees every launch
         if smem > 48 * 1024:
             check_smem(self.device, smem)
         if not isinstance(grid, int) and len(grid) > 1 and (

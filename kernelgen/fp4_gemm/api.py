@@ -363,8 +363,7 @@ def launch_plan(ctx: Ctx, p: Plan, data: Any, scales: Any, post: Any,
     if p.path == "gemv":
         args += (np.int32(p.kw.bit_length() - 1),)
     args += (np.int64(wt), np.uint32(wq), np.int64(st), np.uint32(sq))
-    fastcall.offer(ctx, fn, p.grid, p.block, args, p.smem)
-    ctx.launch(fn, p.grid, p.block, args, smem=p.smem)
+    ctx.launch(fn, p.grid, p.block, args, smem=p.smem, memo=True)
 
 
 def dequantize_dense(ctx: Ctx, p: Plan, data: Any, scales: Any, post: Any,

@@ -626,9 +626,11 @@ def wgmma_takes(arch: str, m: int, n: int, k: int, sm_count: int, fmt: str = "nv
     fill = wave_fill(ctas * split, sm_count)
     full = fill >= WGMMA_WAVE_MIN
     if split == 1 and q <= WGMMA_MIN_STEPS:  # a short K, unsplit
+        if q < WGMMA_SHORT_K_STEPS:
+            return False
         if m > WGMMA_SHORT_K_M[1]:
-            return q >= WGMMA_SHORT_K_STEPS and fill >= late_fill(fmt, q)
-        return q >= WGMMA_SHORT_K_STEPS and (m >= WGMMA_SHORT_K_M[0] or full)
+            return fill >= late_fill(fmt, q)
+        return m >= WGMMA_SHORT_K_M[0] or full
     if -(-q // split) < WGMMA_MIN_STEPS:
         return False
     return m > WGMMA_WAVE_M or ctas * split <= sm_count or full

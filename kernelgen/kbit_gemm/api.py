@@ -248,8 +248,7 @@ def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("kbit_gemv")
     args = (packed, absmax, cb, a, b, np.int32(bias is not None), c, ws, counters, np.int32(m),
             np.int32(n), np.int32(k), np.int32(plan.gps))
-    fastcall.offer(ctx, fn, plan.grid, plan.block, args, plan.smem)
-    ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem)
+    ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem, memo=True)
     return out
 
 
@@ -274,8 +273,7 @@ def _gemm_mma(ctx: Ctx, W: KbitLinear, a: Any, b: Any, has_bias: bool, c: Any, o
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("kbit_mma_gemm")
     args = (packed, absmax, cb, a, b, np.int32(has_bias), c, ws, counters, np.int32(m),
             np.int32(n), np.int32(k), np.int32(plan.kt_per_split))
-    fastcall.offer(ctx, fn, plan.grid, plan.block, args, plan.smem)
-    ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem)
+    ctx.launch(fn, plan.grid, plan.block, args, smem=plan.smem, memo=True)
     return out
 
 

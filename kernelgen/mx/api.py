@@ -121,8 +121,7 @@ def _quantize_mx(x: Any, fmt: str, scale_layout: str, dtype: str | None) -> MxTe
 
 
 def _launch(ctx: Ctx, fn: Any, grid: int, block: int, args: tuple) -> None:
-    fastcall.offer(ctx, fn, (grid, 1, 1), (block, 1, 1), args, 0)
-    ctx.launch(fn, (grid, 1, 1), (block, 1, 1), args)
+    ctx.launch(fn, (grid, 1, 1), (block, 1, 1), args, memo=True)
 
 
 def _global_scale(global_scale: Any, ctx: Ctx) -> tuple[str, Any, float]:
