@@ -14,7 +14,9 @@ launch.
 
 Only the entry points' calls without a forced choice use it (gemm / fp4_gemm: no forced path /
 split / tile / kw / plan, out= a per-call input; quantize_mx / quantize_nvfp4: any call;
-mx_gemm: no out= or config); a call
+mx_gemm: no config, out= a per-call input; fused_moe: no workspace, on the pair of weights,
+its intermediates new outputs and the exact dispatch's host check a `check_point` the replay
+repeats); a call
 with another signature, a misaligned input, KERNELGEN_POISON, a launch during stream capture
 (recording only: a memo made before a capture is replayed into it), a path with a launch not
 marked memo=True (dequantize + cuBLAS) or a pointer that is neither a per-call array nor one the
@@ -24,7 +26,8 @@ KERNELGEN_FASTCALL=0. A weight's memo is kept by its identity for its lifetime (
 finalizer drops it; not on the object, so a copy or pickle of a weight carries none), a
 quantize's by the entry point; at most MAX_ENTRIES signatures a memo, then it starts over;
 `clear()` (jit.clear_memory_cache) drops every memo. An entry holds the kernels, the argument
-values as pointers and their struct codes: no reference to the recording call's arrays.
+values as pointers and their struct codes (a pointer into an output as its offset there): no
+reference to the recording call's arrays.
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ class _Recipe:
     (kept arrays as pointers) and the slots of the per-call pointers (inputs, then outputs);
     the outputs' shapes and dtypes, and `build`, which makes the call's result of them."""
 
-    __slots__ = ("launches", "outs", "kind", "torch_device", "build")
+    __slots__ = ("launches", "outs", "kind", "torch_device", "build", "marks")
 
     def run(self, inputs: tuple) -> Any:
         if self.kind == "torch":
@@ -131,25 +134,32 @@ class _Recipe:
                 return None
             outs = [cupy.empty(shape, dt) for shape, dt in self.outs]
             ptrs += [o.data.ptr for o in outs]
-        for fn, grid, block, codes, smem, stream_ptr, pdl_on, vals, slots in self.launches:
+        for j, (fn, grid, block, codes, smem, stream_ptr, pdl_on, vals, slots) in enumerate(self.launches):
+            for pos, check in self.marks:
+                if pos == j:
+                    check(outs, inputs)
             vals = vals.copy()
-            for i, s in slots:
-                vals[i] = ptrs[s]
+            for i, s, off in slots:
+                vals[i] = ptrs[s] + off
             launch_values(fn, grid, block, codes, smem, stream_ptr, pdl_on, vals)
         return self.build(outs, inputs)
 
 
 def _recipe(sig: tuple, inputs: tuple, outputs: tuple, launches: list, fixed: set | None,
-            build: Callable[[list, tuple], Any]) -> _Recipe | None:
+            build: Callable[[list, tuple], Any], marks: list = ()) -> _Recipe | None:
     """The memo entry of a recorded call, or None where its launches are not ones we can replay:
-    every array argument must be one of the call's inputs or outputs, or (fixed None) any array,
-    else one in `fixed`; every input and output must reach a launch."""
+    every array argument must be one of the call's inputs or outputs (or lie inside an output:
+    a view of it), or (fixed None) any array, else one in `fixed`; every input and output must
+    reach a launch. `marks`: (launch index, check) of the recording's check_point calls."""
     kind = sig[0]
     ptr = (lambda x: x.data_ptr()) if kind == "torch" else (lambda x: x.data.ptr)
+    size = (lambda x: x.numel() * x.element_size()) if kind == "torch" else (lambda x: x.nbytes)
     per_call = [None if x is None else ptr(x) for x in inputs] + [ptr(o) for o in outputs]
     given = [p for p in per_call if p is not None]
     if len(set(given)) != len(given) or 0 in given:
         return None  # aliased or empty arrays: not a signature property
+    spans = [(p, p + size(o), len(inputs) + j) for j, (p, o) in enumerate(zip(per_call[len(inputs):],
+                                                                             outputs, strict=True))]
     from .interop import _pdl_device
 
     r = _Recipe()
@@ -162,9 +172,12 @@ def _recipe(sig: tuple, inputs: tuple, outputs: tuple, launches: list, fixed: se
         for i, (a, code) in enumerate(zip(args, codes, strict=True)):
             if code == "A":
                 p = a.data.ptr
+                inside = [(j, p - lo) for lo, hi, j in spans if lo < p < hi]
                 if p in per_call:
-                    slots.append((i, per_call.index(p)))
+                    slots.append((i, per_call.index(p), 0))
                     used.add(per_call.index(p))
+                elif inside:  # a view into an output (our arrays: contiguous)
+                    slots.append((i, *inside[0]))
                 elif fixed is not None and p not in fixed:
                     return None
                 vals.append(p)
@@ -178,7 +191,18 @@ def _recipe(sig: tuple, inputs: tuple, outputs: tuple, launches: list, fixed: se
     r.outs = [(tuple(o.shape), o.dtype) for o in outputs]
     r.torch_device = inputs[0].device if kind == "torch" else None
     r.build = build
+    r.marks = list(marks)
     return r
+
+
+def check_point(check: Callable[[list, tuple], Any]) -> None:
+    """Called by a recorded call's full path where it checks something on the host between
+    its launches (fused_moe's exact dispatch: the routing's dropped ids): a replay calls
+    `check(outs, inputs)` (the replay's new arrays and the call's inputs) at the same point,
+    before the next launch; it may raise. Outside a recording: nothing."""
+    rec = getattr(_local, "rec", None)
+    if rec is not None:
+        _local.marks.append((len(rec), check))
 
 
 def memoised(entry: str, key: Any, inputs: tuple, extra: tuple, full: Callable[[], Any],
@@ -186,15 +210,16 @@ def memoised(entry: str, key: Any, inputs: tuple, extra: tuple, full: Callable[[
              fixed: Callable[[], set] | None = None) -> Any:
     """`full()` (the whole path of API function `entry`) for this call, through the memo of
     `key` (a weight, kept by identity while it lives; or None: the entry's own memo) where it
-    applies. `outputs_of(result)`: the arrays the call made; `build_of(result)`: a function of
-    new such arrays and the call's inputs to the result they stand in; `fixed()`: the pointers a
-    replay may reuse (None: any)."""
+    applies (a tuple of weights: one memo for the pair, kept while both live). `outputs_of(result)`:
+    the arrays the call made; `build_of(result)`: a function of new such arrays and the call's
+    inputs to the result they stand in; `fixed()`: the pointers a replay may reuse (None: any)."""
     if getattr(_local, "rec", None) is not None:  # inside another call's recording: its launches
         return full()
     sig = signature(entry, inputs, extra)
     if sig is None:
         return full()
-    mkey = entry if key is None else id(key)
+    keys = key if isinstance(key, tuple) else () if key is None else (key,)
+    mkey = (entry, *map(id, keys)) if len(keys) > 1 else entry if key is None else id(key)
     memo = _memos.get(mkey)
     if memo is not None:
         try:
@@ -211,21 +236,22 @@ def memoised(entry: str, key: Any, inputs: tuple, extra: tuple, full: Callable[[
     except TypeError:  # an unhashable argument: the full path judges it
         return full()
     rec: list = []
-    _local.rec, _local.tainted = rec, False
+    _local.rec, _local.tainted, _local.marks = rec, False, []
     try:
         out = full()
         tainted = _local.tainted
     finally:
         _local.rec = None
     if rec and not tainted:
-        r = _recipe(sig, inputs, outputs_of(out), rec, None if fixed is None else fixed(), build_of(out))
+        r = _recipe(sig, inputs, outputs_of(out), rec, None if fixed is None else fixed(), build_of(out),
+                    _local.marks)
         if r is not None:
             if memo is None:
-                if key is not None:
-                    try:
-                        weakref.finalize(key, _memos.pop, mkey, None)
-                    except TypeError:  # not weak-referenceable: no memo
-                        return out
+                try:
+                    for k in keys:
+                        weakref.finalize(k, _memos.pop, mkey, None)
+                except TypeError:  # not weak-referenceable: no memo
+                    return out
                 memo = _memos[mkey] = {}
             elif len(memo) >= MAX_ENTRIES:
                 memo.clear()

@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 
 from ..arch import device_info
-from ..core.interop import context_of, device_array, smem_limit
+from ..core import fastcall
+from ..core.interop import _cupy, _torch_to_cupy, context_of, device_array, smem_limit
 from ..core.jit import get_kernel
 from ..moe_routing import MoeLayout, moe_combine, moe_dispatch, moe_layout
+from ..moe_routing.api import _capturing, capture_error, checked_total
 from ..moe_routing.api import _rows_of as rows_of
 from ..moe_routing.config import ID_DTYPES, W_DTYPES
 from .config import DTYPES, MoeGemmConfig, MoeKbitConfig, MoeKbitGemvConfig
@@ -108,7 +110,7 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
         fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_kbit")
         ctx.launch(fn, plan.grid(m), plan.block, (xa, packed, absmax, cb, off, ya, np.int32(e),
                                                   np.int32(n), np.int32(k), np.int32(m)),
-                   smem=plan.smem)
+                   smem=plan.smem, memo=True)
         return out
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_gemm")
     if plan.config.tma:
@@ -117,7 +119,8 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
                    (tx, tw, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem)
         return out
     ctx.launch(fn, plan.grid(m), plan.block,
-               (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem)
+               (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem,
+               memo=True)  # the TMA variant's maps hold x's address: not memoisable
     return out
 
 
@@ -190,7 +193,7 @@ def launch_tiled(ctx: Any, xa: Any, w: KbitExperts, off: Any, ya: Any, m: int, p
     ctx.launch(fn, plan.grid(m), plan.block,
                (t.data, t.scales, t.codebook, xa, off, ya, np.int32(e), np.int32(n), np.int32(k),
                 np.int32(m), np.int32(plan.kw.bit_length() - 1), np.int32(plan.n_ctas), np.int64(wt), np.uint32(wq),
-                np.int64(st), np.uint32(sq)), smem=plan.smem)
+                np.int64(st), np.uint32(sq)), smem=plan.smem, memo=True)
 
 
 def check_weight(w: Any, name: str, ctx: Any, dt: str, epilogue: str) -> tuple[int, int, int]:
@@ -249,7 +252,47 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
     pool; under CuPy capture pass `workspace={}` (it receives them under those keys) and
     keep it as long as the graph, or CuPy's pool may hand their memory to other arrays
     while replays still write there.
+    A call without `workspace` is memoised on the pair (w13, w2) per signature of x, topk_ids,
+    topk_weights and the other arguments (core/fastcall.py): the next such call allocates the
+    intermediates and sends the kernels with the launch arguments of the first (on the exact
+    dispatch, after the same host check of the ids), skipping the Python of the five steps.
     """
+    def full() -> tuple:
+        return _fused_moe(x, topk_ids, topk_weights, w13, w2, graph_safe, tile_m, swap_ab, policy,
+                          dtype)
+
+    if workspace is not None:
+        out, layout, x_perm, hid, y_perm = full()
+        workspace.update(layout=layout, x_perm=x_perm, hidden=hid, y_perm=y_perm)
+        return out
+    return fastcall.memoised("fused_moe", (w13, w2), (x, topk_ids, topk_weights),
+                             (graph_safe, tile_m, swap_ab, policy, dtype), full, _made,
+                             lambda r: _first_of, lambda: _kept(w13) | _kept(w2))[0]
+
+
+def _made(r: tuple) -> tuple:
+    """fused_moe's new arrays: out, the layout's one buffer, x_perm, hidden, y_perm."""
+    out, layout, x_perm, hid, y_perm = r
+    return out, layout._views["base"], x_perm, hid, y_perm
+
+
+def _first_of(outs: list, inputs: tuple) -> tuple:
+    return (outs[0],)
+
+
+def _kept(w: Any) -> set:
+    """The pointers of a weight's device arrays (dense experts, or KbitExperts' arrays)."""
+    if isinstance(w, KbitExperts):
+        arrs = (w.q.packed, w.q.absmax, w.q.codebook) if w.tiled is None else \
+            (w.tiled.data, w.tiled.scales, w.tiled.codebook)
+    else:
+        arrs = (w,)
+    return {a.data_ptr() if hasattr(a, "data_ptr") else a.data.ptr for a in arrs}
+
+
+def _fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, graph_safe: bool,
+               tile_m: int | None, swap_ab: bool | None, policy: str, dtype: str | None) -> tuple:
+    """fused_moe's whole path: (out, layout, x_perm, hidden, y_perm)."""
     # every argument rule the steps below apply is checked here, before the first launch
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
@@ -288,10 +331,18 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
             plan_experts(info, lim, wt, dt, epilogue, rows, f["tile_m"], f.get("swap_ab"), None,
                          policy, None, None)
     layout = moe_layout(topk_ids, e, pad_to=1)
+    if not graph_safe:  # a replay of the memo repeats the exact dispatch's check of the ids
+        fastcall.check_point(lambda outs, inputs: _check_ids_read(outs[1], inputs[1], e, top_k, ctx))
     x_perm = moe_dispatch(x, layout, exact=not graph_safe, dtype=dt)
     kw = dict(rows=rows, policy=policy, dtype=dt)
     hid = grouped_gemm(x_perm, w13, layout, activation="swiglu", **kw, **forced(w13))
     y_perm = grouped_gemm(hid, w2, layout, **kw, **forced(w2))
-    if workspace is not None:
-        workspace.update(layout=layout, x_perm=x_perm, hidden=hid, y_perm=y_perm)
-    return moe_combine(y_perm, layout, topk_weights, dtype=dt)
+    return moe_combine(y_perm, layout, topk_weights, dtype=dt), layout, x_perm, hid, y_perm
+
+
+def _check_ids_read(buf: Any, ids: Any, e: int, top_k: int, ctx: Any) -> None:
+    """The exact dispatch's host check, on a replay's layout buffer and topk_ids (either kind)."""
+    if _capturing(ctx.stream):
+        raise capture_error()
+    view = (lambda a: a) if isinstance(buf, _cupy().ndarray) else _torch_to_cupy
+    checked_total(view(buf), view(ids), e, top_k, ctx.stream, ctx.device)

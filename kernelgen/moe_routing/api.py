@@ -86,13 +86,6 @@ class MoeLayout:
         """offsets[E] if the host has read it (exact dispatch, total()), else None."""
         return self._host.get("total")
 
-    def _read(self, view: Any, stream: Any) -> np.ndarray:
-        """Blocking device->host copy queued on `stream`."""
-        import cupy
-
-        with cupy.cuda.Device(self.device):
-            return cupy.asnumpy(view, stream=stream)
-
     def _meta(self, stream: Any) -> int:
         """One device->host copy of (offsets[E], invalid) on `stream`, after the layout's own
         stream when that is another one; raises on a dropped id; the total. While either
@@ -100,23 +93,11 @@ class MoeLayout:
         GraphCaptureError instead."""
         if "total" not in self._host:
             if _capturing(stream) or (self.stream is not None and _capturing(self.stream)):
-                raise GraphCaptureError(
-                    "offsets[E] is read on the host (moe_dispatch / moe_route exact=True, "
-                    "fused_moe graph_safe=False, layout.total() / check()) while the stream is "
-                    "capturing a CUDA graph; the device->host copy would break the capture. "
-                    "Under capture pass exact=False (moe_dispatch, moe_route) or graph_safe=True "
-                    "(fused_moe), and call layout.check() outside the graph.")
+                raise capture_error()
             if self.stream is not None and self.stream.ptr != stream.ptr:
                 self.stream.synchronize()  # the layout kernels may sit on a non-blocking stream
-            e = self.num_experts
-            total, bad, first = (int(v) for v in self._read(self._views["buf"][2 * e: 2 * e + 3],
-                                                            stream))
-            if bad:
-                t, j = divmod(first, self.top_k)
-                val = int(self._read(self._views["ids"].reshape(-1)[first: first + 1], stream)[0])
-                raise ValueError(f"topk_ids: token {t} slot {j} names expert {val}, outside "
-                                 f"[0, {e}) ({bad} id(s) out of range; they are dropped)")
-            self._host["total"] = total
+            self._host["total"] = checked_total(self._views["buf"], self._views["ids"],
+                                                self.num_experts, self.top_k, stream, self.device)
         return self._host["total"]
 
     def total(self) -> int:
@@ -129,6 +110,36 @@ class MoeLayout:
     def check(self) -> int:
         """Alias of total(): the exact path's validation, for graph-safe callers."""
         return self.total()
+
+
+def capture_error() -> GraphCaptureError:
+    return GraphCaptureError(
+        "offsets[E] is read on the host (moe_dispatch / moe_route exact=True, "
+        "fused_moe graph_safe=False, layout.total() / check()) while the stream is "
+        "capturing a CUDA graph; the device->host copy would break the capture. "
+        "Under capture pass exact=False (moe_dispatch, moe_route) or graph_safe=True "
+        "(fused_moe), and call layout.check() outside the graph.")
+
+
+def _read(view: Any, stream: Any, device: int) -> np.ndarray:
+    """Blocking device->host copy queued on `stream` (of `device`)."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return cupy.asnumpy(view, stream=stream)
+
+
+def checked_total(buf: Any, ids: Any, e: int, k: int, stream: Any, device: int) -> int:
+    """offsets[E] of a layout buffer (cupy int32 [counts E | offsets E+1 | invalid 2 | ...]),
+    read with one blocking copy on `stream`; raises ValueError naming the first out-of-range id
+    of `ids` (a cupy [T, k] view) where the layout dropped any."""
+    total, bad, first = (int(v) for v in _read(buf[2 * e: 2 * e + 3], stream, device))
+    if bad:
+        t, j = divmod(first, k)
+        val = int(_read(ids.reshape(-1)[first: first + 1], stream, device)[0])
+        raise ValueError(f"topk_ids: token {t} slot {j} names expert {val}, outside "
+                         f"[0, {e}) ({bad} id(s) out of range; they are dropped)")
+    return total
 
 
 def _capturing(stream: Any) -> bool:
@@ -174,15 +185,16 @@ def moe_layout(topk_ids: Any, num_experts: int, *, pad_to: int = 1,
     if not plan.multi:
         ctx.launch(kern.fn("moe_layout_single"), (1, 1, 1), plan.block,
                    (ids, i32(n), i32(e), i32(pad_to), i32(lay.capacity), counts, offsets, dest, src,
-                    invalid), smem=plan.smem)
+                    invalid), smem=plan.smem, memo=True)
     else:
         ctx.launch(kern.fn("moe_layout_count"), (plan.blocks, 1, 1), plan.block,
-                   (ids, i32(n), i32(e), i32(plan.chunk), bh), smem=plan.smem)
+                   (ids, i32(n), i32(e), i32(plan.chunk), bh), smem=plan.smem, memo=True)
         ctx.launch(kern.fn("moe_layout_scan"), (1, 1, 1), plan.block,
                    (i32(plan.blocks), i32(e), i32(pad_to), i32(lay.capacity), bh, counts, offsets,
-                    src, invalid), smem=plan.smem)
+                    src, invalid), smem=plan.smem, memo=True)
         ctx.launch(kern.fn("moe_layout_scatter"), (plan.blocks, 1, 1), plan.block,
-                   (ids, i32(n), i32(e), i32(plan.chunk), bh, offsets, dest, src), smem=plan.smem)
+                   (ids, i32(n), i32(e), i32(plan.chunk), bh, offsets, dest, src), smem=plan.smem,
+                   memo=True)
     return lay
 
 
@@ -216,7 +228,8 @@ def _alloc(ctx, ids, t: int, k: int, e: int, pad_to: int, multi: bool, bh_size: 
     views = [buf[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]
     nat = [native[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]
     lay = MoeLayout(e, k, t, pad_to, cap, nat[0], nat[1], nat[3], nat[4], nat[2], multi,
-                    {"buf": buf, "offsets": views[1], "dest": views[3], "src": views[4], "ids": ids},
+                    {"buf": buf, "offsets": views[1], "dest": views[3], "src": views[4], "ids": ids,
+                     "base": native},
                     stream=ctx.stream, kind=ctx.kind)
     return lay, views
 
@@ -308,7 +321,7 @@ def moe_dispatch(x: Any, layout: MoeLayout, *, exact: bool = True, out: Any = No
     fn = get_kernel(MoeDispatchConfig(arch=info.arch.name), ctx.device, ctx.stream).fn("moe_dispatch")
     total_ptr = layout._views["offsets"][layout.num_experts:]
     ctx.launch(fn, (move_grid(rows, info.sm_count), 1, 1), (MOVE_THREADS, 1, 1),
-               (xa, o, layout._views["src"], total_ptr, np.int32(vpr), np.int32(layout.top_k)))
+               (xa, o, layout._views["src"], total_ptr, np.int32(vpr), np.int32(layout.top_k)), memo=True)
     return out
 
 
@@ -346,7 +359,7 @@ def moe_combine(y_perm: Any, layout: MoeLayout, topk_weights: Any, *, out: Any =
     fn = get_kernel(cfg, ctx.device, ctx.stream).fn("moe_combine")
     ctx.launch(fn, grid, (MOVE_THREADS, 1, 1),
                (y, np.int32(y.shape[0]), layout._views["dest"], w, o, np.int32(t), np.int32(k),
-                np.int32(vpr)))
+                np.int32(vpr)), memo=True)
     return out
 
 

@@ -145,16 +145,24 @@ def mx_gemm(A: Any, B: Any, bias: Any = None, *, alpha: float = 1.0, out: Any = 
     M >= 0 (M = 0: an empty [0, N] D, nothing launched), N a multiple of 8, K a multiple of 32. bias [N] and out [M, N] in out_dtype
     ("bfloat16" or "float16"; CuPy bf16 is uint16). fp32 accumulation, D rounded to nearest.
     `config` forces a kernel config of the selector's path (tests, tuning); None: the selector's.
-    A call without out or config is memoised on B per signature of A's arrays, bias and the
+    A call without config is memoised on B per signature of A's arrays, bias, out and the
     other arguments (core/fastcall.py: the next such call skips the checks and the selector).
     """
-    if out is None and config is None and all(hasattr(A, f) for f in ("data", "scales", "fmt")):
+    if config is None and all(hasattr(A, f) for f in ("data", "scales", "fmt")):
         inputs = (A.data, A.scales, getattr(A, "global_scale", None), bias)
         extra = (A.fmt, A.shape, getattr(A, "scale_layout", None), alpha, out_dtype)
-        return fastcall.memoised("mx_gemm", B, inputs, extra,
-                                 lambda: _mx_gemm(A, B, bias, alpha, None, out_dtype, None),
-                                 lambda d: (d,), lambda d: fastcall.first, lambda: _kept(B))
+        full = lambda: _mx_gemm(A, B, bias, alpha, out, out_dtype, None)  # noqa: E731
+        if out is None:
+            return fastcall.memoised("mx_gemm", B, inputs, extra, full, lambda d: (d,),
+                                     lambda d: fastcall.first, lambda: _kept(B))
+        return fastcall.memoised("mx_gemm", B, inputs + (out,), extra, full, lambda d: (),
+                                 lambda d: _given_out, lambda: _kept(B))
     return _mx_gemm(A, B, bias, alpha, out, out_dtype, config)
+
+
+def _given_out(outs: list, inputs: tuple) -> Any:
+    """build_of's function for a call that wrote the caller's out (its fifth input)."""
+    return inputs[4]
 
 
 def _kept(B: Any) -> set:

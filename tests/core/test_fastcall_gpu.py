@@ -272,6 +272,16 @@ def test_mx_gemm_memo_matches_the_full_path(xp, monkeypatch):
                 assert type(got) is type(want)
                 np.testing.assert_array_equal(host(got), host(want))
     assert len(fastcall._memos[id(b)]) == (4 if xp.__name__ == "torch" else 2)
+    # out= (fp16 here): a per-call input, written and returned
+    for _ in range(3):
+        a = kg.quantize_mx(put(xp, rng.standard_normal((3, 512)).astype(np.float16)), "mxfp8_e4m3")
+        out = put(xp, np.full((3, 256), np.nan, np.float16))
+        assert mx_gemm(a, b, out=out, out_dtype="float16") is out
+        monkeypatch.setenv("KERNELGEN_FASTCALL", "0")
+        want = mx_gemm(a, b, out_dtype="float16")
+        monkeypatch.delenv("KERNELGEN_FASTCALL")
+        np.testing.assert_array_equal(host(out), host(want))
+    assert len(fastcall._memos[id(b)]) == (5 if xp.__name__ == "torch" else 3)
 
 
 def test_an_unoffered_launch_spoils_the_recording(monkeypatch):
@@ -309,3 +319,62 @@ def test_memo_with_out_alpha_and_dtype(kind, xp, monkeypatch):
             got = op(a, w, None, dtype="bfloat16", **kw)
             np.testing.assert_array_equal(host(got), host(full_path(op, a, w, None, xp, dtype="bfloat16", **kw)))
         assert len(fastcall._memos[id(w)]) == 2
+
+
+@pytest.mark.parametrize("graph_safe", [False, True])
+@pytest.mark.parametrize("kind", ["kbit4 flat", "kbit4 tiled", "kbit2 flat", "dense"])
+def test_fused_moe_memo_matches_the_full_path(kind, graph_safe, xp, monkeypatch):
+    """fused_moe through its memo on (w13, w2): the whole path's outputs over fresh routings
+    (the one-CTA layout, and the multi-CTA one past SINGLE_MAX pairs), one entry a signature
+    for kbit experts; a replay of the exact dispatch raises the whole path's ValueError on an
+    out-of-range id, the graph-safe one drops it as the whole path does; the memo goes with
+    either weight."""
+    import gc
+
+    from kernelgen.moe import fused_moe, quantize_experts
+
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
+    rng = np.random.default_rng()
+    e, h, i, k = 8, 256, 128, 2
+
+    def dense(*s):
+        return put(xp, (rng.standard_normal(s) * 0.05).astype(np.float16))
+
+    if kind == "dense":
+        w = [dense(e, 2 * i, h), dense(e, h, i)]
+    else:
+        bits, layout = int(kind[4]), kind.split()[1]
+        w = [quantize_experts(dense(e, 2 * i, h), bits, layout=layout),
+             quantize_experts(dense(e, h, i), bits, layout=layout)]
+
+    def both(x, ids, tw):
+        got = fused_moe(x, ids, tw, *w, graph_safe=graph_safe)
+        monkeypatch.setenv("KERNELGEN_FASTCALL", "0")
+        want = fused_moe(x, ids, tw, *w, graph_safe=graph_safe)
+        monkeypatch.delenv("KERNELGEN_FASTCALL")
+        assert type(got) is type(want)
+        np.testing.assert_array_equal(host(got), host(want))
+
+    for t in (1, 5, 4500):  # 9000 pairs: the multi-CTA layout
+        for _ in range(3):
+            both(put(xp, rng.standard_normal((t, h)).astype(np.float16)),
+                 put(xp, rng.integers(0, e, (t, k)).astype(np.int32)),
+                 put(xp, rng.random((t, k)).astype(np.float32)))
+    mkey = ("fused_moe", id(w[0]), id(w[1]))
+    if kind != "dense":  # dense experts may take the TMA kernel, whose maps hold x_perm's address
+        assert len(fastcall._memos[mkey]) == 3
+    x = put(xp, rng.standard_normal((5, h)).astype(np.float16))
+    ids = rng.integers(0, e, (5, k)).astype(np.int32)
+    ids[3, 1] = e
+    tw = put(xp, rng.random((5, k)).astype(np.float32))
+    if graph_safe:
+        both(x, put(xp, ids), tw)
+    else:
+        for fc in ("1", "0"):
+            monkeypatch.setenv("KERNELGEN_FASTCALL", fc)
+            with pytest.raises(ValueError, match=r"token 3 slot 1 names expert 8, outside \[0, 8\)"):
+                fused_moe(x, put(xp, ids), tw, *w)
+        monkeypatch.delenv("KERNELGEN_FASTCALL")
+    w.pop()
+    gc.collect()
+    assert mkey not in fastcall._memos

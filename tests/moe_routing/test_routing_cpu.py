@@ -295,11 +295,12 @@ def test_layout_host_reads_wait_for_the_build_stream(monkeypatch):
     views[1][:] = [0, 1, 2, 3, 3]  # offsets (expert 3 empty; the bad id is dropped)
     reads = []
 
-    def read(self, view, stream):
+    def read(view, stream, device):
         reads.append(stream)
         return np.array(view)
 
-    monkeypatch.setattr(api.MoeLayout, "_read", read)
+    monkeypatch.setattr(api, "_read", read)
+    monkeypatch.setattr(api.MoeLayout, "device", property(lambda self: 0))  # numpy stand-ins
     cur = _Stream(0)
     monkeypatch.setattr(api, "context_of", lambda arr, name: _Ctx(cur))
     assert lay.total() == 3 and lay.known_total == 3
@@ -381,7 +382,7 @@ def test_host_read_under_capture_raises_graph_capture_error(monkeypatch):
     from kernelgen.moe_routing import api
 
     reads = []
-    monkeypatch.setattr(api.MoeLayout, "_read", lambda self, view, stream: reads.append(stream))
+    monkeypatch.setattr(api, "_read", lambda view, stream, device: reads.append(stream))
     ids = np.zeros((2, 2), np.int32)
     for build, read in ((_Stream(0x1234), _Capturing(0x5678)), (_Capturing(0x1234), _Stream(0)),
                         (_Capturing(0x1234), _Capturing(0x1234))):
