@@ -14,7 +14,7 @@ launch.
 
 Only the entry points' calls without a forced choice use it (gemm / fp4_gemm: no forced path /
 split / tile / kw / plan, out= a per-call input; quantize_mx / quantize_nvfp4: any call;
-mx_gemm: no config, out= a per-call input; fused_moe: no workspace, on the pair of weights,
+mx_gemm / grouped_gemm: no config, out= a per-call input; fused_moe: no workspace, on the pair of weights,
 its intermediates new outputs and the exact dispatch's host check a `check_point` the replay
 repeats); a call
 with another signature, a misaligned input, KERNELGEN_POISON, a launch during stream capture

@@ -59,7 +59,33 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
     MoeGemmConfig / MoeKbitConfig / MoeKbitGemvConfig (tuning; dtype, epilogue and bits must
     match the call, arch the device's; the last with one warp a tile along K, or a whole
     KbitGemvPlan of plan_kbit_gemv with its kw).
+    A call without `config` is memoised on w per signature of x, the offsets array, out and the
+    other arguments (core/fastcall.py: the next such call skips the checks and the selector;
+    a MoeLayout's host-read offsets[E] is still checked against x's rows).
     """
+    def full() -> Any:
+        return _grouped_gemm(x, w, offsets, activation, out, rows, tile_m, swap_ab, tile_n, policy,
+                             dtype, wgmma, config)
+
+    if config is not None:
+        return full()
+    off = offsets
+    if isinstance(offsets, MoeLayout):
+        off = offsets.offsets
+        if offsets.known_total is not None and len(getattr(x, "shape", ())) == 2:
+            check_rows(int(x.shape[0]), rows, offsets.known_total)
+    extra = (activation, rows, tile_m, swap_ab, tile_n, policy, dtype, wgmma)
+    if out is None:
+        return fastcall.memoised("grouped_gemm", w, (x, off), extra, full, lambda y: (y,),
+                                 lambda y: fastcall.first, lambda: _kept(w))
+    return fastcall.memoised("grouped_gemm", w, (x, off, out), extra, full, lambda y: (),
+                             lambda y: fastcall.given_out, lambda: _kept(w))
+
+
+def _grouped_gemm(x: Any, w: Any, offsets: Any, activation: str | None, out: Any, rows: int | None,
+                  tile_m: int | None, swap_ab: bool | None, tile_n: int | None, policy: str,
+                  dtype: str | None, wgmma: bool | None, config: Any) -> Any:
+    """grouped_gemm's whole path."""
     ctx = context_of(x, "x")
     xa, dt = device_array(x, "x", ctx, DTYPES, hint=dtype, ndim=2)
     kbit = isinstance(w, KbitExperts)

@@ -378,3 +378,42 @@ def test_fused_moe_memo_matches_the_full_path(kind, graph_safe, xp, monkeypatch)
     w.pop()
     gc.collect()
     assert mkey not in fastcall._memos
+
+
+@pytest.mark.parametrize("kind", ["kbit4 flat", "kbit4 tiled", "dense"])
+def test_grouped_gemm_memo_matches_the_full_path(kind, xp, monkeypatch):
+    """grouped_gemm through its memo on w: offsets as a MoeLayout or its array, out= new or
+    given, with and without SwiGLU; a replay still checks a layout's host-read offsets[E]
+    against x's rows."""
+    from kernelgen.moe import grouped_gemm, quantize_experts
+    from kernelgen.moe_routing import moe_dispatch, moe_layout
+
+    monkeypatch.delenv("KERNELGEN_POISON", raising=False)
+    rng = np.random.default_rng()
+    e, h, n = 8, 256, 256
+    dense = put(xp, (rng.standard_normal((e, n, h)) * 0.05).astype(np.float16))
+    w = dense if kind == "dense" else quantize_experts(dense, 4, layout=kind.split()[1])
+
+    def call(*args, **kw):
+        got = grouped_gemm(*args, **kw)
+        monkeypatch.setenv("KERNELGEN_FASTCALL", "0")
+        want = grouped_gemm(*args, **{**kw, "out": None})
+        monkeypatch.delenv("KERNELGEN_FASTCALL")
+        np.testing.assert_array_equal(host(got), host(want))
+        return got
+
+    for act in (None, "swiglu"):
+        for t in (1, 5):
+            for _ in range(3):
+                lay = moe_layout(put(xp, rng.integers(0, e, (t, 2)).astype(np.int32)), e)
+                xp_ = moe_dispatch(put(xp, rng.standard_normal((t, h)).astype(np.float16)), lay)
+                for offs in (lay, lay.offsets):
+                    call(xp_, w, offs, activation=act)
+                    out = put(xp, np.full((2 * t, n // 2 if act else n), np.nan, np.float16))
+                    assert call(xp_, w, offs, activation=act, out=out) is out
+    if kind != "dense":
+        assert len(fastcall._memos[id(w)]) == 8
+    lay = moe_layout(put(xp, rng.integers(0, e, (6, 2)).astype(np.int32)), e)
+    moe_dispatch(put(xp, np.zeros((6, h), np.float16)), lay)  # offsets[E] = 12 read on the host
+    with pytest.raises(ValueError, match=r"offsets\[E\]=12 rows exceed x's M=10 rows"):
+        grouped_gemm(xp_, w, lay)  # x_perm of 5 tokens: 10 rows, a memoised signature
