@@ -142,6 +142,9 @@ class _Recipe:
             for i, s, off in slots:
                 vals[i] = ptrs[s] + off
             launch_values(fn, grid, block, codes, smem, stream_ptr, pdl_on, vals)
+        for pos, check in self.marks:
+            if pos == len(self.launches):  # a check after the last launch
+                check(outs, inputs)
         return self.build(outs, inputs)
 
 
@@ -172,7 +175,8 @@ def _recipe(sig: tuple, inputs: tuple, outputs: tuple, launches: list, fixed: se
         for i, (a, code) in enumerate(zip(args, codes, strict=True)):
             if code == "A":
                 p = a.data.ptr
-                inside = [(j, p - lo) for lo, hi, j in spans if lo < p < hi]
+                end = p + a.nbytes  # launch arrays are cupy views; one wholly inside an output
+                inside = [(j, p - lo) for lo, hi, j in spans if lo < p and end <= hi]
                 if p in per_call:
                     slots.append((i, per_call.index(p), 0))
                     used.add(per_call.index(p))
@@ -219,7 +223,7 @@ def memoised(entry: str, key: Any, inputs: tuple, extra: tuple, full: Callable[[
     if sig is None:
         return full()
     keys = key if isinstance(key, tuple) else () if key is None else (key,)
-    mkey = (entry, *map(id, keys)) if len(keys) > 1 else entry if key is None else id(key)
+    mkey = entry if not keys else id(keys[0]) if len(keys) == 1 else (entry, *map(id, keys))
     memo = _memos.get(mkey)
     if memo is not None:
         try:

@@ -3,6 +3,7 @@ CuPy arrays or torch tensors in, the caller's kind out, on the caller's current 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -74,7 +75,7 @@ def grouped_gemm(x: Any, w: Any, offsets: Any, *, activation: str | None = None,
         off = offsets.offsets
         if offsets.known_total is not None and len(getattr(x, "shape", ())) == 2:
             check_rows(int(x.shape[0]), rows, offsets.known_total)
-    extra = (activation, rows, tile_m, swap_ab, tile_n, policy, dtype, wgmma)
+    extra = (activation, rows, tile_m, swap_ab, tile_n, policy, dtype, wgmma, _storage(w))
     if out is None:
         return fastcall.memoised("grouped_gemm", w, (x, off), extra, full, lambda y: (y,),
                                  lambda y: fastcall.first, lambda: _kept(w))
@@ -139,14 +140,14 @@ def _grouped_gemm(x: Any, w: Any, offsets: Any, activation: str | None, out: Any
                    smem=plan.smem, memo=True)
         return out
     fn = get_kernel(plan.config, ctx.device, ctx.stream).fn("moe_grouped_gemm")
-    if plan.config.tma:
+    if plan.config.tma:  # not memoisable: the tensor maps hold x's address
         tx, tw = tensor_maps(plan.config, xa, wa, m, e, n, k)
         ctx.launch(fn, plan.grid(m), plan.block,
                    (tx, tw, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem)
         return out
     ctx.launch(fn, plan.grid(m), plan.block,
                (xa, wa, off, ya, np.int32(e), np.int32(n), np.int32(k), np.int32(m)), smem=plan.smem,
-               memo=True)  # the TMA variant's maps hold x's address: not memoisable
+               memo=True)
     return out
 
 
@@ -292,8 +293,20 @@ def fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, *,
         workspace.update(layout=layout, x_perm=x_perm, hidden=hid, y_perm=y_perm)
         return out
     return fastcall.memoised("fused_moe", (w13, w2), (x, topk_ids, topk_weights),
-                             (graph_safe, tile_m, swap_ab, policy, dtype), full, _made,
+                             (graph_safe, tile_m, swap_ab, policy, dtype, _storage(w13), _storage(w2)),
+                             full, _made,
                              lambda r: _first_of, lambda: _kept(w13) | _kept(w2))[0]
+
+
+def _storage(w: Any) -> tuple | None:
+    """A dense weight's pointer, shape and dtype (part of a memo's signature: torch can give the
+    same tensor new storage, e.g. module.cpu() then .cuda()); None for KbitExperts."""
+    if isinstance(w, KbitExperts):
+        return None
+    if hasattr(w, "data_ptr"):
+        return (w.data_ptr(), tuple(w.shape), str(w.dtype))
+    data = getattr(w, "data", None)
+    return (getattr(data, "ptr", None), tuple(getattr(w, "shape", ())), str(getattr(w, "dtype", "")))
 
 
 def _made(r: tuple) -> tuple:
@@ -358,7 +371,8 @@ def _fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, grap
                          policy, None, None)
     layout = moe_layout(topk_ids, e, pad_to=1)
     if not graph_safe:  # a replay of the memo repeats the exact dispatch's check of the ids
-        fastcall.check_point(lambda outs, inputs: _check_ids_read(outs[1], inputs[1], e, top_k, ctx))
+        sp, dev = ctx.stream.ptr, ctx.device  # not the stream object: the memo outlives it
+        fastcall.check_point(lambda outs, inputs: _check_ids_read(outs[1], inputs[1], e, top_k, sp, dev))
     x_perm = moe_dispatch(x, layout, exact=not graph_safe, dtype=dt)
     kw = dict(rows=rows, policy=policy, dtype=dt)
     hid = grouped_gemm(x_perm, w13, layout, activation="swiglu", **kw, **forced(w13))
@@ -366,9 +380,14 @@ def _fused_moe(x: Any, topk_ids: Any, topk_weights: Any, w13: Any, w2: Any, grap
     return moe_combine(y_perm, layout, topk_weights, dtype=dt), layout, x_perm, hid, y_perm
 
 
-def _check_ids_read(buf: Any, ids: Any, e: int, top_k: int, ctx: Any) -> None:
-    """The exact dispatch's host check, on a replay's layout buffer and topk_ids (either kind)."""
-    if _capturing(ctx.stream):
+def _check_ids_read(buf: Any, ids: Any, e: int, top_k: int, stream_ptr: int, device: int) -> None:
+    """The exact dispatch's host check, on a replay's layout buffer and topk_ids (either kind),
+    on the recorded stream (the signature's)."""
+    cupy = _cupy()
+    with warnings.catch_warnings():  # ExternalStream: the handle-based form (core/interop.py)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        stream = cupy.cuda.ExternalStream(stream_ptr, device)
+    if _capturing(stream):
         raise capture_error()
-    view = (lambda a: a) if isinstance(buf, _cupy().ndarray) else _torch_to_cupy
-    checked_total(view(buf), view(ids), e, top_k, ctx.stream, ctx.device)
+    view = (lambda a: a) if isinstance(buf, cupy.ndarray) else _torch_to_cupy
+    checked_total(view(buf), view(ids), e, top_k, stream, device)

@@ -383,8 +383,8 @@ def test_fused_moe_memo_matches_the_full_path(kind, graph_safe, xp, monkeypatch)
 @pytest.mark.parametrize("kind", ["kbit4 flat", "kbit4 tiled", "dense"])
 def test_grouped_gemm_memo_matches_the_full_path(kind, xp, monkeypatch):
     """grouped_gemm through its memo on w: offsets as a MoeLayout or its array, out= new or
-    given, with and without SwiGLU; a replay still checks a layout's host-read offsets[E]
-    against x's rows."""
+    given, with and without SwiGLU; a dense torch weight given new storage is not replayed with
+    the old pointer; a replay still checks a layout's host-read offsets[E] against x's rows."""
     from kernelgen.moe import grouped_gemm, quantize_experts
     from kernelgen.moe_routing import moe_dispatch, moe_layout
 
@@ -413,6 +413,9 @@ def test_grouped_gemm_memo_matches_the_full_path(kind, xp, monkeypatch):
                     assert call(xp_, w, offs, activation=act, out=out) is out
     if kind != "dense":
         assert len(fastcall._memos[id(w)]) == 8
+    elif xp.__name__ == "torch":  # the same tensor given new storage (as module.cpu().cuda() does)
+        w.data = w.data * 2
+        call(xp_, w, lay, activation="swiglu")
     lay = moe_layout(put(xp, rng.integers(0, e, (6, 2)).astype(np.int32)), e)
     moe_dispatch(put(xp, np.zeros((6, h), np.float16)), lay)  # offsets[E] = 12 read on the host
     with pytest.raises(ValueError, match=r"offsets\[E\]=12 rows exceed x's M=10 rows"):

@@ -672,6 +672,7 @@ def _stub_fused_moe(monkeypatch, calls):
 
     class Ctx:
         device = 0
+        stream = type("Stream", (), {"ptr": 0})()  # fused_moe's check_point keeps the handle
 
     monkeypatch.setattr(api, "context_of", lambda a, name: Ctx)
     monkeypatch.setattr(api, "device_info", lambda device: Info)
