@@ -224,6 +224,9 @@ class Fp4WgmmaConfig(KernelConfig):
     # CTAs an SM the launch bounds ask for: 2 (<= 128 registers) overlaps one CTA's barrier and
     # decode with the other's wgmmas where both fit the SM's 228 KB (BM 64, 2 stages, inflight 0)
     ctas_per_sm: int = 1
+    # kbit4 only: 2..4 reads a flat kbit weight of that many bits (bit planes, wgmma.cuh FLAT)
+    # instead of the tiled layout; 0: the tiled layout
+    flat: int = 0
 
     def check(self) -> None:
         if self.arch not in WGMMA_ARCHS:
@@ -235,6 +238,8 @@ class Fp4WgmmaConfig(KernelConfig):
             raise _bad(self, "stages", f"expected one of {STAGES}")
         if self.ring not in (1, 2, 3):
             raise _bad(self, "ring", "expected 1, 2 or 3")
+        if self.flat not in (0, 2, 3, 4) or (self.flat and self.fmt != "kbit4"):
+            raise _bad(self, "flat", "0, or 2..4 (the bits of a flat kbit weight) with fmt kbit4")
         if self.inflight not in (0, 1) or self.stages - 1 - self.inflight < 1:
             raise _bad(self, "inflight", f"expected 0 or 1, leaving one A step copied ahead of "
                                          f"{self.stages} stages")

@@ -20,11 +20,12 @@ from ..core.interop import (
     scratch,
 )
 from ..core.jit import get_kernel
+from ..fp4_gemm.api import launch_plan
 from ..kbit.api import KbitTensor, check_bits, dequantize_kbit, quantize_kbit
 from .config import DTYPES, GROUP_K, TILE_ROWS
 from .select import GemvPlan, check_shape, m_tile_for, plan_gemv, select_gemv
 from .tc_select import PATHS, TILE_N_MIN, plan_mma, select_gemm
-from .tiled import Kbit4Tiled, dequantize_tiled, gemm_tiled, tile_weight
+from .tiled import Kbit4Tiled, dequantize_tiled, gemm_tiled, plan_flat_wgmma, tile_weight
 
 LAYOUTS = ("flat", "tiled")
 
@@ -150,7 +151,8 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     `out` receives C (A's dtype, shape [..., N], contiguous). `dtype="bfloat16"` marks CuPy
     uint16 data as bf16. The selector picks the path and its plan. A flat weight: "gemv"
     (bandwidth kernel), "mma" (tensor-core kernel, N % 128 == 0), "dequant" (W dequantized to a
-    scratch + cuBLAS); `tile` ((tile_m, tile_n) of the mma path) and `kw` (warps of a GEMV CTA
+    scratch + cuBLAS), or, forced only, "wgmma" (sm_90a, 2..4 bits: the tiled weight's warpgroup
+    MMA kernel decoding the bit planes itself; BENCHMARKS.md session 37 has where it wins); `tile` ((tile_m, tile_n) of the mma path) and `kw` (warps of a GEMV CTA
     sharing one tile's K range: 1, 2, 4; implies the gemv path) force its plans. A tiled 4-bit
     weight (KbitLinear.layout): "gemv", "tile", "dequant", or "wgmma" (sm_90a: mid M)
     (kbit_gemm/tiled.py). `path` and `split_k` (number of K splits) force either (a flat
@@ -226,8 +228,16 @@ def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k
         return _gemm_mma(ctx, W, a, b, bias is not None, c, out, m, n, k, dt, info, tile, split_k)
     if path == "dequant":
         return _gemm_dequant(ctx, W, a, b, bias is not None, c, out, m, n, k, dt)
+    if path == "wgmma":  # forced only: the flat bit planes decoded in the FP4 wgmma kernel
+        plan = plan_flat_wgmma(info.arch.name, m, n, k, W.bits, dt, info.sm_count,
+                               None if split_k is None else int(split_k), lim)
+        packed, absmax, cb = W.q._views(ctx)
+        launch_plan(ctx, plan, packed, absmax, cb, (0, 0, 0, 0), a, b, bias is not None, 1.0, c,
+                    m, n, k)
+        return out
     if path != "gemv":
-        raise ValueError(f"path={path!r}: expected one of {PATHS} (or None: the selector's choice)")
+        raise ValueError(f"path={path!r}: expected one of {PATHS + ('wgmma',)} (or None: the "
+                         f"selector's choice)")
     if plan is not None:
         cfg = plan.config
         if (cfg.bits, cfg.dtype, cfg.m_tile, plan.m_tiles) != (W.bits, dt, m_tile_for(m), -(-m // cfg.m_tile)) \

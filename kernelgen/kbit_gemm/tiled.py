@@ -15,6 +15,7 @@ shared-memory table of the codebook instead of bit arithmetic. Four paths read t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,7 @@ from .select import check_shape
 
 ARRANGEMENT = "step_major"  # as MXFP4's (fp4_gemm.api.ARRANGEMENT): the same bytes a block
 TILED_PATHS = ("gemv", "tile", "dequant", "wgmma")
+FLAT_WGMMA_BITS = (2, 3, 4)  # flat weights the wgmma kernel reads (plan_flat_wgmma)
 
 # -- path rule (H100, session 13, examples/bench_kbit_gemm.py --bits 4, graph-timed, weights
 # rotated past L2, fp16, every path forced; us, gemv / tile / dequant) ---------------------------
@@ -243,6 +245,18 @@ def plan_tiled(arch: str, m: int, n: int, k: int, dtype: str, sm_count: int,
         path, plan = "gemv", fp4_plan(arch, m, n, k, "kbit4", dtype, sm_count, path="gemv",
                                       split=split, smem_limit=smem_limit)
     return TiledChoice(path, plan)
+
+
+def plan_flat_wgmma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
+                    split: int | None = None, smem_limit: int | None = None) -> Plan:
+    """A flat 2..4-bit weight on the wgmma kernel (sm_90a), its bit planes decoded in the kernel
+    (Fp4WgmmaConfig.flat): the tiled 4-bit weight's wgmma plan for the shape, reading the flat
+    layout. Only when forced (gemm(..., path="wgmma")): BENCHMARKS.md, session 37."""
+    if bits not in FLAT_WGMMA_BITS:
+        raise ValueError(f"path='wgmma': flat weights of {FLAT_WGMMA_BITS} bits (their codes fit "
+                         f"the kernel's 4-bit code table); this one has {bits}")
+    p = plan_tiled(arch, m, n, k, dtype, sm_count, "wgmma", split, smem_limit).plan
+    return dataclasses.replace(p, config=p.config.replace(flat=bits))
 
 
 @selector

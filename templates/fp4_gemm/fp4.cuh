@@ -149,7 +149,9 @@ __device__ __forceinline__ void kbit4_word_factors(uint32_t x, uint32_t y, int j
 // behind them and every CTA started its loop ~0.7 us later, H100), fill() writes the table.
 // Thread t stores uint4 i = t + THREADS j (4 copies of entry c = i / 8): with THREADS a multiple
 // of 128, c & 15 = (t / 8) & 15 for every j and c >> 4 = t / 128 + (THREADS / 128) j.
-template <typename T, int THREADS, bool POST = false, bool WIDE = false>
+// NCB: the codebook's entries (16; fewer for the codes of flat 2 / 3-bit planes, whose table
+// entries past them are never read: their reads are clamped to the last entry).
+template <typename T, int THREADS, bool POST = false, bool WIDE = false, int NCB = 16>
 struct Kbit4Fill {
   static_assert(THREADS % 128 == 0, "the fill needs a multiple of 128 threads");
   static constexpr int STRIDE = WIDE ? 256 : 128;  // bytes an entry (its 32 copies: the first 128)
@@ -157,9 +159,10 @@ struct Kbit4Fill {
   float lo, hi[PER];
   __device__ __forceinline__ void load(const float* __restrict__ cb) {
     const int t = threadIdx.x;
-    lo = __ldg(cb + ((t >> 3) & 15));
+    const auto entry = [](int c) { return NCB < 16 ? min(c, NCB - 1) : c; };
+    lo = __ldg(cb + entry((t >> 3) & 15));
 #pragma unroll
-    for (int j = 0; j < PER; ++j) hi[j] = __ldg(cb + (t >> 7) + (THREADS / 128) * j);
+    for (int j = 0; j < PER; ++j) hi[j] = __ldg(cb + entry((t >> 7) + (THREADS / 128) * j));
   }
   __device__ __forceinline__ void fill(uint32_t* lut) const {
 #pragma unroll

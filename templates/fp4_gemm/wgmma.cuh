@@ -13,6 +13,14 @@
 // the wgmma's B operand (cp.async, STAGES slots, zero-filled past M, same layout and k order).
 // Each warpgroup decodes and reads only its own 64 rows of DQ.
 //
+// FLAT (kbit4 only; 2..4): W is a flat kbit weight instead (templates/kbit_gemm/mma_gemm.cuh's
+// layout: row n's K/32 blocks of FLAT bit-plane words, one E4M4 byte a block, a codebook of
+// 2^FLAT entries; the w / s strides unused). Lane (g, t) loads rows g and g+8 of its tile (rows
+// past N clamped to N - 1: computed, not stored) a step at a time, FLAT 16-byte words a row (the 4
+// lanes of a row read the same words in one request) and each row's 4 scale bytes, and spreads
+// byte t of each plane into the 4-bit code words of the tiled chunk (flat_chunk) before the
+// decode, which is then the tiled kbit4 one.
+//
 // Iteration kt (one CTA barrier; INFLIGHT = wgmma groups left pending across it, 0 or 1):
 //   decode step kt (ring slot) into DQ[kt % (2 + INFLIGHT)] (its last reader, this warpgroup's
 //     group kt - 2 - INFLIGHT, completed at the wait of iteration kt - 1); load step kt + RING
@@ -59,7 +67,30 @@ __device__ __forceinline__ uint2 ld_ring_v2(const void* p) {
   return r;
 }
 
-template <typename T, int FMT, int BM, int STAGES, int RING, int INFLIGHT, int ENC = ENC_F16>
+// Bits 0..7 of x -> bits 0, 4, .., 28 (element i of a byte of a bit plane to nibble i).
+__device__ __forceinline__ uint32_t spread_nibbles(uint32_t x) {
+  x = (x | (x << 12)) & 0x000F000Fu;
+  x = (x | (x << 6)) & 0x03030303u;
+  return (x | (x << 3)) & 0x11111111u;
+}
+
+// FLAT: a row's step of flat bit planes (4 blocks x FLAT words, p[w / 4] component w % 4 = word
+// j * FLAT + b) -> lane t's tiled chunk: word j = the 4-bit codes of k 32j + 8t .. + 7.
+template <int FLAT>
+__device__ __forceinline__ uint4 flat_chunk(const uint4 (&p)[FLAT], int t) {
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int b = 0; b < FLAT; ++b) {
+      const int i = j * FLAT + b;
+      const uint32_t pw = word_of(p[i >> 2], i & 3);
+      w[j] |= spread_nibbles(__byte_perm(pw, 0u, 0x4440u + (uint32_t)t)) << b;
+    }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+template <typename T, int FMT, int BM, int STAGES, int RING, int INFLIGHT, int ENC = ENC_F16, int FLAT = 0>
 __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const uint8_t* __restrict__ S,
                                            const float* __restrict__ post, const T* __restrict__ A,
                                            const T* __restrict__ bias, int has_bias, float alpha,
@@ -75,7 +106,7 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
   using L = WgSmem<FMT, BM, STAGES, INFLIGHT>;
   // KBIT4: the codebook values of this thread's table stores (Kbit4Fill); first in the source,
   // as the weight ring below is before the A copies (ptxas still issues the A copies first)
-  [[maybe_unused]] Kbit4Fill<T, THREADS> kfill;
+  [[maybe_unused]] Kbit4Fill<T, THREADS, false, false, FLAT ? (1 << FLAT) : 16> kfill;
   if constexpr (FMT == FMT_KBIT4) kfill.load(post);
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem);
@@ -93,16 +124,37 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
 
   // this warp's tile (past the last: re-read it, nothing is stored for its rows) and ring
   const long long tl = min(n0 / 16 + warp, n_tiles - 1);
-  const uint8_t* wp = W + tl * w_t + (size_t)q0 * w_q + 64 * g + 16 * t;
-  const uint8_t* sp = S + tl * s_t + (size_t)q0 * s_q + scale_offset<FMT>(g, t);
+  constexpr int FW = FLAT > 0 ? FLAT : 1;
+  // FLAT: rows g, g + 8 of the tile (clamped to N - 1), their steps of planes and scale words
+  const long long kb32 = K / 32;
+  const long long ra = min(tl * 16 + g, (long long)N - 1), rb = min(tl * 16 + g + 8, (long long)N - 1);
+  const uint8_t* wp = FLAT ? W + (ra * kb32 + 4 * (long long)q0) * 4 * FW
+                           : W + tl * w_t + (size_t)q0 * w_q + 64 * g + 16 * t;
+  const long long w8 = FLAT ? (rb - ra) * kb32 * 4 * FW : 512;
+  const uint8_t* sp = FLAT ? S + ra * kb32 + 4 * (long long)q0
+                           : S + tl * s_t + (size_t)q0 * s_q + scale_offset<FMT>(g, t);
+  const long long s8 = (rb - ra) * kb32;
+  [[maybe_unused]] uint4 pa[RING][FW], pb[RING][FW];
   uint4 wa[RING], wb[RING];
   uint2 sr[RING];
   const auto load = [&](int d) {
-    wa[d] = ld_ring_v4(wp);
-    wb[d] = ld_ring_v4(wp + 512);
-    sr[d] = ld_ring_v2(sp);
-    wp += w_q;
-    sp += s_q;
+    if constexpr (FLAT > 0) {
+#pragma unroll
+      for (int b = 0; b < FLAT; ++b) {
+        pa[d][b] = ld_ring_v4(wp + 16 * b);
+        pb[d][b] = ld_ring_v4(wp + w8 + 16 * b);
+      }
+      sr[d].x = __ldg(reinterpret_cast<const uint32_t*>(sp));
+      sr[d].y = __ldg(reinterpret_cast<const uint32_t*>(sp + s8));
+      wp += 16 * FLAT;
+      sp += 4;
+    } else {
+      wa[d] = ld_ring_v4(wp);
+      wb[d] = ld_ring_v4(wp + 512);
+      sr[d] = ld_ring_v2(sp);
+      wp += w_q;
+      sp += s_q;
+    }
   };
 #pragma unroll
   for (int d = 0; d < RING; ++d)
@@ -170,6 +222,10 @@ __device__ __forceinline__ void wgmma_gemm(const uint8_t* __restrict__ W, const 
         const int buf = kt % L::DQ;
         const uint32_t dq = dq0 + (uint32_t)(buf * WG_DQ_BYTES);
         {
+          if constexpr (FLAT > 0) {
+            wa[d] = flat_chunk<FLAT>(pa[d], t);
+            wb[d] = flat_chunk<FLAT>(pb[d], t);
+          }
           swap_pairs(wa[d]);
           swap_pairs(wb[d]);
           const RowScale<T, FMT> s0 = row_scales<T, FMT>(__byte_perm(sr[d].x, 0u, byte_order));

@@ -267,3 +267,30 @@ def test_prewarm_covers_every_plan():
                         cfg = ch.plan.config if ch.plan is not None else \
                             KbitTiledDequantConfig(arch=arch, dtype=dtype)
                         assert cfg in walked, (arch, sms, n, k, m, dtype)
+
+
+def test_flat_wgmma_plans_configs_and_rules():
+    """Flat 2..4-bit weights on the wgmma kernel (forced path): the tiled weight's wgmma plan with
+    Fp4WgmmaConfig.flat = bits, compiled for sm_90a without spills; 5 bits, another arch, a flat
+    field off kbit4 or out of range raise naming the rule."""
+    from kernelgen.core.compile import compile_cubin, resource_summary
+    from kernelgen.core.render import render
+    from kernelgen.errors import UnsupportedConfigError
+    from kernelgen.fp4_gemm.config import Fp4WgmmaConfig
+    from kernelgen.kbit_gemm.tiled import plan_flat_wgmma, plan_tiled
+
+    for bits in (2, 3, 4):
+        for m, n, k, split in ((128, 14336, 4096, None), (64, 4096, 14336, 2)):
+            p = plan_flat_wgmma("sm_90a", m, n, k, bits, "float16", 132, split)
+            base = plan_tiled("sm_90a", m, n, k, "float16", 132, "wgmma", split).plan
+            assert p.config == base.config.replace(flat=bits) and p.grid == base.grid
+        cfg = plan_flat_wgmma("sm_90a", 128, 14336, 4096, bits, "bfloat16", 132).config
+        res = resource_summary(compile_cubin(cfg, render(cfg)).log)
+        assert res["spill_bytes"] == 0, (cfg, res)
+    with pytest.raises(ValueError, match=r"flat weights of \(2, 3, 4\) bits.*this one has 5"):
+        plan_flat_wgmma("sm_90a", 128, 14336, 4096, 5, "float16", 132)
+    with pytest.raises(ValueError, match="sm_90a"):
+        plan_flat_wgmma("sm_80", 128, 14336, 4096, 2, "float16", 108)
+    for kw in (dict(fmt="nvfp4", flat=2), dict(fmt="kbit4", flat=1), dict(fmt="kbit4", flat=5)):
+        with pytest.raises(UnsupportedConfigError, match="flat="):
+            Fp4WgmmaConfig(arch="sm_90a", dtype="float16", enc="float16", **kw).check()

@@ -2,7 +2,8 @@
 (gemv, tile, dequant; wgmma on sm_90a) against the NumPy reference of the same quantized weight (dequantize with
 the E4M4 scales, matmul in float64), both dtypes, M from 1 to 4097, several (N, K) (N not a
 multiple of 16 or 128 included), K splits off / auto / forced, bias, out=, torch, graphs; the
-tiled dequantize against the flat one bit for bit.
+tiled dequantize against the flat one bit for bit; flat 2..4-bit weights on the wgmma kernel
+(gemm(..., path="wgmma")).
 
 Outputs are poisoned (KERNELGEN_POISON=1: NaN) or pre-filled with NaN through out=, so an element
 the kernel does not write fails.
@@ -356,3 +357,43 @@ def test_wide_and_narrow_code_tables_agree(dtype, monkeypatch):
             got[wide] = kg.gemm(a_d, lin, dtype=hint, path="gemv")
         _check(got[True], GR.gemm(a, w64, None, dtype), dtype, f"{m=}")
         assert cupy.array_equal(got[True], got[False]), f"{m=}: the tables disagree"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", (2, 3, 4))
+def test_flat_weights_on_the_wgmma_kernel(bits, dtype):
+    """gemm(..., path="wgmma") of a flat 2..4-bit weight (sm_90a): the FP4 wgmma kernel decoding
+    the bit planes itself (Fp4WgmmaConfig.flat) matches the reference at M across the wgmma
+    buckets (N not a multiple of 16 or 128 included: clamped rows), K splits off / forced, with
+    bias and out=; 5 bits raise."""
+    import cupy
+
+    import kernelgen as kg
+    from kernelgen.arch import device_info
+
+    if device_info().arch.name != "sm_90a":
+        pytest.skip("warpgroup MMA: sm_90a")
+    hint = "bfloat16" if dtype == "bfloat16" else None
+    for n, k in ((200, 384), (1152, 4224)):
+        rng = np.random.default_rng(bits * n + k)
+        w = _host(rng, (n, k), dtype, 0.5)
+        lin = kg.quantize_weight(cupy.asarray(w), bits, layout="flat", dtype=hint)
+        q = lin.q
+        w64 = GR.dequantize_weight(cupy.asnumpy(q.packed), cupy.asnumpy(q.absmax),
+                                   cupy.asnumpy(q.codebook), bits, n, k)
+        bias = _host(rng, (n,), dtype)
+        for m in (1, 33, 64, 65, 128, 129, 256):
+            a = _host(rng, (m, k), dtype)
+            c_ref = GR.gemm(a, w64, bias, dtype)
+            for split in (None, 3):
+                c = kg.gemm(cupy.asarray(a), lin, cupy.asarray(bias), dtype=hint, path="wgmma",
+                            split_k=split)
+                _check(c, c_ref, dtype, f"{bits=} {dtype=} {m=} {n=} {k=} {split=}")
+        out = cupy.full((5, n), np.nan, cupy.float16 if hint is None else cupy.uint16)
+        a = _host(rng, (5, k), dtype)
+        assert kg.gemm(cupy.asarray(a), lin, dtype=hint, path="wgmma", out=out) is out
+        _check(out, GR.gemm(a, w64, None, dtype), dtype, f"{bits=} {dtype=} out=")
+    w5 = kg.quantize_weight(cupy.asarray(_host(rng, (128, 256), dtype)), 5, dtype=hint)
+    with pytest.raises(ValueError, match=r"path='wgmma': flat weights of \(2, 3, 4\) bits"):
+        kg.gemm(cupy.zeros((4, 256), cupy.float16 if hint is None else cupy.uint16), w5, dtype=hint,
+                path="wgmma")
