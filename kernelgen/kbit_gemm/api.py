@@ -152,8 +152,9 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     uint16 data as bf16. The selector picks the path and its plan. A flat weight: "gemv"
     (bandwidth kernel), "mma" (tensor-core kernel, N % 128 == 0), "dequant" (W dequantized to a
     scratch + cuBLAS), or, forced only, "wgmma" (sm_90a, 2..4 bits: the tiled weight's warpgroup
-    MMA kernel decoding the bit planes itself; BENCHMARKS.md session 37 has where it wins); `tile` ((tile_m, tile_n) of the mma path) and `kw` (warps of a GEMV CTA
-    sharing one tile's K range: 1, 2, 4; implies the gemv path) force its plans. A tiled 4-bit
+    MMA kernel decoding the bit planes itself; BENCHMARKS.md session 37 has where it wins);
+    `tile` ((tile_m, tile_n) of the mma path) and `kw` (warps of a GEMV CTA sharing one tile's
+    K range: 1, 2, 4; implies the gemv path) force its plans. A tiled 4-bit
     weight (KbitLinear.layout): "gemv", "tile", "dequant", or "wgmma" (sm_90a: mid M)
     (kbit_gemm/tiled.py). `path` and `split_k` (number of K splits) force either (a flat
     weight's `split_k` alone where the selector would dequantize runs the mma path, or the GEMV
