@@ -8,7 +8,7 @@ from .config import BITS, DTYPES, KbitGemvConfig, KbitTiledDequantConfig
 from .select import prewarm_configs
 from .tc_config import KbitMmaConfig
 from .tc_select import prewarm_dequant_configs, prewarm_mma_configs
-from .tiled import prewarm_tiled_configs
+from .tiled import prewarm_flat_wgmma_configs, prewarm_tiled_configs
 
 # prewarm_all's spec keys and values (Family.spec_keys); "float32": the tiled dequantize's output
 SPEC_KEYS = {"bits": BITS, "dtypes": (*DTYPES, "float32"), "layouts": None, "shapes": None,
@@ -45,6 +45,7 @@ def prewarm_all(archs, spec):  # type: ignore[no-untyped-def]
         yield from prewarm_configs(archs, flat_spec)
         yield from prewarm_mma_configs(archs, flat_spec)
         yield from prewarm_dequant_configs(archs, flat_spec)
+        yield from prewarm_flat_wgmma_configs(archs, flat_spec)
     if 4 in bits_list and wanted(4, "tiled"):
         yield from prewarm_tiled_configs(archs, spec)
 

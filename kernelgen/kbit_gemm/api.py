@@ -151,8 +151,9 @@ def gemm(A: Any, W: KbitLinear, bias: Any = None, *, out: Any = None, dtype: str
     `out` receives C (A's dtype, shape [..., N], contiguous). `dtype="bfloat16"` marks CuPy
     uint16 data as bf16. The selector picks the path and its plan. A flat weight: "gemv"
     (bandwidth kernel), "mma" (tensor-core kernel, N % 128 == 0), "dequant" (W dequantized to a
-    scratch + cuBLAS), or, forced only, "wgmma" (sm_90a, 2..4 bits: the tiled weight's warpgroup
-    MMA kernel decoding the bit planes itself; BENCHMARKS.md session 37 has where it wins);
+    scratch + cuBLAS), "wgmma" (sm_90a, 2..4 bits, 64..256 tokens where its unsplit CTAs fill
+    their last wave: the tiled weight's warpgroup-MMA kernel decoding the bit planes itself,
+    kbit_gemm/tiled.py flat_wgmma_takes);
     `tile` ((tile_m, tile_n) of the mma path) and `kw` (warps of a GEMV CTA sharing one tile's
     K range: 1, 2, 4; implies the gemv path) force its plans. A tiled 4-bit
     weight (KbitLinear.layout): "gemv", "tile", "dequant", or "wgmma" (sm_90a: mid M)
@@ -229,9 +230,12 @@ def _gemm(A: Any, W: KbitLinear, bias: Any, out: Any, dtype: str | None, split_k
         return _gemm_mma(ctx, W, a, b, bias is not None, c, out, m, n, k, dt, info, tile, split_k)
     if path == "dequant":
         return _gemm_dequant(ctx, W, a, b, bias is not None, c, out, m, n, k, dt)
-    if path == "wgmma":  # forced only: the flat bit planes decoded in the FP4 wgmma kernel
-        plan = plan_flat_wgmma(info.arch.name, m, n, k, W.bits, dt, info.sm_count,
-                               None if split_k is None else int(split_k), lim)
+    if path == "wgmma":  # the flat bit planes decoded in the FP4 wgmma kernel
+        choice = select_gemm(info.arch.name, m, n, k, W.bits, dt, info.sm_count, lim) \
+            if split_k is None else None
+        plan = choice.plan if choice is not None and choice.path == "wgmma" else plan_flat_wgmma(
+            info.arch.name, m, n, k, W.bits, dt, info.sm_count,
+            None if split_k is None else int(split_k), lim)
         packed, absmax, cb = W.q._views(ctx)
         launch_plan(ctx, plan, packed, absmax, cb, (0, 0, 0, 0), a, b, bias is not None, 1.0, c,
                     m, n, k)

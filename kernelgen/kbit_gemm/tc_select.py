@@ -20,7 +20,7 @@ from ..core.select import selector, wave_fill
 from ..errors import UnsupportedConfigError
 from ..kbit.api import check_bits
 from .config import BITS, DTYPES
-from .select import GemvPlan, _shapes, check_shape, plan_gemv
+from .select import _shapes, check_shape, plan_gemv
 from .tc_config import TILE_K, TILES, KbitMmaConfig, smem_for, stages_for
 
 PATHS = ("gemv", "mma", "dequant")
@@ -161,10 +161,11 @@ class MmaPlan:
 
 @dataclass(frozen=True)
 class GemmChoice:
-    """The path and, for gemv / mma, its plan (dequant: dequantize + cuBLAS, no plan)."""
+    """The path and, for gemv / mma / wgmma, its plan (dequant: dequantize + cuBLAS, no plan;
+    wgmma: the FP4 kernel's plan, kernelgen/kbit_gemm/tiled.py flat_wgmma_takes)."""
 
     path: str
-    plan: GemvPlan | MmaPlan | None
+    plan: Any
 
     def short(self) -> str:
         return f"path={self.path}" + (f" {self.plan.short()}" if self.plan is not None else "")
@@ -287,6 +288,11 @@ def mma_full(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count:
 def plan_gemm(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
               smem_limit: int | None = None) -> GemmChoice:
     """The path and its plan; `smem_limit` as in plan_mma."""
+    from .tiled import flat_wgmma_takes, plan_flat_wgmma  # tiled imports this module's peers
+
+    if flat_wgmma_takes(arch, m, n, k, bits, dtype, sm_count, smem_limit):
+        return GemmChoice("wgmma", plan_flat_wgmma(arch, m, n, k, bits, dtype, sm_count,
+                                                   smem_limit=smem_limit))
     path = path_for(m, n, k, bits, mma_full(arch, m, n, k, bits, dtype, sm_count, smem_limit))
     if path == "gemv":
         return GemmChoice(path, plan_gemv(arch, m, n, k, bits, dtype, sm_count, smem_limit=smem_limit))

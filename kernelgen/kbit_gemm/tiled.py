@@ -27,7 +27,7 @@ from ..core.config import KernelConfig
 from ..core.dense import dense_gemm
 from ..core.interop import on_stream, smem_limit
 from ..core.jit import get_kernel
-from ..core.select import selector, weight_shapes
+from ..core.select import selector, wave_fill, weight_shapes
 from ..errors import UnsupportedConfigError
 from ..fp4_gemm.api import launch_plan
 from ..fp4_gemm.config import (
@@ -35,6 +35,7 @@ from ..fp4_gemm.config import (
     M_TILES,
     TILE_BMS,
     TILE_BN,
+    WGMMA_ARCHS,
     Fp4GemvConfig,
     Fp4TileConfig,
 )
@@ -251,12 +252,70 @@ def plan_flat_wgmma(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm
                     split: int | None = None, smem_limit: int | None = None) -> Plan:
     """A flat 2..4-bit weight on the wgmma kernel (sm_90a), its bit planes decoded in the kernel
     (Fp4WgmmaConfig.flat): the tiled 4-bit weight's wgmma plan for the shape, reading the flat
-    layout. Only when forced (gemm(..., path="wgmma")): BENCHMARKS.md, session 37."""
+    layout (flat_wgmma_takes: where the selector picks it)."""
     if bits not in FLAT_WGMMA_BITS:
         raise ValueError(f"path='wgmma': flat weights of {FLAT_WGMMA_BITS} bits (their codes fit "
                          f"the kernel's 4-bit code table); this one has {bits}")
     p = plan_tiled(arch, m, n, k, dtype, sm_count, "wgmma", split, smem_limit).plan
     return dataclasses.replace(p, config=p.config.replace(flat=bits))
+
+
+# -- where a flat weight takes the wgmma kernel (H100, session 37, build/probe_flatwg.py: 21
+# weights x 2..4 bits x M 64..256, graph-timed, rotated, fp16, against the selector's gemv / mma /
+# dequant). It pays where its 128-row CTAs run unsplit and fill their last wave to
+# FLAT_WGMMA_FILL: 1.0-1.7x at 2 / 3 bits over 64..256 tokens; at 4 bits 1.1-1.3x at 96..128
+# (M = 64 and 192..256 lose or tie at the plan's ring of 3: 231 registers). Below that fill, or
+# split, it lost up to 2x (18944x3584: 148 CTAs, fill 0.56, 0.69-0.92x; 4096x4096: 0.5-0.8x).
+# Held out after the rule (6 weights x 3 bits x M 64 / 128 / 256): every row it picks was the
+# fastest path (1.07-1.64x the best other) once 4 bits stopped at 128 tokens.
+# K >= FLAT_WGMMA_MIN_K: the grids' shortest K was 2048; shorter ones were not measured.
+FLAT_WGMMA_M = {2: (64, 256), 3: (64, 256), 4: (96, 128)}
+FLAT_WGMMA_FILL = 0.8
+FLAT_WGMMA_MIN_K = 2048
+
+
+def flat_wgmma_takes(arch: str, m: int, n: int, k: int, bits: int, dtype: str, sm_count: int,
+                     smem_limit: int | None = None) -> bool:
+    """Whether dispatch runs a flat weight on the wgmma kernel (the rule above)."""
+    lo, hi = FLAT_WGMMA_M.get(bits, (1, 0))
+    if arch not in WGMMA_ARCHS or k < FLAT_WGMMA_MIN_K or not lo <= m <= hi:
+        return False
+    try:
+        p = plan_tiled(arch, m, n, k, dtype, sm_count, "wgmma", None, smem_limit).plan
+    except (UnsupportedConfigError, ValueError):  # no pipeline fits the part's shared memory
+        return False
+    ctas = p.grid[0] * p.grid[1]
+    slots = sm_count * p.config.ctas_per_sm
+    return p.split == 1 and wave_fill(ctas, slots) >= FLAT_WGMMA_FILL
+
+
+def prewarm_flat_wgmma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:
+    """The flat weights' wgmma configs (spec as kbit_gemm.select's, "bits" the flat ones): without
+    shapes each BM's config for 2..4 bits (sm_90a); with shapes the ones flat_wgmma_takes picks
+    on every part."""
+    bits_list = [b for b in (spec.get("bits") or FLAT_WGMMA_BITS) if b in FLAT_WGMMA_BITS]
+    dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
+    shapes = weight_shapes(spec, "kbit_gemm", check_shape)
+    seen: set = set()
+    for arch in archs:
+        get_arch(arch)
+        for bits in bits_list:
+            for dtype in dtypes:
+                if not shapes:
+                    for cfg in wgmma_configs(arch, "kbit4", dtype):
+                        yield cfg.replace(flat=bits)
+                    continue
+                for sms, lim in parts_of(arch, spec.get("sm_counts")):
+                    for m, n, k in shapes:
+                        lo, hi = FLAT_WGMMA_M[bits]
+                        ms = (m,) if m is not None else range(lo, hi + 1)
+                        for mm in ms:
+                            if flat_wgmma_takes(arch, int(mm), n, k, bits, dtype, sms, lim):
+                                cfg = plan_flat_wgmma(arch, int(mm), n, k, bits, dtype, sms,
+                                                      smem_limit=lim).config
+                                if cfg not in seen:
+                                    seen.add(cfg)
+                                    yield cfg
 
 
 @selector

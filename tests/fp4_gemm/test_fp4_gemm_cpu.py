@@ -689,16 +689,20 @@ def _wgmma_configs():
 def test_wgmma_configs_in_prewarm():
     """Dispatch picks the wgmma path on sm_90a (wgmma_takes), so prewarm builds every (fmt,
     dtype, BM) of it there: fp4_gemm's nvfp4 / mxfp4, kbit_gemm's tiled kbit4 (words encoded
-    for the activation type); no other arch gets one."""
+    for the activation type) and its flat 2..4-bit weights (kbit_gemm/tiled.py
+    flat_wgmma_takes); no other arch gets one."""
     from kernelgen.core.registry import families
 
     def wg(name, archs):
         fam = families()[name]
         return {c for c in fam.prewarm_configs(archs, fam.matrix_spec or {}) if isinstance(c, Fp4WgmmaConfig)}
 
-    fp4, kbit = wg("fp4_gemm", ["sm_90a"]), wg("kbit_gemm", ["sm_90a"])
+    fp4, kbit_all = wg("fp4_gemm", ["sm_90a"]), wg("kbit_gemm", ["sm_90a"])
+    kbit = {c for c in kbit_all if not c.flat}
     assert len(fp4) == 12 and {c.fmt for c in fp4} == {"nvfp4", "mxfp4"}
     assert len(kbit) == 6 and {c.fmt for c in kbit} == {"kbit4"}
+    assert {c.replace(flat=0) for c in kbit_all - kbit} == kbit  # each BM at 2, 3 and 4 bits
+    assert sorted(c.flat for c in kbit_all - kbit) == [2] * 6 + [3] * 6 + [4] * 6
     assert all(c.enc == c.dtype for c in fp4 | kbit) and {c.bm for c in fp4 | kbit} == {64, 128, 256}
     assert fp4 == {c for c in prewarm_configs(["sm_90a"], {}) if isinstance(c, Fp4WgmmaConfig)}
     assert not wg("fp4_gemm", ["sm_80", "sm_100a", "sm_120a"]) | wg("kbit_gemm", ["sm_80", "sm_100a", "sm_120a"])

@@ -203,8 +203,10 @@ def test_prewarm_layouts():
     assert all(c.fmt == "kbit4" for c in prewarm_all(ARCHS, {"bits": [4]})
                if isinstance(c, (Fp4GemvConfig, Fp4TileConfig, Fp4WgmmaConfig)))
     assert all(c.arch == "sm_90a" for c in prewarm_all(ARCHS, {"bits": [4]}) if isinstance(c, Fp4WgmmaConfig))
-    flat4 = {type(c).__name__ for c in prewarm_all(ARCHS, {"bits": [4], "layouts": ["flat"]})}
-    assert flat4 == {"KbitGemvConfig", "KbitMmaConfig", "KbitDequantizeConfig"}
+    flat4 = list(prewarm_all(ARCHS, {"bits": [4], "layouts": ["flat"]}))
+    assert {type(c).__name__ for c in flat4} == {"KbitGemvConfig", "KbitMmaConfig",
+                                                "KbitDequantizeConfig", "Fp4WgmmaConfig"}
+    assert all(c.flat == 4 and c.arch == "sm_90a" for c in flat4 if isinstance(c, Fp4WgmmaConfig))
     assert not any(isinstance(c, Fp4GemvConfig) for c in prewarm_all(ARCHS, {"bits": [2, 3, 5]}))
     with pytest.raises(UnsupportedConfigError, match="layouts"):
         list(prewarm_all(ARCHS, {"layouts": ["packed"]}))
@@ -212,7 +214,8 @@ def test_prewarm_layouts():
     for layouts in (["tiled"], ["flat"]):
         cfgs = list(prewarm_all(ARCHS, {"bits": [3, 4], "layouts": layouts}))
         assert any(getattr(c, "bits", None) == 3 for c in cfgs), layouts
-        assert any(getattr(c, "fmt", None) == "kbit4" for c in cfgs) == (layouts == ["tiled"])
+        tiled4 = [c for c in cfgs if getattr(c, "fmt", None) == "kbit4" and not getattr(c, "flat", 0)]
+        assert bool(tiled4) == (layouts == ["tiled"])
     # fp32 dequantize (KbitLinear.dequantize) only where asked for, as the compile matrix does
     f32 = KbitTiledDequantConfig(arch="sm_90a", dtype="float32")
     assert f32 not in set(prewarm_all(["sm_90a"], {"bits": [4]}))
@@ -294,3 +297,34 @@ def test_flat_wgmma_plans_configs_and_rules():
     for kw in (dict(fmt="nvfp4", flat=2), dict(fmt="kbit4", flat=1), dict(fmt="kbit4", flat=5)):
         with pytest.raises(UnsupportedConfigError, match="flat="):
             Fp4WgmmaConfig(arch="sm_90a", dtype="float16", enc="float16", **kw).check()
+
+
+def test_flat_wgmma_rule():
+    """flat_wgmma_takes (H100 grids of session 37): unsplit wgmma plans whose CTAs fill their last
+    wave to FLAT_WGMMA_FILL, 2 / 3 bits at 64..256 tokens, 4 bits at 96..128, K >= 2048, sm_90a;
+    plan_gemm returns the flat wgmma plan there; prewarm with shapes lists exactly those configs."""
+    from kernelgen.kbit_gemm import tc_select as S
+    from kernelgen.kbit_gemm.tiled import FLAT_WGMMA_M, flat_wgmma_takes
+
+    def takes(m, n, k, bits, arch="sm_90a", sms=132):
+        return flat_wgmma_takes(arch, m, n, k, bits, "float16", sms)
+
+    assert [takes(m, 14336, 4096, 2) for m in (63, 64, 128, 256, 257)] == [False, True, True, True, False]
+    assert [takes(m, 14336, 4096, 4) for m in (64, 95, 96, 128, 129)] == [False, False, True, True, False]
+    assert all(takes(128, n, k, 3) for n, k in ((28672, 4096), (13824, 5120), (16384, 2048), (14336, 8192)))
+    assert not any(takes(128, n, k, 3) for n, k in (
+        (18944, 3584),  # 148 CTAs: a last wave of 16
+        (12288, 4096),  # 96 CTAs: fill 0.73
+        (4096, 14336), (8192, 4096),  # split K
+        (32768, 1024)))  # K < FLAT_WGMMA_MIN_K
+    assert not takes(128, 14336, 4096, 5) and not takes(128, 14336, 4096, 2, "sm_80", 108)
+    assert not takes(128, 14336, 4096, 2, "sm_100a", 148)
+    ch = S.plan_gemm("sm_90a", 128, 14336, 4096, 2, "bfloat16", 132)
+    assert ch.path == "wgmma" and ch.plan.config.flat == 2 and ch.plan.config.dtype == "bfloat16"
+    assert S.plan_gemm("sm_90a", 128, 18944, 3584, 2, "float16", 132).path != "wgmma"
+    cfgs = [c for c in prewarm_all(["sm_90a"], {"bits": [2], "shapes": [[14336, 4096], [18944, 3584]],
+                                                "dtypes": ["float16"]})
+            if isinstance(c, Fp4WgmmaConfig)]
+    want = {S.plan_gemm("sm_90a", m, 14336, 4096, 2, "float16", 132).plan.config
+            for m in range(FLAT_WGMMA_M[2][0], FLAT_WGMMA_M[2][1] + 1)}
+    assert set(cfgs) == want and all(c.flat == 2 for c in cfgs)
