@@ -51,6 +51,7 @@ from ..fp4_gemm.select import (
     kbit4_lut_wide,
     pfs_of,
     stages_for,
+    wgmma_bm,
     wgmma_configs,
     wgmma_probe_ms,
     wgmma_takes,
@@ -291,8 +292,8 @@ def flat_wgmma_takes(arch: str, m: int, n: int, k: int, bits: int, dtype: str, s
 
 def prewarm_flat_wgmma_configs(archs: Iterable[str], spec: dict[str, Any]) -> Iterator[KernelConfig]:
     """The flat weights' wgmma configs (spec as kbit_gemm.select's, "bits" the flat ones): without
-    shapes each BM's config for 2..4 bits (sm_90a); with shapes the ones flat_wgmma_takes picks
-    on every part."""
+    shapes the config of each BM the rule's tokens reach, for 2..4 bits (sm_90a); with shapes
+    the ones flat_wgmma_takes picks on every part."""
     bits_list = [b for b in (spec.get("bits") or FLAT_WGMMA_BITS) if b in FLAT_WGMMA_BITS]
     dtypes = tuple(d for d in (spec.get("dtypes") or DTYPES) if d in DTYPES)
     shapes = weight_shapes(spec, "kbit_gemm", check_shape)
@@ -301,9 +302,13 @@ def prewarm_flat_wgmma_configs(archs: Iterable[str], spec: dict[str, Any]) -> It
         get_arch(arch)
         for bits in bits_list:
             for dtype in dtypes:
-                if not shapes:
+                if not shapes:  # the BMs of the rule's tokens (4 bits: BM 128 only; its BM 256
+                    # variant spills at 255 registers and is reached only when forced)
+                    lo, hi = FLAT_WGMMA_M[bits]
+                    bms = {wgmma_bm(m) for m in range(lo, hi + 1)}
                     for cfg in wgmma_configs(arch, "kbit4", dtype):
-                        yield cfg.replace(flat=bits)
+                        if cfg.bm in bms:
+                            yield cfg.replace(flat=bits)
                     continue
                 for sms, lim in parts_of(arch, spec.get("sm_counts")):
                     for m, n, k in shapes:

@@ -701,8 +701,10 @@ def test_wgmma_configs_in_prewarm():
     kbit = {c for c in kbit_all if not c.flat}
     assert len(fp4) == 12 and {c.fmt for c in fp4} == {"nvfp4", "mxfp4"}
     assert len(kbit) == 6 and {c.fmt for c in kbit} == {"kbit4"}
-    assert {c.replace(flat=0) for c in kbit_all - kbit} == kbit  # each BM at 2, 3 and 4 bits
-    assert sorted(c.flat for c in kbit_all - kbit) == [2] * 6 + [3] * 6 + [4] * 6
+    # each BM at 2 and 3 bits, BM 128 at 4 bits (the rule's 96..128 tokens)
+    assert {c.replace(flat=0) for c in kbit_all - kbit} == kbit
+    assert sorted((c.flat, c.bm) for c in kbit_all - kbit) == sorted(
+        [(b, bm) for b in (2, 3) for bm in (64, 128, 256)] * 2 + [(4, 128)] * 2)
     assert all(c.enc == c.dtype for c in fp4 | kbit) and {c.bm for c in fp4 | kbit} == {64, 128, 256}
     assert fp4 == {c for c in prewarm_configs(["sm_90a"], {}) if isinstance(c, Fp4WgmmaConfig)}
     assert not wg("fp4_gemm", ["sm_80", "sm_100a", "sm_120a"]) | wg("kbit_gemm", ["sm_80", "sm_100a", "sm_120a"])
